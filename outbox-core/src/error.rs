@@ -1,0 +1,289 @@
+//! Errors of the outbox: one enum for operations, one for why a delivery failed.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::model::{CategoryId, MessageId, ScopeId, ShardKey};
+
+/// A boxed error from user code or a foreign library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Errors returned by the outbox: by the write path, the registry, the stores and the relay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database could not be reached, or the connection was lost. Retrying may succeed.
+    #[error("database unavailable")]
+    Unavailable {
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A statement failed for a reason other than connectivity.
+    #[error("database error while {operation}")]
+    Database {
+        /// What the outbox was doing.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The database URL could not be used.
+    #[error("invalid database url `{url}`: {reason}")]
+    InvalidDatabaseUrl {
+        /// The URL, with any password removed.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The outbox tables are missing or older than this binary expects.
+    #[error(
+        "the outbox schema is not migrated: {detail}; apply the migrations with \
+         `cargo xtask migrate --database-url <url>` or by calling `migrate(&pool)`"
+    )]
+    MigrationMissing {
+        /// What is missing.
+        detail: String,
+    },
+
+    /// Applying the migrations failed.
+    #[error("applying the outbox migrations failed")]
+    Migrate {
+        /// The migrator's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The worker's lease on a shard expired and another worker claimed it: the stale worker
+    /// may not acknowledge (delete) rows that the new owner is responsible for.
+    #[error("lease on {shard} was lost (fencing token {token} is no longer current)")]
+    LeaseLost {
+        /// The shard.
+        shard: ShardKey,
+        /// The stale fencing token.
+        token: i64,
+    },
+
+    /// A message names a category the registry does not know.
+    #[error("unknown category {category}: it is not in this binary's registry")]
+    UnknownCategory {
+        /// The unknown category.
+        category: CategoryId,
+    },
+
+    /// A message's scope is not the scope of its category (S4).
+    #[error(
+        "category `{category}` belongs to scope {expected} (`{expected_name}`), \
+         not to scope {found}"
+    )]
+    ScopeMismatch {
+        /// The category's name.
+        category: &'static str,
+        /// The category's own scope.
+        expected: ScopeId,
+        /// The name of the category's own scope.
+        expected_name: &'static str,
+        /// The scope the message was given.
+        found: ScopeId,
+    },
+
+    /// A payload could not be serialized to JSON.
+    #[error("the payload of category `{category}` cannot be serialized to JSON")]
+    Serialize {
+        /// The category's name.
+        category: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A destination name is not acceptable.
+    #[error("invalid destination name {name:?}: {reason}")]
+    InvalidDestination {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// The registry has conflicting declarations.
+    #[error("invalid outbox registry: {}", DisplayList(problems))]
+    Registry {
+        /// Every problem found, not just the first.
+        problems: Vec<RegistryProblem>,
+    },
+
+    /// The relay did not finish its in-flight shards before the shutdown deadline; their
+    /// leases expire and another worker resumes them.
+    #[error("relay shutdown deadline of {deadline:?} passed with {in_flight} shard(s) in flight")]
+    ShutdownDeadline {
+        /// The configured deadline.
+        deadline: Duration,
+        /// How many shards were abandoned.
+        in_flight: usize,
+    },
+}
+
+impl Error {
+    /// Whether the error means the database is (perhaps temporarily) out of reach.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// One conflict found while building a [`Registry`](crate::Registry).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryProblem {
+    /// Two categories share an id.
+    #[error("category id {id} is used by both `{first}` and `{second}`")]
+    DuplicateCategoryId {
+        /// The shared id.
+        id: CategoryId,
+        /// The category registered first.
+        first: &'static str,
+        /// The category registered second.
+        second: &'static str,
+    },
+    /// Two categories share a name.
+    #[error("category name `{name}` is used by both category {first} and category {second}")]
+    DuplicateCategoryName {
+        /// The shared name.
+        name: &'static str,
+        /// The id registered first.
+        first: CategoryId,
+        /// The id registered second.
+        second: CategoryId,
+    },
+    /// Two scopes share an id.
+    #[error("scope id {id} is used by both `{first}` and `{second}`")]
+    DuplicateScopeId {
+        /// The shared id.
+        id: ScopeId,
+        /// The scope seen first.
+        first: &'static str,
+        /// The scope seen second.
+        second: &'static str,
+    },
+}
+
+struct DisplayList<'a, T>(&'a [T]);
+
+impl<T: fmt::Display> fmt::Display for DisplayList<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, item) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str("; ")?;
+            }
+            item.fmt(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why one delivery failed. Stored (with its causes) as the shard's last error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeliveryError {
+    /// The handler returned an error.
+    #[error("handler for category `{category}` failed on message {message_id}")]
+    Handler {
+        /// The category's name.
+        category: &'static str,
+        /// The newest message of the delivered group.
+        message_id: MessageId,
+        /// The handler's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The stored payload no longer deserializes into the category's payload type (S21).
+    #[error("payload of message {message_id} does not deserialize as the payload of category `{category}`")]
+    Payload {
+        /// The category's name.
+        category: &'static str,
+        /// The message whose payload is malformed.
+        message_id: MessageId,
+        /// The deserializer's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The handler panicked.
+    #[error("handler for category `{category}` panicked on message {message_id}: {panic}")]
+    Panicked {
+        /// The category's name.
+        category: &'static str,
+        /// The newest message of the delivered group.
+        message_id: MessageId,
+        /// The panic message.
+        panic: String,
+    },
+
+    /// The handler ran longer than the configured handler timeout.
+    #[error("handler for category `{category}` did not finish within {timeout:?} on message {message_id}")]
+    TimedOut {
+        /// The category's name.
+        category: &'static str,
+        /// The newest message of the delivered group.
+        message_id: MessageId,
+        /// The configured timeout.
+        timeout: Duration,
+    },
+
+    /// The message's category is not known to this binary (S20): the shard is parked, and
+    /// nothing is deleted, until a binary that knows the category drains it.
+    #[error(
+        "message {message_id} has category {category}, which this binary does not know; \
+         the shard is parked until a binary that knows it runs"
+    )]
+    UnknownCategory {
+        /// The message.
+        message_id: MessageId,
+        /// Its unknown category.
+        category: CategoryId,
+    },
+
+    /// The message's scope is not its category's scope: the shard is parked, nothing deleted.
+    #[error(
+        "message {message_id} has scope {found}, but its category `{category}` belongs to \
+         scope {expected} (`{expected_name}`); the shard is parked"
+    )]
+    ScopeMismatch {
+        /// The message.
+        message_id: MessageId,
+        /// The category's name.
+        category: &'static str,
+        /// The category's own scope.
+        expected: ScopeId,
+        /// The name of the category's own scope.
+        expected_name: &'static str,
+        /// The scope in the row.
+        found: ScopeId,
+    },
+}
+
+impl DeliveryError {
+    /// The category that parks the shard, for errors that park it.
+    pub fn parked_category(&self) -> Option<CategoryId> {
+        match self {
+            Self::UnknownCategory { category, .. } => Some(*category),
+            _ => None,
+        }
+    }
+}
+
+/// Renders an error with all of its causes: `outer: inner: innermost`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,308 @@
+//! The vocabulary of the outbox: scopes, categories, shards and messages.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::Error;
+use crate::registry::Registry;
+
+/// Stable identifier of a [`Scope`], stored in every outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopeId(pub i16);
+
+/// Stable identifier of a [`Category`], stored in every outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CategoryId(pub i32);
+
+/// Identifier the database assigned to one outbox row. Increases with every write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(pub i64);
+
+impl fmt::Display for ScopeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for CategoryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What kind of thing a shard identifier names (an organization, a user, an audit log...).
+///
+/// A scope is declared once per application; every [`Category`] belongs to exactly one scope,
+/// which is a fact of the type system: [`Category::Scope`] is an associated type.
+pub trait Scope: Send + Sync + 'static {
+    /// The stable identifier stored in the row. Never reuse one for another scope.
+    const ID: ScopeId;
+    /// A human-readable name, used in errors and inspection.
+    const NAME: &'static str;
+}
+
+/// A kind of message: its scope, payload type, stable identifier and coalescing policy.
+///
+/// ```
+/// use outbox_core::{Category, CategoryId, Scope, ScopeId};
+///
+/// struct Organization;
+/// impl Scope for Organization {
+///     const ID: ScopeId = ScopeId(1);
+///     const NAME: &'static str = "organization";
+/// }
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct ProjectChanged { name: String }
+///
+/// struct ProjectUpdate;
+/// impl Category for ProjectUpdate {
+///     type Scope = Organization;
+///     type Payload = ProjectChanged;
+///     const ID: CategoryId = CategoryId(10);
+///     const NAME: &'static str = "project_update";
+/// }
+/// ```
+pub trait Category: Send + Sync + 'static {
+    /// The one scope this category belongs to.
+    type Scope: Scope;
+    /// The payload carried by each message, serialized as JSON.
+    type Payload: Serialize + DeserializeOwned + Send + 'static;
+    /// The stable identifier stored in the row. Never reuse one for another category.
+    const ID: CategoryId;
+    /// A human-readable name, used in errors and inspection.
+    const NAME: &'static str;
+    /// Whether messages of one coalescing group collapse into one delivery of the newest
+    /// payload (the default), or are each delivered, in write order.
+    const COALESCE: bool = true;
+}
+
+/// The name of the destination a fan-out message is delivered to (a region, a cell...).
+///
+/// Part of the shard key: each destination drains independently of the others.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Destination(String);
+
+/// The longest destination name accepted, in bytes.
+pub const MAX_DESTINATION_LEN: usize = 200;
+
+impl Destination {
+    /// Validates a destination name: 1 to [`MAX_DESTINATION_LEN`] bytes, no control characters.
+    pub fn new(name: impl Into<String>) -> Result<Self, Error> {
+        let name = name.into();
+        let reason = if name.is_empty() {
+            Some("it is empty")
+        } else if name.len() > MAX_DESTINATION_LEN {
+            Some("it is longer than 200 bytes")
+        } else if name.chars().any(char::is_control) {
+            Some("it contains a control character")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Error::InvalidDestination { name, reason }),
+            None => Ok(Self(name)),
+        }
+    }
+
+    /// The destination name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A shard: the unit of ordering, exclusive processing and backoff.
+///
+/// `(scope, shard_identifier)` for local outboxes, plus the destination for fan-out outboxes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardKey {
+    /// The scope the shard identifier belongs to.
+    pub scope: ScopeId,
+    /// The identifier of the thing the shard is about (an organization id, a user id...).
+    pub shard_identifier: i64,
+    /// The destination of a fan-out outbox; `None` for a local outbox.
+    pub destination: Option<Destination>,
+}
+
+impl ShardKey {
+    /// A local shard.
+    pub fn local(scope: ScopeId, shard_identifier: i64) -> Self {
+        Self {
+            scope,
+            shard_identifier,
+            destination: None,
+        }
+    }
+
+    /// A fan-out shard for one destination.
+    pub fn fan_out(scope: ScopeId, shard_identifier: i64, destination: Destination) -> Self {
+        Self {
+            scope,
+            shard_identifier,
+            destination: Some(destination),
+        }
+    }
+
+    /// The destination as stored in a row: the empty string for a local outbox.
+    pub fn destination_str(&self) -> &str {
+        self.destination.as_ref().map_or("", Destination::as_str)
+    }
+
+    /// Rebuilds a key from its stored form, where the empty destination means "local".
+    pub fn from_stored(scope: i16, shard_identifier: i64, destination: String) -> Self {
+        Self {
+            scope: ScopeId(scope),
+            shard_identifier,
+            destination: (!destination.is_empty()).then_some(Destination(destination)),
+        }
+    }
+}
+
+impl fmt::Display for ShardKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scope {} shard {}", self.scope, self.shard_identifier)?;
+        if let Some(destination) = &self.destination {
+            write!(f, " destination `{destination}`")?;
+        }
+        Ok(())
+    }
+}
+
+/// An outbox message, ready to be written in the caller's transaction.
+///
+/// Built from a typed [`Category`] with [`Message::new`], so its scope always matches its
+/// category, or checked against a [`Registry`] with [`Message::from_raw`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    shard: ShardKey,
+    category: CategoryId,
+    object_identifier: i64,
+    payload: String,
+}
+
+impl Message {
+    /// A local message of category `C` about `object_identifier`, in shard `shard_identifier`
+    /// of `C`'s scope.
+    pub fn new<C: Category>(
+        shard_identifier: i64,
+        object_identifier: i64,
+        payload: &C::Payload,
+    ) -> Result<Self, Error> {
+        let payload = serde_json::to_string(payload).map_err(|source| Error::Serialize {
+            category: C::NAME,
+            source,
+        })?;
+        Ok(Self {
+            shard: ShardKey::local(<C::Scope as Scope>::ID, shard_identifier),
+            category: C::ID,
+            object_identifier,
+            payload,
+        })
+    }
+
+    /// One fan-out message per destination: each destination gets its own row and shard.
+    pub fn fan_out<C: Category>(
+        destinations: impl IntoIterator<Item = Destination>,
+        shard_identifier: i64,
+        object_identifier: i64,
+        payload: &C::Payload,
+    ) -> Result<Vec<Self>, Error> {
+        let local = Self::new::<C>(shard_identifier, object_identifier, payload)?;
+        Ok(destinations
+            .into_iter()
+            .map(|destination| local.clone().with_destination(destination))
+            .collect())
+    }
+
+    /// This message, addressed to a fan-out destination.
+    pub fn with_destination(mut self, destination: Destination) -> Self {
+        self.shard.destination = Some(destination);
+        self
+    }
+
+    /// Checks an untyped message against the registry: the category must be known and the
+    /// scope must be the category's own (S4). Nothing reaches the database otherwise.
+    pub fn from_raw(raw: RawMessage, registry: &Registry) -> Result<Self, Error> {
+        let info = registry
+            .category(raw.category)
+            .ok_or(Error::UnknownCategory {
+                category: raw.category,
+            })?;
+        if info.scope != raw.scope {
+            return Err(Error::ScopeMismatch {
+                category: info.name,
+                expected: info.scope,
+                expected_name: info.scope_name,
+                found: raw.scope,
+            });
+        }
+        let payload =
+            serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
+                category: info.name,
+                source,
+            })?;
+        Ok(Self {
+            shard: ShardKey {
+                scope: raw.scope,
+                shard_identifier: raw.shard_identifier,
+                destination: raw.destination,
+            },
+            category: raw.category,
+            object_identifier: raw.object_identifier,
+            payload,
+        })
+    }
+
+    /// The shard the message belongs to.
+    pub fn shard(&self) -> &ShardKey {
+        &self.shard
+    }
+
+    /// The message's category.
+    pub fn category(&self) -> CategoryId {
+        self.category
+    }
+
+    /// The object the message is about.
+    pub fn object_identifier(&self) -> i64 {
+        self.object_identifier
+    }
+
+    /// The payload as JSON text.
+    pub fn payload_json(&self) -> &str {
+        &self.payload
+    }
+}
+
+/// An untyped message, as an operator tool or a generic producer would build it.
+///
+/// Turn it into a [`Message`] with [`Message::from_raw`], which checks it against the registry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawMessage {
+    /// The scope the shard identifier belongs to.
+    pub scope: ScopeId,
+    /// The shard identifier.
+    pub shard_identifier: i64,
+    /// The fan-out destination, if any.
+    pub destination: Option<Destination>,
+    /// The category.
+    pub category: CategoryId,
+    /// The object the message is about.
+    pub object_identifier: i64,
+    /// The payload.
+    pub payload: serde_json::Value,
+}

@@ -1,0 +1,513 @@
+//! The relay: finds due shards, claims them, delivers their messages, records the outcome.
+
+mod config;
+mod plan;
+mod shard;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, OnceCell, Semaphore, watch};
+use tokio::task::{JoinError, JoinSet};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+pub use self::config::{Backoff, RelayConfig};
+pub use self::shard::ShardFailure;
+use self::shard::ShardRun;
+use crate::error::Error;
+use crate::model::ShardKey;
+use crate::registry::Registry;
+use crate::store::{ClaimOptions, Store, Wakeup, WakeupStream};
+
+/// What a [`Relay::drain`] did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct DrainReport {
+    /// How many shard claims were made.
+    pub shards_claimed: u64,
+    /// How many handler calls succeeded.
+    pub deliveries: u64,
+    /// How many rows were acknowledged (deleted), coalesced rows included.
+    pub rows_acknowledged: u64,
+    /// The deliveries that failed, each backing its shard off.
+    pub failures: Vec<ShardFailure>,
+    /// Shards whose lease lapsed and passed to another worker mid-drain.
+    pub lost_leases: Vec<ShardKey>,
+}
+
+impl DrainReport {
+    /// Whether nothing failed and no lease was lost.
+    pub fn is_clean(&self) -> bool {
+        self.failures.is_empty() && self.lost_leases.is_empty()
+    }
+
+    fn absorb(&mut self, run: ShardRun) {
+        self.shards_claimed += u64::from(run.claimed);
+        self.deliveries += run.deliveries;
+        self.rows_acknowledged += run.rows_acknowledged;
+        self.failures.extend(run.failure);
+        self.lost_leases.extend(run.lease_lost);
+    }
+}
+
+/// What a [`Relay::run`] did before it stopped.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// How many shard claims were made.
+    pub shards_claimed: u64,
+    /// How many handler calls succeeded.
+    pub deliveries: u64,
+    /// How many rows were acknowledged (deleted).
+    pub rows_acknowledged: u64,
+    /// How many deliveries failed.
+    pub failures: u64,
+    /// How many leases passed to another worker mid-drain.
+    pub lost_leases: u64,
+    /// How many database errors the relay rode out.
+    pub database_errors: u64,
+    /// Shards still in flight when the shutdown deadline passed; their leases expire and
+    /// another worker resumes them.
+    pub abandoned: usize,
+}
+
+impl RunReport {
+    fn absorb(&mut self, run: &ShardRun) {
+        self.shards_claimed += u64::from(run.claimed);
+        self.deliveries += run.deliveries;
+        self.rows_acknowledged += run.rows_acknowledged;
+        self.failures += u64::from(run.failure.is_some());
+        self.lost_leases += u64::from(run.lease_lost.is_some());
+    }
+}
+
+/// Delivers outbox messages: the backend-agnostic engine.
+///
+/// Cheap to clone; clones share the store, registry and configuration.
+pub struct Relay<S: Store> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: Store> Clone for Relay<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Relay<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.inner.config)
+            .field("registry", &self.inner.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    registry: Registry,
+    config: RelayConfig,
+    claim: ClaimOptions,
+    wake: Notify,
+    prepared: OnceCell<()>,
+}
+
+type Task = (ShardKey, Result<ShardRun, Error>);
+
+impl<S: Store> Relay<S> {
+    /// A relay with the default configuration.
+    pub fn new(store: S, registry: Registry) -> Self {
+        Self::with_config(store, registry, RelayConfig::default())
+    }
+
+    /// A relay with the given configuration.
+    pub fn with_config(store: S, registry: Registry, config: RelayConfig) -> Self {
+        let claim = ClaimOptions {
+            worker: config.worker_id.clone(),
+            lease: config.lease,
+            mode: config.handler_mode,
+        };
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                config,
+                claim,
+                wake: Notify::new(),
+                prepared: OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RelayConfig {
+        &self.inner.config
+    }
+
+    /// Wakes a running relay now, as a commit notification would: for backends without
+    /// notifications, call it after committing outbox writes to cut latency below the poll
+    /// interval.
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Checks the schema and un-parks shards waiting for a category this binary knows.
+    /// Runs once per relay.
+    async fn prepare(&self) -> Result<(), Error> {
+        self.inner
+            .prepared
+            .get_or_try_init(|| async {
+                self.inner.store.check_schema().await?;
+                let known = self.inner.registry.category_ids();
+                let unparked = self.inner.store.unpark(&known).await?;
+                if unparked > 0 {
+                    info!(unparked, "resumed shards parked on categories this binary knows");
+                }
+                Ok::<_, Error>(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Delivers everything that is due, then returns: shards in backoff are left for later,
+    /// and failures are reported, not returned as errors. Shards are drained concurrently, up
+    /// to `max_concurrent_shards`. For tests, examples and one-shot jobs.
+    ///
+    /// Fails if the schema is not migrated or the database fails; work already acknowledged
+    /// stays acknowledged, and in-flight leases expire.
+    pub async fn drain(&self) -> Result<DrainReport, Error> {
+        self.prepare().await?;
+        let (_keep_running, running) = watch::channel(false);
+        let mut report = DrainReport::default();
+        loop {
+            let claimed_before = report.shards_claimed;
+            let mut tasks = JoinSet::new();
+            let limit = Arc::new(Semaphore::new(self.inner.config.max_concurrent_shards.max(1)));
+            let mut first_error = None;
+            let mut cursor: Option<ShardKey> = None;
+            loop {
+                let page = match self
+                    .inner
+                    .store
+                    .discover(cursor.as_ref(), self.inner.config.discovery_page)
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(error) => {
+                        first_error = Some(error);
+                        break;
+                    }
+                };
+                for shard in page.due {
+                    let permit = Arc::clone(&limit)
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed");
+                    let inner = Arc::clone(&self.inner);
+                    let running = running.clone();
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        let result = inner.process(&shard, &running).await;
+                        (shard, result)
+                    });
+                    while let Some(done) = tasks.try_join_next() {
+                        collect(done, &mut report, &mut first_error);
+                    }
+                }
+                match page.next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            while let Some(done) = tasks.join_next().await {
+                collect(done, &mut report, &mut first_error);
+            }
+            if let Some(error) = first_error {
+                return Err(error);
+            }
+            if report.shards_claimed == claimed_before {
+                return Ok(report);
+            }
+        }
+    }
+
+    /// Drains the given shards once each (if they are due and unclaimed), concurrently.
+    pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
+        self.prepare().await?;
+        let (_keep_running, running) = watch::channel(false);
+        let limit = Arc::new(Semaphore::new(self.inner.config.max_concurrent_shards.max(1)));
+        let mut tasks = JoinSet::new();
+        for shard in shards.iter().cloned().collect::<HashSet<_>>() {
+            let inner = Arc::clone(&self.inner);
+            let running = running.clone();
+            let limit = Arc::clone(&limit);
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let result = inner.process(&shard, &running).await;
+                (shard, result)
+            });
+        }
+        let mut report = DrainReport::default();
+        let mut first_error = None;
+        while let Some(done) = tasks.join_next().await {
+            collect(done, &mut report, &mut first_error);
+        }
+        first_error.map_or(Ok(report), Err)
+    }
+
+    /// Runs until `shutdown` completes: discovers due shards, drains them concurrently, and
+    /// waits for commits (or polls) when idle. Rides out database outages, reconnecting with
+    /// backoff. On shutdown, stops claiming and gives in-flight shards until the shutdown
+    /// deadline to finish their current delivery and release; shards still running then are
+    /// abandoned (their leases expire, nothing is lost).
+    ///
+    /// Fails only if the schema is missing or outdated.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RunReport, Error> {
+        let inner = &self.inner;
+        let config = &inner.config;
+        let mut report = RunReport::default();
+        tokio::pin!(shutdown);
+
+        let mut reconnect = Reconnect::new(config.max_reconnect_delay);
+        loop {
+            match self.prepare().await {
+                Ok(()) => break,
+                Err(error) if error.is_unavailable() => {
+                    report.database_errors += 1;
+                    let delay = reconnect.next_delay();
+                    warn!(error = %crate::error::error_chain(&error), ?delay, "database unavailable at start; retrying");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(report),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        reconnect.reset();
+
+        let (stop, running) = watch::channel(false);
+        let limit = Arc::new(Semaphore::new(config.max_concurrent_shards.max(1)));
+        let mut tasks: JoinSet<Task> = JoinSet::new();
+        let mut in_flight: HashSet<ShardKey> = HashSet::new();
+        let mut wakeups = None;
+        let mut listen_retry_at = tokio::time::Instant::now();
+        let mut cursor: Option<ShardKey> = None;
+        let mut found_this_sweep = false;
+        info!(worker = %config.worker_id, "relay running");
+
+        'run: loop {
+            while let Some(done) = tasks.try_join_next() {
+                finish_task(done, &mut in_flight, &mut report);
+            }
+            if config.wake_on_commit
+                && wakeups.is_none()
+                && tokio::time::Instant::now() >= listen_retry_at
+            {
+                match inner.store.wakeups().await {
+                    Ok(stream) => wakeups = stream.map(Box::new),
+                    Err(error) => {
+                        debug!(error = %crate::error::error_chain(&error), "cannot listen for commits; polling");
+                        listen_retry_at = tokio::time::Instant::now() + Duration::from_secs(1);
+                    }
+                }
+            }
+
+            let page = match inner.store.discover(cursor.as_ref(), config.discovery_page).await {
+                Ok(page) => {
+                    reconnect.reset();
+                    page
+                }
+                Err(error) => {
+                    report.database_errors += 1;
+                    let delay = reconnect.next_delay();
+                    warn!(error = %crate::error::error_chain(&error), ?delay, "discovery failed; retrying");
+                    tokio::select! {
+                        () = &mut shutdown => break 'run,
+                        () = tokio::time::sleep(delay) => continue 'run,
+                    }
+                }
+            };
+            for shard in page.due {
+                if in_flight.contains(&shard) {
+                    continue;
+                }
+                found_this_sweep = true;
+                let permit = tokio::select! {
+                    () = &mut shutdown => break 'run,
+                    permit = Arc::clone(&limit).acquire_owned() => permit.expect("the semaphore is never closed"),
+                };
+                in_flight.insert(shard.clone());
+                spawn_shard(&mut tasks, inner, shard, permit, &running);
+            }
+            cursor = page.next;
+            if cursor.is_some() {
+                continue;
+            }
+            if std::mem::take(&mut found_this_sweep) {
+                continue;
+            }
+
+            // A whole sweep found nothing due: wait for a reason to look again.
+            let woken = tokio::select! {
+                () = &mut shutdown => break 'run,
+                () = inner.wake.notified() => None,
+                () = tokio::time::sleep(config.poll_interval) => None,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    finish_task(done, &mut in_flight, &mut report);
+                    None
+                }
+                wakeup = next_wakeup(wakeups.as_deref_mut()) => Some(wakeup),
+            };
+            match woken {
+                Some(Ok(Wakeup::Shards(shards))) => {
+                    for shard in shards {
+                        if !in_flight.insert(shard.clone()) {
+                            continue;
+                        }
+                        let permit = tokio::select! {
+                            () = &mut shutdown => break 'run,
+                            permit = Arc::clone(&limit).acquire_owned() => permit.expect("the semaphore is never closed"),
+                        };
+                        spawn_shard(&mut tasks, inner, shard, permit, &running);
+                    }
+                }
+                Some(Ok(Wakeup::Any)) | None => {}
+                Some(Err(error)) => {
+                    warn!(error = %crate::error::error_chain(&error), "commit notifications broke; polling until they come back");
+                    wakeups = None;
+                    listen_retry_at = tokio::time::Instant::now() + Duration::from_secs(1);
+                }
+            }
+        }
+
+        info!(in_flight = tasks.len(), "relay stopping");
+        let _ = stop.send(true);
+        let deadline = tokio::time::sleep(config.shutdown_deadline);
+        tokio::pin!(deadline);
+        while !tasks.is_empty() {
+            tokio::select! {
+                () = &mut deadline => {
+                    report.abandoned = tasks.len();
+                    warn!(abandoned = report.abandoned, "shutdown deadline passed; abandoning in-flight shards to their leases");
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    break;
+                }
+                Some(done) = tasks.join_next() => finish_task(done, &mut in_flight, &mut report),
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl<S: Store> Inner<S> {
+    async fn process(&self, shard: &ShardKey, running: &watch::Receiver<bool>) -> Result<ShardRun, Error> {
+        let span = info_span!(
+            "outbox.drain_shard",
+            scope = shard.scope.0,
+            shard = shard.shard_identifier,
+            destination = shard.destination_str(),
+        );
+        async {
+            let Some(session) = self.store.claim(shard, &self.claim).await? else {
+                return Ok(ShardRun::default());
+            };
+            shard::drain(session, &self.registry, &self.config, running).await
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn spawn_shard<S: Store>(
+    tasks: &mut JoinSet<Task>,
+    inner: &Arc<Inner<S>>,
+    shard: ShardKey,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    running: &watch::Receiver<bool>,
+) {
+    let inner = Arc::clone(inner);
+    let running = running.clone();
+    tasks.spawn(async move {
+        let _permit = permit;
+        let result = inner.process(&shard, &running).await;
+        (shard, result)
+    });
+}
+
+async fn next_wakeup<W: WakeupStream>(stream: Option<&mut W>) -> Result<Wakeup, Error> {
+    match stream {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn collect(done: Result<Task, JoinError>, report: &mut DrainReport, first_error: &mut Option<Error>) {
+    match unwrap_task(done) {
+        (_, Ok(run)) => report.absorb(run),
+        (_, Err(error)) => {
+            first_error.get_or_insert(error);
+        }
+    }
+}
+
+fn finish_task(done: Result<Task, JoinError>, in_flight: &mut HashSet<ShardKey>, report: &mut RunReport) {
+    let (shard, result) = unwrap_task(done);
+    in_flight.remove(&shard);
+    match result {
+        Ok(run) => report.absorb(&run),
+        Err(error) => {
+            report.database_errors += 1;
+            warn!(%shard, error = %crate::error::error_chain(&error), "draining the shard failed; its lease will expire");
+        }
+    }
+}
+
+/// Handler panics are caught where handlers run; a panicking task is a bug in the relay itself,
+/// so it is re-raised rather than hidden.
+fn unwrap_task(done: Result<Task, JoinError>) -> Task {
+    match done {
+        Ok(task) => task,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => panic!("relay task was cancelled unexpectedly: {error}"),
+    }
+}
+
+/// Exponential delay between reconnection attempts.
+struct Reconnect {
+    next: Duration,
+    max: Duration,
+}
+
+impl Reconnect {
+    const FIRST: Duration = Duration::from_millis(100);
+
+    fn new(max: Duration) -> Self {
+        Self { next: Self::FIRST, max }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}

@@ -1,0 +1,126 @@
+//! Turning a shard's oldest rows into the groups to deliver, in order.
+
+use std::collections::HashMap;
+
+use crate::error::DeliveryError;
+use crate::model::{MessageId, ShardKey};
+use crate::registry::{CategoryInfo, Registry};
+use crate::store::{AckRange, GroupKey, StoredMessage};
+
+/// One delivery: a coalescing group (or a single message of a non-coalescing category).
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub(crate) key: GroupKey,
+    pub(crate) info: CategoryInfo,
+    /// The newest row seen: its payload is delivered.
+    pub(crate) newest: StoredMessage,
+    /// How many rows were seen for the group.
+    pub(crate) rows: u64,
+}
+
+impl Group {
+    /// The rows the delivery acknowledges: for a coalescing group every row up to the one
+    /// delivered (older rows are superseded); otherwise exactly the one message.
+    pub(crate) fn ack_range(&self) -> AckRange {
+        let first = if self.info.coalesce {
+            MessageId(i64::MIN)
+        } else {
+            self.newest.id
+        };
+        AckRange {
+            group: self.key,
+            first,
+            last: self.newest.id,
+        }
+    }
+}
+
+/// The groups found at the head of a shard, in delivery order.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub(crate) groups: Vec<Group>,
+    /// A row that blocks the shard after the groups (unknown category, wrong scope).
+    pub(crate) blocked: Option<DeliveryError>,
+    coalescing: HashMap<GroupKey, usize>,
+}
+
+impl Plan {
+    /// Groups `head` (the shard's oldest rows, in id order). Groups come in the order of their
+    /// oldest row (S10). A row the registry cannot deliver blocks the shard: no group starts
+    /// after it, though rows of groups that started before it still coalesce into them.
+    pub(crate) fn new(head: &[StoredMessage], shard: &ShardKey, registry: &Registry) -> Self {
+        let mut plan = Self::default();
+        for row in head {
+            let key = GroupKey {
+                category: row.category,
+                object_identifier: row.object_identifier,
+            };
+            if plan.blocked.is_some() {
+                plan.coalesce_into_existing(key, row);
+                continue;
+            }
+            let Some(info) = registry.category(row.category) else {
+                plan.blocked = Some(DeliveryError::UnknownCategory {
+                    message_id: row.id,
+                    category: row.category,
+                });
+                continue;
+            };
+            if info.scope != shard.scope || row.scope != shard.scope {
+                plan.blocked = Some(DeliveryError::ScopeMismatch {
+                    message_id: row.id,
+                    category: info.name,
+                    expected: info.scope,
+                    expected_name: info.scope_name,
+                    found: row.scope,
+                });
+                continue;
+            }
+            if info.coalesce {
+                if plan.coalesce_into_existing(key, row) {
+                    continue;
+                }
+                plan.coalescing.insert(key, plan.groups.len());
+            }
+            plan.groups.push(Group {
+                key,
+                info: info.clone(),
+                newest: row.clone(),
+                rows: 1,
+            });
+        }
+        plan
+    }
+
+    fn coalesce_into_existing(&mut self, key: GroupKey, row: &StoredMessage) -> bool {
+        match self.coalescing.get(&key) {
+            Some(&index) => {
+                let group = &mut self.groups[index];
+                if row.id > group.newest.id {
+                    group.newest = row.clone();
+                }
+                group.rows += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The coalescing groups, whose newest rows may lie beyond the rows read so far.
+    pub(crate) fn coalescing_keys(&self) -> Vec<GroupKey> {
+        self.groups
+            .iter()
+            .filter(|group| group.info.coalesce)
+            .map(|group| group.key)
+            .collect()
+    }
+
+    /// Takes in a group's newest row found beyond the rows read so far.
+    pub(crate) fn extend(&mut self, newest: &StoredMessage) {
+        let key = GroupKey {
+            category: newest.category,
+            object_identifier: newest.object_identifier,
+        };
+        self.coalesce_into_existing(key, newest);
+    }
+}

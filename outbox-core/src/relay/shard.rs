@@ -1,0 +1,199 @@
+//! Draining one claimed shard.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::config::RelayConfig;
+use super::plan::{Group, Plan};
+use crate::error::{DeliveryError, Error, error_chain};
+use crate::handler::{HandlerContext, RawDelivery};
+use crate::model::{MessageId, ShardKey};
+use crate::registry::Registry;
+use crate::store::{Failure, Lease, Outcome, ShardSession};
+
+/// A delivery failure that backed a shard off.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ShardFailure {
+    /// The shard.
+    pub shard: ShardKey,
+    /// What failed.
+    pub error: DeliveryError,
+    /// The shard's consecutive failed attempts, counting this one.
+    pub attempts: u32,
+    /// How long until the shard is retried (sooner if a new message arrives).
+    pub retry_in: Duration,
+}
+
+/// What one claim of one shard did.
+#[derive(Debug, Default)]
+pub(crate) struct ShardRun {
+    pub(crate) claimed: bool,
+    pub(crate) deliveries: u64,
+    pub(crate) rows_acknowledged: u64,
+    pub(crate) failure: Option<ShardFailure>,
+    pub(crate) lease_lost: Option<ShardKey>,
+}
+
+/// Delivers a claimed shard's groups in order until it is empty, a delivery fails, the budget
+/// is spent, or shutdown is requested; then records the outcome and releases the shard.
+pub(crate) async fn drain<S: ShardSession>(
+    mut session: S,
+    registry: &Registry,
+    config: &RelayConfig,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<ShardRun, Error> {
+    let lease = session.lease().clone();
+    let started = Instant::now();
+    let mut run = ShardRun {
+        claimed: true,
+        ..ShardRun::default()
+    };
+    let mut progressed = false;
+    let mut rows_delivered = 0u64;
+    let mut watermark = MessageId(0);
+    loop {
+        let head = session.fetch(config.batch_size).await?;
+        let Some(last) = head.last() else {
+            session.finish(Outcome::Drained).await?;
+            return Ok(run);
+        };
+        watermark = watermark.max(last.id);
+        let mut plan = Plan::new(&head, &lease.shard, registry);
+        if head.len() >= config.batch_size {
+            let keys = plan.coalescing_keys();
+            if !keys.is_empty() {
+                for newest in session.fetch_newest(&keys, last.id).await? {
+                    watermark = watermark.max(newest.id);
+                    plan.extend(&newest);
+                }
+            }
+        }
+
+        let attempt = if progressed { 1 } else { lease.attempts + 1 };
+        let mut acks = Vec::with_capacity(plan.groups.len());
+        let mut failure = None;
+        let mut out_of_budget = false;
+        for group in &plan.groups {
+            let spent = rows_delivered >= config.shard_row_budget as u64
+                || started.elapsed() >= config.shard_time_budget
+                || *shutdown.borrow();
+            if spent && (progressed || !acks.is_empty()) {
+                out_of_budget = true;
+                break;
+            }
+            session.before_handler().await?;
+            let result = deliver(&mut session, &lease, group, attempt, config).await;
+            session.after_handler(result.is_ok()).await?;
+            match result {
+                Ok(()) => {
+                    acks.push(group.ack_range());
+                    rows_delivered += group.rows;
+                    run.deliveries += 1;
+                }
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+
+        if !acks.is_empty() {
+            match session.ack(&acks).await {
+                Ok(rows) => {
+                    run.rows_acknowledged += rows;
+                    progressed = true;
+                }
+                Err(Error::LeaseLost { shard, token }) => {
+                    warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                    run.lease_lost = Some(shard);
+                    return Ok(run);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+
+        let all_delivered = failure.is_none() && !out_of_budget;
+        let failure = failure.or(if all_delivered { plan.blocked } else { None });
+        if let Some(error) = failure {
+            let attempts = if progressed { 1 } else { lease.attempts + 1 };
+            let retry_in = config.backoff.delay(attempts);
+            warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+            session
+                .finish(Outcome::Failed(Failure {
+                    error: error_chain(&error),
+                    attempts,
+                    retry_in,
+                    watermark,
+                    parked_category: error.parked_category(),
+                }))
+                .await?;
+            run.failure = Some(ShardFailure {
+                shard: lease.shard,
+                error,
+                attempts,
+                retry_in,
+            });
+            return Ok(run);
+        }
+        if out_of_budget
+            || rows_delivered >= config.shard_row_budget as u64
+            || started.elapsed() >= config.shard_time_budget
+            || *shutdown.borrow()
+        {
+            debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
+            session.finish(Outcome::Yielded).await?;
+            return Ok(run);
+        }
+    }
+}
+
+async fn deliver<S: ShardSession>(
+    session: &mut S,
+    lease: &Lease,
+    group: &Group,
+    attempt: u32,
+    config: &RelayConfig,
+) -> Result<(), DeliveryError> {
+    let mut cx = HandlerContext::new(session.handler_connection());
+    let call = group.info.handler.call(
+        RawDelivery {
+            shard: &lease.shard,
+            message: &group.newest,
+            attempt,
+            fencing_token: lease.token,
+        },
+        &mut cx,
+    );
+    let call = AssertUnwindSafe(call).catch_unwind();
+    let outcome = match config.handler_timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                return Err(DeliveryError::TimedOut {
+                    category: group.info.name,
+                    message_id: group.newest.id,
+                    timeout,
+                });
+            }
+        },
+        None => call.await,
+    };
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => Err(DeliveryError::Panicked {
+            category: group.info.name,
+            message_id: group.newest.id,
+            panic: panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned()),
+        }),
+    }
+}

@@ -1,0 +1,318 @@
+//! The storage contract the relay drives and every backend implements.
+//!
+//! Core knows no SQL: a backend (`outbox-postgres`, `outbox-sqlite`, or a third party's) turns
+//! these operations into statements. The conformance suite in `outbox-testkit` proves that a
+//! backend implements them with the semantics the relay relies on.
+
+use std::any::Any;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use crate::error::Error;
+use crate::model::{CategoryId, MessageId, ShardKey};
+
+/// One pending row as the relay reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// The row's id.
+    pub id: MessageId,
+    /// The row's category.
+    pub category: CategoryId,
+    /// The row's scope, as stored (it may disagree with the category's own scope).
+    pub scope: crate::model::ScopeId,
+    /// The object the row is about.
+    pub object_identifier: i64,
+    /// The payload as JSON text.
+    pub payload: String,
+}
+
+/// A claim on a shard, with the fencing token that proves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The claimed shard.
+    pub shard: ShardKey,
+    /// The fencing token: unique and increasing across all claims of all shards.
+    pub token: i64,
+    /// Failed attempts at the shard's head so far (0 when the shard is healthy).
+    pub attempts: u32,
+}
+
+/// How a claimed shard's handlers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HandlerMode {
+    /// Handlers run outside any transaction, under a lease with a fencing token (S16); a
+    /// worker whose lease lapsed cannot acknowledge.
+    #[default]
+    Leased,
+    /// Handlers run inside the transaction that claimed the shard: their writes to the same
+    /// database commit atomically with the acknowledgement. Holds a connection and a row lock
+    /// (on SQLite, the database's write lock) for the whole drain of the shard.
+    InTransaction,
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOptions {
+    /// Who claims; recorded for operators.
+    pub worker: String,
+    /// How long the lease lasts before another worker may take the shard over.
+    pub lease: Duration,
+    /// How the handlers run.
+    pub mode: HandlerMode,
+}
+
+/// A coalescing group within a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GroupKey {
+    /// The group's category.
+    pub category: CategoryId,
+    /// The group's object.
+    pub object_identifier: i64,
+}
+
+/// Rows to acknowledge (delete): those of one group with ids in `first..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckRange {
+    /// The group.
+    pub group: GroupKey,
+    /// The lowest id to delete (for a coalescing group, any id below `last`).
+    pub first: MessageId,
+    /// The highest id to delete: the delivered message. Rows written later survive (S13).
+    pub last: MessageId,
+}
+
+/// How the drain of a claimed shard ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The shard has nothing left that the worker saw: release it and reset its failures.
+    Drained,
+    /// The worker used up its budget with messages left: release it, still due.
+    Yielded,
+    /// A delivery failed: back the shard off.
+    Failed(Failure),
+}
+
+/// A failed delivery, as the store records it on the shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The error with its causes, shown to operators.
+    pub error: String,
+    /// The shard's failed attempts, counting this one.
+    pub attempts: u32,
+    /// How long until the shard is due again.
+    pub retry_in: Duration,
+    /// The highest message id the worker saw: a newer message makes the shard due at once.
+    pub watermark: MessageId,
+    /// The unknown category that parks the shard, if that is the failure.
+    pub parked_category: Option<CategoryId>,
+}
+
+/// One page of due-shard discovery.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DiscoveryPage {
+    /// The shards on this page that are due: not leased, not backing off (or with a message
+    /// newer than their failure).
+    pub due: Vec<ShardKey>,
+    /// Where the next page starts; `None` when the page reached the last shard.
+    pub next: Option<ShardKey>,
+}
+
+/// A reason to look for due shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Messages were committed to these shards.
+    Shards(Vec<ShardKey>),
+    /// Messages were committed somewhere.
+    Any,
+}
+
+/// The state of a shard the relay has worked on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardState {
+    /// The shard.
+    pub shard: ShardKey,
+    /// Failed attempts at the head of the shard.
+    pub attempts: u32,
+    /// The last error, with its causes.
+    pub last_error: Option<String>,
+    /// When the shard is due again after a failure.
+    pub retry_at: Option<SystemTime>,
+    /// The worker holding the lease, if any.
+    pub lease_owner: Option<String>,
+    /// When the lease ends.
+    pub lease_expires_at: Option<SystemTime>,
+    /// The latest fencing token issued for the shard.
+    pub lease_token: Option<i64>,
+    /// The unknown category that parks the shard, if any.
+    pub parked_category: Option<CategoryId>,
+}
+
+impl ShardState {
+    /// A state record (backends build these when inspecting).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shard: ShardKey,
+        attempts: u32,
+        last_error: Option<String>,
+        retry_at: Option<SystemTime>,
+        lease_owner: Option<String>,
+        lease_expires_at: Option<SystemTime>,
+        lease_token: Option<i64>,
+        parked_category: Option<CategoryId>,
+    ) -> Self {
+        Self {
+            shard,
+            attempts,
+            last_error,
+            retry_at,
+            lease_owner,
+            lease_expires_at,
+            lease_token,
+            parked_category,
+        }
+    }
+}
+
+/// A written, not yet delivered, message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingMessage {
+    /// The row's id.
+    pub id: MessageId,
+    /// The shard.
+    pub shard: ShardKey,
+    /// The category.
+    pub category: CategoryId,
+    /// The object.
+    pub object_identifier: i64,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// When the row was written.
+    pub created_at: SystemTime,
+}
+
+impl PendingMessage {
+    /// A pending message record (backends build these when inspecting).
+    pub fn new(
+        id: MessageId,
+        shard: ShardKey,
+        category: CategoryId,
+        object_identifier: i64,
+        payload: String,
+        created_at: SystemTime,
+    ) -> Self {
+        Self {
+            id,
+            shard,
+            category,
+            object_identifier,
+            payload,
+            created_at,
+        }
+    }
+
+    /// The payload parsed as JSON.
+    pub fn payload_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.payload).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The storage contract: discovery, claims, inspection.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// A claimed shard.
+    type Session: ShardSession;
+    /// Notifications of committed messages.
+    type Wakeups: WakeupStream;
+
+    /// Verifies that the outbox tables exist and carry every migration this binary knows;
+    /// fails with [`Error::MigrationMissing`] otherwise.
+    fn check_schema(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Visits up to `limit` shards that have pending messages, in key order, starting after
+    /// `after` (or at the first shard), and reports which of them are due. Must not read every
+    /// row of the table: the cost follows the number of shards visited.
+    fn discover(
+        &self,
+        after: Option<&ShardKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<DiscoveryPage, Error>> + Send;
+
+    /// Claims a shard if it is due and no other worker holds it. Safe across threads and
+    /// processes (S15): at most one session exists for a shard at any time, and a new claim
+    /// issues a fencing token greater than every earlier one.
+    fn claim(
+        &self,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> impl Future<Output = Result<Option<Self::Session>, Error>> + Send;
+
+    /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
+    fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
+
+    /// Makes shards parked on one of `known` categories due now; returns how many.
+    fn unpark(&self, known: &[CategoryId]) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Makes a shard in backoff due now, keeping its attempt count; returns whether it was.
+    fn reschedule(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Pending messages in id order, at most `limit`.
+    fn pending_messages(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingMessage>, Error>> + Send;
+
+    /// The recorded state of every shard the relay holds state for.
+    fn shard_states(&self) -> impl Future<Output = Result<Vec<ShardState>, Error>> + Send;
+}
+
+/// A claimed shard: read its messages, acknowledge delivered groups, finish.
+pub trait ShardSession: Send + 'static {
+    /// The lease.
+    fn lease(&self) -> &Lease;
+
+    /// The oldest pending messages of the shard, in id order, at most `limit`.
+    fn fetch(&mut self, limit: usize)
+    -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
+
+    /// For each group, its newest message with an id above `after`, if any.
+    fn fetch_newest(
+        &mut self,
+        groups: &[GroupKey],
+        after: MessageId,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
+
+    /// The connection a handler may use: the claiming transaction's, in transaction mode.
+    fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)>;
+
+    /// Called before each handler: in transaction mode, a savepoint.
+    fn before_handler(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Called after each handler: in transaction mode, keeps or rolls back its writes.
+    fn after_handler(&mut self, succeeded: bool)
+    -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deletes the acknowledged rows and extends the lease, if the lease is still this
+    /// session's; fails with [`Error::LeaseLost`] and deletes nothing otherwise.
+    fn ack(&mut self, ranges: &[AckRange]) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Records the outcome and releases the shard.
+    fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Notifications of committed messages.
+pub trait WakeupStream: Send + 'static {
+    /// Waits for the next wake-up. Errors mean the notification channel broke; the relay
+    /// falls back to polling and asks again later.
+    fn next(&mut self) -> impl Future<Output = Result<Wakeup, Error>> + Send;
+}
+
+/// A [`WakeupStream`] that never wakes: for backends without notifications.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoWakeups;
+
+impl WakeupStream for NoWakeups {
+    async fn next(&mut self) -> Result<Wakeup, Error> {
+        std::future::pending().await
+    }
+}
