@@ -70,6 +70,13 @@ pub trait Scope: Send + Sync + 'static {
 ///     const ID: CategoryId = CategoryId(10);
 ///     const NAME: &'static str = "project_update";
 /// }
+///
+/// // The scope comes from the category: it cannot be got wrong through the typed API.
+/// let message = outbox_core::Message::new::<ProjectUpdate>(7, 42, &ProjectChanged {
+///     name: "Backend".into(),
+/// })?;
+/// assert_eq!(message.shard().scope, ScopeId(1));
+/// # Ok::<(), outbox_core::Error>(())
 /// ```
 pub trait Category: Send + Sync + 'static {
     /// The one scope this category belongs to.

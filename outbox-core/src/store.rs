@@ -316,3 +316,20 @@ impl WakeupStream for NoWakeups {
         std::future::pending().await
     }
 }
+
+/// Compares the migrations a database has applied with those a backend requires, for
+/// [`Store::check_schema`]: every required version must be applied.
+pub fn check_migrations(applied: &[i64], required: &[(i64, &str)]) -> Result<(), Error> {
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|(version, _)| !applied.contains(version))
+        .map(|(version, description)| format!("{version} ({description})"))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::MigrationMissing {
+            detail: format!("migration(s) {} not applied", missing.join(", ")),
+        })
+    }
+}

@@ -1,1 +1,28 @@
-//! wip
+//! # outbox-sqlite
+//!
+//! The SQLite store of **outbox**, the embedded default: write outbox messages in your own
+//! `sqlx` SQLite transactions, and let an [`outbox_core::Relay`] over a [`SqliteStore`] deliver
+//! them.
+//!
+//! - [`migrate`] applies the embedded migrations, recorded in the library's own
+//!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
+//! - [`write`] and [`write_all`] insert messages with the caller's transaction or connection;
+//!   [`write_all`] uses one statement however many messages there are.
+//! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
+//!
+//! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one
+//! database file never drain the same shard at once. In-transaction handler mode holds the
+//! database's write lock for the whole drain of a shard: keep such handlers short.
+
+mod connect;
+mod error;
+mod migrate;
+mod session;
+mod store;
+mod write;
+
+pub use crate::connect::{connect, connect_options};
+pub use crate::migrate::{MIGRATIONS_TABLE, migrate, migrator};
+pub use crate::session::SqliteSession;
+pub use crate::store::SqliteStore;
+pub use crate::write::{write, write_all};

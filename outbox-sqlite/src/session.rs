@@ -1,0 +1,309 @@
+use std::any::Any;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
+use outbox_core::{CategoryId, Error, MessageId, ScopeId};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+
+use crate::error::database;
+use crate::store::{duration_ms, now_ms};
+
+/// A claimed shard on SQLite: under a lease, or inside the claiming `BEGIN IMMEDIATE`
+/// transaction in in-transaction handler mode.
+#[derive(Debug)]
+pub struct SqliteSession {
+    pool: SqlitePool,
+    lease: Lease,
+    lease_duration: Duration,
+    tx: Option<Transaction<'static, Sqlite>>,
+}
+
+enum Conn<'a> {
+    Pooled(PoolConnection<Sqlite>),
+    Claiming(&'a mut SqliteConnection),
+}
+
+impl Deref for Conn<'_> {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Claiming(conn) => conn,
+        }
+    }
+}
+
+impl DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Claiming(conn) => conn,
+        }
+    }
+}
+
+const FETCH: &str = "\
+    SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+    ORDER BY id LIMIT ?4";
+
+const FETCH_NEWEST: &str = "\
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload \
+    FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
+        SELECT x.id FROM outbox_messages x \
+        WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
+            AND x.category = g.value ->> 0 AND x.object_identifier = g.value ->> 1 \
+            AND x.id > ?5 \
+        ORDER BY x.id DESC LIMIT 1)";
+
+const EXTEND_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_expires_at = ?5 \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
+const ACK: &str = "\
+    DELETE FROM outbox_messages WHERE id IN ( \
+        SELECT m.id FROM json_each(?4) g JOIN outbox_messages m \
+            ON m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
+            AND m.category = g.value ->> 0 AND m.object_identifier = g.value ->> 1 \
+            AND m.id BETWEEN g.value ->> 2 AND g.value ->> 3)";
+
+const DELETE_IF_EMPTY: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4 \
+        AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3)";
+
+const RELEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+        last_error = NULL, retry_at = NULL, parked_category = NULL \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
+const FAIL: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = ?5, \
+        last_error = ?6, retry_at = ?7, watermark = ?8, parked_category = ?9 \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
+fn stored(row: &SqliteRow) -> StoredMessage {
+    StoredMessage {
+        id: MessageId(row.get(0)),
+        category: CategoryId(row.get(1)),
+        scope: ScopeId(row.get(2)),
+        object_identifier: row.get(3),
+        payload: row.get(4),
+    }
+}
+
+impl SqliteSession {
+    pub(crate) fn new(
+        pool: SqlitePool,
+        lease: Lease,
+        lease_duration: Duration,
+        tx: Option<Transaction<'static, Sqlite>>,
+    ) -> Self {
+        Self {
+            pool,
+            lease,
+            lease_duration,
+            tx,
+        }
+    }
+
+    async fn conn(&mut self) -> Result<Conn<'_>, Error> {
+        match &mut self.tx {
+            Some(tx) => Ok(Conn::Claiming(&mut *tx)),
+            None => self
+                .pool
+                .acquire()
+                .await
+                .map(Conn::Pooled)
+                .map_err(database("reading a shard")),
+        }
+    }
+
+    /// Binds the shard key and fencing token as `?1..?4` of a statement.
+    fn keyed<'q>(
+        &self,
+        sql: &'static str,
+    ) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments> {
+        let shard = &self.lease.shard;
+        sqlx::query(sql)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str().to_owned())
+            .bind(self.lease.token)
+    }
+
+    /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.
+    async fn ack_on(&self, conn: &mut SqliteConnection, ranges: &[AckRange]) -> Result<u64, Error> {
+        let extended = self
+            .keyed(EXTEND_LEASE)
+            .bind(now_ms().saturating_add(duration_ms(self.lease_duration)))
+            .execute(&mut *conn)
+            .await
+            .map_err(database("acknowledging messages"))?;
+        if extended.rows_affected() == 0 {
+            return Err(Error::LeaseLost {
+                shard: self.lease.shard.clone(),
+                token: self.lease.token,
+            });
+        }
+        let ranges: Vec<[i64; 4]> = ranges
+            .iter()
+            .map(|range| {
+                [
+                    i64::from(range.group.category.0),
+                    range.group.object_identifier,
+                    range.first.0,
+                    range.last.0,
+                ]
+            })
+            .collect();
+        let shard = &self.lease.shard;
+        let deleted = sqlx::query(ACK)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str().to_owned())
+            .bind(serde_json::to_string(&ranges).unwrap_or_default())
+            .execute(&mut *conn)
+            .await
+            .map_err(database("acknowledging messages"))?;
+        Ok(deleted.rows_affected())
+    }
+
+    async fn finish_on(&self, conn: &mut SqliteConnection, outcome: &Outcome) -> Result<u64, Error> {
+        let done = match outcome {
+            Outcome::Drained => {
+                let deleted = self
+                    .keyed(DELETE_IF_EMPTY)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(database("releasing a shard"))?;
+                if deleted.rows_affected() > 0 {
+                    return Ok(1);
+                }
+                self.keyed(RELEASE).execute(&mut *conn).await
+            }
+            Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
+            Outcome::Failed(failure) => {
+                self.keyed(FAIL)
+                    .bind(i64::from(failure.attempts))
+                    .bind(failure.error.clone())
+                    .bind(now_ms().saturating_add(duration_ms(failure.retry_in)))
+                    .bind(failure.watermark.0)
+                    .bind(failure.parked_category.map(|category| category.0))
+                    .execute(&mut *conn)
+                    .await
+            }
+        };
+        Ok(done.map_err(database("releasing a shard"))?.rows_affected())
+    }
+}
+
+impl ShardSession for SqliteSession {
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
+        let shard = self.lease.shard.clone();
+        let mut conn = self.conn().await?;
+        let rows = sqlx::query(FETCH)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(database("reading a shard"))?;
+        Ok(rows.iter().map(stored).collect())
+    }
+
+    async fn fetch_newest(&mut self, groups: &[GroupKey], after: MessageId) -> Result<Vec<StoredMessage>, Error> {
+        let shard = self.lease.shard.clone();
+        let groups: Vec<[i64; 2]> = groups
+            .iter()
+            .map(|group| [i64::from(group.category.0), group.object_identifier])
+            .collect();
+        let mut conn = self.conn().await?;
+        let rows = sqlx::query(FETCH_NEWEST)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str())
+            .bind(serde_json::to_string(&groups).unwrap_or_default())
+            .bind(after.0)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(database("reading a shard"))?;
+        Ok(rows.iter().map(stored).collect())
+    }
+
+    fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)> {
+        let conn: &mut SqliteConnection = self.tx.as_deref_mut()?;
+        Some(conn)
+    }
+
+    async fn before_handler(&mut self) -> Result<(), Error> {
+        if let Some(tx) = &mut self.tx {
+            sqlx::query("SAVEPOINT outbox_handler")
+                .execute(&mut **tx)
+                .await
+                .map_err(database("opening a handler savepoint"))?;
+        }
+        Ok(())
+    }
+
+    async fn after_handler(&mut self, succeeded: bool) -> Result<(), Error> {
+        if let Some(tx) = &mut self.tx {
+            if !succeeded {
+                sqlx::query("ROLLBACK TO SAVEPOINT outbox_handler")
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(database("rolling back a failed handler"))?;
+            }
+            sqlx::query("RELEASE SAVEPOINT outbox_handler")
+                .execute(&mut **tx)
+                .await
+                .map_err(database("closing a handler savepoint"))?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self, ranges: &[AckRange]) -> Result<u64, Error> {
+        if let Some(mut tx) = self.tx.take() {
+            let result = self.ack_on(&mut tx, ranges).await;
+            self.tx = Some(tx);
+            return result;
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(database("acknowledging messages"))?;
+        let deleted = self.ack_on(&mut tx, ranges).await?;
+        tx.commit().await.map_err(database("acknowledging messages"))?;
+        Ok(deleted)
+    }
+
+    async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
+        let mut tx = match self.tx.take() {
+            Some(tx) => tx,
+            None => self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(database("releasing a shard"))?,
+        };
+        let updated = self.finish_on(&mut tx, &outcome).await?;
+        tx.commit().await.map_err(database("releasing a shard"))?;
+        if updated == 0 {
+            return Err(Error::LeaseLost {
+                shard: self.lease.shard.clone(),
+                token: self.lease.token,
+            });
+        }
+        Ok(())
+    }
+}
