@@ -317,13 +317,28 @@ impl WakeupStream for NoWakeups {
     }
 }
 
-/// Compares the migrations a database has applied with those a backend requires, for
-/// [`Store::check_schema`]: every required version must be applied.
-pub fn check_migrations(applied: &[i64], required: &[(i64, &str)]) -> Result<(), Error> {
-    let missing: Vec<String> = required
+/// The table in which the backends record the outbox migrations a database has applied
+/// (never the application's own `_sqlx_migrations`).
+pub const MIGRATIONS_TABLE: &str = "_outbox_migrations";
+
+/// A migration a backend embeds in its binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedMigration {
+    /// The version, increasing.
+    pub version: i64,
+    /// What it does.
+    pub description: &'static str,
+    /// The SQL.
+    pub sql: &'static str,
+}
+
+/// Compares the migrations a database has applied with those a backend embeds, for
+/// [`Store::check_schema`]: every embedded version must be applied.
+pub fn check_migrations(applied: &[i64], embedded: &[EmbeddedMigration]) -> Result<(), Error> {
+    let missing: Vec<String> = embedded
         .iter()
-        .filter(|(version, _)| !applied.contains(version))
-        .map(|(version, description)| format!("{version} ({description})"))
+        .filter(|migration| !applied.contains(&migration.version))
+        .map(|migration| format!("{} ({})", migration.version, migration.description))
         .collect();
     if missing.is_empty() {
         Ok(())

@@ -1,1 +1,26 @@
-//! wip
+//! # outbox-postgres
+//!
+//! The PostgreSQL store of **outbox**: write outbox messages in your own `sqlx` PostgreSQL
+//! transactions, and let an [`outbox_core::Relay`] over a [`PgStore`] deliver them.
+//!
+//! - [`migrate`] applies the embedded migrations, recorded in the library's own
+//!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
+//! - [`write`] and [`write_all`] insert messages with the caller's transaction or connection;
+//!   [`write_all`] uses one statement however many messages there are.
+//! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
+//!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn
+//!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
+
+mod connect;
+mod error;
+mod migrate;
+mod session;
+mod store;
+mod write;
+
+pub use crate::connect::connect;
+pub use crate::migrate::{migrate, migrator};
+pub use outbox_core::store::MIGRATIONS_TABLE;
+pub use crate::session::PgSession;
+pub use crate::store::{NOTIFY_CHANNEL, PgStore, PgWakeups};
+pub use crate::write::{write, write_all};

@@ -22,7 +22,8 @@ mod store;
 mod write;
 
 pub use crate::connect::{connect, connect_options};
-pub use crate::migrate::{MIGRATIONS_TABLE, migrate, migrator};
+pub use crate::migrate::{migrate, migrator};
+pub use outbox_core::store::MIGRATIONS_TABLE;
 pub use crate::session::SqliteSession;
 pub use crate::store::SqliteStore;
 pub use crate::write::{write, write_all};

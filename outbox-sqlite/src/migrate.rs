@@ -1,31 +1,24 @@
 use std::borrow::Cow;
 
 use outbox_core::Error;
-use sqlx::SqlitePool;
+use outbox_core::store::{EmbeddedMigration, MIGRATIONS_TABLE};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{SqlitePool, SqlSafeStr};
 
-/// The table recording which outbox migrations a database has applied.
-pub const MIGRATIONS_TABLE: &str = "_outbox_migrations";
+/// The embedded migrations, in order.
+pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "outbox tables",
+    sql: include_str!("../migrations/0001_outbox.sql"),
+}];
 
-/// The embedded migrations, in order: `(version, description, sql)`.
-pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "outbox tables",
-    include_str!("../migrations/0001_outbox.sql"),
-)];
-
-/// The migrator for the outbox tables, tracked in [`MIGRATIONS_TABLE`].
+/// The migrator for the outbox tables, recorded in `_outbox_migrations`.
 pub fn migrator() -> Migrator {
     let migrations = MIGRATIONS
         .iter()
-        .map(|(version, description, sql)| {
-            Migration::new(
-                *version,
-                Cow::Borrowed(*description),
-                MigrationType::Simple,
-                sqlx::SqlSafeStr::into_sql_str(*sql),
-                false,
-            )
+        .map(|m| {
+            let sql = m.sql.into_sql_str();
+            Migration::new(m.version, Cow::Borrowed(m.description), MigrationType::Simple, sql, false)
         })
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);
@@ -33,19 +26,10 @@ pub fn migrator() -> Migrator {
     migrator
 }
 
-/// Applies the outbox migrations that `pool`'s database lacks. Idempotent.
+/// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
+/// from several processes at once.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
-    migrator()
-        .run(pool)
-        .await
-        .map_err(|source| Error::Migrate {
-            source: Box::new(source),
-        })
-}
-
-pub(crate) fn required() -> Vec<(i64, &'static str)> {
-    MIGRATIONS
-        .iter()
-        .map(|(version, description, _)| (*version, *description))
-        .collect()
+    migrator().run(pool).await.map_err(|source| Error::Migrate {
+        source: Box::new(source),
+    })
 }

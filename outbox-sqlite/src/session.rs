@@ -5,7 +5,8 @@ use std::time::Duration;
 use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
 use outbox_core::{CategoryId, Error, MessageId, ScopeId};
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::SqliteRow;
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::error::database;
@@ -123,17 +124,18 @@ impl SqliteSession {
         }
     }
 
-    /// Binds the shard key and fencing token as `?1..?4` of a statement.
-    fn keyed<'q>(
-        &self,
-        sql: &'static str,
-    ) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments> {
+    /// Binds the shard key as `?1..?3` of a statement.
+    fn keyed_without_token(&self, sql: &'static str) -> Query<'static, Sqlite, SqliteArguments> {
         let shard = &self.lease.shard;
         sqlx::query(sql)
             .bind(shard.scope.0)
             .bind(shard.shard_identifier)
             .bind(shard.destination_str().to_owned())
-            .bind(self.lease.token)
+    }
+
+    /// Binds the shard key and fencing token as `?1..?4` of a statement.
+    fn keyed(&self, sql: &'static str) -> Query<'static, Sqlite, SqliteArguments> {
+        self.keyed_without_token(sql).bind(self.lease.token)
     }
 
     /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.
@@ -161,11 +163,8 @@ impl SqliteSession {
                 ]
             })
             .collect();
-        let shard = &self.lease.shard;
-        let deleted = sqlx::query(ACK)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str().to_owned())
+        let deleted = self
+            .keyed_without_token(ACK)
             .bind(serde_json::to_string(&ranges).unwrap_or_default())
             .execute(&mut *conn)
             .await
@@ -208,13 +207,11 @@ impl ShardSession for SqliteSession {
     }
 
     async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
-        let shard = self.lease.shard.clone();
+        let query = self
+            .keyed_without_token(FETCH)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut conn = self.conn().await?;
-        let rows = sqlx::query(FETCH)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        let rows = query
             .fetch_all(&mut *conn)
             .await
             .map_err(database("reading a shard"))?;
@@ -222,18 +219,16 @@ impl ShardSession for SqliteSession {
     }
 
     async fn fetch_newest(&mut self, groups: &[GroupKey], after: MessageId) -> Result<Vec<StoredMessage>, Error> {
-        let shard = self.lease.shard.clone();
         let groups: Vec<[i64; 2]> = groups
             .iter()
             .map(|group| [i64::from(group.category.0), group.object_identifier])
             .collect();
-        let mut conn = self.conn().await?;
-        let rows = sqlx::query(FETCH_NEWEST)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str())
+        let query = self
+            .keyed_without_token(FETCH_NEWEST)
             .bind(serde_json::to_string(&groups).unwrap_or_default())
-            .bind(after.0)
+            .bind(after.0);
+        let mut conn = self.conn().await?;
+        let rows = query
             .fetch_all(&mut *conn)
             .await
             .map_err(database("reading a shard"))?;

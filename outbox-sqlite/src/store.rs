@@ -1,14 +1,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
-    ClaimOptions, DiscoveryPage, HandlerMode, Lease, NoWakeups, PendingMessage, ShardState,
-    check_migrations,
+    ClaimOptions, DiscoveryPage, HandlerMode, Lease, MIGRATIONS_TABLE, NoWakeups, PendingMessage,
+    ShardState, check_migrations,
 };
 use outbox_core::{CategoryId, Error, MessageId, ShardKey, Store};
 use sqlx::{Row, SqlitePool};
 
 use crate::error::database;
-use crate::migrate::{MIGRATIONS_TABLE, required};
+use crate::migrate::MIGRATIONS;
 use crate::session::SqliteSession;
 
 /// The outbox store on a SQLite database.
@@ -118,7 +118,7 @@ impl Store for SqliteStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(database("checking the outbox schema"))?;
-        check_migrations(&applied, &required())
+        check_migrations(&applied, MIGRATIONS)
     }
 
     async fn discover(&self, after: Option<&ShardKey>, limit: usize) -> Result<DiscoveryPage, Error> {

@@ -217,13 +217,7 @@ impl<S: Store> Relay<S> {
                         .acquire_owned()
                         .await
                         .expect("the semaphore is never closed");
-                    let inner = Arc::clone(&self.inner);
-                    let running = running.clone();
-                    tasks.spawn(async move {
-                        let _permit = permit;
-                        let result = inner.process(&shard, &running).await;
-                        (shard, result)
-                    });
+                    spawn_shard(&mut tasks, &self.inner, shard, permit, &running);
                     while let Some(done) = tasks.try_join_next() {
                         collect(done, &mut report, &mut first_error);
                     }
@@ -252,14 +246,11 @@ impl<S: Store> Relay<S> {
         let limit = Arc::new(Semaphore::new(self.inner.config.max_concurrent_shards.max(1)));
         let mut tasks = JoinSet::new();
         for shard in shards.iter().cloned().collect::<HashSet<_>>() {
-            let inner = Arc::clone(&self.inner);
-            let running = running.clone();
-            let limit = Arc::clone(&limit);
-            tasks.spawn(async move {
-                let _permit = limit.acquire_owned().await;
-                let result = inner.process(&shard, &running).await;
-                (shard, result)
-            });
+            let permit = Arc::clone(&limit)
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed");
+            spawn_shard(&mut tasks, &self.inner, shard, permit, &running);
         }
         let mut report = DrainReport::default();
         let mut first_error = None;
@@ -319,7 +310,7 @@ impl<S: Store> Relay<S> {
                 && tokio::time::Instant::now() >= listen_retry_at
             {
                 match inner.store.wakeups().await {
-                    Ok(stream) => wakeups = stream.map(Box::new),
+                    Ok(stream) => wakeups = stream,
                     Err(error) => {
                         debug!(error = %crate::error::error_chain(&error), "cannot listen for commits; polling");
                         listen_retry_at = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -371,7 +362,7 @@ impl<S: Store> Relay<S> {
                     finish_task(done, &mut in_flight, &mut report);
                     None
                 }
-                wakeup = next_wakeup(wakeups.as_deref_mut()) => Some(wakeup),
+                wakeup = next_wakeup(wakeups.as_mut()) => Some(wakeup),
             };
             match woken {
                 Some(Ok(Wakeup::Shards(shards))) => {

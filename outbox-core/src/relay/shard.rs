@@ -57,10 +57,15 @@ pub(crate) async fn drain<S: ShardSession>(
     let mut progressed = false;
     let mut rows_delivered = 0u64;
     let mut watermark = MessageId(0);
+    let budget_spent = |rows_delivered: u64| {
+        rows_delivered >= config.shard_row_budget as u64
+            || started.elapsed() >= config.shard_time_budget
+            || *shutdown.borrow()
+    };
     loop {
         let head = session.fetch(config.batch_size).await?;
         let Some(last) = head.last() else {
-            session.finish(Outcome::Drained).await?;
+            finish(session, Outcome::Drained, &mut run).await?;
             return Ok(run);
         };
         watermark = watermark.max(last.id);
@@ -80,10 +85,7 @@ pub(crate) async fn drain<S: ShardSession>(
         let mut failure = None;
         let mut out_of_budget = false;
         for group in &plan.groups {
-            let spent = rows_delivered >= config.shard_row_budget as u64
-                || started.elapsed() >= config.shard_time_budget
-                || *shutdown.borrow();
-            if spent && (progressed || !acks.is_empty()) {
+            if budget_spent(rows_delivered) && (progressed || !acks.is_empty()) {
                 out_of_budget = true;
                 break;
             }
@@ -124,15 +126,14 @@ pub(crate) async fn drain<S: ShardSession>(
             let attempts = if progressed { 1 } else { lease.attempts + 1 };
             let retry_in = config.backoff.delay(attempts);
             warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
-            session
-                .finish(Outcome::Failed(Failure {
-                    error: error_chain(&error),
-                    attempts,
-                    retry_in,
-                    watermark,
-                    parked_category: error.parked_category(),
-                }))
-                .await?;
+            let failure = Failure {
+                error: error_chain(&error),
+                attempts,
+                retry_in,
+                watermark,
+                parked_category: error.parked_category(),
+            };
+            finish(session, Outcome::Failed(failure), &mut run).await?;
             run.failure = Some(ShardFailure {
                 shard: lease.shard,
                 error,
@@ -141,15 +142,24 @@ pub(crate) async fn drain<S: ShardSession>(
             });
             return Ok(run);
         }
-        if out_of_budget
-            || rows_delivered >= config.shard_row_budget as u64
-            || started.elapsed() >= config.shard_time_budget
-            || *shutdown.borrow()
-        {
+        if out_of_budget || budget_spent(rows_delivered) {
             debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
-            session.finish(Outcome::Yielded).await?;
+            finish(session, Outcome::Yielded, &mut run).await?;
             return Ok(run);
         }
+    }
+}
+
+/// Records the outcome; a lease lost meanwhile is reported, not an error: the new owner
+/// carries on.
+async fn finish<S: ShardSession>(session: S, outcome: Outcome, run: &mut ShardRun) -> Result<(), Error> {
+    match session.finish(outcome).await {
+        Err(Error::LeaseLost { shard, token }) => {
+            warn!(%shard, token, "lease lost before releasing; another worker owns the shard");
+            run.lease_lost = Some(shard);
+            Ok(())
+        }
+        result => result,
     }
 }
 

@@ -1,0 +1,47 @@
+use outbox_core::Error;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::error::database;
+
+/// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`).
+///
+/// A URL that does not parse is an [`Error::InvalidDatabaseUrl`]; a server that does not
+/// answer is an [`Error::Unavailable`].
+pub async fn connect(url: &str) -> Result<PgPool, Error> {
+    let options: PgConnectOptions = url.parse().map_err(|error: sqlx::Error| Error::InvalidDatabaseUrl {
+        url: redact(url),
+        reason: error.to_string(),
+    })?;
+    PgPoolOptions::new()
+        .max_connections(10)
+        .connect_with(options)
+        .await
+        .map_err(database("connecting to PostgreSQL"))
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("postgres://app:secret@db:5432/x"), "postgres://app:***@db:5432/x");
+        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

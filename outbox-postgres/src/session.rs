@@ -1,0 +1,293 @@
+use std::any::Any;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
+use outbox_core::{CategoryId, Error, MessageId, ScopeId};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+
+use crate::error::database;
+use crate::store::duration_ms;
+
+/// A claimed shard on PostgreSQL: under a lease, or inside the claiming transaction (which
+/// holds the shard's state row locked) in in-transaction handler mode.
+#[derive(Debug)]
+pub struct PgSession {
+    pool: PgPool,
+    lease: Lease,
+    lease_duration: Duration,
+    tx: Option<Transaction<'static, Postgres>>,
+}
+
+enum Conn<'a> {
+    Pooled(PoolConnection<Postgres>),
+    Claiming(&'a mut PgConnection),
+}
+
+impl Deref for Conn<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Claiming(conn) => conn,
+        }
+    }
+}
+
+impl DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Claiming(conn) => conn,
+        }
+    }
+}
+
+const FETCH: &str = "\
+    SELECT id, category, shard_scope, object_identifier, payload::text FROM outbox_messages \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+    ORDER BY id LIMIT $4";
+
+const FETCH_NEWEST: &str = "\
+    SELECT newest.* FROM unnest($4::integer[], $5::bigint[]) AS g(category, object_identifier) \
+    CROSS JOIN LATERAL ( \
+        SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload::text \
+        FROM outbox_messages m \
+        WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.category = g.category AND m.object_identifier = g.object_identifier \
+            AND m.id > $6 \
+        ORDER BY m.id DESC LIMIT 1) newest";
+
+// The lease update proves (and extends) the lease: if another worker holds the row, it waits
+// for it and then finds the token changed, and nothing is deleted.
+const ACK: &str = "\
+    WITH lease AS ( \
+        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        RETURNING 1), \
+     acked AS ( \
+        DELETE FROM outbox_messages m \
+        USING unnest($6::integer[], $7::bigint[], $8::bigint[], $9::bigint[]) \
+            AS g(category, object_identifier, first_id, last_id) \
+        WHERE EXISTS (SELECT 1 FROM lease) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.category = g.category AND m.object_identifier = g.object_identifier \
+            AND m.id BETWEEN g.first_id AND g.last_id \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
+
+const DELETE_IF_EMPTY: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3)";
+
+const RELEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+        last_error = NULL, retry_at = NULL, parked_category = NULL \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+const FAIL: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
+        last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
+        watermark = $8, parked_category = $9 \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+fn stored(row: &PgRow) -> StoredMessage {
+    StoredMessage {
+        id: MessageId(row.get(0)),
+        category: CategoryId(row.get(1)),
+        scope: ScopeId(row.get(2)),
+        object_identifier: row.get(3),
+        payload: row.get(4),
+    }
+}
+
+impl PgSession {
+    pub(crate) fn new(
+        pool: PgPool,
+        lease: Lease,
+        lease_duration: Duration,
+        tx: Option<Transaction<'static, Postgres>>,
+    ) -> Self {
+        Self {
+            pool,
+            lease,
+            lease_duration,
+            tx,
+        }
+    }
+
+    async fn conn(&mut self) -> Result<Conn<'_>, Error> {
+        match &mut self.tx {
+            Some(tx) => Ok(Conn::Claiming(&mut *tx)),
+            None => self
+                .pool
+                .acquire()
+                .await
+                .map(Conn::Pooled)
+                .map_err(database("reading a shard")),
+        }
+    }
+
+    /// Binds the shard key and fencing token as `$1..$4` of a statement.
+    fn keyed(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+        let shard = &self.lease.shard;
+        sqlx::query(sql)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str().to_owned())
+            .bind(self.lease.token)
+    }
+
+    async fn finish_on(&self, conn: &mut PgConnection, outcome: &Outcome) -> Result<u64, Error> {
+        let done = match outcome {
+            Outcome::Drained => {
+                let deleted = self
+                    .keyed(DELETE_IF_EMPTY)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(database("releasing a shard"))?;
+                if deleted.rows_affected() > 0 {
+                    return Ok(1);
+                }
+                self.keyed(RELEASE).execute(&mut *conn).await
+            }
+            Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
+            Outcome::Failed(failure) => {
+                self.keyed(FAIL)
+                    .bind(i32::try_from(failure.attempts).unwrap_or(i32::MAX))
+                    .bind(failure.error.clone())
+                    .bind(duration_ms(failure.retry_in))
+                    .bind(failure.watermark.0)
+                    .bind(failure.parked_category.map(|category| category.0))
+                    .execute(&mut *conn)
+                    .await
+            }
+        };
+        Ok(done.map_err(database("releasing a shard"))?.rows_affected())
+    }
+}
+
+impl ShardSession for PgSession {
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let query = self.keyed_without_token(FETCH).bind(limit);
+        let mut conn = self.conn().await?;
+        let rows = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(database("reading a shard"))?;
+        Ok(rows.iter().map(stored).collect())
+    }
+
+    async fn fetch_newest(&mut self, groups: &[GroupKey], after: MessageId) -> Result<Vec<StoredMessage>, Error> {
+        let categories: Vec<i32> = groups.iter().map(|group| group.category.0).collect();
+        let objects: Vec<i64> = groups.iter().map(|group| group.object_identifier).collect();
+        let query = self
+            .keyed_without_token(FETCH_NEWEST)
+            .bind(categories)
+            .bind(objects)
+            .bind(after.0);
+        let mut conn = self.conn().await?;
+        let rows = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(database("reading a shard"))?;
+        Ok(rows.iter().map(stored).collect())
+    }
+
+    fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)> {
+        let conn: &mut PgConnection = self.tx.as_deref_mut()?;
+        Some(conn)
+    }
+
+    async fn before_handler(&mut self) -> Result<(), Error> {
+        if let Some(tx) = &mut self.tx {
+            sqlx::query("SAVEPOINT outbox_handler")
+                .execute(&mut **tx)
+                .await
+                .map_err(database("opening a handler savepoint"))?;
+        }
+        Ok(())
+    }
+
+    async fn after_handler(&mut self, succeeded: bool) -> Result<(), Error> {
+        if let Some(tx) = &mut self.tx {
+            if !succeeded {
+                sqlx::query("ROLLBACK TO SAVEPOINT outbox_handler")
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(database("rolling back a failed handler"))?;
+            }
+            sqlx::query("RELEASE SAVEPOINT outbox_handler")
+                .execute(&mut **tx)
+                .await
+                .map_err(database("closing a handler savepoint"))?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self, ranges: &[AckRange]) -> Result<u64, Error> {
+        let query = self
+            .keyed(ACK)
+            .bind(duration_ms(self.lease_duration))
+            .bind(ranges.iter().map(|r| r.group.category.0).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.group.object_identifier).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>());
+        let lease = self.lease.clone();
+        let mut conn = self.conn().await?;
+        let (held, deleted): (i64, i64) = query
+            .try_map(|row: PgRow| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(database("acknowledging messages"))?;
+        if held == 0 {
+            return Err(Error::LeaseLost {
+                shard: lease.shard,
+                token: lease.token,
+            });
+        }
+        Ok(u64::try_from(deleted).unwrap_or(0))
+    }
+
+    async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
+        let updated = match self.tx.take() {
+            Some(mut tx) => {
+                let updated = self.finish_on(&mut tx, &outcome).await?;
+                tx.commit().await.map_err(database("releasing a shard"))?;
+                updated
+            }
+            None => {
+                let mut conn = self.pool.acquire().await.map_err(database("releasing a shard"))?;
+                self.finish_on(&mut conn, &outcome).await?
+            }
+        };
+        if updated == 0 {
+            return Err(Error::LeaseLost {
+                shard: self.lease.shard.clone(),
+                token: self.lease.token,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl PgSession {
+    /// Binds the shard key as `$1..$3` of a statement.
+    fn keyed_without_token(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+        let shard = &self.lease.shard;
+        sqlx::query(sql)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str().to_owned())
+    }
+}
