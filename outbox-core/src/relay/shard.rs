@@ -80,7 +80,8 @@ pub(crate) async fn drain<S: ShardSession>(
             }
         }
 
-        let attempt = if progressed { 1 } else { lease.attempts + 1 };
+        // The attempt at the shard's head: once a group gets through, the next is on its first.
+        let mut attempt = if progressed { 1 } else { lease.attempts + 1 };
         let mut acks = Vec::with_capacity(plan.groups.len());
         let mut failure = None;
         let mut out_of_budget = false;
@@ -94,6 +95,7 @@ pub(crate) async fn drain<S: ShardSession>(
             session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
+                    attempt = 1;
                     acks.push(group.ack_range());
                     rows_delivered += group.rows;
                     run.deliveries += 1;

@@ -1,0 +1,68 @@
+//! What a backend provides so the conformance suite can run against it.
+
+use std::future::Future;
+
+use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey, Store};
+
+/// A fresh database of one backend, with what the conformance suite needs to drive it.
+///
+/// Implemented for PostgreSQL and SQLite in this crate; a third-party backend implements it to
+/// run [`conformance_tests!`](crate::conformance_tests).
+pub trait TestBackend: Send + Sync + Sized + 'static {
+    /// The backend's store.
+    type Store: Store;
+
+    /// The backend's name, for messages.
+    const NAME: &'static str;
+
+    /// A fresh, empty database with the outbox migrations applied and a `business_rows`
+    /// table (`id` primary key) standing for the application's own data.
+    fn create() -> impl Future<Output = Self> + Send;
+
+    /// A fresh database without the outbox migrations (but with `business_rows`).
+    fn create_unmigrated() -> impl Future<Output = Self> + Send;
+
+    /// Applies the outbox migrations.
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// A store on this database.
+    fn store(&self) -> Self::Store;
+
+    /// A store on this database with connections of its own, as another process would have.
+    fn connect_store(&self) -> impl Future<Output = Self::Store> + Send;
+
+    /// In one transaction: inserts business row `business_id`, writes `messages` one at a time,
+    /// then commits, or rolls back if `commit` is false.
+    fn write_in_transaction(
+        &self,
+        business_id: i64,
+        messages: &[Message],
+        commit: bool,
+    ) -> impl Future<Output = Result<Vec<MessageId>, Error>> + Send;
+
+    /// Writes `messages` with the bulk write in one transaction; returns their ids and how many
+    /// statements the bulk write executed.
+    fn write_all_counted(
+        &self,
+        messages: &[Message],
+    ) -> impl Future<Output = Result<(Vec<MessageId>, usize), Error>> + Send;
+
+    /// Inserts an outbox row directly, bypassing every check of the typed API.
+    fn insert_raw(
+        &self,
+        shard: &ShardKey,
+        category: i32,
+        object_identifier: i64,
+        payload_json: &str,
+    ) -> impl Future<Output = MessageId> + Send;
+
+    /// Whether business row `id` exists.
+    fn business_row_exists(&self, id: i64) -> impl Future<Output = bool> + Send;
+
+    /// Inserts business row `id` with the claiming transaction lent to an in-transaction
+    /// handler.
+    fn insert_business_row_in(
+        cx: &mut HandlerContext<'_>,
+        id: i64,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+}

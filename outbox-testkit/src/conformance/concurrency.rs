@@ -1,0 +1,345 @@
+//! Exclusive processing, leases and crashes: S15–S17.
+
+use std::collections::{BTreeMap, HashSet};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use outbox_core::store::{AckRange, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession};
+use outbox_core::{
+    BoxError, Delivery, Handler, HandlerContext, MessageId, Relay, ShardKey, Store,
+};
+use tokio::sync::{Barrier, Notify};
+
+use super::{config, eventually, pending, write};
+use crate::backend::TestBackend;
+use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
+
+fn claim_options(worker: &str) -> ClaimOptions {
+    ClaimOptions {
+        worker: worker.to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    }
+}
+
+/// S15: many workers claiming one shard at the same instant, each with connections of its
+/// own: exactly one gets it, and the next claim carries a greater fencing token.
+pub async fn s15_concurrent_claims_grant_one_lease<B: TestBackend>() {
+    let backend = B::create().await;
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    let shard = org_shard(1);
+
+    let contenders = 8;
+    let barrier = Arc::new(Barrier::new(contenders));
+    let mut tasks = Vec::new();
+    for worker in 0..contenders {
+        let store = backend.connect_store().await;
+        let (barrier, shard) = (Arc::clone(&barrier), shard.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .claim(&shard, &claim_options(&format!("worker-{worker}")))
+                .await
+                .expect("claiming does not fail")
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        if let Some(session) = task.await.expect("claim task") {
+            winners.push(session);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one worker holds the shard");
+    let first = winners.pop().expect("one winner");
+    let first_token = first.lease().token;
+    first.finish(Outcome::Yielded).await.expect("release");
+
+    let again = backend
+        .store()
+        .claim(&shard, &claim_options("later"))
+        .await
+        .expect("claim")
+        .expect("a released shard can be claimed");
+    assert!(again.lease().token > first_token, "fencing tokens increase");
+}
+
+/// S15: two relays with connections of their own drain 150 shards at once: no shard is ever
+/// processed by both at the same time, both do work, and every group arrives, in order.
+pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
+    let backend = B::create().await;
+    let shards: i64 = 150;
+    let mut messages = Vec::new();
+    let mut seq = 0;
+    for round in 0..2 {
+        for shard in 1..=shards {
+            seq += 1;
+            messages.push(note::<OrgUpdate>(shard, 1, seq));
+            seq += 1;
+            messages.push(note::<AuditEvent>(shard, 2 + round, seq));
+        }
+    }
+    backend.write_all_counted(&messages).await.expect("bulk write");
+
+    let in_flight: Arc<Mutex<HashSet<ShardKey>>> = Arc::default();
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let exclusive = |recorder: &Recorder| {
+        let (recorder, in_flight, overlaps) =
+            (recorder.clone(), Arc::clone(&in_flight), Arc::clone(&overlaps));
+        move |delivery: Delivery<OrgUpdate>| {
+            let (recorder, in_flight, overlaps) =
+                (recorder.clone(), Arc::clone(&in_flight), Arc::clone(&overlaps));
+            async move {
+                let entered = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(delivery.shard.clone());
+                if !entered {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                recorder.record(&delivery);
+                in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&delivery.shard);
+                Ok::<_, BoxError>(())
+            }
+        }
+    };
+    // One recorder for both relays: a shard is never in two handlers at once, so the order in
+    // which its deliveries are recorded is the order in which they happened.
+    let seen = Recorder::new();
+    let relay_a = Relay::with_config(
+        backend.connect_store().await,
+        seen.registry_with::<OrgUpdate>(exclusive(&seen)),
+        config("relay-a"),
+    );
+    let relay_b = Relay::with_config(
+        backend.connect_store().await,
+        seen.registry_with::<OrgUpdate>(exclusive(&seen)),
+        config("relay-b"),
+    );
+    let (a, b) = tokio::join!(
+        tokio::spawn(async move { relay_a.drain().await }),
+        tokio::spawn(async move { relay_b.drain().await }),
+    );
+    let (a, b) = (a.expect("relay a").expect("drain a"), b.expect("relay b").expect("drain b"));
+
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a shard was processed by two workers at once");
+    assert!(a.shards_claimed > 0 && b.shards_claimed > 0, "both relays worked: {a:?} {b:?}");
+    assert!(a.is_clean() && b.is_clean());
+    let mut by_shard: BTreeMap<i64, Vec<(&str, i64, u64)>> = BTreeMap::new();
+    for seen in seen.seen() {
+        by_shard
+            .entry(seen.shard.shard_identifier)
+            .or_default()
+            .push((seen.category, seen.object, seen.seq));
+    }
+    assert_eq!(by_shard.len(), usize::try_from(shards).expect("small"), "every shard was drained");
+    let per_round = u64::try_from(shards).expect("small") * 2;
+    for (shard, seen) in &by_shard {
+        let first = u64::try_from(*shard).expect("positive") * 2 - 1;
+        assert_eq!(
+            seen,
+            &[
+                ("org_update", 1, first + per_round),
+                ("audit_event", 2, first + 1),
+                ("audit_event", 3, first + per_round + 1),
+            ],
+            "shard {shard}: groups in order of their oldest row, each once, newest payload"
+        );
+    }
+    assert!(pending(&backend).await.is_empty());
+}
+
+struct Blocking {
+    recorder: Recorder,
+    entered: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+impl Handler<OrgUpdate> for Blocking {
+    async fn handle(&self, delivery: Delivery<OrgUpdate>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+        self.recorder.record(&delivery);
+        self.entered.notify_one();
+        self.release.notified().await;
+        Ok(())
+    }
+}
+
+/// S16: handlers run outside the claiming transaction under a lease; once the lease lapses
+/// and another worker claims the shard, the stale worker's acknowledgement is refused and
+/// deletes nothing.
+pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
+    let backend = B::create().await;
+    let ids = write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    let shard = org_shard(1);
+
+    let stale = Recorder::new();
+    let (entered, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let handler = Blocking {
+        recorder: stale.clone(),
+        entered: Arc::clone(&entered),
+        release: Arc::clone(&release),
+    };
+    let mut stale_config = config("stale");
+    stale_config.lease = Duration::from_millis(400);
+    let stale_relay = Relay::with_config(backend.store(), stale.registry_with::<OrgUpdate>(handler), stale_config);
+    let stale_run = tokio::spawn(async move { stale_relay.drain().await });
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the stale worker's handler started");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let fresh_store = backend.connect_store().await;
+    let mut fresh = fresh_store
+        .claim(&shard, &claim_options("fresh"))
+        .await
+        .expect("claim")
+        .expect("a lapsed lease can be taken over");
+    let stale_token = stale.seen()[0].token;
+    assert!(fresh.lease().token > stale_token, "the new owner's token is greater");
+
+    release.notify_one();
+    let report = stale_run.await.expect("stale task").expect("stale drain");
+    assert_eq!(report.lost_leases, [shard.clone()], "the stale worker learns it lost the lease");
+    assert_eq!(report.rows_acknowledged, 0, "the stale acknowledgement deleted nothing");
+    assert_eq!(pending(&backend).await.len(), 1);
+
+    let rows = fresh.fetch(10).await.expect("fetch");
+    assert_eq!(rows.iter().map(|row| row.id).collect::<Vec<_>>(), ids);
+    let range = AckRange {
+        group: GroupKey {
+            category: rows[0].category,
+            object_identifier: rows[0].object_identifier,
+        },
+        first: MessageId(i64::MIN),
+        last: rows[0].id,
+    };
+    assert_eq!(fresh.ack(&[range]).await.expect("the owner acknowledges"), 1);
+    fresh.finish(Outcome::Drained).await.expect("finish");
+    assert!(pending(&backend).await.is_empty());
+}
+
+struct WritesInTransaction<B>(PhantomData<fn() -> B>);
+
+impl<B: TestBackend> Handler<OrgUpdate> for WritesInTransaction<B> {
+    async fn handle(&self, delivery: Delivery<OrgUpdate>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+        B::insert_business_row_in(cx, delivery.object_identifier * 1000).await?;
+        if delivery.object_identifier == 2 {
+            return Err("failing after writing: the write must roll back".into());
+        }
+        Ok(())
+    }
+}
+
+/// S16: in the opt-in in-transaction mode the handler gets the claiming transaction: its
+/// writes commit with the acknowledgement, and a failing handler's writes roll back.
+pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: TestBackend>() {
+    let backend = B::create().await;
+    let mut config = config("in-transaction");
+    config.handler_mode = HandlerMode::InTransaction;
+    let registry = Recorder::new().registry_with::<OrgUpdate>(WritesInTransaction::<B>(PhantomData));
+    let relay = Relay::with_config(backend.store(), registry, config);
+    let ids = write(&backend, &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(1, 2, 2)]).await;
+
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.deliveries, 1);
+    assert_eq!(report.failures.len(), 1);
+    assert!(backend.business_row_exists(1000).await, "the handler's write committed");
+    assert!(!backend.business_row_exists(2000).await, "the failed handler's write rolled back");
+    let left: Vec<_> = pending(&backend).await.into_iter().map(|row| row.id).collect();
+    assert_eq!(left, [ids[1]], "acknowledged with the handler's write, and only that");
+}
+
+/// A handler that signals it started, then never finishes.
+pub(crate) struct Stuck {
+    entered: Arc<Notify>,
+}
+
+impl Stuck {
+    pub(crate) fn new(entered: Arc<Notify>) -> Self {
+        Self { entered }
+    }
+}
+
+impl Handler<OrgUpdate> for Stuck {
+    async fn handle(&self, _delivery: Delivery<OrgUpdate>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+        self.entered.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// S17: a worker that dies in the middle of a handler loses nothing: once its lease lapses,
+/// another worker resumes the shard from the same group, in order.
+pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
+    let backend = B::create().await;
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<AuditEvent>(1, 2, 2),
+            note::<AuditEvent>(1, 2, 3),
+        ],
+    )
+    .await;
+
+    let entered = Arc::new(Notify::new());
+    let mut crashing = config("crashing");
+    crashing.lease = Duration::from_millis(400);
+    let doomed = Relay::with_config(
+        backend.store(),
+        Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),
+        crashing,
+    );
+    let run = tokio::spawn(async move { doomed.drain().await });
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the doomed worker's handler started");
+    run.abort();
+    assert!(run.await.is_err_and(|error| error.is_cancelled()), "the worker was killed");
+
+    let survivor = Recorder::new();
+    let relay = Relay::with_config(backend.connect_store().await, survivor.registry(), config("survivor"));
+    assert_eq!(
+        relay.drain().await.expect("drain").shards_claimed,
+        0,
+        "the shard stays leased to the dead worker until the lease lapses"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    relay.drain().await.expect("drain");
+    assert_eq!(
+        survivor.triples(),
+        [("org_update", 1, 1), ("audit_event", 2, 2), ("audit_event", 2, 3)]
+    );
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S17: a crash after a handler ran but before its acknowledgement means the message is
+/// delivered again (at least once), never lost.
+pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBackend>() {
+    let backend = B::create().await;
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+
+    let mut options = claim_options("crashes-before-ack");
+    options.lease = Duration::from_millis(300);
+    let mut session = backend
+        .store()
+        .claim(&org_shard(1), &options)
+        .await
+        .expect("claim")
+        .expect("due");
+    assert_eq!(session.fetch(10).await.expect("fetch").len(), 1, "the worker read the message");
+    drop(session); // delivered, then crashed: no acknowledgement
+
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("redeliver"));
+    let recorded = recorder.clone();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.drain().await.expect("drain");
+    eventually("the message is delivered again", || recorded.seen().len() == 1).await;
+    assert_eq!(recorder.triples(), [("org_update", 1, 1)]);
+    assert!(pending(&backend).await.is_empty());
+}

@@ -1,0 +1,250 @@
+//! Delivery semantics: S10–S14, S24 and fan-out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use outbox_core::{BoxError, Delivery, Destination, Message, Relay};
+
+use super::{config, pending, write};
+use crate::backend::TestBackend;
+use crate::fixtures::{
+    AuditEvent, Note, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
+};
+
+/// S10: within a shard, groups are delivered one at a time in the order of their oldest row,
+/// each with its newest payload: A1, B1, A2 deliver A (A2), then B (B1).
+pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s10"));
+
+    write(&backend, &[note::<OrgUpdate>(1, 100, 1)]).await;
+    write(&backend, &[note::<OrgUpdate>(1, 200, 2)]).await;
+    write(&backend, &[note::<OrgUpdate>(1, 100, 3)]).await;
+
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(recorder.triples(), [("org_update", 100, 3), ("org_update", 200, 2)]);
+    assert_eq!(report.deliveries, 2);
+    assert_eq!(report.rows_acknowledged, 3);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S10: a group's newest row is found even when it lies beyond the rows read at once, and the
+/// order of groups is kept across reads.
+pub async fn s10_coalescing_reaches_beyond_one_read<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let mut config = config("s10-batches");
+    config.batch_size = 2;
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config);
+
+    // A1 B1 C1 A2 D1 A3
+    for (seq, object) in [(1, 1), (2, 2), (3, 3), (4, 1), (5, 4), (6, 1)] {
+        write(&backend, &[note::<OrgUpdate>(1, object, seq)]).await;
+    }
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(
+        recorder.triples(),
+        [
+            ("org_update", 1, 6),
+            ("org_update", 2, 2),
+            ("org_update", 3, 3),
+            ("org_update", 4, 5),
+        ]
+    );
+    assert_eq!(report.rows_acknowledged, 6);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S11: two writes to one group, drained, are one handler call with the newer payload, and
+/// both rows are deleted.
+pub async fn s11_two_writes_to_one_group_are_one_call<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s11"));
+
+    write(&backend, &[note::<ProjectUpdate>(9, 5, 1)]).await;
+    write(&backend, &[note::<ProjectUpdate>(9, 5, 2)]).await;
+    assert_eq!(pending(&backend).await.len(), 2);
+
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(recorder.triples(), [("project_update", 5, 2)]);
+    assert_eq!(report.deliveries, 1);
+    assert_eq!(report.rows_acknowledged, 2);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S12: the same object under two categories is two groups; the same group key in two shards
+/// is one group per shard.
+pub async fn s12_categories_and_shards_are_separate_groups<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s12"));
+
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 5, 1),
+            note::<ProjectUpdate>(1, 5, 2),
+            note::<OrgUpdate>(2, 5, 3),
+            note::<OrgUpdate>(2, 5, 4),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+
+    let in_shard = |shard| {
+        recorder
+            .in_shard(&org_shard(shard))
+            .into_iter()
+            .map(|seen| (seen.category, seen.object, seen.seq))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(in_shard(1), [("org_update", 5, 1), ("project_update", 5, 2)]);
+    assert_eq!(in_shard(2), [("org_update", 5, 4)]);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S13: a row written to a group while that group is being delivered is not acknowledged
+/// with it: it survives and is delivered afterwards.
+pub async fn s13_row_written_during_delivery_survives<B: TestBackend>() {
+    let backend = Arc::new(B::create().await);
+    let recorder = Recorder::new();
+    let wrote = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (backend, recorder, wrote) = (Arc::clone(&backend), recorder.clone(), Arc::clone(&wrote));
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let (backend, wrote) = (Arc::clone(&backend), Arc::clone(&wrote));
+            async move {
+                if !wrote.swap(true, Ordering::SeqCst) {
+                    write(&*backend, &[note::<OrgUpdate>(1, 1, 2)]).await;
+                }
+                Ok::<_, BoxError>(())
+            }
+        }
+    };
+    let registry = Recorder::new().registry_with::<OrgUpdate>(handler);
+    let relay = Relay::with_config(backend.store(), registry, config("s13"));
+
+    write(&*backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    relay.drain().await.expect("drain");
+    assert_eq!(
+        recorder.triples(),
+        [("org_update", 1, 1), ("org_update", 1, 2)],
+        "the row written during delivery was delivered after it"
+    );
+    assert!(pending(&*backend).await.is_empty());
+}
+
+/// S14: messages of a non-coalescing category are each delivered, in write order within the
+/// shard, interleaved with other groups in the order written.
+pub async fn s14_non_coalescing_messages_in_write_order<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let mut config = config("s14");
+    config.batch_size = 2;
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config);
+
+    write(
+        &backend,
+        &[
+            note::<AuditEvent>(1, 1, 1),
+            note::<AuditEvent>(1, 1, 2),
+            note::<OrgUpdate>(1, 9, 3),
+            note::<AuditEvent>(1, 1, 4),
+            note::<AuditEvent>(1, 2, 5),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+    assert_eq!(
+        recorder.triples(),
+        [
+            ("audit_event", 1, 1),
+            ("audit_event", 1, 2),
+            ("org_update", 9, 3),
+            ("audit_event", 1, 4),
+            ("audit_event", 2, 5),
+        ]
+    );
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S24: handlers that write new outboxes (into their own shard and others) are drained too.
+pub async fn s24_handlers_cascade_into_new_outboxes<B: TestBackend>() {
+    let backend = Arc::new(B::create().await);
+    let recorder = Recorder::new();
+    let handler = {
+        let (backend, recorder) = (Arc::clone(&backend), recorder.clone());
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let backend = Arc::clone(&backend);
+            let (shard, object, seq) = (delivery.shard_identifier(), delivery.object_identifier, delivery.payload.seq);
+            async move {
+                let cascade = [
+                    note::<ProjectUpdate>(shard, object, seq + 100),
+                    note::<UserUpdate>(50, object, seq + 200),
+                ];
+                write(&*backend, &cascade).await;
+                Ok::<_, BoxError>(())
+            }
+        }
+    };
+    let registry = recorder.registry_with::<OrgUpdate>(handler);
+    let relay = Relay::with_config(backend.store(), registry, config("s24"));
+
+    write(&*backend, &[note::<OrgUpdate>(1, 7, 1)]).await;
+    relay.drain().await.expect("one drain follows the cascade");
+    let mut seen = recorder.triples();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [("org_update", 7, 1), ("project_update", 7, 101), ("user_update", 7, 201)]
+    );
+    assert!(pending(&*backend).await.is_empty());
+}
+
+/// Fan-out: one write becomes one row per destination, each its own shard with its own
+/// handler call; a failing destination does not hold the others back.
+pub async fn fan_out_destinations_drain_independently<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let handler = {
+        let recorder = recorder.clone();
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let refuse = delivery.destination().map(Destination::as_str) == Some("eu");
+            async move {
+                if refuse {
+                    return Err::<(), BoxError>("eu is down".into());
+                }
+                Ok(())
+            }
+        }
+    };
+    let registry = recorder.registry_with::<OrgUpdate>(handler);
+    let relay = Relay::with_config(backend.store(), registry, config("fan-out"));
+    let destinations = ["us", "eu", "ap"].map(|name| Destination::new(name).expect("valid"));
+
+    let messages =
+        Message::fan_out::<OrgUpdate>(destinations.clone(), 1, 1, &Note::new(1)).expect("fan out");
+    assert_eq!(messages.len(), 3);
+    write(&backend, &messages).await;
+
+    let report = relay.drain().await.expect("drain");
+    let mut reached: Vec<_> = recorder
+        .seen()
+        .into_iter()
+        .map(|seen| seen.shard.destination.expect("fan-out deliveries have a destination"))
+        .collect();
+    reached.sort();
+    let mut expected = destinations.to_vec();
+    expected.sort();
+    assert_eq!(reached, expected, "each destination got its own call");
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(report.failures[0].shard.destination.as_ref().map(Destination::as_str), Some("eu"));
+    let rows = pending(&backend).await;
+    assert_eq!(rows.len(), 1, "only the failed destination's row is left");
+    assert_eq!(rows[0].shard.destination.as_ref().map(Destination::as_str), Some("eu"));
+}

@@ -1,0 +1,148 @@
+//! The behaviour suite: the semantics of SPEC §5–§7, as one set of tests any backend runs.
+//!
+//! Each test is an `async fn` generic over a [`TestBackend`]; [`conformance_tests!`] turns the
+//! whole list into `#[test]` functions for one backend:
+//!
+//! ```ignore
+//! outbox_testkit::conformance_tests!(outbox_testkit::sqlite::SqliteBackend);
+//! ```
+//!
+//! [`conformance_tests!`]: crate::conformance_tests
+
+mod concurrency;
+mod delivery;
+mod failure;
+mod relay;
+mod write;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use outbox_core::store::{PendingMessage, ShardState};
+use outbox_core::{Backoff, Message, MessageId, RelayConfig, ShardKey, Store};
+
+pub use self::concurrency::*;
+pub use self::delivery::*;
+pub use self::failure::*;
+pub use self::relay::*;
+pub use self::write::*;
+use crate::backend::TestBackend;
+
+/// Runs one conformance test on a fresh multi-threaded runtime.
+pub fn run(test: impl Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a runtime for the test")
+        .block_on(test);
+}
+
+/// Generates one `#[test]` per conformance behaviour for a [`TestBackend`].
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:ty) => {
+        $crate::conformance_tests!(@each $backend;
+            s01_writes_commit_and_roll_back_with_the_transaction,
+            s04_scope_mismatch_is_rejected_before_the_database,
+            s04_stored_row_with_a_mismatched_scope_parks_its_shard,
+            s05_bulk_write_is_one_statement,
+            s10_groups_in_order_of_oldest_row_with_newest_payload,
+            s10_coalescing_reaches_beyond_one_read,
+            s11_two_writes_to_one_group_are_one_call,
+            s12_categories_and_shards_are_separate_groups,
+            s13_row_written_during_delivery_survives,
+            s14_non_coalescing_messages_in_write_order,
+            s15_concurrent_claims_grant_one_lease,
+            s15_two_relays_share_shards_without_overlap,
+            s16_stale_worker_cannot_acknowledge,
+            s16_in_transaction_handler_commits_with_the_acknowledgement,
+            s17_crashed_worker_is_resumed_in_order,
+            s17_crash_between_delivery_and_acknowledgement_redelivers,
+            s18_failure_stops_only_its_shard,
+            s19_backoff_doubles_caps_and_is_visible,
+            s20_unknown_category_parks_and_is_never_deleted,
+            s21_malformed_payload_is_a_precise_failure,
+            s24_handlers_cascade_into_new_outboxes,
+            fan_out_destinations_drain_independently,
+            budget_lets_other_shards_through,
+            missing_migration_is_a_typed_error,
+            run_delivers_new_writes_and_stops_gracefully,
+            shutdown_deadline_abandons_stuck_shards,
+        );
+    };
+    (@each $backend:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::run($crate::conformance::$name::<$backend>());
+            }
+        )*
+    };
+}
+
+/// A relay configuration for tests: quick polling, the default 2 s backoff.
+pub(crate) fn config(worker: &str) -> RelayConfig {
+    let mut config = RelayConfig::default();
+    config.worker_id = worker.to_owned();
+    config.poll_interval = Duration::from_millis(50);
+    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(3600));
+    config.shutdown_deadline = Duration::from_secs(5);
+    config
+}
+
+static BUSINESS_IDS: AtomicI64 = AtomicI64::new(1);
+
+/// Writes `messages` in one committed transaction, with a business row.
+pub(crate) async fn write<B: TestBackend>(backend: &B, messages: &[Message]) -> Vec<MessageId> {
+    let business_id = BUSINESS_IDS.fetch_add(1, Ordering::Relaxed);
+    backend
+        .write_in_transaction(business_id, messages, true)
+        .await
+        .expect("write outbox messages")
+}
+
+/// Every pending message.
+pub(crate) async fn pending<B: TestBackend>(backend: &B) -> Vec<PendingMessage> {
+    backend
+        .store()
+        .pending_messages(100_000)
+        .await
+        .expect("list pending messages")
+}
+
+/// The recorded state of one shard.
+pub(crate) async fn state_of<S: Store>(store: &S, shard: &ShardKey) -> Option<ShardState> {
+    store
+        .shard_states()
+        .await
+        .expect("list shard states")
+        .into_iter()
+        .find(|state| &state.shard == shard)
+}
+
+/// Asserts that `at` lies `expected` from now, give or take a second and a half.
+pub(crate) fn assert_in(at: Option<SystemTime>, expected: Duration, what: &str) {
+    let at = at.unwrap_or_else(|| panic!("{what}: no time recorded"));
+    let now = SystemTime::now();
+    let lower = now + expected - Duration::from_millis(1500).min(expected);
+    let upper = now + expected + Duration::from_millis(1500);
+    assert!(
+        at >= lower && at <= upper,
+        "{what}: expected about {expected:?} from now, got {:?}",
+        at.duration_since(now).map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64()),
+    );
+}
+
+/// Waits until `check` holds, failing the test after 15 s.
+pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,120 @@
+//! The relay loop: budgets, running, waking and shutting down (SPEC §7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{Relay, Store};
+use tokio::sync::{Notify, oneshot};
+
+use super::concurrency::Stuck;
+use super::{config, eventually, pending, write};
+use crate::backend::TestBackend;
+use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
+
+/// A shard drain yields after its row budget, so one hot shard cannot starve the others.
+pub async fn budget_lets_other_shards_through<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let mut config = config("budget");
+    config.max_concurrent_shards = 1;
+    config.shard_row_budget = 10;
+    config.batch_size = 5;
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config);
+
+    let mut messages: Vec<_> = (0..40).map(|seq| note::<AuditEvent>(1, 1, seq)).collect();
+    messages.extend((2..=6).map(|shard| note::<OrgUpdate>(shard, 1, 100)));
+    backend.write_all_counted(&messages).await.expect("bulk write");
+
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.deliveries, 45);
+    assert!(report.shards_claimed >= 9, "the hot shard was claimed repeatedly: {report:?}");
+    let seen = recorder.seen();
+    let hot: Vec<usize> = (0..seen.len()).filter(|&i| seen[i].shard == org_shard(1)).collect();
+    let last_cold = (0..seen.len()).rfind(|&i| seen[i].shard != org_shard(1)).expect("cold shards");
+    assert!(
+        last_cold < hot[10],
+        "every other shard was served before the hot shard's 11th message"
+    );
+    let hot_order: Vec<u64> = hot.iter().map(|&i| seen[i].seq).collect();
+    assert_eq!(hot_order, (0..40).collect::<Vec<_>>(), "the hot shard stays in order across claims");
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// A running relay delivers what is written after it started (woken by commits where the
+/// backend notifies, by polling otherwise) and stops when asked, reporting what it did.
+pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("runner"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(2, 2, 2)]).await;
+    let seen = recorder.clone();
+    eventually("the running relay delivers the first writes", || seen.seen().len() == 2).await;
+    write(&backend, &[note::<OrgUpdate>(3, 3, 3)]).await;
+    relay.wake();
+    eventually("the running relay delivers later writes", || seen.seen().len() == 3).await;
+
+    stop.send(()).expect("the relay is running");
+    let report = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the relay stops promptly")
+        .expect("relay task")
+        .expect("run");
+    assert_eq!(report.deliveries, 3);
+    assert_eq!(report.abandoned, 0);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// Shutdown gives in-flight shards a deadline; a shard stuck past it is abandoned to its
+/// lease, and after the lease lapses another relay delivers it: nothing is lost.
+pub async fn shutdown_deadline_abandons_stuck_shards<B: TestBackend>() {
+    let backend = B::create().await;
+    let entered = Arc::new(Notify::new());
+    let mut stuck_config = config("stuck");
+    stuck_config.lease = Duration::from_millis(500);
+    stuck_config.shutdown_deadline = Duration::from_millis(300);
+    let stuck_relay = Relay::with_config(
+        backend.store(),
+        Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),
+        stuck_config,
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        stuck_relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the handler started");
+
+    stop.send(()).expect("the relay is running");
+    let report = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the relay gives up at its deadline")
+        .expect("relay task")
+        .expect("run");
+    assert_eq!(report.abandoned, 1);
+    assert_eq!(pending(&backend).await.len(), 1, "the abandoned message is kept");
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("after"));
+    relay.drain().await.expect("drain");
+    assert_eq!(recorder.triples(), [("org_update", 1, 1)]);
+    assert!(backend.store().pending_messages(10).await.expect("pending").is_empty());
+}

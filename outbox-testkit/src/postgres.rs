@@ -1,0 +1,249 @@
+//! Fresh PostgreSQL databases for tests, and the PostgreSQL [`TestBackend`].
+//!
+//! The server is found through `DATABASE_URL` (a `postgres://` URL), else the local service at
+//! `postgres://postgres@127.0.0.1:5432/postgres`. If none answers, the test fails with a
+//! message saying how to provide one: PostgreSQL tests never silently skip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey};
+use outbox_postgres::PgStore;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+
+use crate::backend::TestBackend;
+use crate::counting::CountingExecutor;
+
+/// The server used when `DATABASE_URL` names no PostgreSQL database.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// The URL of the server tests create their databases on.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        .unwrap_or_else(|| DEFAULT_URL.to_owned())
+}
+
+fn server_options() -> PgConnectOptions {
+    let url = server_url();
+    url.parse()
+        .unwrap_or_else(|error| panic!("DATABASE_URL `{url}` is not a PostgreSQL URL: {error}"))
+}
+
+async fn connect_server() -> PgConnection {
+    let url = server_url();
+    PgConnection::connect_with(&server_options()).await.unwrap_or_else(|error| {
+        panic!(
+            "PostgreSQL tests need a server, and none answered at {url}: {error}\n\
+             Set DATABASE_URL=postgres://user@host:port/database to use another server, \
+             or start the local one (`pg_ctlcluster --skip-systemctl-redirect \
+             $(ls /etc/postgresql) main start`)."
+        )
+    })
+}
+
+/// A database created for one test and dropped when this value is dropped.
+#[derive(Debug)]
+pub struct PgTestDatabase {
+    name: String,
+    pool: PgPool,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl PgTestDatabase {
+    /// Creates an empty database with a name no other test uses.
+    pub async fn create() -> Self {
+        let name = format!(
+            "outbox_test_{}_{}_{:08x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let mut server = connect_server().await;
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut server)
+            .await
+            .unwrap_or_else(|error| panic!("cannot create test database {name}: {error}"));
+        let _ = server.close().await;
+        let pool = PgPoolOptions::new()
+            .max_connections(20)
+            .connect_with(server_options().database(&name))
+            .await
+            .unwrap_or_else(|error| panic!("cannot connect to test database {name}: {error}"));
+        Self { name, pool }
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A pool on the database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Options to connect to the database.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        server_options().database(&self.name)
+    }
+
+    /// A new pool on the database, separate from [`PgTestDatabase::pool`].
+    pub async fn connect(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(20)
+            .connect_with(self.connect_options())
+            .await
+            .unwrap_or_else(|error| panic!("cannot connect to test database {}: {error}", self.name))
+    }
+}
+
+impl Drop for PgTestDatabase {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        let pool = self.pool.clone();
+        // Dropping runs outside any runtime guarantee, so the cleanup gets a thread and a
+        // runtime of its own.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for dropping the test database");
+            runtime.block_on(async move {
+                pool.close().await;
+                if let Ok(mut server) = PgConnection::connect_with(&server_options()).await {
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                    )))
+                    .execute(&mut server)
+                    .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// The PostgreSQL backend under test: a fresh database and its store.
+#[derive(Debug)]
+pub struct PgBackend {
+    database: PgTestDatabase,
+}
+
+impl PgBackend {
+    /// The test database.
+    pub fn database(&self) -> &PgTestDatabase {
+        &self.database
+    }
+
+    async fn new(migrated: bool) -> Self {
+        let database = PgTestDatabase::create().await;
+        sqlx::query("CREATE TABLE business_rows (id BIGINT PRIMARY KEY)")
+            .execute(database.pool())
+            .await
+            .expect("create business_rows");
+        if migrated {
+            outbox_postgres::migrate(database.pool())
+                .await
+                .expect("apply the outbox migrations");
+        }
+        Self { database }
+    }
+}
+
+impl TestBackend for PgBackend {
+    type Store = PgStore;
+    const NAME: &'static str = "postgres";
+
+    async fn create() -> Self {
+        Self::new(true).await
+    }
+
+    async fn create_unmigrated() -> Self {
+        Self::new(false).await
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        outbox_postgres::migrate(self.database.pool()).await
+    }
+
+    fn store(&self) -> PgStore {
+        PgStore::new(self.database.pool().clone())
+    }
+
+    async fn connect_store(&self) -> PgStore {
+        PgStore::new(self.database.connect().await)
+    }
+
+    async fn write_in_transaction(
+        &self,
+        business_id: i64,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<Vec<MessageId>, Error> {
+        let mut tx = self.database.pool().begin().await.expect("begin");
+        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
+            .bind(business_id)
+            .execute(&mut *tx)
+            .await
+            .expect("insert a business row");
+        let mut ids = Vec::with_capacity(messages.len());
+        for message in messages {
+            ids.push(outbox_postgres::write(&mut *tx, message).await?);
+        }
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("roll back");
+        }
+        Ok(ids)
+    }
+
+    async fn write_all_counted(&self, messages: &[Message]) -> Result<(Vec<MessageId>, usize), Error> {
+        let mut tx = self.database.pool().begin().await.expect("begin");
+        let mut counting = CountingExecutor::new(&mut *tx);
+        let ids = outbox_postgres::write_all(&mut counting, messages).await?;
+        let statements = counting.statements();
+        tx.commit().await.expect("commit");
+        Ok((ids, statements))
+    }
+
+    async fn insert_raw(&self, shard: &ShardKey, category: i32, object: i64, payload: &str) -> MessageId {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox_messages \
+                (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb) RETURNING id",
+        )
+        .bind(shard.scope.0)
+        .bind(shard.shard_identifier)
+        .bind(shard.destination_str())
+        .bind(category)
+        .bind(object)
+        .bind(payload)
+        .fetch_one(self.database.pool())
+        .await
+        .expect("insert a raw outbox row");
+        MessageId(id)
+    }
+
+    async fn business_row_exists(&self, id: i64) -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM business_rows WHERE id = $1)")
+            .bind(id)
+            .fetch_one(self.database.pool())
+            .await
+            .expect("read business_rows")
+    }
+
+    async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
+        let conn = cx
+            .connection::<PgConnection>()
+            .ok_or("the handler is not running in the claiming transaction")?;
+        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}

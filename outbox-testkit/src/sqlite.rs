@@ -1,0 +1,182 @@
+//! Temporary SQLite databases for tests, and the SQLite [`TestBackend`].
+
+use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey};
+use outbox_sqlite::SqliteStore;
+use sqlx::{SqliteConnection, SqlitePool};
+use tempfile::TempDir;
+
+use crate::backend::TestBackend;
+use crate::counting::CountingExecutor;
+
+/// A database file in a temporary directory, removed when this value is dropped.
+#[derive(Debug)]
+pub struct SqliteTestDatabase {
+    pool: SqlitePool,
+    path: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl SqliteTestDatabase {
+    /// Creates an empty database file.
+    pub async fn create() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("outbox-test.db");
+        let pool = outbox_sqlite::connect(&path)
+            .await
+            .expect("open the test database");
+        Self {
+            pool,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// A pool on the database.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// A new pool on the same file, separate from [`SqliteTestDatabase::pool`].
+    pub async fn connect(&self) -> SqlitePool {
+        outbox_sqlite::connect(&self.path)
+            .await
+            .expect("open the test database")
+    }
+}
+
+/// The SQLite backend under test: a temporary database file and its store.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    database: SqliteTestDatabase,
+}
+
+impl SqliteBackend {
+    /// The test database.
+    pub fn database(&self) -> &SqliteTestDatabase {
+        &self.database
+    }
+
+    async fn new(migrated: bool) -> Self {
+        let database = SqliteTestDatabase::create().await;
+        sqlx::query("CREATE TABLE business_rows (id INTEGER PRIMARY KEY)")
+            .execute(database.pool())
+            .await
+            .expect("create business_rows");
+        if migrated {
+            outbox_sqlite::migrate(database.pool())
+                .await
+                .expect("apply the outbox migrations");
+        }
+        Self { database }
+    }
+}
+
+impl TestBackend for SqliteBackend {
+    type Store = SqliteStore;
+    const NAME: &'static str = "sqlite";
+
+    async fn create() -> Self {
+        Self::new(true).await
+    }
+
+    async fn create_unmigrated() -> Self {
+        Self::new(false).await
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        outbox_sqlite::migrate(self.database.pool()).await
+    }
+
+    fn store(&self) -> SqliteStore {
+        SqliteStore::new(self.database.pool().clone())
+    }
+
+    async fn connect_store(&self) -> SqliteStore {
+        SqliteStore::new(self.database.connect().await)
+    }
+
+    async fn write_in_transaction(
+        &self,
+        business_id: i64,
+        messages: &[Message],
+        commit: bool,
+    ) -> Result<Vec<MessageId>, Error> {
+        let mut tx = self
+            .database
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("begin");
+        sqlx::query("INSERT INTO business_rows (id) VALUES (?1)")
+            .bind(business_id)
+            .execute(&mut *tx)
+            .await
+            .expect("insert a business row");
+        let mut ids = Vec::with_capacity(messages.len());
+        for message in messages {
+            ids.push(outbox_sqlite::write(&mut *tx, message).await?);
+        }
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("roll back");
+        }
+        Ok(ids)
+    }
+
+    async fn write_all_counted(&self, messages: &[Message]) -> Result<(Vec<MessageId>, usize), Error> {
+        let mut tx = self
+            .database
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("begin");
+        let mut counting = CountingExecutor::new(&mut *tx);
+        let ids = outbox_sqlite::write_all(&mut counting, messages).await?;
+        let statements = counting.statements();
+        tx.commit().await.expect("commit");
+        Ok((ids, statements))
+    }
+
+    async fn insert_raw(&self, shard: &ShardKey, category: i32, object: i64, payload: &str) -> MessageId {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox_messages \
+                (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+        )
+        .bind(shard.scope.0)
+        .bind(shard.shard_identifier)
+        .bind(shard.destination_str())
+        .bind(category)
+        .bind(object)
+        .bind(payload)
+        .fetch_one(self.database.pool())
+        .await
+        .expect("insert a raw outbox row");
+        MessageId(id)
+    }
+
+    async fn business_row_exists(&self, id: i64) -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM business_rows WHERE id = ?1)")
+            .bind(id)
+            .fetch_one(self.database.pool())
+            .await
+            .expect("read business_rows")
+    }
+
+    async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
+        let conn = cx
+            .connection::<SqliteConnection>()
+            .ok_or("the handler is not running in the claiming transaction")?;
+        sqlx::query("INSERT INTO business_rows (id) VALUES (?1)")
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
