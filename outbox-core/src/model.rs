@@ -313,3 +313,27 @@ pub struct RawMessage {
     /// The payload.
     pub payload: serde_json::Value,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_are_validated() {
+        assert_eq!(Destination::new("eu-west").unwrap().as_str(), "eu-west");
+        for (bad, why) in [("", "empty"), ("a\nb", "control"), (&"x".repeat(201)[..], "longer")] {
+            let error = Destination::new(bad).unwrap_err();
+            assert!(error.to_string().contains(why), "{error}");
+        }
+    }
+
+    #[test]
+    fn shard_keys_store_local_as_the_empty_destination() {
+        let local = ShardKey::local(ScopeId(1), 5);
+        assert_eq!(local.destination_str(), "");
+        assert_eq!(ShardKey::from_stored(1, 5, String::new()), local);
+        let fan_out = ShardKey::fan_out(ScopeId(1), 5, Destination::new("us").unwrap());
+        assert_eq!(ShardKey::from_stored(1, 5, "us".into()), fan_out);
+        assert_eq!(fan_out.to_string(), "scope 1 shard 5 destination `us`");
+    }
+}

@@ -160,3 +160,66 @@ impl RegistryBuilder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CategoryId, ScopeId};
+
+    macro_rules! category {
+        ($name:ident, $scope:ident, $id:expr, $label:expr) => {
+            struct $name;
+            impl Category for $name {
+                type Scope = $scope;
+                type Payload = ();
+                const ID: CategoryId = CategoryId($id);
+                const NAME: &'static str = $label;
+            }
+        };
+    }
+    struct Org;
+    impl Scope for Org {
+        const ID: ScopeId = ScopeId(1);
+        const NAME: &'static str = "org";
+    }
+    struct Impostor;
+    impl Scope for Impostor {
+        const ID: ScopeId = ScopeId(1);
+        const NAME: &'static str = "impostor";
+    }
+    category!(First, Org, 1, "first");
+    category!(SameId, Org, 1, "same_id");
+    category!(SameName, Org, 2, "first");
+    category!(OtherScope, Impostor, 3, "other_scope");
+
+    #[test]
+    fn every_conflict_is_reported_at_once() {
+        let error = Registry::builder()
+            .no_op::<First>()
+            .no_op::<SameId>()
+            .no_op::<SameName>()
+            .no_op::<OtherScope>()
+            .build()
+            .unwrap_err();
+        let Error::Registry { problems } = &error else { panic!("{error:?}") };
+        assert_eq!(
+            problems,
+            &[
+                RegistryProblem::DuplicateCategoryId { id: CategoryId(1), first: "first", second: "same_id" },
+                RegistryProblem::DuplicateCategoryName { name: "first", first: CategoryId(1), second: CategoryId(2) },
+                RegistryProblem::DuplicateScopeId { id: ScopeId(1), first: "org", second: "impostor" },
+            ]
+        );
+        let text = error.to_string();
+        assert!(text.contains("`first` and `same_id`") && text.contains("`org` and `impostor`"), "{text}");
+    }
+
+    #[test]
+    fn lookups_know_scope_and_policy() {
+        let registry = Registry::builder().no_op::<First>().build().unwrap();
+        let info = registry.category(CategoryId(1)).unwrap();
+        assert_eq!((info.name, info.scope, info.scope_name, info.coalesce, info.no_op), ("first", ScopeId(1), "org", true, true));
+        assert!(registry.category(CategoryId(2)).is_none());
+        assert_eq!(registry.category_ids(), [CategoryId(1)]);
+    }
+}
