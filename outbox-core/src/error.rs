@@ -201,7 +201,9 @@ pub enum DeliveryError {
     },
 
     /// The stored payload no longer deserializes into the category's payload type (S21).
-    #[error("payload of message {message_id} does not deserialize as the payload of category `{category}`")]
+    #[error(
+        "payload of message {message_id} does not deserialize as the payload of category `{category}`"
+    )]
     Payload {
         /// The category's name.
         category: &'static str,
@@ -224,7 +226,9 @@ pub enum DeliveryError {
     },
 
     /// The handler ran longer than the configured handler timeout.
-    #[error("handler for category `{category}` did not finish within {timeout:?} on message {message_id}")]
+    #[error(
+        "handler for category `{category}` did not finish within {timeout:?} on message {message_id}"
+    )]
     TimedOut {
         /// The category's name.
         category: &'static str,

@@ -100,7 +100,11 @@ where
     Fut: Future<Output = Result<(), E>> + Send,
     E: Into<BoxError>,
 {
-    async fn handle(&self, delivery: Delivery<C>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        delivery: Delivery<C>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
         self(delivery).await.map_err(Into::into)
     }
 }
@@ -111,7 +115,11 @@ where
 pub struct NoOp;
 
 impl<C: Category> Handler<C> for NoOp {
-    async fn handle(&self, _delivery: Delivery<C>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        _delivery: Delivery<C>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
         Ok(())
     }
 }
@@ -156,13 +164,14 @@ impl<C: Category, H: Handler<C>> ErasedHandler for Typed<C, H> {
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
             let message_id = delivery.message.id;
-            let payload: C::Payload = serde_json::from_str(&delivery.message.payload).map_err(
-                |source| DeliveryError::Payload {
-                    category: C::NAME,
-                    message_id,
-                    source,
-                },
-            )?;
+            let payload: C::Payload =
+                serde_json::from_str(&delivery.message.payload).map_err(|source| {
+                    DeliveryError::Payload {
+                        category: C::NAME,
+                        message_id,
+                        source,
+                    }
+                })?;
             let typed = Delivery {
                 shard: delivery.shard.clone(),
                 object_identifier: delivery.message.object_identifier,

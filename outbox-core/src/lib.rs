@@ -79,8 +79,8 @@ pub mod store;
 pub use crate::error::{BoxError, DeliveryError, Error, RegistryProblem, error_chain};
 pub use crate::handler::{BoxFuture, Delivery, Handler, HandlerContext, NoOp};
 pub use crate::model::{
-    Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, RawMessage,
-    Scope, ScopeId, ShardKey,
+    Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, RawMessage, Scope,
+    ScopeId, ShardKey,
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RunReport, ShardFailure};

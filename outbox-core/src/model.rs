@@ -257,11 +257,10 @@ impl Message {
                 found: raw.scope,
             });
         }
-        let payload =
-            serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
-                category: info.name,
-                source,
-            })?;
+        let payload = serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
+            category: info.name,
+            source,
+        })?;
         Ok(Self {
             shard: ShardKey {
                 scope: raw.scope,
@@ -321,7 +320,11 @@ mod tests {
     #[test]
     fn destinations_are_validated() {
         assert_eq!(Destination::new("eu-west").unwrap().as_str(), "eu-west");
-        for (bad, why) in [("", "empty"), ("a\nb", "control"), (&"x".repeat(201)[..], "longer")] {
+        for (bad, why) in [
+            ("", "empty"),
+            ("a\nb", "control"),
+            (&"x".repeat(201)[..], "longer"),
+        ] {
             let error = Destination::new(bad).unwrap_err();
             assert!(error.to_string().contains(why), "{error}");
         }

@@ -201,24 +201,50 @@ mod tests {
             .no_op::<OtherScope>()
             .build()
             .unwrap_err();
-        let Error::Registry { problems } = &error else { panic!("{error:?}") };
+        let Error::Registry { problems } = &error else {
+            panic!("{error:?}")
+        };
         assert_eq!(
             problems,
             &[
-                RegistryProblem::DuplicateCategoryId { id: CategoryId(1), first: "first", second: "same_id" },
-                RegistryProblem::DuplicateCategoryName { name: "first", first: CategoryId(1), second: CategoryId(2) },
-                RegistryProblem::DuplicateScopeId { id: ScopeId(1), first: "org", second: "impostor" },
+                RegistryProblem::DuplicateCategoryId {
+                    id: CategoryId(1),
+                    first: "first",
+                    second: "same_id"
+                },
+                RegistryProblem::DuplicateCategoryName {
+                    name: "first",
+                    first: CategoryId(1),
+                    second: CategoryId(2)
+                },
+                RegistryProblem::DuplicateScopeId {
+                    id: ScopeId(1),
+                    first: "org",
+                    second: "impostor"
+                },
             ]
         );
         let text = error.to_string();
-        assert!(text.contains("`first` and `same_id`") && text.contains("`org` and `impostor`"), "{text}");
+        assert!(
+            text.contains("`first` and `same_id`") && text.contains("`org` and `impostor`"),
+            "{text}"
+        );
     }
 
     #[test]
     fn lookups_know_scope_and_policy() {
         let registry = Registry::builder().no_op::<First>().build().unwrap();
         let info = registry.category(CategoryId(1)).unwrap();
-        assert_eq!((info.name, info.scope, info.scope_name, info.coalesce, info.no_op), ("first", ScopeId(1), "org", true, true));
+        assert_eq!(
+            (
+                info.name,
+                info.scope,
+                info.scope_name,
+                info.coalesce,
+                info.no_op
+            ),
+            ("first", ScopeId(1), "org", true, true)
+        );
         assert!(registry.category(CategoryId(2)).is_none());
         assert_eq!(registry.category_ids(), [CategoryId(1)]);
     }

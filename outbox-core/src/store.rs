@@ -272,8 +272,10 @@ pub trait ShardSession: Send + 'static {
     fn lease(&self) -> &Lease;
 
     /// The oldest pending messages of the shard, in id order, at most `limit`.
-    fn fetch(&mut self, limit: usize)
-    -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
+    fn fetch(
+        &mut self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
 
     /// For each group, its newest message with an id above `after`, if any.
     fn fetch_newest(
@@ -289,8 +291,7 @@ pub trait ShardSession: Send + 'static {
     fn before_handler(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Called after each handler: in transaction mode, keeps or rolls back its writes.
-    fn after_handler(&mut self, succeeded: bool)
-    -> impl Future<Output = Result<(), Error>> + Send;
+    fn after_handler(&mut self, succeeded: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Deletes the acknowledged rows and extends the lease, if the lease is still this
     /// session's; fails with [`Error::LeaseLost`] and deletes nothing otherwise.

@@ -9,10 +9,12 @@ use crate::error::database;
 /// A URL that does not parse is an [`Error::InvalidDatabaseUrl`]; a server that does not
 /// answer is an [`Error::Unavailable`].
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
-    let options: PgConnectOptions = url.parse().map_err(|error: sqlx::Error| Error::InvalidDatabaseUrl {
-        url: redact(url),
-        reason: error.to_string(),
-    })?;
+    let options: PgConnectOptions =
+        url.parse()
+            .map_err(|error: sqlx::Error| Error::InvalidDatabaseUrl {
+                url: redact(url),
+                reason: error.to_string(),
+            })?;
     PgPoolOptions::new()
         .max_connections(10)
         .connect_with(options)
@@ -26,7 +28,12 @@ fn redact(url: &str) -> String {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];
             match credentials.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
                 None => url.to_owned(),
             }
         }
@@ -40,7 +47,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact("postgres://app:secret@db:5432/x"), "postgres://app:***@db:5432/x");
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
         assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact("not a url"), "not a url");
     }

@@ -20,11 +20,9 @@ pub(crate) fn database(operation: &'static str) -> impl FnOnce(sqlx::Error) -> E
             },
             // connection_exception (08xxx), operator_intervention (57xxx: shutdown,
             // terminated session), cannot_connect_now
-            Some(code) if code.starts_with("08") || code.starts_with("57") => {
-                Error::Unavailable {
-                    source: Box::new(error),
-                }
-            }
+            Some(code) if code.starts_with("08") || code.starts_with("57") => Error::Unavailable {
+                source: Box::new(error),
+            },
             _ => Error::Database {
                 operation,
                 source: Box::new(error),

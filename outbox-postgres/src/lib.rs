@@ -20,7 +20,10 @@ mod write;
 
 pub use crate::connect::connect;
 pub use crate::migrate::{migrate, migrator};
-pub use outbox_core::store::MIGRATIONS_TABLE;
 pub use crate::session::PgSession;
 pub use crate::store::{NOTIFY_CHANNEL, PgStore, PgWakeups};
 pub use crate::write::{write, write_all};
+pub use outbox_core::store::MIGRATIONS_TABLE;
+
+#[cfg(test)]
+mod explain;

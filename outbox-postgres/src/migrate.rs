@@ -18,7 +18,13 @@ pub fn migrator() -> Migrator {
         .iter()
         .map(|m| {
             let sql = m.sql.into_sql_str();
-            Migration::new(m.version, Cow::Borrowed(m.description), MigrationType::Simple, sql, false)
+            Migration::new(
+                m.version,
+                Cow::Borrowed(m.description),
+                MigrationType::Simple,
+                sql,
+                false,
+            )
         })
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);

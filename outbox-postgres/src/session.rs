@@ -46,12 +46,12 @@ impl DerefMut for Conn<'_> {
     }
 }
 
-const FETCH: &str = "\
+pub(crate) const FETCH: &str = "\
     SELECT id, category, shard_scope, object_identifier, payload::text FROM outbox_messages \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
 
-const FETCH_NEWEST: &str = "\
+pub(crate) const FETCH_NEWEST: &str = "\
     SELECT newest.* FROM unnest($4::integer[], $5::bigint[]) AS g(category, object_identifier) \
     CROSS JOIN LATERAL ( \
         SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload::text \
@@ -63,7 +63,7 @@ const FETCH_NEWEST: &str = "\
 
 // The lease update proves (and extends) the lease: if another worker holds the row, it waits
 // for it and then finds the token changed, and nothing is deleted.
-const ACK: &str = "\
+pub(crate) const ACK: &str = "\
     WITH lease AS ( \
         UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
         WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
@@ -79,7 +79,7 @@ const ACK: &str = "\
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
-const DELETE_IF_EMPTY: &str = "\
+pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
@@ -188,7 +188,11 @@ impl ShardSession for PgSession {
         Ok(rows.iter().map(stored).collect())
     }
 
-    async fn fetch_newest(&mut self, groups: &[GroupKey], after: MessageId) -> Result<Vec<StoredMessage>, Error> {
+    async fn fetch_newest(
+        &mut self,
+        groups: &[GroupKey],
+        after: MessageId,
+    ) -> Result<Vec<StoredMessage>, Error> {
         let categories: Vec<i32> = groups.iter().map(|group| group.category.0).collect();
         let objects: Vec<i64> = groups.iter().map(|group| group.object_identifier).collect();
         let query = self
@@ -239,8 +243,18 @@ impl ShardSession for PgSession {
         let query = self
             .keyed(ACK)
             .bind(duration_ms(self.lease_duration))
-            .bind(ranges.iter().map(|r| r.group.category.0).collect::<Vec<_>>())
-            .bind(ranges.iter().map(|r| r.group.object_identifier).collect::<Vec<_>>())
+            .bind(
+                ranges
+                    .iter()
+                    .map(|r| r.group.category.0)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                ranges
+                    .iter()
+                    .map(|r| r.group.object_identifier)
+                    .collect::<Vec<_>>(),
+            )
             .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
             .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>());
         let lease = self.lease.clone();
@@ -267,7 +281,11 @@ impl ShardSession for PgSession {
                 updated
             }
             None => {
-                let mut conn = self.pool.acquire().await.map_err(database("releasing a shard"))?;
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(database("releasing a shard"))?;
                 self.finish_on(&mut conn, &outcome).await?
             }
         };

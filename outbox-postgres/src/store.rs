@@ -44,7 +44,7 @@ fn from_ms(ms: i64) -> SystemTime {
 // Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
 // step finds the first row of the next shard in key order. Shards are due when nobody holds a
 // live lease on them and they are not backing off, or have a message newer than their failure.
-const DISCOVER: &str = "\
+pub(crate) const DISCOVER: &str = "\
     WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
         (SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
          WHERE (shard_scope, shard_identifier, destination) > ($1::integer, $2::bigint, $3::text) \
@@ -92,7 +92,7 @@ macro_rules! take_lease {
 
 // Leased mode: one statement creates the state row with the lease if the shard has none, or
 // takes the lease on the existing row.
-const CLAIM: &str = concat!(
+pub(crate) const CLAIM: &str = concat!(
     "WITH fresh AS ( \
         INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
             lease_token, lease_expires_at) \
@@ -136,10 +136,18 @@ impl Store for PgStore {
         check_migrations(&applied, MIGRATIONS)
     }
 
-    async fn discover(&self, after: Option<&ShardKey>, limit: usize) -> Result<DiscoveryPage, Error> {
+    async fn discover(
+        &self,
+        after: Option<&ShardKey>,
+        limit: usize,
+    ) -> Result<DiscoveryPage, Error> {
         // Below every SMALLINT scope, so the first page starts at the first shard.
         let (scope, shard, destination) = match after {
-            Some(key) => (i32::from(key.scope.0), key.shard_identifier, key.destination_str()),
+            Some(key) => (
+                i32::from(key.scope.0),
+                key.shard_identifier,
+                key.destination_str(),
+            ),
             None => (i32::from(i16::MIN) - 1, i64::MIN, ""),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
@@ -166,7 +174,11 @@ impl Store for PgStore {
         Ok(page)
     }
 
-    async fn claim(&self, shard: &ShardKey, options: &ClaimOptions) -> Result<Option<PgSession>, Error> {
+    async fn claim(
+        &self,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<PgSession>, Error> {
         let lease_ms = duration_ms(options.lease);
         let (claimed, tx) = match options.mode {
             HandlerMode::Leased => {
@@ -189,7 +201,11 @@ impl Store for PgStore {
                     .execute(&self.pool)
                     .await
                     .map_err(database("claiming a shard"))?;
-                let mut tx = self.pool.begin().await.map_err(database("claiming a shard"))?;
+                let mut tx = self
+                    .pool
+                    .begin()
+                    .await
+                    .map_err(database("claiming a shard"))?;
                 let claimed: Option<(i64, i32)> = sqlx::query_as(TAKE_LEASE)
                     .bind(shard.scope.0)
                     .bind(shard.shard_identifier)
@@ -210,7 +226,12 @@ impl Store for PgStore {
             token,
             attempts: u32::try_from(attempts).unwrap_or(0),
         };
-        Ok(Some(PgSession::new(self.pool.clone(), lease, options.lease, tx)))
+        Ok(Some(PgSession::new(
+            self.pool.clone(),
+            lease,
+            options.lease,
+            tx,
+        )))
     }
 
     async fn wakeups(&self) -> Result<Option<PgWakeups>, Error> {

@@ -20,7 +20,10 @@ const INSERT_MANY: &str = "\
 
 /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
 /// or a pool. It commits or rolls back with the caller's transaction (S1).
-pub async fn write<'e, E: PgExecutor<'e>>(executor: E, message: &Message) -> Result<MessageId, Error> {
+pub async fn write<'e, E: PgExecutor<'e>>(
+    executor: E,
+    message: &Message,
+) -> Result<MessageId, Error> {
     let shard = message.shard();
     let id: i64 = sqlx::query_scalar(INSERT_ONE)
         .bind(shard.scope.0)

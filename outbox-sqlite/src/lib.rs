@@ -23,7 +23,7 @@ mod write;
 
 pub use crate::connect::{connect, connect_options};
 pub use crate::migrate::{migrate, migrator};
-pub use outbox_core::store::MIGRATIONS_TABLE;
 pub use crate::session::SqliteSession;
 pub use crate::store::SqliteStore;
 pub use crate::write::{write, write_all};
+pub use outbox_core::store::MIGRATIONS_TABLE;

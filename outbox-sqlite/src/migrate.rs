@@ -3,7 +3,7 @@ use std::borrow::Cow;
 use outbox_core::Error;
 use outbox_core::store::{EmbeddedMigration, MIGRATIONS_TABLE};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{SqlitePool, SqlSafeStr};
+use sqlx::{SqlSafeStr, SqlitePool};
 
 /// The embedded migrations, in order.
 pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
@@ -18,7 +18,13 @@ pub fn migrator() -> Migrator {
         .iter()
         .map(|m| {
             let sql = m.sql.into_sql_str();
-            Migration::new(m.version, Cow::Borrowed(m.description), MigrationType::Simple, sql, false)
+            Migration::new(
+                m.version,
+                Cow::Borrowed(m.description),
+                MigrationType::Simple,
+                sql,
+                false,
+            )
         })
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);

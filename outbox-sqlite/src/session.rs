@@ -172,7 +172,11 @@ impl SqliteSession {
         Ok(deleted.rows_affected())
     }
 
-    async fn finish_on(&self, conn: &mut SqliteConnection, outcome: &Outcome) -> Result<u64, Error> {
+    async fn finish_on(
+        &self,
+        conn: &mut SqliteConnection,
+        outcome: &Outcome,
+    ) -> Result<u64, Error> {
         let done = match outcome {
             Outcome::Drained => {
                 let deleted = self
@@ -218,7 +222,11 @@ impl ShardSession for SqliteSession {
         Ok(rows.iter().map(stored).collect())
     }
 
-    async fn fetch_newest(&mut self, groups: &[GroupKey], after: MessageId) -> Result<Vec<StoredMessage>, Error> {
+    async fn fetch_newest(
+        &mut self,
+        groups: &[GroupKey],
+        after: MessageId,
+    ) -> Result<Vec<StoredMessage>, Error> {
         let groups: Vec<[i64; 2]> = groups
             .iter()
             .map(|group| [i64::from(group.category.0), group.object_identifier])
@@ -278,7 +286,9 @@ impl ShardSession for SqliteSession {
             .await
             .map_err(database("acknowledging messages"))?;
         let deleted = self.ack_on(&mut tx, ranges).await?;
-        tx.commit().await.map_err(database("acknowledging messages"))?;
+        tx.commit()
+            .await
+            .map_err(database("acknowledging messages"))?;
         Ok(deleted)
     }
 

@@ -35,8 +35,9 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 pub(crate) fn to_ms(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+    })
 }
 
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
@@ -121,9 +122,17 @@ impl Store for SqliteStore {
         check_migrations(&applied, MIGRATIONS)
     }
 
-    async fn discover(&self, after: Option<&ShardKey>, limit: usize) -> Result<DiscoveryPage, Error> {
+    async fn discover(
+        &self,
+        after: Option<&ShardKey>,
+        limit: usize,
+    ) -> Result<DiscoveryPage, Error> {
         let (scope, shard, destination) = match after {
-            Some(key) => (i64::from(key.scope.0), key.shard_identifier, key.destination_str()),
+            Some(key) => (
+                i64::from(key.scope.0),
+                key.shard_identifier,
+                key.destination_str(),
+            ),
             None => (i64::MIN, i64::MIN, ""),
         };
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
@@ -150,7 +159,11 @@ impl Store for SqliteStore {
         Ok(page)
     }
 
-    async fn claim(&self, shard: &ShardKey, options: &ClaimOptions) -> Result<Option<SqliteSession>, Error> {
+    async fn claim(
+        &self,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<SqliteSession>, Error> {
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -188,7 +201,12 @@ impl Store for SqliteStore {
             }
             HandlerMode::InTransaction => Some(tx),
         };
-        Ok(Some(SqliteSession::new(self.pool.clone(), lease, options.lease, tx)))
+        Ok(Some(SqliteSession::new(
+            self.pool.clone(),
+            lease,
+            options.lease,
+            tx,
+        )))
     }
 
     async fn wakeups(&self) -> Result<Option<NoWakeups>, Error> {

@@ -145,7 +145,10 @@ impl Recorder {
 
     /// Everything recorded so far.
     pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// `(category, object, seq)` of everything recorded so far.
@@ -175,7 +178,9 @@ impl Recorder {
 
     /// A registry of the four test categories, each recorded by this recorder.
     pub fn registry(&self) -> Registry {
-        self.builder().build().expect("the test categories do not conflict")
+        self.builder()
+            .build()
+            .expect("the test categories do not conflict")
     }
 
     /// A registry where category `C` has `handler`, and the other test categories are
@@ -194,7 +199,9 @@ impl Recorder {
         if C::ID != UserUpdate::ID {
             builder = builder.handle::<UserUpdate>(self.handler());
         }
-        builder.build().expect("the test categories do not conflict")
+        builder
+            .build()
+            .expect("the test categories do not conflict")
     }
 
     /// [`Recorder::registry`]'s builder, to add categories.

@@ -33,14 +33,16 @@ fn server_options() -> PgConnectOptions {
 
 async fn connect_server() -> PgConnection {
     let url = server_url();
-    PgConnection::connect_with(&server_options()).await.unwrap_or_else(|error| {
-        panic!(
-            "PostgreSQL tests need a server, and none answered at {url}: {error}\n\
+    PgConnection::connect_with(&server_options())
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "PostgreSQL tests need a server, and none answered at {url}: {error}\n\
              Set DATABASE_URL=postgres://user@host:port/database to use another server, \
              or start the local one (`pg_ctlcluster --skip-systemctl-redirect \
              $(ls /etc/postgresql) main start`)."
-        )
-    })
+            )
+        })
 }
 
 /// A database created for one test and dropped when this value is dropped.
@@ -96,23 +98,25 @@ impl PgTestDatabase {
             .max_connections(20)
             .connect_with(self.connect_options())
             .await
-            .unwrap_or_else(|error| panic!("cannot connect to test database {}: {error}", self.name))
+            .unwrap_or_else(|error| {
+                panic!("cannot connect to test database {}: {error}", self.name)
+            })
     }
 }
 
 impl Drop for PgTestDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        let pool = self.pool.clone();
         // Dropping runs outside any runtime guarantee, so the cleanup gets a thread and a
-        // runtime of its own.
+        // runtime of its own. The pool is not closed here: its connections are driven by the
+        // test's runtime, which is blocked in this drop on a current-thread runtime. Dropping
+        // the database WITH (FORCE) ends them instead.
         let cleanup = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a runtime for dropping the test database");
             runtime.block_on(async move {
-                pool.close().await;
                 if let Ok(mut server) = PgConnection::connect_with(&server_options()).await {
                     let _ = sqlx::query(AssertSqlSafe(format!(
                         "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
@@ -201,7 +205,10 @@ impl TestBackend for PgBackend {
         Ok(ids)
     }
 
-    async fn write_all_counted(&self, messages: &[Message]) -> Result<(Vec<MessageId>, usize), Error> {
+    async fn write_all_counted(
+        &self,
+        messages: &[Message],
+    ) -> Result<(Vec<MessageId>, usize), Error> {
         let mut tx = self.database.pool().begin().await.expect("begin");
         let mut counting = CountingExecutor::new(&mut *tx);
         let ids = outbox_postgres::write_all(&mut counting, messages).await?;
@@ -210,7 +217,13 @@ impl TestBackend for PgBackend {
         Ok((ids, statements))
     }
 
-    async fn insert_raw(&self, shard: &ShardKey, category: i32, object: i64, payload: &str) -> MessageId {
+    async fn insert_raw(
+        &self,
+        shard: &ShardKey,
+        category: i32,
+        object: i64,
+        payload: &str,
+    ) -> MessageId {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO outbox_messages \
                 (shard_scope, shard_identifier, destination, category, object_identifier, payload) \

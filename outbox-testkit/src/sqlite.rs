@@ -129,7 +129,10 @@ impl TestBackend for SqliteBackend {
         Ok(ids)
     }
 
-    async fn write_all_counted(&self, messages: &[Message]) -> Result<(Vec<MessageId>, usize), Error> {
+    async fn write_all_counted(
+        &self,
+        messages: &[Message],
+    ) -> Result<(Vec<MessageId>, usize), Error> {
         let mut tx = self
             .database
             .pool()
@@ -143,7 +146,13 @@ impl TestBackend for SqliteBackend {
         Ok((ids, statements))
     }
 
-    async fn insert_raw(&self, shard: &ShardKey, category: i32, object: i64, payload: &str) -> MessageId {
+    async fn insert_raw(
+        &self,
+        shard: &ShardKey,
+        category: i32,
+        object: i64,
+        payload: &str,
+    ) -> MessageId {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO outbox_messages \
                 (shard_scope, shard_identifier, destination, category, object_identifier, payload) \

@@ -44,7 +44,11 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
-            worker_id: format!("outbox-{}-{:08x}", std::process::id(), rand::random::<u32>()),
+            worker_id: format!(
+                "outbox-{}-{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
             max_concurrent_shards: 8,
             batch_size: 100,
             shard_row_budget: 1_000,
@@ -125,21 +129,35 @@ mod tests {
     #[test]
     fn backoff_doubles_from_initial_and_caps() {
         let backoff = Backoff::default();
-        let delays: Vec<u64> = (1..=13).map(|attempt| backoff.delay(attempt).as_secs()).collect();
+        let delays: Vec<u64> = (1..=13)
+            .map(|attempt| backoff.delay(attempt).as_secs())
+            .collect();
         assert_eq!(
             delays,
             [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3600, 3600],
             "the seeds' schedule: 2 s doubling to 1 h"
         );
-        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(3600), "no overflow");
+        assert_eq!(
+            backoff.delay(u32::MAX),
+            Duration::from_secs(3600),
+            "no overflow"
+        );
         assert_eq!(backoff.delay(0), Duration::from_secs(2));
     }
 
     #[test]
     fn jitter_stays_between_half_and_all_of_the_delay() {
-        let backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).with_jitter(true);
+        let backoff =
+            Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).with_jitter(true);
         let delays: Vec<Duration> = (0..200).map(|_| backoff.delay(3)).collect();
-        assert!(delays.iter().all(|delay| *delay >= Duration::from_secs(4) && *delay <= Duration::from_secs(8)));
-        assert!(delays.windows(2).any(|pair| pair[0] != pair[1]), "jitter varies the delay");
+        assert!(
+            delays
+                .iter()
+                .all(|delay| *delay >= Duration::from_secs(4) && *delay <= Duration::from_secs(8))
+        );
+        assert!(
+            delays.windows(2).any(|pair| pair[0] != pair[1]),
+            "jitter varies the delay"
+        );
     }
 }

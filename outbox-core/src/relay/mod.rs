@@ -175,7 +175,10 @@ impl<S: Store> Relay<S> {
                 let known = self.inner.registry.category_ids();
                 let unparked = self.inner.store.unpark(&known).await?;
                 if unparked > 0 {
-                    info!(unparked, "resumed shards parked on categories this binary knows");
+                    info!(
+                        unparked,
+                        "resumed shards parked on categories this binary knows"
+                    );
                 }
                 Ok::<_, Error>(())
             })
@@ -196,7 +199,9 @@ impl<S: Store> Relay<S> {
         loop {
             let claimed_before = report.shards_claimed;
             let mut tasks = JoinSet::new();
-            let limit = Arc::new(Semaphore::new(self.inner.config.max_concurrent_shards.max(1)));
+            let limit = Arc::new(Semaphore::new(
+                self.inner.config.max_concurrent_shards.max(1),
+            ));
             let mut first_error = None;
             let mut cursor: Option<ShardKey> = None;
             loop {
@@ -243,7 +248,9 @@ impl<S: Store> Relay<S> {
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.prepare().await?;
         let (_keep_running, running) = watch::channel(false);
-        let limit = Arc::new(Semaphore::new(self.inner.config.max_concurrent_shards.max(1)));
+        let limit = Arc::new(Semaphore::new(
+            self.inner.config.max_concurrent_shards.max(1),
+        ));
         let mut tasks = JoinSet::new();
         for shard in shards.iter().cloned().collect::<HashSet<_>>() {
             let permit = Arc::clone(&limit)
@@ -318,7 +325,11 @@ impl<S: Store> Relay<S> {
                 }
             }
 
-            let page = match inner.store.discover(cursor.as_ref(), config.discovery_page).await {
+            let page = match inner
+                .store
+                .discover(cursor.as_ref(), config.discovery_page)
+                .await
+            {
                 Ok(page) => {
                     reconnect.reset();
                     page
@@ -407,7 +418,11 @@ impl<S: Store> Relay<S> {
 }
 
 impl<S: Store> Inner<S> {
-    async fn process(&self, shard: &ShardKey, running: &watch::Receiver<bool>) -> Result<ShardRun, Error> {
+    async fn process(
+        &self,
+        shard: &ShardKey,
+        running: &watch::Receiver<bool>,
+    ) -> Result<ShardRun, Error> {
         let span = info_span!(
             "outbox.drain_shard",
             scope = shard.scope.0,
@@ -448,7 +463,11 @@ async fn next_wakeup<W: WakeupStream>(stream: Option<&mut W>) -> Result<Wakeup, 
     }
 }
 
-fn collect(done: Result<Task, JoinError>, report: &mut DrainReport, first_error: &mut Option<Error>) {
+fn collect(
+    done: Result<Task, JoinError>,
+    report: &mut DrainReport,
+    first_error: &mut Option<Error>,
+) {
     match unwrap_task(done) {
         (_, Ok(run)) => report.absorb(run),
         (_, Err(error)) => {
@@ -457,7 +476,11 @@ fn collect(done: Result<Task, JoinError>, report: &mut DrainReport, first_error:
     }
 }
 
-fn finish_task(done: Result<Task, JoinError>, in_flight: &mut HashSet<ShardKey>, report: &mut RunReport) {
+fn finish_task(
+    done: Result<Task, JoinError>,
+    in_flight: &mut HashSet<ShardKey>,
+    report: &mut RunReport,
+) {
     let (shard, result) = unwrap_task(done);
     in_flight.remove(&shard);
     match result {
@@ -489,7 +512,10 @@ impl Reconnect {
     const FIRST: Duration = Duration::from_millis(100);
 
     fn new(max: Duration) -> Self {
-        Self { next: Self::FIRST, max }
+        Self {
+            next: Self::FIRST,
+            max,
+        }
     }
 
     fn next_delay(&mut self) -> Duration {

@@ -128,9 +128,9 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::NoOp;
     use crate::model::{Category, CategoryId, Scope, ScopeId};
     use crate::registry::Registry;
-    use crate::handler::NoOp;
 
     struct Org;
     impl Scope for Org {
@@ -154,7 +154,11 @@ mod tests {
     }
 
     fn registry() -> Registry {
-        Registry::builder().handle::<Update>(NoOp).handle::<Event>(NoOp).build().unwrap()
+        Registry::builder()
+            .handle::<Update>(NoOp)
+            .handle::<Event>(NoOp)
+            .build()
+            .unwrap()
     }
 
     fn row(id: i64, category: i32, object: i64) -> StoredMessage {
@@ -170,18 +174,42 @@ mod tests {
     fn summary(plan: &Plan) -> Vec<(i32, i64, i64, u64)> {
         plan.groups
             .iter()
-            .map(|g| (g.key.category.0, g.key.object_identifier, g.newest.id.0, g.rows))
+            .map(|g| {
+                (
+                    g.key.category.0,
+                    g.key.object_identifier,
+                    g.newest.id.0,
+                    g.rows,
+                )
+            })
             .collect()
     }
 
     #[test]
     fn groups_follow_their_oldest_row_and_carry_the_newest() {
-        let head = [row(1, 1, 10), row(2, 2, 10), row(3, 1, 20), row(4, 1, 10), row(5, 2, 10)];
+        let head = [
+            row(1, 1, 10),
+            row(2, 2, 10),
+            row(3, 1, 20),
+            row(4, 1, 10),
+            row(5, 2, 10),
+        ];
         let plan = Plan::new(&head, &ShardKey::local(ScopeId(1), 1), &registry());
-        assert_eq!(summary(&plan), [(1, 10, 4, 2), (2, 10, 2, 1), (1, 20, 3, 1), (2, 10, 5, 1)]);
+        assert_eq!(
+            summary(&plan),
+            [(1, 10, 4, 2), (2, 10, 2, 1), (1, 20, 3, 1), (2, 10, 5, 1)]
+        );
         assert!(plan.blocked.is_none());
-        assert_eq!(plan.groups[0].ack_range().first, MessageId(i64::MIN), "coalesced rows below go");
-        assert_eq!(plan.groups[1].ack_range().first, MessageId(2), "an event acknowledges itself");
+        assert_eq!(
+            plan.groups[0].ack_range().first,
+            MessageId(i64::MIN),
+            "coalesced rows below go"
+        );
+        assert_eq!(
+            plan.groups[1].ack_range().first,
+            MessageId(2),
+            "an event acknowledges itself"
+        );
         assert_eq!(plan.coalescing_keys().len(), 2);
     }
 
@@ -190,21 +218,41 @@ mod tests {
         let head = [row(1, 1, 10), row(2, 9, 10), row(3, 1, 20), row(4, 1, 10)];
         let plan = Plan::new(&head, &ShardKey::local(ScopeId(1), 1), &registry());
         assert_eq!(summary(&plan), [(1, 10, 4, 2)]);
-        assert!(matches!(plan.blocked, Some(DeliveryError::UnknownCategory { message_id: MessageId(2), .. })));
+        assert!(matches!(
+            plan.blocked,
+            Some(DeliveryError::UnknownCategory {
+                message_id: MessageId(2),
+                ..
+            })
+        ));
     }
 
     #[test]
     fn a_row_of_the_wrong_scope_blocks() {
         let mut wrong = row(2, 1, 10);
         wrong.scope = ScopeId(7);
-        let plan = Plan::new(&[row(1, 2, 1), wrong], &ShardKey::local(ScopeId(1), 1), &registry());
+        let plan = Plan::new(
+            &[row(1, 2, 1), wrong],
+            &ShardKey::local(ScopeId(1), 1),
+            &registry(),
+        );
         assert_eq!(plan.groups.len(), 1);
-        assert!(matches!(plan.blocked, Some(DeliveryError::ScopeMismatch { found: ScopeId(7), .. })));
+        assert!(matches!(
+            plan.blocked,
+            Some(DeliveryError::ScopeMismatch {
+                found: ScopeId(7),
+                ..
+            })
+        ));
     }
 
     #[test]
     fn newer_rows_beyond_the_head_extend_their_group() {
-        let mut plan = Plan::new(&[row(1, 1, 10)], &ShardKey::local(ScopeId(1), 1), &registry());
+        let mut plan = Plan::new(
+            &[row(1, 1, 10)],
+            &ShardKey::local(ScopeId(1), 1),
+            &registry(),
+        );
         plan.extend(&row(9, 1, 10));
         plan.extend(&row(12, 1, 99));
         assert_eq!(summary(&plan), [(1, 10, 9, 2)]);

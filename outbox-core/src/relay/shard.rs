@@ -154,7 +154,11 @@ pub(crate) async fn drain<S: ShardSession>(
 
 /// Records the outcome; a lease lost meanwhile is reported, not an error: the new owner
 /// carries on.
-async fn finish<S: ShardSession>(session: S, outcome: Outcome, run: &mut ShardRun) -> Result<(), Error> {
+async fn finish<S: ShardSession>(
+    session: S,
+    outcome: Outcome,
+    run: &mut ShardRun,
+) -> Result<(), Error> {
     match session.finish(outcome).await {
         Err(Error::LeaseLost { shard, token }) => {
             warn!(%shard, token, "lease lost before releasing; another worker owns the shard");

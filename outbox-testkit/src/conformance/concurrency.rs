@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox_core::store::{AckRange, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession};
-use outbox_core::{
-    BoxError, Delivery, Handler, HandlerContext, MessageId, Relay, ShardKey, Store,
-};
+use outbox_core::{BoxError, Delivery, Handler, HandlerContext, MessageId, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
 use super::{config, eventually, pending, write};
@@ -80,16 +78,25 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
             messages.push(note::<AuditEvent>(shard, 2 + round, seq));
         }
     }
-    backend.write_all_counted(&messages).await.expect("bulk write");
+    backend
+        .write_all_counted(&messages)
+        .await
+        .expect("bulk write");
 
     let in_flight: Arc<Mutex<HashSet<ShardKey>>> = Arc::default();
     let overlaps = Arc::new(AtomicUsize::new(0));
     let exclusive = |recorder: &Recorder| {
-        let (recorder, in_flight, overlaps) =
-            (recorder.clone(), Arc::clone(&in_flight), Arc::clone(&overlaps));
+        let (recorder, in_flight, overlaps) = (
+            recorder.clone(),
+            Arc::clone(&in_flight),
+            Arc::clone(&overlaps),
+        );
         move |delivery: Delivery<OrgUpdate>| {
-            let (recorder, in_flight, overlaps) =
-                (recorder.clone(), Arc::clone(&in_flight), Arc::clone(&overlaps));
+            let (recorder, in_flight, overlaps) = (
+                recorder.clone(),
+                Arc::clone(&in_flight),
+                Arc::clone(&overlaps),
+            );
             async move {
                 let entered = in_flight
                     .lock()
@@ -125,10 +132,20 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
         tokio::spawn(async move { relay_a.drain().await }),
         tokio::spawn(async move { relay_b.drain().await }),
     );
-    let (a, b) = (a.expect("relay a").expect("drain a"), b.expect("relay b").expect("drain b"));
+    let (a, b) = (
+        a.expect("relay a").expect("drain a"),
+        b.expect("relay b").expect("drain b"),
+    );
 
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a shard was processed by two workers at once");
-    assert!(a.shards_claimed > 0 && b.shards_claimed > 0, "both relays worked: {a:?} {b:?}");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "a shard was processed by two workers at once"
+    );
+    assert!(
+        a.shards_claimed > 0 && b.shards_claimed > 0,
+        "both relays worked: {a:?} {b:?}"
+    );
     assert!(a.is_clean() && b.is_clean());
     let mut by_shard: BTreeMap<i64, Vec<(&str, i64, u64)>> = BTreeMap::new();
     for seen in seen.seen() {
@@ -137,7 +154,11 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
             .or_default()
             .push((seen.category, seen.object, seen.seq));
     }
-    assert_eq!(by_shard.len(), usize::try_from(shards).expect("small"), "every shard was drained");
+    assert_eq!(
+        by_shard.len(),
+        usize::try_from(shards).expect("small"),
+        "every shard was drained"
+    );
     let per_round = u64::try_from(shards).expect("small") * 2;
     for (shard, seen) in &by_shard {
         let first = u64::try_from(*shard).expect("positive") * 2 - 1;
@@ -161,7 +182,11 @@ struct Blocking {
 }
 
 impl Handler<OrgUpdate> for Blocking {
-    async fn handle(&self, delivery: Delivery<OrgUpdate>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        delivery: Delivery<OrgUpdate>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
         self.recorder.record(&delivery);
         self.entered.notify_one();
         self.release.notified().await;
@@ -186,7 +211,11 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
     };
     let mut stale_config = config("stale");
     stale_config.lease = Duration::from_millis(400);
-    let stale_relay = Relay::with_config(backend.store(), stale.registry_with::<OrgUpdate>(handler), stale_config);
+    let stale_relay = Relay::with_config(
+        backend.store(),
+        stale.registry_with::<OrgUpdate>(handler),
+        stale_config,
+    );
     let stale_run = tokio::spawn(async move { stale_relay.drain().await });
     tokio::time::timeout(Duration::from_secs(15), entered.notified())
         .await
@@ -200,12 +229,22 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
         .expect("claim")
         .expect("a lapsed lease can be taken over");
     let stale_token = stale.seen()[0].token;
-    assert!(fresh.lease().token > stale_token, "the new owner's token is greater");
+    assert!(
+        fresh.lease().token > stale_token,
+        "the new owner's token is greater"
+    );
 
     release.notify_one();
     let report = stale_run.await.expect("stale task").expect("stale drain");
-    assert_eq!(report.lost_leases, [shard.clone()], "the stale worker learns it lost the lease");
-    assert_eq!(report.rows_acknowledged, 0, "the stale acknowledgement deleted nothing");
+    assert_eq!(
+        report.lost_leases,
+        [shard.clone()],
+        "the stale worker learns it lost the lease"
+    );
+    assert_eq!(
+        report.rows_acknowledged, 0,
+        "the stale acknowledgement deleted nothing"
+    );
     assert_eq!(pending(&backend).await.len(), 1);
 
     let rows = fresh.fetch(10).await.expect("fetch");
@@ -218,7 +257,10 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
         first: MessageId(i64::MIN),
         last: rows[0].id,
     };
-    assert_eq!(fresh.ack(&[range]).await.expect("the owner acknowledges"), 1);
+    assert_eq!(
+        fresh.ack(&[range]).await.expect("the owner acknowledges"),
+        1
+    );
     fresh.finish(Outcome::Drained).await.expect("finish");
     assert!(pending(&backend).await.is_empty());
 }
@@ -226,7 +268,11 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
 struct WritesInTransaction<B>(PhantomData<fn() -> B>);
 
 impl<B: TestBackend> Handler<OrgUpdate> for WritesInTransaction<B> {
-    async fn handle(&self, delivery: Delivery<OrgUpdate>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        delivery: Delivery<OrgUpdate>,
+        cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
         B::insert_business_row_in(cx, delivery.object_identifier * 1000).await?;
         if delivery.object_identifier == 2 {
             return Err("failing after writing: the write must roll back".into());
@@ -241,17 +287,36 @@ pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: Test
     let backend = B::create().await;
     let mut config = config("in-transaction");
     config.handler_mode = HandlerMode::InTransaction;
-    let registry = Recorder::new().registry_with::<OrgUpdate>(WritesInTransaction::<B>(PhantomData));
+    let registry =
+        Recorder::new().registry_with::<OrgUpdate>(WritesInTransaction::<B>(PhantomData));
     let relay = Relay::with_config(backend.store(), registry, config);
-    let ids = write(&backend, &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(1, 2, 2)]).await;
+    let ids = write(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(1, 2, 2)],
+    )
+    .await;
 
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 1);
     assert_eq!(report.failures.len(), 1);
-    assert!(backend.business_row_exists(1000).await, "the handler's write committed");
-    assert!(!backend.business_row_exists(2000).await, "the failed handler's write rolled back");
-    let left: Vec<_> = pending(&backend).await.into_iter().map(|row| row.id).collect();
-    assert_eq!(left, [ids[1]], "acknowledged with the handler's write, and only that");
+    assert!(
+        backend.business_row_exists(1000).await,
+        "the handler's write committed"
+    );
+    assert!(
+        !backend.business_row_exists(2000).await,
+        "the failed handler's write rolled back"
+    );
+    let left: Vec<_> = pending(&backend)
+        .await
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(
+        left,
+        [ids[1]],
+        "acknowledged with the handler's write, and only that"
+    );
 }
 
 /// A handler that signals it started, then never finishes.
@@ -266,7 +331,11 @@ impl Stuck {
 }
 
 impl Handler<OrgUpdate> for Stuck {
-    async fn handle(&self, _delivery: Delivery<OrgUpdate>, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        _delivery: Delivery<OrgUpdate>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
         self.entered.notify_one();
         std::future::pending().await
     }
@@ -299,10 +368,17 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
         .await
         .expect("the doomed worker's handler started");
     run.abort();
-    assert!(run.await.is_err_and(|error| error.is_cancelled()), "the worker was killed");
+    assert!(
+        run.await.is_err_and(|error| error.is_cancelled()),
+        "the worker was killed"
+    );
 
     let survivor = Recorder::new();
-    let relay = Relay::with_config(backend.connect_store().await, survivor.registry(), config("survivor"));
+    let relay = Relay::with_config(
+        backend.connect_store().await,
+        survivor.registry(),
+        config("survivor"),
+    );
     assert_eq!(
         relay.drain().await.expect("drain").shards_claimed,
         0,
@@ -312,7 +388,11 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
     relay.drain().await.expect("drain");
     assert_eq!(
         survivor.triples(),
-        [("org_update", 1, 1), ("audit_event", 2, 2), ("audit_event", 2, 3)]
+        [
+            ("org_update", 1, 1),
+            ("audit_event", 2, 2),
+            ("audit_event", 2, 3)
+        ]
     );
     assert!(pending(&backend).await.is_empty());
 }
@@ -331,7 +411,11 @@ pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBa
         .await
         .expect("claim")
         .expect("due");
-    assert_eq!(session.fetch(10).await.expect("fetch").len(), 1, "the worker read the message");
+    assert_eq!(
+        session.fetch(10).await.expect("fetch").len(),
+        1,
+        "the worker read the message"
+    );
     drop(session); // delivered, then crashed: no acknowledgement
 
     let recorder = Recorder::new();
@@ -339,7 +423,10 @@ pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBa
     let recorded = recorder.clone();
     tokio::time::sleep(Duration::from_millis(500)).await;
     relay.drain().await.expect("drain");
-    eventually("the message is delivered again", || recorded.seen().len() == 1).await;
+    eventually("the message is delivered again", || {
+        recorded.seen().len() == 1
+    })
+    .await;
     assert_eq!(recorder.triples(), [("org_update", 1, 1)]);
     assert!(pending(&backend).await.is_empty());
 }

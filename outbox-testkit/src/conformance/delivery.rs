@@ -23,7 +23,10 @@ pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: TestBacken
     write(&backend, &[note::<OrgUpdate>(1, 100, 3)]).await;
 
     let report = relay.drain().await.expect("drain");
-    assert_eq!(recorder.triples(), [("org_update", 100, 3), ("org_update", 200, 2)]);
+    assert_eq!(
+        recorder.triples(),
+        [("org_update", 100, 3), ("org_update", 200, 2)]
+    );
     assert_eq!(report.deliveries, 2);
     assert_eq!(report.rows_acknowledged, 3);
     assert!(pending(&backend).await.is_empty());
@@ -100,7 +103,10 @@ pub async fn s12_categories_and_shards_are_separate_groups<B: TestBackend>() {
             .map(|seen| (seen.category, seen.object, seen.seq))
             .collect::<Vec<_>>()
     };
-    assert_eq!(in_shard(1), [("org_update", 5, 1), ("project_update", 5, 2)]);
+    assert_eq!(
+        in_shard(1),
+        [("org_update", 5, 1), ("project_update", 5, 2)]
+    );
     assert_eq!(in_shard(2), [("org_update", 5, 4)]);
     assert!(pending(&backend).await.is_empty());
 }
@@ -112,7 +118,8 @@ pub async fn s13_row_written_during_delivery_survives<B: TestBackend>() {
     let recorder = Recorder::new();
     let wrote = Arc::new(AtomicBool::new(false));
     let handler = {
-        let (backend, recorder, wrote) = (Arc::clone(&backend), recorder.clone(), Arc::clone(&wrote));
+        let (backend, recorder, wrote) =
+            (Arc::clone(&backend), recorder.clone(), Arc::clone(&wrote));
         move |delivery: Delivery<OrgUpdate>| {
             recorder.record(&delivery);
             let (backend, wrote) = (Arc::clone(&backend), Arc::clone(&wrote));
@@ -180,7 +187,11 @@ pub async fn s24_handlers_cascade_into_new_outboxes<B: TestBackend>() {
         move |delivery: Delivery<OrgUpdate>| {
             recorder.record(&delivery);
             let backend = Arc::clone(&backend);
-            let (shard, object, seq) = (delivery.shard_identifier(), delivery.object_identifier, delivery.payload.seq);
+            let (shard, object, seq) = (
+                delivery.shard_identifier(),
+                delivery.object_identifier,
+                delivery.payload.seq,
+            );
             async move {
                 let cascade = [
                     note::<ProjectUpdate>(shard, object, seq + 100),
@@ -200,7 +211,11 @@ pub async fn s24_handlers_cascade_into_new_outboxes<B: TestBackend>() {
     seen.sort_unstable();
     assert_eq!(
         seen,
-        [("org_update", 7, 1), ("project_update", 7, 101), ("user_update", 7, 201)]
+        [
+            ("org_update", 7, 1),
+            ("project_update", 7, 101),
+            ("user_update", 7, 201)
+        ]
     );
     assert!(pending(&*backend).await.is_empty());
 }
@@ -236,15 +251,29 @@ pub async fn fan_out_destinations_drain_independently<B: TestBackend>() {
     let mut reached: Vec<_> = recorder
         .seen()
         .into_iter()
-        .map(|seen| seen.shard.destination.expect("fan-out deliveries have a destination"))
+        .map(|seen| {
+            seen.shard
+                .destination
+                .expect("fan-out deliveries have a destination")
+        })
         .collect();
     reached.sort();
     let mut expected = destinations.to_vec();
     expected.sort();
     assert_eq!(reached, expected, "each destination got its own call");
     assert_eq!(report.failures.len(), 1);
-    assert_eq!(report.failures[0].shard.destination.as_ref().map(Destination::as_str), Some("eu"));
+    assert_eq!(
+        report.failures[0]
+            .shard
+            .destination
+            .as_ref()
+            .map(Destination::as_str),
+        Some("eu")
+    );
     let rows = pending(&backend).await;
     assert_eq!(rows.len(), 1, "only the failed destination's row is left");
-    assert_eq!(rows[0].shard.destination.as_ref().map(Destination::as_str), Some("eu"));
+    assert_eq!(
+        rows[0].shard.destination.as_ref().map(Destination::as_str),
+        Some("eu")
+    );
 }

@@ -64,8 +64,16 @@ pub async fn s18_failure_stops_only_its_shard<B: TestBackend>() {
         matches!(&failure.error, DeliveryError::Handler { category: "org_update", message_id, .. } if *message_id == ids[1])
     );
     assert!(error_chain(&failure.error).contains("object 2 cannot be replicated"));
-    let left: Vec<_> = pending(&backend).await.into_iter().map(|row| row.id).collect();
-    assert_eq!(left, [ids[1], ids[2]], "the failed group and the one after it stay pending");
+    let left: Vec<_> = pending(&backend)
+        .await
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(
+        left,
+        [ids[1], ids[2]],
+        "the failed group and the one after it stay pending"
+    );
 }
 
 /// S19: backoff is per shard, exponential and capped; attempts and the last error are stored
@@ -91,14 +99,25 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: TestBackend>() {
     };
     let mut config = config("s19");
     config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(5));
-    let relay = Relay::with_config(store.clone(), recorder.registry_with::<OrgUpdate>(handler), config);
+    let relay = Relay::with_config(
+        store.clone(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config,
+    );
     let shard = org_shard(1);
 
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     relay.drain().await.expect("drain");
-    let state = state_of(&store, &shard).await.expect("a failed shard has state");
+    let state = state_of(&store, &shard)
+        .await
+        .expect("a failed shard has state");
     assert_eq!(state.attempts, 1);
-    assert!(state.last_error.as_deref().is_some_and(|e| e.contains("deliberate failure")));
+    assert!(
+        state
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("deliberate failure"))
+    );
     assert_in(state.retry_at, Duration::from_secs(2), "first retry");
 
     let report = relay.drain().await.expect("drain");
@@ -109,30 +128,50 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: TestBackend>() {
     relay.drain().await.expect("drain");
     let state = state_of(&store, &shard).await.expect("state");
     assert_eq!(state.attempts, 2);
-    assert_in(state.retry_at, Duration::from_secs(4), "second retry doubles");
+    assert_in(
+        state.retry_at,
+        Duration::from_secs(4),
+        "second retry doubles",
+    );
 
     assert!(store.reschedule(&shard).await.expect("reschedule"));
     relay.drain().await.expect("drain");
     let state = state_of(&store, &shard).await.expect("state");
     assert_eq!(state.attempts, 3);
-    assert_in(state.retry_at, Duration::from_secs(5), "third retry is capped");
+    assert_in(
+        state.retry_at,
+        Duration::from_secs(5),
+        "third retry is capped",
+    );
 
     // A new message makes the shard due at once; the head still fails; the count goes on.
     write(&backend, &[note::<OrgUpdate>(1, 2, 2)]).await;
     let report = relay.drain().await.expect("drain");
-    assert_eq!(report.shards_claimed, 1, "a new message makes a shard in backoff due");
+    assert_eq!(
+        report.shards_claimed, 1,
+        "a new message makes a shard in backoff due"
+    );
     let state = state_of(&store, &shard).await.expect("state");
-    assert_eq!(state.attempts, 4, "the new message did not reset the doubling");
+    assert_eq!(
+        state.attempts, 4,
+        "the new message did not reset the doubling"
+    );
     assert_in(state.retry_at, Duration::from_secs(5), "still capped");
 
     failing.store(false, Ordering::SeqCst);
     assert!(store.reschedule(&shard).await.expect("reschedule"));
     relay.drain().await.expect("drain");
     let attempts: Vec<u32> = recorder.seen().iter().map(|seen| seen.attempt).collect();
-    assert_eq!(attempts, [1, 2, 3, 4, 5, 1], "handlers see the attempt number");
+    assert_eq!(
+        attempts,
+        [1, 2, 3, 4, 5, 1],
+        "handlers see the attempt number"
+    );
     assert!(pending(&backend).await.is_empty());
     assert!(
-        state_of(&store, &shard).await.is_none_or(|state| state.attempts == 0),
+        state_of(&store, &shard)
+            .await
+            .is_none_or(|state| state.attempts == 0),
         "success resets the shard"
     );
 }
@@ -148,21 +187,35 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: TestBackend>() {
 
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let unknown = backend
-        .insert_raw(&shard, FutureCategory::ID.0, 2, r#"{"seq":2,"text":"from the future"}"#)
+        .insert_raw(
+            &shard,
+            FutureCategory::ID.0,
+            2,
+            r#"{"seq":2,"text":"from the future"}"#,
+        )
         .await;
     write(&backend, &[note::<OrgUpdate>(1, 3, 3)]).await;
 
     let report = old_relay.drain().await.expect("drain");
-    assert_eq!(old.triples(), [("org_update", 1, 1)], "rows before it are delivered");
+    assert_eq!(
+        old.triples(),
+        [("org_update", 1, 1)],
+        "rows before it are delivered"
+    );
     assert!(matches!(
         &report.failures[..],
         [failure] if matches!(failure.error, DeliveryError::UnknownCategory { message_id, category }
             if message_id == unknown && category == FutureCategory::ID)
     ));
-    let state = state_of(&store, &shard).await.expect("a parked shard has state");
+    let state = state_of(&store, &shard)
+        .await
+        .expect("a parked shard has state");
     assert_eq!(state.parked_category, Some(FutureCategory::ID));
     let error = state.last_error.expect("an error is recorded");
-    assert!(error.contains("category 99") && error.contains("parked"), "{error}");
+    assert!(
+        error.contains("category 99") && error.contains("parked"),
+        "{error}"
+    );
 
     assert_eq!(old_relay.drain().await.expect("drain").shards_claimed, 0);
     assert_eq!(pending(&backend).await.len(), 2, "nothing was deleted");
@@ -170,11 +223,17 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: TestBackend>() {
     let new = Recorder::new();
     let new_relay = Relay::with_config(
         store.clone(),
-        new.builder().handle::<FutureCategory>(new.handler()).build().expect("registry"),
+        new.builder()
+            .handle::<FutureCategory>(new.handler())
+            .build()
+            .expect("registry"),
         config("new-binary"),
     );
     new_relay.drain().await.expect("drain");
-    assert_eq!(new.triples(), [("future_category", 2, 2), ("org_update", 3, 3)]);
+    assert_eq!(
+        new.triples(),
+        [("future_category", 2, 2), ("org_update", 3, 3)]
+    );
     assert!(pending(&backend).await.is_empty());
 }
 
@@ -186,11 +245,19 @@ pub async fn s21_malformed_payload_is_a_precise_failure<B: TestBackend>() {
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s21"));
 
     let bad = backend
-        .insert_raw(&org_shard(1), OrgUpdate::ID.0, 1, r#"{"seq":"seven","text":"x"}"#)
+        .insert_raw(
+            &org_shard(1),
+            OrgUpdate::ID.0,
+            1,
+            r#"{"seq":"seven","text":"x"}"#,
+        )
         .await;
     write(&backend, &[note::<OrgUpdate>(2, 2, 2)]).await;
 
-    let report = relay.drain().await.expect("a bad payload does not fail the drain");
+    let report = relay
+        .drain()
+        .await
+        .expect("a bad payload does not fail the drain");
     assert_eq!(recorder.triples(), [("org_update", 2, 2)]);
     assert_eq!(report.failures.len(), 1);
     let error = &report.failures[0].error;
@@ -199,7 +266,9 @@ pub async fn s21_malformed_payload_is_a_precise_failure<B: TestBackend>() {
     );
     let text = error_chain(error);
     assert!(
-        text.contains(&bad.to_string()) && text.contains("org_update") && text.contains("invalid type"),
+        text.contains(&bad.to_string())
+            && text.contains("org_update")
+            && text.contains("invalid type"),
         "{text}"
     );
     let rows = pending(&backend).await;
@@ -213,7 +282,10 @@ pub async fn missing_migration_is_a_typed_error<B: TestBackend>() {
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("unmigrated"));
 
-    let error = relay.drain().await.expect_err("an unmigrated database is refused");
+    let error = relay
+        .drain()
+        .await
+        .expect_err("an unmigrated database is refused");
     assert!(matches!(error, Error::MigrationMissing { .. }), "{error:?}");
     assert!(error.to_string().contains("cargo xtask migrate"), "{error}");
     let error = backend
@@ -231,7 +303,11 @@ pub async fn missing_migration_is_a_typed_error<B: TestBackend>() {
 
     backend.migrate().await.expect("migrate");
     backend.migrate().await.expect("migrating again is a no-op");
-    backend.store().check_schema().await.expect("the schema is complete");
+    backend
+        .store()
+        .check_schema()
+        .await
+        .expect("the schema is complete");
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let fresh = Relay::with_config(backend.store(), recorder.registry(), config("migrated"));
     fresh.drain().await.expect("drain");

@@ -131,7 +131,8 @@ pub(crate) fn assert_in(at: Option<SystemTime>, expected: Duration, what: &str) 
     assert!(
         at >= lower && at <= upper,
         "{what}: expected about {expected:?} from now, got {:?}",
-        at.duration_since(now).map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64()),
+        at.duration_since(now)
+            .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64()),
     );
 }
 

@@ -23,20 +23,34 @@ pub async fn budget_lets_other_shards_through<B: TestBackend>() {
 
     let mut messages: Vec<_> = (0..40).map(|seq| note::<AuditEvent>(1, 1, seq)).collect();
     messages.extend((2..=6).map(|shard| note::<OrgUpdate>(shard, 1, 100)));
-    backend.write_all_counted(&messages).await.expect("bulk write");
+    backend
+        .write_all_counted(&messages)
+        .await
+        .expect("bulk write");
 
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 45);
-    assert!(report.shards_claimed >= 9, "the hot shard was claimed repeatedly: {report:?}");
+    assert!(
+        report.shards_claimed >= 9,
+        "the hot shard was claimed repeatedly: {report:?}"
+    );
     let seen = recorder.seen();
-    let hot: Vec<usize> = (0..seen.len()).filter(|&i| seen[i].shard == org_shard(1)).collect();
-    let last_cold = (0..seen.len()).rfind(|&i| seen[i].shard != org_shard(1)).expect("cold shards");
+    let hot: Vec<usize> = (0..seen.len())
+        .filter(|&i| seen[i].shard == org_shard(1))
+        .collect();
+    let last_cold = (0..seen.len())
+        .rfind(|&i| seen[i].shard != org_shard(1))
+        .expect("cold shards");
     assert!(
         last_cold < hot[10],
         "every other shard was served before the hot shard's 11th message"
     );
     let hot_order: Vec<u64> = hot.iter().map(|&i| seen[i].seq).collect();
-    assert_eq!(hot_order, (0..40).collect::<Vec<_>>(), "the hot shard stays in order across claims");
+    assert_eq!(
+        hot_order,
+        (0..40).collect::<Vec<_>>(),
+        "the hot shard stays in order across claims"
+    );
     assert!(pending(&backend).await.is_empty());
 }
 
@@ -58,12 +72,22 @@ pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
         }
     });
 
-    write(&backend, &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(2, 2, 2)]).await;
+    write(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(2, 2, 2)],
+    )
+    .await;
     let seen = recorder.clone();
-    eventually("the running relay delivers the first writes", || seen.seen().len() == 2).await;
+    eventually("the running relay delivers the first writes", || {
+        seen.seen().len() == 2
+    })
+    .await;
     write(&backend, &[note::<OrgUpdate>(3, 3, 3)]).await;
     relay.wake();
-    eventually("the running relay delivers later writes", || seen.seen().len() == 3).await;
+    eventually("the running relay delivers later writes", || {
+        seen.seen().len() == 3
+    })
+    .await;
 
     stop.send(()).expect("the relay is running");
     let report = tokio::time::timeout(Duration::from_secs(10), running)
@@ -109,12 +133,23 @@ pub async fn shutdown_deadline_abandons_stuck_shards<B: TestBackend>() {
         .expect("relay task")
         .expect("run");
     assert_eq!(report.abandoned, 1);
-    assert_eq!(pending(&backend).await.len(), 1, "the abandoned message is kept");
+    assert_eq!(
+        pending(&backend).await.len(),
+        1,
+        "the abandoned message is kept"
+    );
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("after"));
     relay.drain().await.expect("drain");
     assert_eq!(recorder.triples(), [("org_update", 1, 1)]);
-    assert!(backend.store().pending_messages(10).await.expect("pending").is_empty());
+    assert!(
+        backend
+            .store()
+            .pending_messages(10)
+            .await
+            .expect("pending")
+            .is_empty()
+    );
 }

@@ -21,18 +21,31 @@ pub async fn s01_writes_commit_and_roll_back_with_the_transaction<B: TestBackend
         .write_in_transaction(1, &messages, false)
         .await
         .expect("write, then roll back");
-    assert!(!backend.business_row_exists(1).await, "the business row was rolled back");
-    assert!(pending(&backend).await.is_empty(), "rolled-back outboxes left rows");
+    assert!(
+        !backend.business_row_exists(1).await,
+        "the business row was rolled back"
+    );
+    assert!(
+        pending(&backend).await.is_empty(),
+        "rolled-back outboxes left rows"
+    );
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 0);
-    assert!(recorder.seen().is_empty(), "a rolled-back outbox reached a handler");
+    assert!(
+        recorder.seen().is_empty(),
+        "a rolled-back outbox reached a handler"
+    );
 
     backend
         .write_in_transaction(2, &messages, true)
         .await
         .expect("write, then commit");
     assert!(backend.business_row_exists(2).await);
-    assert_eq!(pending(&backend).await.len(), 2, "committed outboxes are pending");
+    assert_eq!(
+        pending(&backend).await.len(),
+        2,
+        "committed outboxes are pending"
+    );
     relay.drain().await.expect("drain");
     assert_eq!(
         recorder.triples(),
@@ -48,7 +61,11 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: TestBackend>(
     let registry = Recorder::new().registry();
 
     let typed = note::<UserUpdate>(7, 7, 1);
-    assert_eq!(typed.shard().scope, UserScope::ID, "the typed API derives the scope");
+    assert_eq!(
+        typed.shard().scope,
+        UserScope::ID,
+        "the typed API derives the scope"
+    );
 
     let raw = RawMessage {
         scope: UserScope::ID,
@@ -78,7 +95,12 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: TestBackend>(
         ..raw.clone()
     };
     let error = Message::from_raw(unknown, &registry).expect_err("unknown category is refused");
-    assert!(matches!(error, Error::UnknownCategory { category: CategoryId(4242) }));
+    assert!(matches!(
+        error,
+        Error::UnknownCategory {
+            category: CategoryId(4242)
+        }
+    ));
     assert!(error.to_string().contains("4242"));
 
     let valid = RawMessage {
@@ -106,17 +128,30 @@ pub async fn s04_stored_row_with_a_mismatched_scope_parks_its_shard<B: TestBacke
         .await;
 
     let report = relay.drain().await.expect("drain");
-    assert_eq!(recorder.triples(), [("user_update", 1, 1)], "rows before it are delivered");
+    assert_eq!(
+        recorder.triples(),
+        [("user_update", 1, 1)],
+        "rows before it are delivered"
+    );
     assert_eq!(report.failures.len(), 1);
     assert!(matches!(
         &report.failures[0].error,
         DeliveryError::ScopeMismatch { message_id, category: "org_update", .. } if *message_id == bad
     ));
     let rows = pending(&backend).await;
-    assert_eq!(rows.iter().map(|row| row.id).collect::<Vec<_>>(), [bad], "the row is kept");
-    let state = state_of(&backend.store(), &shard).await.expect("the shard has state");
+    assert_eq!(
+        rows.iter().map(|row| row.id).collect::<Vec<_>>(),
+        [bad],
+        "the row is kept"
+    );
+    let state = state_of(&backend.store(), &shard)
+        .await
+        .expect("the shard has state");
     let error = state.last_error.expect("the error is recorded");
-    assert!(error.contains("scope 2") && error.contains("org_update"), "{error}");
+    assert!(
+        error.contains("scope 2") && error.contains("org_update"),
+        "{error}"
+    );
 }
 
 /// S5: a bulk write inserts every row with one statement.
@@ -131,8 +166,16 @@ pub async fn s05_bulk_write_is_one_statement<B: TestBackend>() {
             .expect("fan out"),
     );
 
-    let (ids, statements) = backend.write_all_counted(&messages).await.expect("bulk write");
-    assert_eq!(statements, 1, "{} rows took {statements} statements", messages.len());
+    let (ids, statements) = backend
+        .write_all_counted(&messages)
+        .await
+        .expect("bulk write");
+    assert_eq!(
+        statements,
+        1,
+        "{} rows took {statements} statements",
+        messages.len()
+    );
     assert_eq!(ids.len(), messages.len());
     assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "ids ascend");
 
@@ -141,11 +184,18 @@ pub async fn s05_bulk_write_is_one_statement<B: TestBackend>() {
     let fanned = rows.last().expect("rows");
     assert_eq!(fanned.shard.destination, Some(us));
     assert_eq!(fanned.payload_value()["seq"], 1000);
-    assert_eq!(rows[5].payload_value()["seq"], 5, "payloads are kept in order");
+    assert_eq!(
+        rows[5].payload_value()["seq"],
+        5,
+        "payloads are kept in order"
+    );
     assert_eq!(rows[5].category, AuditEvent::ID);
     assert_eq!(rows[5].shard.scope, <AuditEvent as Category>::Scope::ID);
 
-    let (ids, statements) = backend.write_all_counted(&[]).await.expect("empty bulk write");
+    let (ids, statements) = backend
+        .write_all_counted(&[])
+        .await
+        .expect("empty bulk write");
     assert!(ids.is_empty());
     assert_eq!(statements, 0, "an empty bulk write runs nothing");
 }
