@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use outbox_core::Error;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -7,7 +9,8 @@ use crate::error::database;
 /// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`).
 ///
 /// A URL that does not parse is an [`Error::InvalidDatabaseUrl`]; a server that does not
-/// answer is an [`Error::Unavailable`].
+/// answer within five seconds is an [`Error::Unavailable`]. For other pool settings, build
+/// the pool with `sqlx`'s `PgPoolOptions` yourself: the outbox needs nothing special of it.
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
     let options: PgConnectOptions =
         url.parse()
@@ -17,6 +20,7 @@ pub async fn connect(url: &str) -> Result<PgPool, Error> {
             })?;
     PgPoolOptions::new()
         .max_connections(10)
+        .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
         .map_err(database("connecting to PostgreSQL"))

@@ -335,12 +335,13 @@ pub struct PgWakeups {
 
 impl WakeupStream for PgWakeups {
     async fn next(&mut self) -> Result<Wakeup, Error> {
-        let notification = self
-            .listener
-            .recv()
-            .await
-            .map_err(database("listening for commits"))?;
-        Ok(parse_wakeup(notification.payload()))
+        match self.listener.try_recv().await {
+            Ok(Some(notification)) => Ok(parse_wakeup(notification.payload())),
+            // The connection was lost and has been re-established (listening again):
+            // commits in between went unannounced, so the relay should look for itself.
+            Ok(None) => Ok(Wakeup::Any),
+            Err(error) => Err(database("listening for commits")(error)),
+        }
     }
 }
 

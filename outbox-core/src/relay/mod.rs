@@ -303,6 +303,8 @@ impl<S: Store> Relay<S> {
         let mut tasks: JoinSet<Task> = JoinSet::new();
         let mut in_flight: HashSet<ShardKey> = HashSet::new();
         let mut wakeups = None;
+        // Whether to listen for commits: configured, and not found unsupported by the store.
+        let mut listen = config.wake_on_commit;
         let mut listen_retry_at = tokio::time::Instant::now();
         let mut cursor: Option<ShardKey> = None;
         let mut found_this_sweep = false;
@@ -312,12 +314,10 @@ impl<S: Store> Relay<S> {
             while let Some(done) = tasks.try_join_next() {
                 finish_task(done, &mut in_flight, &mut report);
             }
-            if config.wake_on_commit
-                && wakeups.is_none()
-                && tokio::time::Instant::now() >= listen_retry_at
-            {
+            if listen && wakeups.is_none() && tokio::time::Instant::now() >= listen_retry_at {
                 match inner.store.wakeups().await {
-                    Ok(stream) => wakeups = stream,
+                    Ok(Some(stream)) => wakeups = Some(stream),
+                    Ok(None) => listen = false,
                     Err(error) => {
                         debug!(error = %crate::error::error_chain(&error), "cannot listen for commits; polling");
                         listen_retry_at = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -364,11 +364,17 @@ impl<S: Store> Relay<S> {
                 continue;
             }
 
-            // A whole sweep found nothing due: wait for a reason to look again.
+            // A whole sweep found nothing due: wait for a reason to look again. Without
+            // commit notifications that should be there, wait no longer than the next attempt
+            // to listen again.
+            let mut idle_until = tokio::time::Instant::now() + config.poll_interval;
+            if listen && wakeups.is_none() {
+                idle_until = idle_until.min(listen_retry_at);
+            }
             let woken = tokio::select! {
                 () = &mut shutdown => break 'run,
                 () = inner.wake.notified() => None,
-                () = tokio::time::sleep(config.poll_interval) => None,
+                () = tokio::time::sleep_until(idle_until) => None,
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     finish_task(done, &mut in_flight, &mut report);
                     None

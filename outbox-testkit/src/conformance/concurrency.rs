@@ -238,7 +238,7 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
     let report = stale_run.await.expect("stale task").expect("stale drain");
     assert_eq!(
         report.lost_leases,
-        [shard.clone()],
+        std::slice::from_ref(&shard),
         "the stale worker learns it lost the lease"
     );
     assert_eq!(

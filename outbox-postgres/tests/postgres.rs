@@ -1,0 +1,191 @@
+//! Behaviour only PostgreSQL has: commit notifications, connection loss, URL errors.
+
+use std::time::Duration;
+
+use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
+use outbox_postgres::PgStore;
+use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
+use outbox_testkit::postgres::PgTestDatabase;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A relay that only finds new work when told by a commit: it polls once an hour.
+fn config(worker: &str, wake_on_commit: bool, poll_interval: Duration) -> RelayConfig {
+    let mut config = RelayConfig::default();
+    config.worker_id = worker.to_owned();
+    config.wake_on_commit = wake_on_commit;
+    config.poll_interval = poll_interval;
+    config.max_reconnect_delay = Duration::from_millis(500);
+    config
+}
+
+async fn migrated() -> PgTestDatabase {
+    let database = PgTestDatabase::create().await;
+    outbox_postgres::migrate(database.pool())
+        .await
+        .expect("migrate");
+    database
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<RunReport, Error>>,
+}
+
+impl Running {
+    fn start(relay: &Relay<PgStore>) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let relay = relay.clone();
+        let task = tokio::spawn(async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> RunReport {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the relay task does not panic")
+            .expect("the relay stops cleanly")
+    }
+}
+
+async fn write(pool: &PgPool, message: Message) {
+    let mut tx = pool.begin().await.expect("begin");
+    outbox_postgres::write(&mut *tx, &message)
+        .await
+        .expect("write");
+    tx.commit().await.expect("commit");
+}
+
+async fn delivered(recorder: &Recorder, seq: u64, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !recorder.seen().iter().any(|seen| seen.seq == seq) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "message {seq} was not delivered within {within:?}; saw {:?}",
+            recorder.triples()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sessions on `database` that are listening for commits.
+async fn listeners(database: &PgTestDatabase) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_one(database.pool())
+    .await
+    .expect("read pg_stat_activity")
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_notifications_wake_an_idle_relay() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    let store = PgStore::new(database.connect().await);
+    let relay = Relay::with_config(store, recorder.registry(), config("listener", true, HOUR));
+    let running = Running::start(&relay);
+
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    delivered(&recorder, 1, Duration::from_secs(15)).await;
+    // The relay is now idle until a commit, or an hour from now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(listeners(&database).await, 1, "the relay listens");
+
+    for seq in 2..=4 {
+        write(database.pool(), note::<OrgUpdate>(seq as i64, 1, seq)).await;
+        delivered(&recorder, seq, Duration::from_secs(10)).await;
+    }
+    let report = running.stop().await;
+    assert_eq!(report.deliveries, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notifications_the_relay_polls() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    let store = PgStore::new(database.connect().await);
+    let config = config("poller", false, Duration::from_millis(100));
+    let relay = Relay::with_config(store, recorder.registry(), config);
+    let running = Running::start(&relay);
+
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    delivered(&recorder, 1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write(database.pool(), note::<OrgUpdate>(2, 1, 2)).await;
+    delivered(&recorder, 2, Duration::from_secs(10)).await;
+    assert_eq!(listeners(&database).await, 0, "the relay does not listen");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_survives_its_connections_being_killed() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    let store = PgStore::new(database.connect().await);
+    // Polling hourly: after the outage only a restored LISTEN (or the sweep the relay makes
+    // when it re-listens) can find the second message.
+    let relay = Relay::with_config(store, recorder.registry(), config("survivor", true, HOUR));
+    let running = Running::start(&relay);
+
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    delivered(&recorder, 1, Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut admin = database.pool().acquire().await.expect("a connection");
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ( \
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+            WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         ) AS killed",
+    )
+    .fetch_one(&mut *admin)
+    .await
+    .expect("terminate the relay's connections");
+    drop(admin);
+    assert!(
+        killed >= 2,
+        "the relay's pool and its listener were connected"
+    );
+
+    write(database.pool(), note::<OrgUpdate>(2, 1, 2)).await;
+    delivered(&recorder, 2, Duration::from_secs(15)).await;
+    // And notifications work again afterwards.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write(database.pool(), note::<OrgUpdate>(3, 1, 3)).await;
+    delivered(&recorder, 3, Duration::from_secs(10)).await;
+
+    let report = running.stop().await;
+    assert_eq!(report.deliveries, 3);
+}
+
+#[tokio::test]
+async fn connecting_reports_bad_urls_and_absent_servers() {
+    let error = outbox_postgres::connect("not a url")
+        .await
+        .expect_err("not a URL");
+    assert!(
+        matches!(error, Error::InvalidDatabaseUrl { .. }),
+        "{error:?}"
+    );
+
+    let error = outbox_postgres::connect("postgres://user:secret@127.0.0.1:1/nothing")
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(
+        !error.to_string().contains("secret"),
+        "the password is not shown: {error}"
+    );
+}
