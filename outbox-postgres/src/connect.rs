@@ -1,10 +1,12 @@
 use std::time::Duration;
 
 use outbox_core::Error;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::database;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`).
 ///
@@ -18,9 +20,18 @@ pub async fn connect(url: &str) -> Result<PgPool, Error> {
                 url: redact(url),
                 reason: error.to_string(),
             })?;
+    // One direct connection first: the pool would retry a refused connection until its
+    // timeout and then report only the timeout, not why.
+    let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| Error::Unavailable {
+            source: format!("no answer from PostgreSQL within {CONNECT_TIMEOUT:?}").into(),
+        })?
+        .map_err(database("connecting to PostgreSQL"))?;
+    let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(10)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options)
         .await
         .map_err(database("connecting to PostgreSQL"))

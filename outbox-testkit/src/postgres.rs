@@ -87,6 +87,19 @@ impl PgTestDatabase {
         &self.pool
     }
 
+    /// A `postgres://` URL of the database (the server's URL with this database's name).
+    pub fn url(&self) -> String {
+        let server = server_url();
+        let authority = server.find("://").map_or(0, |at| at + 3);
+        let path = server[authority..]
+            .find('/')
+            .map_or(server.len(), |at| authority + at);
+        let query = server[path..]
+            .find('?')
+            .map_or("", |at| &server[path + at..]);
+        format!("{}/{}{query}", &server[..path], self.name)
+    }
+
     /// Options to connect to the database.
     pub fn connect_options(&self) -> PgConnectOptions {
         server_options().database(&self.name)
