@@ -165,6 +165,28 @@ where
         .unwrap_or_default()
 }
 
+/// One `cargo` invocation of `cargo xtask test`.
+struct Step<'a> {
+    what: &'a str,
+    args: &'a [&'a str],
+    env: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Step<'a> {
+    fn new(what: &'a str, args: &'a [&'a str]) -> Self {
+        Self {
+            what,
+            args,
+            env: Vec::new(),
+        }
+    }
+
+    fn env(mut self, key: &'a str, value: &'a str) -> Self {
+        self.env.push((key, value));
+        self
+    }
+}
+
 /// Runs the checks CI runs, stopping at the first that fails.
 fn test(cargo_test_args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -173,11 +195,11 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
         test.push("--");
         test.extend(cargo_test_args.iter().map(String::as_str));
     }
-    let steps: [(&str, Vec<&str>, &[(&str, &str)]); 4] = [
-        ("formatting", vec!["fmt", "--all", "--check"], &[]),
-        (
+    let steps = [
+        Step::new("formatting", &["fmt", "--all", "--check"]),
+        Step::new(
             "lints",
-            vec![
+            &[
                 "clippy",
                 "--workspace",
                 "--all-targets",
@@ -185,21 +207,14 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
                 "-D",
                 "warnings",
             ],
-            &[],
         ),
-        (
-            "documentation",
-            vec!["doc", "--workspace", "--no-deps"],
-            &[("RUSTDOCFLAGS", "-D warnings")],
-        ),
-        ("tests", test, &[]),
+        Step::new("documentation", &["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+        Step::new("tests", &test),
     ];
-    for (what, args, env) in steps {
+    for Step { what, args, env } in steps {
         eprintln!("==> {what}: cargo {}", args.join(" "));
-        let status = Command::new(&cargo)
-            .args(&args)
-            .envs(env.iter().copied())
-            .status();
+        let status = Command::new(&cargo).args(args).envs(env).status();
         match status {
             Ok(status) if status.success() => {}
             Ok(status) => {
