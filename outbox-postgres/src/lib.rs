@@ -5,7 +5,7 @@
 //!
 //! - [`migrate`] applies the embedded migrations, recorded in the library's own
 //!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
-//! - [`write`] and [`write_all`] insert messages with the caller's transaction or connection;
+//! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
 //! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
 //!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn

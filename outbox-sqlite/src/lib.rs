@@ -6,7 +6,7 @@
 //!
 //! - [`migrate`] applies the embedded migrations, recorded in the library's own
 //!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
-//! - [`write`] and [`write_all`] insert messages with the caller's transaction or connection;
+//! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
 //!
