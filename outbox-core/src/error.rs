@@ -115,16 +115,6 @@ pub enum Error {
         /// Every problem found, not just the first.
         problems: Vec<RegistryProblem>,
     },
-
-    /// The relay did not finish its in-flight shards before the shutdown deadline; their
-    /// leases expire and another worker resumes them.
-    #[error("relay shutdown deadline of {deadline:?} passed with {in_flight} shard(s) in flight")]
-    ShutdownDeadline {
-        /// The configured deadline.
-        deadline: Duration,
-        /// How many shards were abandoned.
-        in_flight: usize,
-    },
 }
 
 impl Error {
