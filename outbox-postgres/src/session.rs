@@ -135,12 +135,7 @@ impl PgSession {
 
     /// Binds the shard key and fencing token as `$1..$4` of a statement.
     fn keyed(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
-        let shard = &self.lease.shard;
-        sqlx::query(sql)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str().to_owned())
-            .bind(self.lease.token)
+        self.keyed_without_token(sql).bind(self.lease.token)
     }
 
     async fn finish_on(&self, conn: &mut PgConnection, outcome: &Outcome) -> Result<u64, Error> {

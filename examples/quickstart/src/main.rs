@@ -13,15 +13,17 @@
 #![allow(clippy::print_stdout)]
 
 use std::error::Error;
+use std::fmt::{self, Display};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    Category, CategoryId, Delivery, Message, Registry, Relay, Scope, ScopeId, Store,
+    Category, CategoryId, Delivery, Handler, HandlerContext, Message, Registry, Relay, Scope,
+    ScopeId, Store,
 };
 use outbox_sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::{SqliteConnection, SqliteExecutor, SqlitePool};
 
 /// Outboxes are sharded by organization: one organization's changes arrive in order.
 struct Organization;
@@ -68,17 +70,63 @@ impl Category for ProjectUpdate {
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
+/// A row both databases store: written by the service in the cell, by the relay in control.
+trait Model: Display + Send + Sync + 'static {
+    /// Inserts or updates the row.
+    fn upsert<'e>(
+        &self,
+        executor: impl SqliteExecutor<'e>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+impl Model for OrganizationState {
+    async fn upsert<'e>(&self, executor: impl SqliteExecutor<'e>) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO organizations (id, name) VALUES (?, ?) \
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+        )
+        .bind(self.id)
+        .bind(&self.name)
+        .execute(executor)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Display for OrganizationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "organization {} {:?}", self.id, self.name)
+    }
+}
+
+impl Model for ProjectState {
+    async fn upsert<'e>(&self, executor: impl SqliteExecutor<'e>) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+        )
+        .bind(self.id)
+        .bind(self.organization_id)
+        .bind(&self.name)
+        .execute(executor)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Display for ProjectState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "project {} {:?}", self.id, self.name)
+    }
+}
+
 /// Saves an organization in the cell, announcing it in the same transaction.
 async fn save_organization(
     cell: &SqlitePool,
     organization: &OrganizationState,
 ) -> Result<(), BoxError> {
     let mut tx = cell.begin().await?;
-    sqlx::query("INSERT INTO organizations (id, name) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET name = excluded.name")
-        .bind(organization.id)
-        .bind(&organization.name)
-        .execute(&mut *tx)
-        .await?;
+    organization.upsert(&mut *tx).await?;
     let message =
         Message::new::<OrganizationUpdate>(organization.id, organization.id, organization)?;
     outbox_sqlite::write(&mut *tx, &message).await?;
@@ -88,15 +136,7 @@ async fn save_organization(
 
 /// Saves a project on an open transaction, announcing it on the same transaction.
 async fn save_project(tx: &mut SqliteConnection, project: &ProjectState) -> Result<(), BoxError> {
-    sqlx::query(
-        "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
-         ON CONFLICT (id) DO UPDATE SET name = excluded.name",
-    )
-    .bind(project.id)
-    .bind(project.organization_id)
-    .bind(&project.name)
-    .execute(&mut *tx)
-    .await?;
+    project.upsert(&mut *tx).await?;
     let message = Message::new::<ProjectUpdate>(project.organization_id, project.id, project)?;
     outbox_sqlite::write(&mut *tx, &message).await?;
     Ok(())
@@ -114,49 +154,32 @@ async fn create_schema(pool: &SqlitePool) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The handlers: replicate into the control database, and note what was replicated.
-fn registry(
-    control: &SqlitePool,
-    log: &Arc<Mutex<Vec<String>>>,
-) -> Result<Registry, outbox_core::Error> {
-    let (org_control, org_log) = (control.clone(), Arc::clone(log));
-    let (project_control, project_log) = (control.clone(), Arc::clone(log));
-    Registry::builder()
-        .handle::<OrganizationUpdate>(move |delivery: Delivery<OrganizationUpdate>| {
-            let (control, log) = (org_control.clone(), Arc::clone(&org_log));
-            async move {
-                let organization = delivery.payload;
-                sqlx::query("INSERT INTO organizations (id, name) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET name = excluded.name")
-                    .bind(organization.id)
-                    .bind(&organization.name)
-                    .execute(&control)
-                    .await?;
-                let line = format!("organization {} {:?}", organization.id, organization.name);
-                println!("relay:   replicated {line} to control");
-                log.lock().unwrap_or_else(PoisonError::into_inner).push(line);
-                Ok::<_, sqlx::Error>(())
-            }
-        })
-        .handle::<ProjectUpdate>(move |delivery: Delivery<ProjectUpdate>| {
-            let (control, log) = (project_control.clone(), Arc::clone(&project_log));
-            async move {
-                let project = delivery.payload;
-                sqlx::query(
-                    "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
-                     ON CONFLICT (id) DO UPDATE SET name = excluded.name",
-                )
-                .bind(project.id)
-                .bind(project.organization_id)
-                .bind(&project.name)
-                .execute(&control)
-                .await?;
-                let line = format!("project {} {:?}", project.id, project.name);
-                println!("relay:   replicated {line} to control");
-                log.lock().unwrap_or_else(PoisonError::into_inner).push(line);
-                Ok::<_, sqlx::Error>(())
-            }
-        })
-        .build()
+/// The handler of both categories: replicates the payload into the control database, and
+/// notes what it replicated.
+#[derive(Clone)]
+struct Replicator {
+    control: SqlitePool,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl<C: Category> Handler<C> for Replicator
+where
+    C::Payload: Model,
+{
+    async fn handle(
+        &self,
+        delivery: Delivery<C>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), outbox_core::BoxError> {
+        delivery.payload.upsert(&self.control).await?;
+        let line = delivery.payload.to_string();
+        println!("relay:   replicated {line} to control");
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
+        Ok(())
+    }
 }
 
 /// What the quickstart did.
@@ -230,8 +253,15 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
     println!("cell:    {pending_before} outbox messages pending");
 
     // The relay delivers, coalesced per object, in order per organization.
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let relay = Relay::new(store.clone(), registry(&control, &log)?);
+    let replicator = Replicator {
+        control: control.clone(),
+        log: Arc::default(),
+    };
+    let registry = Registry::builder()
+        .handle::<OrganizationUpdate>(replicator.clone())
+        .handle::<ProjectUpdate>(replicator.clone())
+        .build()?;
+    let relay = Relay::new(store.clone(), registry);
     let report = relay.drain().await?;
 
     let pending_after = store.pending_messages(1000).await?.len();
@@ -239,7 +269,11 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
         sqlx::query_as("SELECT id, organization_id, name FROM projects ORDER BY id")
             .fetch_all(&control)
             .await?;
-    let replicated = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let replicated = replicator
+        .log
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     Ok(Summary {
         replicated,
         pending_before,

@@ -10,7 +10,7 @@ use outbox_core::store::{AckRange, ClaimOptions, GroupKey, HandlerMode, Outcome,
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, MessageId, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
-use super::{config, eventually, pending, write};
+use super::{config, eventually, pending, pending_ids, write};
 use crate::backend::TestBackend;
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
@@ -307,11 +307,7 @@ pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: Test
         !backend.business_row_exists(2000).await,
         "the failed handler's write rolled back"
     );
-    let left: Vec<_> = pending(&backend)
-        .await
-        .into_iter()
-        .map(|row| row.id)
-        .collect();
+    let left = pending_ids(&backend).await;
     assert_eq!(
         left,
         [ids[1]],

@@ -8,7 +8,7 @@ use outbox_core::{
     Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, Store, error_chain,
 };
 
-use super::{assert_in, config, pending, state_of, write};
+use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::TestBackend;
 use crate::fixtures::{FutureCategory, OrgUpdate, Recorder, note, org_shard};
 
@@ -64,11 +64,7 @@ pub async fn s18_failure_stops_only_its_shard<B: TestBackend>() {
         matches!(&failure.error, DeliveryError::Handler { category: "org_update", message_id, .. } if *message_id == ids[1])
     );
     assert!(error_chain(&failure.error).contains("object 2 cannot be replicated"));
-    let left: Vec<_> = pending(&backend)
-        .await
-        .into_iter()
-        .map(|row| row.id)
-        .collect();
+    let left = pending_ids(&backend).await;
     assert_eq!(
         left,
         [ids[1], ids[2]],
@@ -271,8 +267,7 @@ pub async fn s21_malformed_payload_is_a_precise_failure<B: TestBackend>() {
             && text.contains("invalid type"),
         "{text}"
     );
-    let rows = pending(&backend).await;
-    assert_eq!(rows.iter().map(|row| row.id).collect::<Vec<_>>(), [bad]);
+    assert_eq!(pending_ids(&backend).await, [bad]);
 }
 
 /// A database without the outbox migrations gives a typed error naming the fix, on the relay

@@ -112,6 +112,15 @@ pub(crate) async fn pending<B: TestBackend>(backend: &B) -> Vec<PendingMessage> 
         .expect("list pending messages")
 }
 
+/// The ids of every pending message, in order.
+pub(crate) async fn pending_ids<B: TestBackend>(backend: &B) -> Vec<MessageId> {
+    pending(backend)
+        .await
+        .into_iter()
+        .map(|row| row.id)
+        .collect()
+}
+
 /// The recorded state of one shard.
 pub(crate) async fn state_of<S: Store>(store: &S, shard: &ShardKey) -> Option<ShardState> {
     store
