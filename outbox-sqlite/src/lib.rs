@@ -27,3 +27,6 @@ pub use crate::session::SqliteSession;
 pub use crate::store::SqliteStore;
 pub use crate::write::{write, write_all};
 pub use outbox_core::store::MIGRATIONS_TABLE;
+
+#[cfg(test)]
+mod explain;

@@ -46,12 +46,12 @@ impl DerefMut for Conn<'_> {
     }
 }
 
-const FETCH: &str = "\
+pub(crate) const FETCH: &str = "\
     SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
     ORDER BY id LIMIT ?4";
 
-const FETCH_NEWEST: &str = "\
+pub(crate) const FETCH_NEWEST: &str = "\
     SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload \
     FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
         SELECT x.id FROM outbox_messages x \
@@ -60,18 +60,18 @@ const FETCH_NEWEST: &str = "\
             AND x.id > ?5 \
         ORDER BY x.id DESC LIMIT 1)";
 
-const EXTEND_LEASE: &str = "\
+pub(crate) const EXTEND_LEASE: &str = "\
     UPDATE outbox_shards SET lease_expires_at = ?5 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
-const ACK: &str = "\
+pub(crate) const ACK: &str = "\
     DELETE FROM outbox_messages WHERE id IN ( \
         SELECT m.id FROM json_each(?4) g JOIN outbox_messages m \
             ON m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
             AND m.category = g.value ->> 0 AND m.object_identifier = g.value ->> 1 \
             AND m.id BETWEEN g.value ->> 2 AND g.value ->> 3)";
 
-const DELETE_IF_EMPTY: &str = "\
+pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4 \
         AND NOT EXISTS (SELECT 1 FROM outbox_messages m \

@@ -51,7 +51,7 @@ fn from_ms(ms: i64) -> SystemTime {
 // Skip-scan: one index seek per shard with pending rows, never a read of every row. Each step
 // finds the first row of the next shard in key order. Shards are due when nobody holds a live
 // lease on them and they are not backing off, or have a message newer than their failure.
-const DISCOVER: &str = "\
+pub(crate) const DISCOVER: &str = "\
     WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
         SELECT * FROM ( \
             SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
@@ -82,7 +82,7 @@ const NEXT_TOKEN: &str =
     "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
 
 // Takes the lease if the shard is due and unleased, creating its state row if it has none.
-const CLAIM: &str = "\
+pub(crate) const CLAIM: &str = "\
     INSERT INTO outbox_shards \
         (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
     VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
