@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::declare::SourceLocation;
 use crate::model::{CategoryId, MessageId, ScopeId, ShardKey};
 
 /// A boxed error from user code or a foreign library.
@@ -124,39 +125,96 @@ impl Error {
     }
 }
 
+/// A declared scope or category, as a registry problem names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Site {
+    /// Its name.
+    pub name: &'static str,
+    /// Its id.
+    pub id: i64,
+    /// Where it was declared or registered, when known.
+    pub at: Option<SourceLocation>,
+}
+
+impl fmt::Display for Site {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` (id {}", self.name, self.id)?;
+        if let Some(at) = &self.at {
+            write!(f, ", at {at}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+struct At(Option<SourceLocation>);
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(at) => write!(f, "{at}"),
+            None => f.write_str("an unknown place"),
+        }
+    }
+}
+
 /// One conflict found while building a [`Registry`](crate::Registry).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryProblem {
     /// Two categories share an id.
-    #[error("category id {id} is used by both `{first}` and `{second}`")]
+    #[error("two categories use id {}: {first} and {second}", first.id)]
     DuplicateCategoryId {
-        /// The shared id.
-        id: CategoryId,
-        /// The category registered first.
-        first: &'static str,
-        /// The category registered second.
-        second: &'static str,
+        /// The category seen first.
+        first: Site,
+        /// The category seen second.
+        second: Site,
     },
     /// Two categories share a name.
-    #[error("category name `{name}` is used by both category {first} and category {second}")]
+    #[error("two categories are named `{}`: {first} and {second}", first.name)]
     DuplicateCategoryName {
-        /// The shared name.
-        name: &'static str,
-        /// The id registered first.
-        first: CategoryId,
-        /// The id registered second.
-        second: CategoryId,
+        /// The category seen first.
+        first: Site,
+        /// The category seen second.
+        second: Site,
     },
     /// Two scopes share an id.
-    #[error("scope id {id} is used by both `{first}` and `{second}`")]
+    #[error("two scopes use id {}: {first} and {second}", first.id)]
     DuplicateScopeId {
-        /// The shared id.
-        id: ScopeId,
         /// The scope seen first.
-        first: &'static str,
+        first: Site,
         /// The scope seen second.
-        second: &'static str,
+        second: Site,
+    },
+    /// A category has two handlers (or a handler and a `no_op` declaration).
+    #[error("category {category} has two handlers: at {} and at {}", At(*first), At(*second))]
+    DuplicateHandler {
+        /// The category.
+        category: Site,
+        /// Where the first handler was registered.
+        first: Option<SourceLocation>,
+        /// Where the second handler was registered.
+        second: Option<SourceLocation>,
+    },
+    /// A declared category has no handler and is not declared `no_op`: its messages would
+    /// never be delivered.
+    #[error(
+        "category {category} has no handler: add an `#[outbox_handler]` function or \
+         `Registry::builder().handle::<{}>(..)`, or declare it with `no_op` if its messages \
+         need no handling",
+        category.name
+    )]
+    MissingHandler {
+        /// The category.
+        category: Site,
+    },
+    /// A handler is registered for a category that no `#[outbox_category]` declares.
+    #[error(
+        "a handler is registered for category {category}, which no `#[outbox_category]` in \
+         this binary declares"
+    )]
+    UndeclaredCategory {
+        /// The handler's category, located at the handler.
+        category: Site,
     },
 }
 

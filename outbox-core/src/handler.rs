@@ -7,6 +7,7 @@ use std::pin::Pin;
 
 use crate::error::{BoxError, DeliveryError};
 use crate::model::{Category, Destination, MessageId, ShardKey};
+use crate::registry::StateMap;
 use crate::store::StoredMessage;
 
 /// A boxed, sendable future.
@@ -51,12 +52,27 @@ impl<C: Category> Delivery<C> {
 /// handler's writes to the same database commit atomically with the acknowledgement.
 pub struct HandlerContext<'a> {
     connection: Option<&'a mut (dyn Any + Send)>,
+    state: Option<&'a StateMap>,
 }
 
 impl<'a> HandlerContext<'a> {
     /// A context; backends pass the claiming transaction's connection in transaction mode.
     pub fn new(connection: Option<&'a mut (dyn Any + Send)>) -> Self {
-        Self { connection }
+        Self {
+            connection,
+            state: None,
+        }
+    }
+
+    pub(crate) fn with_state(mut self, state: &'a StateMap) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// The value of type `T` given to [`RegistryBuilder::state`](crate::RegistryBuilder::state)
+    /// (a pool on another database, a client...), or `None` if none was.
+    pub fn state<T: Any>(&self) -> Option<&T> {
+        self.state?.get::<T>()
     }
 
     /// Whether the handler runs inside the claiming transaction.
@@ -121,6 +137,19 @@ impl<C: Category> Handler<C> for NoOp {
         _cx: &mut HandlerContext<'_>,
     ) -> Result<(), BoxError> {
         Ok(())
+    }
+}
+
+/// The handler of a category declared `no_op` that nobody registered a handler for.
+pub(crate) struct NoOpErased;
+
+impl ErasedHandler for NoOpErased {
+    fn call<'a>(
+        &'a self,
+        _delivery: RawDelivery<'a>,
+        _cx: &'a mut HandlerContext<'_>,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async { Ok(()) })
     }
 }
 

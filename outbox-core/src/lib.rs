@@ -69,6 +69,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+mod declare;
 mod error;
 mod handler;
 mod model;
@@ -76,12 +77,40 @@ mod registry;
 mod relay;
 pub mod store;
 
-pub use crate::error::{BoxError, DeliveryError, Error, RegistryProblem, error_chain};
+pub use crate::declare::SourceLocation;
+pub use crate::error::{BoxError, DeliveryError, Error, RegistryProblem, Site, error_chain};
 pub use crate::handler::{BoxFuture, Delivery, Handler, HandlerContext, NoOp};
 pub use crate::model::{
-    Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, RawMessage, Scope,
-    ScopeId, ShardKey,
+    Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,
+    RawMessage, Scope, ScopeId, ShardKey,
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RunReport, ShardFailure};
 pub use crate::store::{HandlerMode, Store};
+
+#[cfg(feature = "macros")]
+pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope};
+
+/// What the macros' expansions use. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::declare::{
+        CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation,
+    };
+    pub use inventory;
+
+    /// Checks what an `#[outbox_handler]` function returns.
+    #[diagnostic::on_unimplemented(
+        message = "an outbox handler must return `Result<(), E>` with an error type `E` that converts into `Box<dyn Error + Send + Sync>`; it returns `{Self}`",
+        label = "this return type is not a handler result"
+    )]
+    pub trait HandlerOutput {
+        /// The result, with the error boxed.
+        fn into_result(self) -> Result<(), crate::BoxError>;
+    }
+    impl<E: Into<crate::BoxError>> HandlerOutput for Result<(), E> {
+        fn into_result(self) -> Result<(), crate::BoxError> {
+            self.map_err(Into::into)
+        }
+    }
+}

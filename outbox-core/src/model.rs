@@ -42,6 +42,11 @@ impl fmt::Display for MessageId {
 ///
 /// A scope is declared once per application; every [`Category`] belongs to exactly one scope,
 /// which is a fact of the type system: [`Category::Scope`] is an associated type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an outbox scope",
+    label = "not a scope",
+    note = "declare the scope with `#[outbox_scope(id = ...)]` on a unit struct"
+)]
 pub trait Scope: Send + Sync + 'static {
     /// The stable identifier stored in the row. Never reuse one for another scope.
     const ID: ScopeId;
@@ -78,11 +83,16 @@ pub trait Scope: Send + Sync + 'static {
 /// assert_eq!(message.shard().scope, ScopeId(1));
 /// # Ok::<(), outbox_core::Error>(())
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an outbox category",
+    label = "not a category",
+    note = "declare the category with `#[outbox_category(scope = ..., id = ...)]` on its payload type"
+)]
 pub trait Category: Send + Sync + 'static {
     /// The one scope this category belongs to.
     type Scope: Scope;
     /// The payload carried by each message, serialized as JSON.
-    type Payload: Serialize + DeserializeOwned + Send + 'static;
+    type Payload: Payload;
     /// The stable identifier stored in the row. Never reuse one for another category.
     const ID: CategoryId;
     /// A human-readable name, used in errors and inspection.
@@ -91,6 +101,16 @@ pub trait Category: Send + Sync + 'static {
     /// payload (the default), or are each delivered, in write order.
     const COALESCE: bool = true;
 }
+
+/// What a category's messages carry: any type serialized to JSON and back.
+#[diagnostic::on_unimplemented(
+    message = "the payload of an outbox category must be serializable: `{Self}` is not",
+    label = "this payload does not implement `Serialize` and `Deserialize`",
+    note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]`"
+)]
+pub trait Payload: Serialize + DeserializeOwned + Send + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {}
 
 /// The name of the destination a fan-out message is delivered to (a region, a cell...).
 ///

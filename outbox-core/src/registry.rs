@@ -1,12 +1,14 @@
 //! The registry: every category this binary knows, with its scope, policy and handler.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, RegistryProblem};
-use crate::handler::{ErasedHandler, Handler, NoOp, Typed};
+use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
+use crate::error::{Error, RegistryProblem, Site};
+use crate::handler::{ErasedHandler, Handler, NoOp, NoOpErased, Typed};
 use crate::model::{Category, CategoryId, Scope, ScopeId};
 
 /// What the registry knows of one category.
@@ -41,16 +43,42 @@ impl fmt::Debug for CategoryInfo {
     }
 }
 
+/// Values handlers reach through [`HandlerContext::state`](crate::HandlerContext::state),
+/// one per type.
+#[derive(Clone, Default)]
+pub(crate) struct StateMap(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
+
+impl StateMap {
+    pub(crate) fn get<T: Any>(&self) -> Option<&T> {
+        self.0.get(&TypeId::of::<T>())?.downcast_ref::<T>()
+    }
+}
+
 /// Every category this binary can deliver, keyed by id. Cheap to clone.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Registry {
     categories: Arc<HashMap<CategoryId, CategoryInfo>>,
+    state: Arc<StateMap>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("categories", &self.categories())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Registry {
     /// Starts a registry.
     pub fn builder() -> RegistryBuilder {
         RegistryBuilder::default()
+    }
+
+    /// The registry of everything declared with the macros in this binary:
+    /// `Registry::builder().discovered().build()`.
+    pub fn discover() -> Result<Self, Error> {
+        Self::builder().discovered().build()
     }
 
     /// What the registry knows of a category.
@@ -69,91 +97,296 @@ impl Registry {
     pub fn category_ids(&self) -> Vec<CategoryId> {
         self.categories().into_iter().map(|info| info.id).collect()
     }
-}
 
-/// Builds a [`Registry`]; [`RegistryBuilder::build`] reports every conflict at once.
-#[derive(Default)]
-pub struct RegistryBuilder {
-    entries: Vec<CategoryInfo>,
-}
-
-impl fmt::Debug for RegistryBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RegistryBuilder")
-            .field("entries", &self.entries)
-            .finish()
+    pub(crate) fn state(&self) -> &StateMap {
+        &self.state
     }
 }
 
-impl RegistryBuilder {
-    /// Registers category `C` with its handler.
-    pub fn handle<C: Category>(self, handler: impl Handler<C>) -> Self {
-        self.push::<C>(Arc::new(Typed::<C, _>::new(handler)), false)
-    }
+/// A category as declared (or, without declarations, as a handler names it).
+#[derive(Clone, Copy)]
+struct Declared {
+    id: CategoryId,
+    name: &'static str,
+    scope: ScopeId,
+    scope_name: &'static str,
+    coalesce: bool,
+    no_op: bool,
+    at: Option<SourceLocation>,
+}
 
-    /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
-    /// come. Without this, a category cannot be registered without a handler.
-    pub fn no_op<C: Category>(self) -> Self {
-        self.push::<C>(Arc::new(Typed::<C, _>::new(NoOp)), true)
-    }
-
-    fn push<C: Category>(mut self, handler: Arc<dyn ErasedHandler>, no_op: bool) -> Self {
-        self.entries.push(CategoryInfo {
+impl Declared {
+    fn of<C: Category>(no_op: bool, at: Option<SourceLocation>) -> Self {
+        Self {
             id: C::ID,
             name: C::NAME,
             scope: <C::Scope as Scope>::ID,
             scope_name: <C::Scope as Scope>::NAME,
             coalesce: C::COALESCE,
             no_op,
+            at,
+        }
+    }
+
+    fn site(&self) -> Site {
+        Site {
+            name: self.name,
+            id: i64::from(self.id.0),
+            at: self.at,
+        }
+    }
+
+    fn same_category(&self, other: &Self) -> bool {
+        (self.id, self.name, self.scope) == (other.id, other.name, other.scope)
+    }
+}
+
+struct HandlerEntry {
+    category: Declared,
+    handler: Arc<dyn ErasedHandler>,
+}
+
+/// Builds a [`Registry`]; [`RegistryBuilder::build`] reports every conflict at once.
+///
+/// Without [`RegistryBuilder::discovered`], the categories are those the handlers name. With
+/// it, the categories are those declared with `#[outbox_category]` anywhere in the binary:
+/// each needs exactly one handler (or a `no_op` declaration), and a handler for a category
+/// nobody declared is refused.
+#[derive(Default)]
+pub struct RegistryBuilder {
+    declarations: Vec<Declared>,
+    scopes: Vec<(ScopeId, &'static str, Option<SourceLocation>)>,
+    handlers: Vec<HandlerEntry>,
+    discovered: bool,
+    state: StateMap,
+}
+
+impl fmt::Debug for RegistryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder")
+            .field("declarations", &self.declarations.len())
+            .field("handlers", &self.handlers.len())
+            .field("discovered", &self.discovered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegistryBuilder {
+    /// Registers the handler of category `C`.
+    #[track_caller]
+    pub fn handle<C: Category>(self, handler: impl Handler<C>) -> Self {
+        let at = SourceLocation::caller();
+        self.push::<C>(Arc::new(Typed::<C, _>::new(handler)), false, at)
+    }
+
+    /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
+    /// come. Without this (or `no_op` in its declaration), a category without a handler is
+    /// refused.
+    #[track_caller]
+    pub fn no_op<C: Category>(self) -> Self {
+        let at = SourceLocation::caller();
+        self.push::<C>(Arc::new(Typed::<C, _>::new(NoOp)), true, at)
+    }
+
+    /// Registers a handler declared at `at` (what `#[outbox_handler]` generates).
+    #[doc(hidden)]
+    pub fn handle_declared<C: Category>(
+        self,
+        handler: impl Handler<C>,
+        at: SourceLocation,
+    ) -> Self {
+        self.push::<C>(Arc::new(Typed::<C, _>::new(handler)), false, at)
+    }
+
+    fn push<C: Category>(
+        mut self,
+        handler: Arc<dyn ErasedHandler>,
+        no_op: bool,
+        at: SourceLocation,
+    ) -> Self {
+        self.handlers.push(HandlerEntry {
+            category: Declared::of::<C>(no_op, Some(at)),
             handler,
         });
         self
     }
 
-    /// Checks for duplicate category ids and names and for scope ids used by two scopes.
+    /// Adds everything declared with `#[outbox_scope]`, `#[outbox_category]` and
+    /// `#[outbox_handler]` in this binary (in any crate it links), and makes those declarations
+    /// the list of categories: each must have exactly one handler, from `#[outbox_handler]` or
+    /// from [`RegistryBuilder::handle`], unless declared `no_op`.
+    pub fn discovered(mut self) -> Self {
+        self.discovered = true;
+        for scope in inventory::iter::<ScopeDeclaration> {
+            self.scopes.push((scope.id, scope.name, Some(scope.at)));
+        }
+        for category in inventory::iter::<CategoryDeclaration> {
+            self.declarations.push(Declared {
+                id: category.id,
+                name: category.name,
+                scope: category.scope,
+                scope_name: category.scope_name,
+                coalesce: category.coalesce,
+                no_op: category.no_op,
+                at: Some(category.at),
+            });
+        }
+        for handler in inventory::iter::<HandlerDeclaration> {
+            self = (handler.register)(self, handler.at);
+        }
+        self
+    }
+
+    /// Makes `value` available to every handler through
+    /// [`HandlerContext::state`](crate::HandlerContext::state), by its type (a second value of
+    /// the same type replaces the first).
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.0.insert(TypeId::of::<T>(), Arc::new(value));
+        self
+    }
+
+    /// Checks the registrations and reports every problem at once: duplicate category ids or
+    /// names, scope ids used by two scopes, categories with no handler or two, handlers for
+    /// undeclared categories.
     pub fn build(self) -> Result<Registry, Error> {
         let mut problems = Vec::new();
-        let mut by_id: HashMap<CategoryId, CategoryInfo> = HashMap::new();
-        let mut by_name: HashMap<&'static str, CategoryId> = HashMap::new();
-        let mut scopes: HashMap<ScopeId, &'static str> = HashMap::new();
-        for info in self.entries {
-            match scopes.entry(info.scope) {
-                Entry::Occupied(seen) if *seen.get() != info.scope_name => {
+        let declarations = if self.discovered {
+            self.declarations
+        } else {
+            // Without declarations, each handler declares its category.
+            let mut declared: Vec<Declared> = Vec::new();
+            for entry in &self.handlers {
+                if !declared.iter().any(|d| d.same_category(&entry.category)) {
+                    declared.push(Declared {
+                        no_op: false,
+                        ..entry.category
+                    });
+                }
+            }
+            declared
+        };
+
+        // Scopes: the declared ones, then those the categories name.
+        let mut scopes: HashMap<ScopeId, Site> = HashMap::new();
+        let category_scopes = declarations
+            .iter()
+            .map(|d| (d.scope, d.scope_name, None::<SourceLocation>));
+        for (id, name, at) in self.scopes.into_iter().chain(category_scopes) {
+            let site = Site {
+                name,
+                id: i64::from(id.0),
+                at,
+            };
+            match scopes.entry(id) {
+                Entry::Occupied(seen) if seen.get().name != name => {
                     problems.push(RegistryProblem::DuplicateScopeId {
-                        id: info.scope,
-                        first: seen.get(),
-                        second: info.scope_name,
+                        first: *seen.get(),
+                        second: site,
                     });
                 }
                 Entry::Occupied(_) => {}
                 Entry::Vacant(slot) => {
-                    slot.insert(info.scope_name);
-                }
-            }
-            match by_name.entry(info.name) {
-                Entry::Occupied(seen) => problems.push(RegistryProblem::DuplicateCategoryName {
-                    name: info.name,
-                    first: *seen.get(),
-                    second: info.id,
-                }),
-                Entry::Vacant(slot) => {
-                    slot.insert(info.id);
-                }
-            }
-            match by_id.entry(info.id) {
-                Entry::Occupied(seen) => problems.push(RegistryProblem::DuplicateCategoryId {
-                    id: info.id,
-                    first: seen.get().name,
-                    second: info.name,
-                }),
-                Entry::Vacant(slot) => {
-                    slot.insert(info);
+                    slot.insert(site);
                 }
             }
         }
+
+        // Categories: unique ids and names.
+        let mut by_id: HashMap<CategoryId, Declared> = HashMap::new();
+        let mut by_name: HashMap<&'static str, Declared> = HashMap::new();
+        let mut unique = Vec::new();
+        for declared in declarations {
+            if let Some(seen) = by_name.get(declared.name)
+                && seen.id != declared.id
+            {
+                problems.push(RegistryProblem::DuplicateCategoryName {
+                    first: seen.site(),
+                    second: declared.site(),
+                });
+            }
+            by_name.entry(declared.name).or_insert(declared);
+            match by_id.entry(declared.id) {
+                Entry::Occupied(seen) => problems.push(RegistryProblem::DuplicateCategoryId {
+                    first: seen.get().site(),
+                    second: declared.site(),
+                }),
+                Entry::Vacant(slot) => {
+                    slot.insert(declared);
+                    unique.push(declared);
+                }
+            }
+        }
+
+        // Handlers: exactly one per category, none for a category nobody declared.
+        let mut handlers: Vec<Option<HandlerEntry>> = self.handlers.into_iter().map(Some).collect();
+        let mut categories = HashMap::new();
+        for declared in unique {
+            let mut mine = handlers
+                .iter_mut()
+                .filter(|entry| {
+                    entry
+                        .as_ref()
+                        .is_some_and(|entry| entry.category.same_category(&declared))
+                })
+                .filter_map(Option::take);
+            let first = mine.next();
+            let second = mine.next();
+            let handler = match (first, second) {
+                (Some(first), Some(second)) => {
+                    problems.push(RegistryProblem::DuplicateHandler {
+                        category: declared.site(),
+                        first: first.category.at,
+                        second: second.category.at,
+                    });
+                    continue;
+                }
+                (Some(handler), None) if declared.no_op && self.discovered => {
+                    problems.push(RegistryProblem::DuplicateHandler {
+                        category: declared.site(),
+                        first: declared.at,
+                        second: handler.category.at,
+                    });
+                    continue;
+                }
+                (Some(handler), None) => handler,
+                (None, _) if declared.no_op => HandlerEntry {
+                    category: declared,
+                    handler: Arc::new(NoOpErased),
+                },
+                (None, _) => {
+                    problems.push(RegistryProblem::MissingHandler {
+                        category: declared.site(),
+                    });
+                    continue;
+                }
+            };
+            categories.insert(
+                declared.id,
+                CategoryInfo {
+                    id: declared.id,
+                    name: declared.name,
+                    scope: declared.scope,
+                    scope_name: declared.scope_name,
+                    coalesce: declared.coalesce,
+                    no_op: declared.no_op || handler.category.no_op,
+                    handler: handler.handler,
+                },
+            );
+        }
+        for stray in handlers.into_iter().flatten() {
+            // A handler whose category id is taken by another category was reported above.
+            if by_id.contains_key(&stray.category.id) && !self.discovered {
+                continue;
+            }
+            problems.push(RegistryProblem::UndeclaredCategory {
+                category: stray.category.site(),
+            });
+        }
+
         if problems.is_empty() {
             Ok(Registry {
-                categories: Arc::new(by_id),
+                categories: Arc::new(categories),
+                state: Arc::new(self.state),
             })
         } else {
             Err(Error::Registry { problems })
@@ -192,6 +425,36 @@ mod tests {
     category!(SameName, Org, 2, "first");
     category!(OtherScope, Impostor, 3, "other_scope");
 
+    /// `(kind, first name, first id, second name, second id)` of each problem.
+    fn summary(error: &Error) -> Vec<(&'static str, &'static str, i64, &'static str, i64)> {
+        let Error::Registry { problems } = error else {
+            panic!("{error:?}")
+        };
+        problems
+            .iter()
+            .map(|problem| match problem {
+                RegistryProblem::DuplicateCategoryId { first, second } => {
+                    ("id", first.name, first.id, second.name, second.id)
+                }
+                RegistryProblem::DuplicateCategoryName { first, second } => {
+                    ("name", first.name, first.id, second.name, second.id)
+                }
+                RegistryProblem::DuplicateScopeId { first, second } => {
+                    ("scope", first.name, first.id, second.name, second.id)
+                }
+                RegistryProblem::DuplicateHandler { category, .. } => {
+                    ("handlers", category.name, category.id, "", 0)
+                }
+                RegistryProblem::MissingHandler { category } => {
+                    ("missing", category.name, category.id, "", 0)
+                }
+                RegistryProblem::UndeclaredCategory { category } => {
+                    ("undeclared", category.name, category.id, "", 0)
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn every_conflict_is_reported_at_once() {
         let error = Registry::builder()
@@ -201,34 +464,40 @@ mod tests {
             .no_op::<OtherScope>()
             .build()
             .unwrap_err();
-        let Error::Registry { problems } = &error else {
-            panic!("{error:?}")
-        };
         assert_eq!(
-            problems,
-            &[
-                RegistryProblem::DuplicateCategoryId {
-                    id: CategoryId(1),
-                    first: "first",
-                    second: "same_id"
-                },
-                RegistryProblem::DuplicateCategoryName {
-                    name: "first",
-                    first: CategoryId(1),
-                    second: CategoryId(2)
-                },
-                RegistryProblem::DuplicateScopeId {
-                    id: ScopeId(1),
-                    first: "org",
-                    second: "impostor"
-                },
+            summary(&error),
+            [
+                ("scope", "org", 1, "impostor", 1),
+                ("id", "first", 1, "same_id", 1),
+                ("name", "first", 1, "first", 2),
             ]
         );
         let text = error.to_string();
         assert!(
-            text.contains("`first` and `same_id`") && text.contains("`org` and `impostor`"),
+            text.contains(
+                "two categories use id 1: `first` (id 1, at outbox-core/src/registry.rs:"
+            ) && text.contains("`org` (id 1) and `impostor` (id 1)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn two_handlers_for_one_category_are_refused_with_both_places() {
+        let error = Registry::builder()
+            .no_op::<First>()
+            .handle::<First>(NoOp)
+            .build()
+            .unwrap_err();
+        assert_eq!(summary(&error), [("handlers", "first", 1, "", 0)]);
+        let Error::Registry { problems } = &error else {
+            unreachable!()
+        };
+        let RegistryProblem::DuplicateHandler { first, second, .. } = &problems[0] else {
+            unreachable!()
+        };
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.file, file!());
+        assert_eq!(second.line, first.line + 1, "each registration's own line");
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub(crate) async fn drain<S: ShardSession>(
                 break;
             }
             session.before_handler().await?;
-            let result = deliver(&mut session, &lease, group, attempt, config).await;
+            let result = deliver(&mut session, &lease, group, attempt, config, registry).await;
             session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
@@ -175,8 +175,9 @@ async fn deliver<S: ShardSession>(
     group: &Group,
     attempt: u32,
     config: &RelayConfig,
+    registry: &Registry,
 ) -> Result<(), DeliveryError> {
-    let mut cx = HandlerContext::new(session.handler_connection());
+    let mut cx = HandlerContext::new(session.handler_connection()).with_state(registry.state());
     let call = group.info.handler.call(
         RawDelivery {
             shard: &lease.shard,

@@ -1,0 +1,203 @@
+//! The declaration macros as a user writes them: scopes, categories and handlers declared with
+//! attributes, found by `Registry::discover()`, and delivered by a relay.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use outbox_core::{
+    BoxError, Category, CategoryId, Delivery, HandlerContext, Message, Registry, Relay, Scope,
+    ScopeId, outbox_category, outbox_handler, outbox_scope,
+};
+use serde::{Deserialize, Serialize};
+
+#[outbox_scope(id = 1)]
+struct Organization;
+
+#[outbox_scope(id = 2, name = "audit")]
+struct AuditLog;
+
+#[outbox_category(scope = Organization, id = 10)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ProjectUpdate {
+    name: String,
+}
+
+#[outbox_category(scope = AuditLog, id = 11, name = "audit_entry", coalesce = false)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct AuditEntry {
+    action: String,
+}
+
+#[outbox_category(scope = Organization, id = 12, no_op)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CacheHint;
+
+/// What the handlers saw, shared through the registry's state.
+#[derive(Debug, Default, Clone)]
+struct Seen(Arc<Mutex<Vec<String>>>);
+
+impl Seen {
+    fn push(&self, line: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
+    }
+
+    fn all(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+#[outbox_handler]
+async fn replicate_project(
+    delivery: Delivery<ProjectUpdate>,
+    cx: &mut HandlerContext<'_>,
+) -> Result<(), BoxError> {
+    let seen = cx.state::<Seen>().ok_or("no Seen state")?;
+    seen.push(format!(
+        "project {} {}",
+        delivery.object_identifier, delivery.payload.name
+    ));
+    Ok(())
+}
+
+static AUDITED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+#[outbox_handler]
+async fn record_audit(delivery: Delivery<AuditEntry>) -> Result<(), std::io::Error> {
+    AUDITED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(delivery.payload.action);
+    Ok(())
+}
+
+#[test]
+fn declarations_implement_the_traits() {
+    assert_eq!(Organization::ID, ScopeId(1));
+    assert_eq!(Organization::NAME, "organization");
+    assert_eq!(AuditLog::NAME, "audit");
+    assert_eq!(ProjectUpdate::ID, CategoryId(10));
+    assert_eq!(ProjectUpdate::NAME, "project_update");
+    assert!(ProjectUpdate::COALESCE);
+    assert_eq!(AuditEntry::NAME, "audit_entry");
+    assert!(!AuditEntry::COALESCE);
+    assert_eq!(<AuditEntry as Category>::Scope::ID, ScopeId(2));
+}
+
+#[test]
+fn discover_finds_every_declaration_with_its_handler() {
+    let registry = Registry::discover().expect("the declarations are consistent");
+    let summary: Vec<_> = registry
+        .categories()
+        .iter()
+        .map(|info| {
+            (
+                info.id.0,
+                info.name,
+                info.scope_name,
+                info.coalesce,
+                info.no_op,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (10, "project_update", "organization", true, false),
+            (11, "audit_entry", "audit", false, false),
+            (12, "cache_hint", "organization", true, true),
+        ]
+    );
+}
+
+#[test]
+fn a_second_handler_is_refused_naming_both_places() {
+    let error = Registry::builder()
+        .discovered()
+        .handle::<ProjectUpdate>(|_: Delivery<ProjectUpdate>| async { Ok::<_, BoxError>(()) })
+        .build()
+        .expect_err("two handlers for project_update");
+    let text = error.to_string();
+    assert!(
+        text.contains("category `project_update` (id 10, at outbox-core/tests/macros.rs:")
+            && text.contains("has two handlers: at outbox-core/tests/macros.rs:"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_handler_for_an_undeclared_category_is_refused() {
+    struct Undeclared;
+    impl Category for Undeclared {
+        type Scope = Organization;
+        type Payload = ();
+        const ID: CategoryId = CategoryId(99);
+        const NAME: &'static str = "undeclared";
+    }
+    let error = Registry::builder()
+        .discovered()
+        .no_op::<Undeclared>()
+        .build()
+        .expect_err("undeclared");
+    assert!(
+        error
+            .to_string()
+            .contains("a handler is registered for category `undeclared` (id 99, at outbox-core/tests/macros.rs:"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn declared_handlers_deliver() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let pool = outbox_sqlite::connect(&dir.path().join("outbox.db"))
+        .await
+        .expect("open");
+    outbox_sqlite::migrate(&pool).await.expect("migrate");
+    let messages = [
+        Message::new::<ProjectUpdate>(1, 7, &ProjectUpdate { name: "v1".into() }).unwrap(),
+        Message::new::<ProjectUpdate>(1, 7, &ProjectUpdate { name: "v2".into() }).unwrap(),
+        Message::new::<AuditEntry>(
+            1,
+            1,
+            &AuditEntry {
+                action: "create".into(),
+            },
+        )
+        .unwrap(),
+        Message::new::<AuditEntry>(
+            1,
+            1,
+            &AuditEntry {
+                action: "rename".into(),
+            },
+        )
+        .unwrap(),
+        Message::new::<CacheHint>(1, 7, &CacheHint).unwrap(),
+    ];
+    outbox_sqlite::write_all(&pool, &messages)
+        .await
+        .expect("write");
+
+    let seen = Seen::default();
+    let registry = Registry::builder()
+        .discovered()
+        .state(seen.clone())
+        .build()
+        .expect("registry");
+    let report = Relay::new(outbox_sqlite::SqliteStore::new(pool), registry)
+        .drain()
+        .await
+        .expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.rows_acknowledged, 5);
+    assert_eq!(seen.all(), ["project 7 v2"]);
+    assert_eq!(
+        *AUDITED.lock().unwrap_or_else(PoisonError::into_inner),
+        ["create", "rename"]
+    );
+}
