@@ -99,6 +99,34 @@ pub mod __private {
     };
     pub use inventory;
 
+    /// An `#[outbox_handler]` function, seen through its `Delivery<C>` argument type `D` (so
+    /// that the expansion names the category only with the user's own tokens).
+    pub trait DeclaredHandler<D>: Send + Sync + 'static {
+        /// Calls the function.
+        fn handle(
+            &self,
+            delivery: D,
+            cx: &mut crate::HandlerContext<'_>,
+        ) -> impl Future<Output = Result<(), crate::BoxError>> + Send;
+    }
+
+    /// The [`crate::Handler`] of an `#[outbox_handler]` function.
+    pub struct Declared<H>(pub H);
+
+    impl<C, H> crate::Handler<C> for Declared<H>
+    where
+        C: crate::Category,
+        H: DeclaredHandler<crate::Delivery<C>>,
+    {
+        fn handle(
+            &self,
+            delivery: crate::Delivery<C>,
+            cx: &mut crate::HandlerContext<'_>,
+        ) -> impl Future<Output = Result<(), crate::BoxError>> + Send {
+            self.0.handle(delivery, cx)
+        }
+    }
+
     /// Checks what an `#[outbox_handler]` function returns.
     #[diagnostic::on_unimplemented(
         message = "an outbox handler must return `Result<(), E>` with an error type `E` that converts into `Box<dyn Error + Send + Sync>`; it returns `{Self}`",

@@ -100,6 +100,12 @@ pub trait Category: Send + Sync + 'static {
     /// Whether messages of one coalescing group collapse into one delivery of the newest
     /// payload (the default), or are each delivered, in write order.
     const COALESCE: bool = true;
+    /// The scope's id (what the declaration macros record without naming the scope again).
+    #[doc(hidden)]
+    const SCOPE_ID: ScopeId = <Self::Scope as Scope>::ID;
+    /// The scope's name.
+    #[doc(hidden)]
+    const SCOPE_NAME: &'static str = <Self::Scope as Scope>::NAME;
 }
 
 /// What a category's messages carry: any type serialized to JSON and back.
@@ -110,6 +116,7 @@ pub trait Category: Send + Sync + 'static {
 )]
 pub trait Payload: Serialize + DeserializeOwned + Send + 'static {}
 
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {}
 
 /// The name of the destination a fan-out message is delivered to (a region, a cell...).

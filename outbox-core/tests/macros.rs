@@ -82,9 +82,11 @@ fn declarations_implement_the_traits() {
     assert_eq!(AuditLog::NAME, "audit");
     assert_eq!(ProjectUpdate::ID, CategoryId(10));
     assert_eq!(ProjectUpdate::NAME, "project_update");
-    assert!(ProjectUpdate::COALESCE);
+    assert_eq!(
+        (ProjectUpdate::COALESCE, AuditEntry::COALESCE),
+        (true, false)
+    );
     assert_eq!(AuditEntry::NAME, "audit_entry");
-    assert!(!AuditEntry::COALESCE);
     assert_eq!(<AuditEntry as Category>::Scope::ID, ScopeId(2));
 }
 

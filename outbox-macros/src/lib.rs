@@ -279,7 +279,7 @@ fn category(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
     let id: i32 = integer(&id_lit, "a category id")?;
     let name =
         name.unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
-    let coalesce = coalesce.map_or(true, |lit| lit.value);
+    let coalesce = coalesce.is_none_or(|lit| lit.value);
     let at = location(ident.span());
     let id_marker = unique_in_crate(&format!("outbox_category_id_{id}"), id_lit.span());
     let name_marker = unique_in_crate(
@@ -301,8 +301,8 @@ fn category(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
             ::outbox_core::__private::CategoryDeclaration {
                 id: ::outbox_core::CategoryId(#id),
                 name: #name,
-                scope: <#scope as ::outbox_core::Scope>::ID,
-                scope_name: <#scope as ::outbox_core::Scope>::NAME,
+                scope: <#ident as ::outbox_core::Category>::SCOPE_ID,
+                scope_name: <#ident as ::outbox_core::Category>::SCOPE_NAME,
                 coalesce: #coalesce,
                 no_op: #no_op,
                 at: #at,
@@ -342,6 +342,7 @@ fn is_handler_context(ty: &Type) -> bool {
         if path.segments.last().is_some_and(|last| last.ident == "HandlerContext"))
 }
 
+#[allow(clippy::needless_pass_by_value)] // the shape every expansion shares
 fn handler(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
     if !args.is_empty() {
         return Err(syn::Error::new(
@@ -371,9 +372,10 @@ fn handler(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
     let usage = "an outbox handler takes `delivery: Delivery<YourCategory>`, optionally followed \
                  by `cx: &mut HandlerContext<'_>`";
     let mut inputs = sig.inputs.iter();
-    let category = match inputs.next() {
+    let delivery_type = match inputs.next() {
         Some(FnArg::Typed(first)) => {
-            delivery_category(&first.ty).ok_or_else(|| syn::Error::new(first.ty.span(), usage))?
+            delivery_category(&first.ty).ok_or_else(|| syn::Error::new(first.ty.span(), usage))?;
+            &first.ty
         }
         Some(FnArg::Receiver(receiver)) => {
             return Err(syn::Error::new(
@@ -415,10 +417,10 @@ fn handler(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
             #[allow(non_camel_case_types)]
             struct #handler_type;
 
-            impl ::outbox_core::Handler<#category> for #handler_type {
+            impl ::outbox_core::__private::DeclaredHandler<#delivery_type> for #handler_type {
                 async fn handle(
                     &self,
-                    delivery: ::outbox_core::Delivery<#category>,
+                    delivery: #delivery_type,
                     cx: &mut ::outbox_core::HandlerContext<'_>,
                 ) -> ::core::result::Result<(), ::outbox_core::BoxError> {
                     #into_result
@@ -427,7 +429,9 @@ fn handler(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
 
             ::outbox_core::__private::inventory::submit! {
                 ::outbox_core::__private::HandlerDeclaration {
-                    register: |builder, at| builder.handle_declared::<#category>(#handler_type, at),
+                    register: |builder, at| {
+                        builder.handle_declared(::outbox_core::__private::Declared(#handler_type), at)
+                    },
                     at: #at,
                 }
             }

@@ -1,0 +1,9 @@
+use outbox_core::outbox_category;
+
+#[outbox_category(scope = Organisation, id = 1)]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ProjectUpdate {
+    name: String,
+}
+
+fn main() {}
