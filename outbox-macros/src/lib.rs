@@ -149,6 +149,19 @@ fn duplicate(key: &Ident) -> syn::Error {
     syn::Error::new(key.span(), format!("`{key}` is given twice"))
 }
 
+/// Parses `key = value` into `slot`, refusing a second one.
+fn set_once<T: syn::parse::Parse>(
+    slot: &mut Option<T>,
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    key: &Ident,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(duplicate(key));
+    }
+    *slot = Some(meta.value()?.parse()?);
+    Ok(())
+}
+
 fn scope(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
     let ident = plain_type(item, "scope")?;
     let mut id: Option<LitInt> = None;
@@ -156,15 +169,9 @@ fn scope(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
     syn::meta::parser(|meta| {
         let key = meta.path.require_ident()?;
         if key == "id" {
-            if id.is_some() {
-                return Err(duplicate(key));
-            }
-            id = Some(meta.value()?.parse()?);
+            set_once(&mut id, &meta, key)?;
         } else if key == "name" {
-            if name.is_some() {
-                return Err(duplicate(key));
-            }
-            name = Some(meta.value()?.parse()?);
+            set_once(&mut name, &meta, key)?;
         } else {
             return Err(meta.error(format!(
                 "unknown key `{key}` for `#[outbox_scope]`: expected `id` or `name`"
@@ -233,20 +240,11 @@ fn category(args: TokenStream2, item: &Item) -> syn::Result<TokenStream2> {
                 }
             }
         } else if key == "id" {
-            if id.is_some() {
-                return Err(duplicate(key));
-            }
-            id = Some(meta.value()?.parse()?);
+            set_once(&mut id, &meta, key)?;
         } else if key == "name" {
-            if name.is_some() {
-                return Err(duplicate(key));
-            }
-            name = Some(meta.value()?.parse()?);
+            set_once(&mut name, &meta, key)?;
         } else if key == "coalesce" {
-            if coalesce.is_some() {
-                return Err(duplicate(key));
-            }
-            coalesce = Some(meta.value()?.parse()?);
+            set_once(&mut coalesce, &meta, key)?;
         } else if key == "no_op" {
             if no_op {
                 return Err(duplicate(key));
