@@ -253,7 +253,8 @@ impl RegistryBuilder {
         let declarations = if self.discovered {
             self.declarations
         } else {
-            // Without declarations, each handler declares its category.
+            // Without declarations, each handler declares its category (never `no_op`: a
+            // `no_op` registration is itself the handler).
             let mut declared: Vec<Declared> = Vec::new();
             for entry in &self.handlers {
                 if !declared.iter().any(|d| d.same_category(&entry.category)) {
@@ -340,7 +341,7 @@ impl RegistryBuilder {
                     });
                     continue;
                 }
-                (Some(handler), None) if declared.no_op && self.discovered => {
+                (Some(handler), None) if declared.no_op => {
                     problems.push(RegistryProblem::DuplicateHandler {
                         category: declared.site(),
                         first: declared.at,
