@@ -1,0 +1,23 @@
+//! The handler crate of the linking test: the `#[outbox_handler]` of
+//! [`linking_categories::ProjectRenamed`], and nothing public. A binary has this handler only if
+//! the crate is linked into it, which naming the crate in source (`use linking_handlers as _;`)
+//! guarantees and a Cargo.toml dependency alone does not.
+
+use std::sync::mpsc::Sender;
+
+use linking_categories::ProjectRenamed;
+use outbox_core::{BoxError, Delivery, HandlerContext, outbox_handler};
+
+/// Sends each delivered payload to the `Sender<ProjectRenamed>` in the registry's state, so
+/// that a test can see the handler ran without naming anything in this crate.
+#[outbox_handler]
+async fn forward_project_renamed(
+    delivery: Delivery<ProjectRenamed>,
+    cx: &mut HandlerContext<'_>,
+) -> Result<(), BoxError> {
+    let sender = cx
+        .state::<Sender<ProjectRenamed>>()
+        .ok_or("no Sender<ProjectRenamed> in the registry's state")?;
+    sender.send(delivery.payload)?;
+    Ok(())
+}
