@@ -1,5 +1,5 @@
-//! Declarations collected across the binary: what `#[outbox_scope]`, `#[outbox_category]` and
-//! `#[outbox_handler]` register with `inventory`, read by [`RegistryBuilder::discovered`].
+//! Declarations collected across the binary: what `#[outbox_scope]`, `#[outbox_category]`,
+//! `#[replicated_model]` and `#[outbox_handler]` register with `inventory`, read by [`RegistryBuilder::discovered`].
 //!
 //! [`RegistryBuilder::discovered`]: crate::RegistryBuilder::discovered
 
@@ -7,6 +7,7 @@ use std::fmt;
 
 use crate::model::{CategoryId, ScopeId};
 use crate::registry::RegistryBuilder;
+use crate::replicated::ModelTable;
 
 /// A place in the source: where a scope, category or handler was declared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +58,10 @@ pub struct CategoryDeclaration {
     pub scope_name: &'static str,
     pub coalesce: bool,
     pub no_op: bool,
+    /// `Some` for a `#[replicated_model]`.
+    pub model: Option<ModelTable>,
+    /// The type's name as written in the source.
+    pub type_name: &'static str,
     pub at: SourceLocation,
 }
 

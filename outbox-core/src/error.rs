@@ -101,6 +101,15 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A replicated model does not serialize to the columns of its table.
+    #[error("replicated model `{model}` cannot be written: {detail}")]
+    ModelShape {
+        /// The model's category name.
+        model: &'static str,
+        /// What does not match.
+        detail: String,
+    },
+
     /// A destination name is not acceptable.
     #[error("invalid destination name {name:?}: {reason}")]
     InvalidDestination {
@@ -207,6 +216,32 @@ pub enum RegistryProblem {
         /// The category.
         category: Site,
     },
+    /// A replicated model lacks its replication or its deletion handler.
+    #[error(
+        "replicated model {category} has no {kind} handler: add an `#[outbox_handler]` async fn \
+         taking `{kind}<{model_type}>`"
+    )]
+    MissingModelHandler {
+        /// The model's category.
+        category: Site,
+        /// `Replication` or `Deletion`.
+        kind: &'static str,
+        /// The model's type, as the handler names it.
+        model_type: &'static str,
+    },
+    /// A handler taking `Delivery<_>` is registered for a replicated model, whose handlers take
+    /// `Replication<_>` and `Deletion<_>`.
+    #[error(
+        "category {category} is a replicated model: its handlers take `Replication<_>` and \
+         `Deletion<_>`, not the `Delivery<_>` of the handler at {}",
+        At(*at)
+    )]
+    DeliveryHandlerForModel {
+        /// The model's category.
+        category: Site,
+        /// Where the handler was registered.
+        at: Option<SourceLocation>,
+    },
     /// A handler is registered for a category that no `#[outbox_category]` declares.
     #[error(
         "a handler is registered for category {category}, which no `#[outbox_category]` in \
@@ -258,6 +293,38 @@ pub enum DeliveryError {
         /// The message whose payload is malformed.
         message_id: MessageId,
         /// The deserializer's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The relay could not read a replicated model's row.
+    #[error(
+        "reading object {object_identifier} of replicated model `{model}` from `{table}` failed"
+    )]
+    Lookup {
+        /// The model's category name.
+        model: &'static str,
+        /// The model's table.
+        table: &'static str,
+        /// The object.
+        object_identifier: i64,
+        /// The store's error.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A replicated model's row does not deserialize into the model.
+    #[error(
+        "row {object_identifier} of `{table}` does not deserialize as replicated model `{model}`"
+    )]
+    Row {
+        /// The model's category name.
+        model: &'static str,
+        /// The model's table.
+        table: &'static str,
+        /// The object.
+        object_identifier: i64,
+        /// The deserializer's error.
         #[source]
         source: serde_json::Error,
     },

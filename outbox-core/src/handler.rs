@@ -160,6 +160,8 @@ pub(crate) struct RawDelivery<'a> {
     pub(crate) message: &'a StoredMessage,
     pub(crate) attempt: u32,
     pub(crate) fencing_token: i64,
+    /// For a replicated model: its row as JSON, if the relay found it.
+    pub(crate) row: Option<&'a str>,
 }
 
 /// A handler with its category erased, as the registry stores it.

@@ -75,6 +75,8 @@ mod handler;
 mod model;
 mod registry;
 mod relay;
+mod replicated;
+mod replication;
 pub mod store;
 
 pub use crate::declare::SourceLocation;
@@ -86,59 +88,16 @@ pub use crate::model::{
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RunReport, ShardFailure};
+pub use crate::replicated::{
+    FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
+};
+pub use crate::replication::{Deletion, DeletionHandler, Replication, ReplicationHandler};
 pub use crate::store::{HandlerMode, Store};
 
 #[cfg(feature = "macros")]
-pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope};
+pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope, replicated_model};
 
 /// What the macros' expansions use. Not public API.
 #[doc(hidden)]
-pub mod __private {
-    pub use crate::declare::{
-        CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation,
-    };
-    pub use inventory;
-
-    /// An `#[outbox_handler]` function, seen through its `Delivery<C>` argument type `D` (so
-    /// that the expansion names the category only with the user's own tokens).
-    pub trait DeclaredHandler<D>: Send + Sync + 'static {
-        /// Calls the function.
-        fn handle(
-            &self,
-            delivery: D,
-            cx: &mut crate::HandlerContext<'_>,
-        ) -> impl Future<Output = Result<(), crate::BoxError>> + Send;
-    }
-
-    /// The [`crate::Handler`] of an `#[outbox_handler]` function.
-    pub struct Declared<H>(pub H);
-
-    impl<C, H> crate::Handler<C> for Declared<H>
-    where
-        C: crate::Category,
-        H: DeclaredHandler<crate::Delivery<C>>,
-    {
-        fn handle(
-            &self,
-            delivery: crate::Delivery<C>,
-            cx: &mut crate::HandlerContext<'_>,
-        ) -> impl Future<Output = Result<(), crate::BoxError>> + Send {
-            self.0.handle(delivery, cx)
-        }
-    }
-
-    /// Checks what an `#[outbox_handler]` function returns.
-    #[diagnostic::on_unimplemented(
-        message = "an outbox handler must return `Result<(), E>` with an error type `E` that converts into `Box<dyn Error + Send + Sync>`; it returns `{Self}`",
-        label = "this return type is not a handler result"
-    )]
-    pub trait HandlerOutput {
-        /// The result, with the error boxed.
-        fn into_result(self) -> Result<(), crate::BoxError>;
-    }
-    impl<E: Into<crate::BoxError>> HandlerOutput for Result<(), E> {
-        fn into_result(self) -> Result<(), crate::BoxError> {
-            self.map_err(Into::into)
-        }
-    }
-}
+#[path = "private.rs"]
+pub mod __private;

@@ -10,6 +10,10 @@ use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, 
 use crate::error::{Error, RegistryProblem, Site};
 use crate::handler::{ErasedHandler, Handler, NoOp, NoOpErased, Typed};
 use crate::model::{Category, CategoryId, Scope, ScopeId};
+use crate::replicated::{ModelTable, ReplicatedModel};
+use crate::replication::{
+    DeletionHandler, ModelDispatch, ReplicationHandler, TypedDeletion, TypedReplication,
+};
 
 /// What the registry knows of one category.
 #[derive(Clone)]
@@ -27,6 +31,8 @@ pub struct CategoryInfo {
     pub coalesce: bool,
     /// Whether the handler was declared as a no-op.
     pub no_op: bool,
+    /// For a replicated model: its table, where the relay looks each object up.
+    pub model: Option<ModelTable>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
 }
 
@@ -39,6 +45,7 @@ impl fmt::Debug for CategoryInfo {
             .field("scope_name", &self.scope_name)
             .field("coalesce", &self.coalesce)
             .field("no_op", &self.no_op)
+            .field("model", &self.model)
             .finish_non_exhaustive()
     }
 }
@@ -112,11 +119,14 @@ struct Declared {
     scope_name: &'static str,
     coalesce: bool,
     no_op: bool,
+    model: Option<ModelTable>,
+    type_name: &'static str,
     at: Option<SourceLocation>,
 }
 
 impl Declared {
     fn of<C: Category>(no_op: bool, at: Option<SourceLocation>) -> Self {
+        let type_name = std::any::type_name::<C>();
         Self {
             id: C::ID,
             name: C::NAME,
@@ -124,7 +134,16 @@ impl Declared {
             scope_name: <C::Scope as Scope>::NAME,
             coalesce: C::COALESCE,
             no_op,
+            model: None,
+            type_name: type_name.rsplit("::").next().unwrap_or(type_name),
             at,
+        }
+    }
+
+    fn of_model<M: ReplicatedModel>(at: Option<SourceLocation>) -> Self {
+        Self {
+            model: Some(M::TABLE),
+            ..Self::of::<M>(false, at)
         }
     }
 
@@ -141,8 +160,20 @@ impl Declared {
     }
 }
 
+/// What a registered handler receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// `Delivery<C>`: every message of a category.
+    Delivery,
+    /// `Replication<M>`: a replicated model whose row exists.
+    Replication,
+    /// `Deletion<M>`: a replicated model whose row is gone.
+    Deletion,
+}
+
 struct HandlerEntry {
     category: Declared,
+    role: Role,
     handler: Arc<dyn ErasedHandler>,
 }
 
@@ -175,8 +206,7 @@ impl RegistryBuilder {
     /// Registers the handler of category `C`.
     #[track_caller]
     pub fn handle<C: Category>(self, handler: impl Handler<C>) -> Self {
-        let at = SourceLocation::caller();
-        self.push::<C>(Arc::new(Typed::<C, _>::new(handler)), false, at)
+        self.handle_declared(handler, SourceLocation::caller())
     }
 
     /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
@@ -185,7 +215,25 @@ impl RegistryBuilder {
     #[track_caller]
     pub fn no_op<C: Category>(self) -> Self {
         let at = SourceLocation::caller();
-        self.push::<C>(Arc::new(Typed::<C, _>::new(NoOp)), true, at)
+        self.push(
+            Declared::of::<C>(true, Some(at)),
+            Role::Delivery,
+            Arc::new(Typed::<C, _>::new(NoOp)),
+        )
+    }
+
+    /// Registers the replication handler of model `M`: it runs for each object whose row
+    /// the relay finds at delivery.
+    #[track_caller]
+    pub fn replication<M: ReplicatedModel>(self, handler: impl ReplicationHandler<M>) -> Self {
+        self.replication_declared(handler, SourceLocation::caller())
+    }
+
+    /// Registers the deletion handler of model `M`: it runs for each object whose row is
+    /// gone at delivery.
+    #[track_caller]
+    pub fn deletion<M: ReplicatedModel>(self, handler: impl DeletionHandler<M>) -> Self {
+        self.deletion_declared(handler, SourceLocation::caller())
     }
 
     /// Registers a handler declared at `at` (what `#[outbox_handler]` generates).
@@ -195,17 +243,45 @@ impl RegistryBuilder {
         handler: impl Handler<C>,
         at: SourceLocation,
     ) -> Self {
-        self.push::<C>(Arc::new(Typed::<C, _>::new(handler)), false, at)
+        self.push(
+            Declared::of::<C>(false, Some(at)),
+            Role::Delivery,
+            Arc::new(Typed::<C, _>::new(handler)),
+        )
     }
 
-    fn push<C: Category>(
-        mut self,
-        handler: Arc<dyn ErasedHandler>,
-        no_op: bool,
+    /// Registers a replication handler declared at `at`.
+    #[doc(hidden)]
+    pub fn replication_declared<M: ReplicatedModel>(
+        self,
+        handler: impl ReplicationHandler<M>,
         at: SourceLocation,
     ) -> Self {
+        self.push(
+            Declared::of_model::<M>(Some(at)),
+            Role::Replication,
+            Arc::new(TypedReplication::<M, _>::new(handler)),
+        )
+    }
+
+    /// Registers a deletion handler declared at `at`.
+    #[doc(hidden)]
+    pub fn deletion_declared<M: ReplicatedModel>(
+        self,
+        handler: impl DeletionHandler<M>,
+        at: SourceLocation,
+    ) -> Self {
+        self.push(
+            Declared::of_model::<M>(Some(at)),
+            Role::Deletion,
+            Arc::new(TypedDeletion::<M, _>::new(handler)),
+        )
+    }
+
+    fn push(mut self, category: Declared, role: Role, handler: Arc<dyn ErasedHandler>) -> Self {
         self.handlers.push(HandlerEntry {
-            category: Declared::of::<C>(no_op, Some(at)),
+            category,
+            role,
             handler,
         });
         self
@@ -228,6 +304,8 @@ impl RegistryBuilder {
                 scope_name: category.scope_name,
                 coalesce: category.coalesce,
                 no_op: category.no_op,
+                model: category.model,
+                type_name: category.type_name,
                 at: Some(category.at),
             });
         }
@@ -257,11 +335,15 @@ impl RegistryBuilder {
             // `no_op` registration is itself the handler).
             let mut declared: Vec<Declared> = Vec::new();
             for entry in &self.handlers {
-                if !declared.iter().any(|d| d.same_category(&entry.category)) {
-                    declared.push(Declared {
+                match declared
+                    .iter_mut()
+                    .find(|d| d.same_category(&entry.category))
+                {
+                    Some(seen) => seen.model = seen.model.or(entry.category.model),
+                    None => declared.push(Declared {
                         no_op: false,
                         ..entry.category
-                    });
+                    }),
                 }
             }
             declared
@@ -318,48 +400,27 @@ impl RegistryBuilder {
             }
         }
 
-        // Handlers: exactly one per category, none for a category nobody declared.
+        // Handlers: exactly one per category (one of each role for a replicated model), none
+        // for a category nobody declared.
         let mut handlers: Vec<Option<HandlerEntry>> = self.handlers.into_iter().map(Some).collect();
         let mut categories = HashMap::new();
         for declared in unique {
-            let mut mine = handlers
+            let mine: Vec<HandlerEntry> = handlers
                 .iter_mut()
                 .filter(|entry| {
                     entry
                         .as_ref()
                         .is_some_and(|entry| entry.category.same_category(&declared))
                 })
-                .filter_map(Option::take);
-            let first = mine.next();
-            let second = mine.next();
-            let handler = match (first, second) {
-                (Some(first), Some(second)) => {
-                    problems.push(RegistryProblem::DuplicateHandler {
-                        category: declared.site(),
-                        first: first.category.at,
-                        second: second.category.at,
-                    });
-                    continue;
-                }
-                (Some(handler), None) if declared.no_op => {
-                    problems.push(RegistryProblem::DuplicateHandler {
-                        category: declared.site(),
-                        first: declared.at,
-                        second: handler.category.at,
-                    });
-                    continue;
-                }
-                (Some(handler), None) => handler,
-                (None, _) if declared.no_op => HandlerEntry {
-                    category: declared,
-                    handler: Arc::new(NoOpErased),
-                },
-                (None, _) => {
-                    problems.push(RegistryProblem::MissingHandler {
-                        category: declared.site(),
-                    });
-                    continue;
-                }
+                .filter_map(Option::take)
+                .collect();
+            let handler = if declared.model.is_some() {
+                model_handler(&declared, mine, &mut problems)
+            } else {
+                category_handler(&declared, mine, &mut problems)
+            };
+            let Some((handler, no_op)) = handler else {
+                continue;
             };
             categories.insert(
                 declared.id,
@@ -369,8 +430,9 @@ impl RegistryBuilder {
                     scope: declared.scope,
                     scope_name: declared.scope_name,
                     coalesce: declared.coalesce,
-                    no_op: declared.no_op || handler.category.no_op,
-                    handler: handler.handler,
+                    no_op,
+                    model: declared.model,
+                    handler,
                 },
             );
         }
@@ -392,6 +454,92 @@ impl RegistryBuilder {
         } else {
             Err(Error::Registry { problems })
         }
+    }
+}
+
+/// The one handler of a plain category, and whether it is a no-op; or the problems.
+fn category_handler(
+    declared: &Declared,
+    mine: Vec<HandlerEntry>,
+    problems: &mut Vec<RegistryProblem>,
+) -> Option<(Arc<dyn ErasedHandler>, bool)> {
+    let mut mine = mine.into_iter();
+    match (mine.next(), mine.next()) {
+        (Some(first), Some(second)) => {
+            problems.push(RegistryProblem::DuplicateHandler {
+                category: declared.site(),
+                first: first.category.at,
+                second: second.category.at,
+            });
+            None
+        }
+        (Some(handler), None) if declared.no_op => {
+            problems.push(RegistryProblem::DuplicateHandler {
+                category: declared.site(),
+                first: declared.at,
+                second: handler.category.at,
+            });
+            None
+        }
+        (Some(handler), None) => Some((handler.handler, handler.category.no_op)),
+        (None, _) if declared.no_op => Some((Arc::new(NoOpErased), true)),
+        (None, _) => {
+            problems.push(RegistryProblem::MissingHandler {
+                category: declared.site(),
+            });
+            None
+        }
+    }
+}
+
+/// The replication and deletion handlers of a replicated model, joined; or the problems.
+fn model_handler(
+    declared: &Declared,
+    mine: Vec<HandlerEntry>,
+    problems: &mut Vec<RegistryProblem>,
+) -> Option<(Arc<dyn ErasedHandler>, bool)> {
+    let mut replication: Option<HandlerEntry> = None;
+    let mut deletion: Option<HandlerEntry> = None;
+    let before = problems.len();
+    for entry in mine {
+        let slot = match entry.role {
+            Role::Delivery => {
+                problems.push(RegistryProblem::DeliveryHandlerForModel {
+                    category: declared.site(),
+                    at: entry.category.at,
+                });
+                continue;
+            }
+            Role::Replication => &mut replication,
+            Role::Deletion => &mut deletion,
+        };
+        match slot {
+            Some(first) => problems.push(RegistryProblem::DuplicateHandler {
+                category: declared.site(),
+                first: first.category.at,
+                second: entry.category.at,
+            }),
+            None => *slot = Some(entry),
+        }
+    }
+    for (entry, kind) in [(&replication, "Replication"), (&deletion, "Deletion")] {
+        if entry.is_none() {
+            problems.push(RegistryProblem::MissingModelHandler {
+                category: declared.site(),
+                kind,
+                model_type: declared.type_name,
+            });
+        }
+    }
+    match (replication, deletion) {
+        (Some(replication), Some(deletion)) if problems.len() == before => {
+            let dispatch = ModelDispatch {
+                replication: replication.handler,
+                deletion: deletion.handler,
+            };
+            Some((Arc::new(dispatch), false))
+        }
+        _ => None,
     }
 }
 
@@ -451,6 +599,12 @@ mod tests {
                 }
                 RegistryProblem::UndeclaredCategory { category } => {
                     ("undeclared", category.name, category.id, "", 0)
+                }
+                RegistryProblem::MissingModelHandler { category, kind, .. } => {
+                    ("missing model", category.name, category.id, kind, 0)
+                }
+                RegistryProblem::DeliveryHandlerForModel { category, .. } => {
+                    ("delivery for model", category.name, category.id, "", 0)
                 }
             })
             .collect()

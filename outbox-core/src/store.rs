@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::error::Error;
 use crate::model::{CategoryId, MessageId, ShardKey};
+use crate::replicated::ModelTable;
 
 /// One pending row as the relay reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,6 +284,15 @@ pub trait ShardSession: Send + 'static {
         groups: &[GroupKey],
         after: MessageId,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
+
+    /// Reads the row of a replicated model's object whose key column holds `key`, as a JSON
+    /// object keyed by the table's columns; `None` if there is no such row. In transaction
+    /// mode, reads within the claiming transaction.
+    fn load_model(
+        &mut self,
+        table: &ModelTable,
+        key: i64,
+    ) -> impl Future<Output = Result<Option<String>, Error>> + Send;
 
     /// The connection a handler may use: the claiming transaction's, in transaction mode.
     fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)>;

@@ -7,6 +7,8 @@
 //!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
+//! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
+//!   `#[replicated_model]`) together with their outboxes, one statement per table.
 //! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
 //!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn
 //!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
@@ -14,12 +16,14 @@
 mod connect;
 mod error;
 mod migrate;
+mod model;
 mod session;
 mod store;
 mod write;
 
 pub use crate::connect::connect;
 pub use crate::migrate::{migrate, migrator};
+pub use crate::model::{delete, insert, save, update};
 pub use crate::session::PgSession;
 pub use crate::store::{NOTIFY_CHANNEL, PgStore, PgWakeups};
 pub use crate::write::{write, write_all};

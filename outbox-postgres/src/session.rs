@@ -3,13 +3,14 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
-use outbox_core::{CategoryId, Error, MessageId, ScopeId};
+use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, Transaction};
 
-use crate::error::database;
+use crate::error::{database, on_table};
+use crate::model::load_sql;
 use crate::store::duration_ms;
 
 /// A claimed shard on PostgreSQL: under a lease, or inside the claiming transaction (which
@@ -201,6 +202,15 @@ impl ShardSession for PgSession {
             .await
             .map_err(database("reading a shard"))?;
         Ok(rows.iter().map(stored).collect())
+    }
+
+    async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
+        let query = sqlx::query_scalar(AssertSqlSafe(load_sql(table))).bind(key);
+        let mut conn = self.conn().await?;
+        query
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(on_table("reading a replicated model"))
     }
 
     fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)> {

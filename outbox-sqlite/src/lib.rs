@@ -8,6 +8,8 @@
 //!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
+//! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
+//!   `#[replicated_model]`) together with their outboxes, one statement per table.
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
 //!
 //! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one
@@ -17,12 +19,14 @@
 mod connect;
 mod error;
 mod migrate;
+mod model;
 mod session;
 mod store;
 mod write;
 
 pub use crate::connect::{connect, connect_options};
 pub use crate::migrate::{migrate, migrator};
+pub use crate::model::{delete, insert, save, update};
 pub use crate::session::SqliteSession;
 pub use crate::store::SqliteStore;
 pub use crate::write::{write, write_all};

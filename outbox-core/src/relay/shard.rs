@@ -177,6 +177,18 @@ async fn deliver<S: ShardSession>(
     config: &RelayConfig,
     registry: &Registry,
 ) -> Result<(), DeliveryError> {
+    let row = match &group.info.model {
+        Some(table) => session
+            .load_model(table, group.newest.object_identifier)
+            .await
+            .map_err(|source| DeliveryError::Lookup {
+                model: group.info.name,
+                table: table.table,
+                object_identifier: group.newest.object_identifier,
+                source: Box::new(source),
+            })?,
+        None => None,
+    };
     let mut cx = HandlerContext::new(session.handler_connection()).with_state(registry.state());
     let call = group.info.handler.call(
         RawDelivery {
@@ -184,6 +196,7 @@ async fn deliver<S: ShardSession>(
             message: &group.newest,
             attempt,
             fencing_token: lease.token,
+            row: row.as_deref(),
         },
         &mut cx,
     );

@@ -1,0 +1,268 @@
+//! Replicated models: a domain struct whose every create, update and delete announces itself
+//! through one category, delivered to a replication handler while the object exists and to a
+//! deletion handler once it is gone (the seeds' `ReplicatedRegionModel` and
+//! `ReplicatedControlModel`).
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::Error;
+use crate::model::{Category, Destination, Message};
+
+/// Where a replicated model's rows live: what a backend needs to read and write them.
+///
+/// Columns are named like the model's fields and hold what serde makes of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModelTable {
+    /// The table, optionally qualified by its schema (`app.projects`).
+    pub table: &'static str,
+    /// The column holding the object identifier: the table's primary key.
+    pub key: &'static str,
+    /// Every column the model maps, the key included, in field order.
+    pub columns: &'static [&'static str],
+    /// The columns the model reads as booleans, which SQLite stores as `0` and `1`.
+    pub bool_columns: &'static [&'static str],
+}
+
+/// A domain struct replicated through the outbox: declared with `#[replicated_model(...)]`.
+///
+/// The model is its own [`Category`]: one category covers its creation, updates and deletion.
+/// Every write carries the model's [`tombstone`](ReplicatedModel::tombstone) as the
+/// category's payload: what the deletion handler needs once the row is gone. At delivery the
+/// relay reads the row by its key: present, the [`Replication`] handler runs with the row as
+/// it is now; gone, the [`Deletion`] handler runs with the identifiers and the tombstone.
+///
+/// The backends write models together with their outboxes (`outbox_sqlite::save`,
+/// `outbox_postgres::save`, and `insert`, `update`, `delete`), one statement per table
+/// however many models there are.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a replicated model",
+    label = "not a replicated model",
+    note = "declare it with `#[replicated_model(scope = ..., id = ..., table = \"...\", shard = <field>)]`"
+)]
+pub trait ReplicatedModel: Category + Serialize + DeserializeOwned + Sync {
+    /// The table the model's rows live in.
+    const TABLE: ModelTable;
+
+    /// The object identifier: the value of the key column.
+    fn object_identifier(&self) -> i64;
+
+    /// The shard identifier: the value of the field the shard key names.
+    fn shard_identifier(&self) -> i64;
+
+    /// What the deletion handler will need once the row is gone, saved with every write.
+    fn tombstone(&self) -> Self::Payload;
+}
+
+/// A replicated model whose outboxes stay local: one row per write, delivered from this
+/// database (the seeds' region-to-control direction).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is replicated to fan-out destinations: name them for each write",
+    label = "a fan-out model needs its destinations",
+    note = "write it with `ModelBatch::to(&models, destinations)`"
+)]
+pub trait LocalModel: ReplicatedModel {}
+
+/// A replicated model whose outboxes fan out: each write names its destinations, and each
+/// destination gets its own row, shard and handler call (the seeds' control-to-region
+/// direction).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a fan-out model: its writes name no destinations",
+    label = "a local model",
+    note = "declare it with `#[replicated_model(..., fan_out)]` to address destinations"
+)]
+pub trait FanOutModel: ReplicatedModel {}
+
+/// Models to write with their outboxes, and where their outboxes go.
+///
+/// A reference to a local model, or to a slice, array or vector of them, converts into one
+/// through [`IntoModelBatch`]; fan-out models are addressed with [`ModelBatch::to`].
+#[derive(Debug)]
+pub struct ModelBatch<'a, M> {
+    models: &'a [M],
+    destinations: Vec<Destination>,
+}
+
+impl<'a, M: FanOutModel> ModelBatch<'a, M> {
+    /// Fan-out models addressed to `destinations`: each model gets one outbox per destination.
+    pub fn to(
+        models: impl ModelRefs<'a, M>,
+        destinations: impl IntoIterator<Item = Destination>,
+    ) -> Self {
+        Self {
+            models: models.as_models(),
+            destinations: destinations.into_iter().collect(),
+        }
+    }
+}
+
+impl<M: ReplicatedModel> ModelBatch<'_, M> {
+    /// The models.
+    pub fn models(&self) -> &[M] {
+        self.models
+    }
+
+    /// The fan-out destinations; empty for local models.
+    pub fn destinations(&self) -> &[Destination] {
+        &self.destinations
+    }
+
+    /// The models' object identifiers, in order.
+    pub fn keys(&self) -> Vec<i64> {
+        self.models.iter().map(M::object_identifier).collect()
+    }
+
+    /// One outbox message per model (per model and destination, for fan-out models), in
+    /// model order.
+    pub fn messages(&self) -> Result<Vec<Message>, Error> {
+        let mut messages = Vec::with_capacity(self.models.len() * self.destinations.len().max(1));
+        for model in self.models {
+            let local = Message::new::<M>(
+                model.shard_identifier(),
+                model.object_identifier(),
+                &model.tombstone(),
+            )?;
+            if self.destinations.is_empty() {
+                messages.push(local);
+            } else {
+                messages.extend(
+                    self.destinations
+                        .iter()
+                        .map(|destination| local.clone().with_destination(destination.clone())),
+                );
+            }
+        }
+        Ok(messages)
+    }
+
+    /// The models as a JSON array of objects keyed by column, the form in which the backends
+    /// hand them to the database. Fails if a model does not serialize to exactly the table's
+    /// columns (a `#[serde(rename)]`, `skip` or `flatten` on a field), so that no column is
+    /// silently written as `NULL`.
+    pub fn rows_json(&self) -> Result<String, Error> {
+        let mut rows = Vec::with_capacity(self.models.len());
+        for model in self.models {
+            let row = serde_json::to_value(model).map_err(|source| Error::Serialize {
+                category: M::NAME,
+                source,
+            })?;
+            check_columns::<M>(&row)?;
+            rows.push(row);
+        }
+        Ok(serde_json::Value::Array(rows).to_string())
+    }
+}
+
+fn check_columns<M: ReplicatedModel>(row: &serde_json::Value) -> Result<(), Error> {
+    let table = M::TABLE;
+    let mismatch = |detail: String| Error::ModelShape {
+        model: M::NAME,
+        detail,
+    };
+    let serde_json::Value::Object(fields) = row else {
+        return Err(mismatch(
+            "it does not serialize to a JSON object".to_owned(),
+        ));
+    };
+    if let Some(missing) = table.columns.iter().find(|c| !fields.contains_key(**c)) {
+        return Err(mismatch(format!(
+            "it serializes without a value for column `{missing}`"
+        )));
+    }
+    if let Some(extra) = fields.keys().find(|k| !table.columns.contains(&k.as_str())) {
+        return Err(mismatch(format!(
+            "it serializes a field `{extra}` that is not a column of `{}`",
+            table.table
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a row, as a backend returns it (a JSON object keyed by column), into the model.
+pub(crate) fn model_from_row<M: ReplicatedModel>(row: &str) -> Result<M, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_str(row)?;
+    if let serde_json::Value::Object(fields) = &mut value {
+        for column in M::TABLE.bool_columns {
+            if let Some(field) = fields.get_mut(*column)
+                && let Some(number) = field.as_i64()
+            {
+                *field = serde_json::Value::Bool(number != 0);
+            }
+        }
+    }
+    serde_json::from_value(value)
+}
+
+/// References to models: one, or a slice, array or vector of them.
+pub trait ModelRefs<'a, M> {
+    /// The models as a slice.
+    fn as_models(self) -> &'a [M];
+}
+
+impl<'a, M> ModelRefs<'a, M> for &'a M {
+    fn as_models(self) -> &'a [M] {
+        std::slice::from_ref(self)
+    }
+}
+
+impl<'a, M> ModelRefs<'a, M> for &'a [M] {
+    fn as_models(self) -> &'a [M] {
+        self
+    }
+}
+
+impl<'a, M, const N: usize> ModelRefs<'a, M> for &'a [M; N] {
+    fn as_models(self) -> &'a [M] {
+        self
+    }
+}
+
+impl<'a, M> ModelRefs<'a, M> for &'a Vec<M> {
+    fn as_models(self) -> &'a [M] {
+        self
+    }
+}
+
+/// What the backends' model writes accept: references to local models, or a
+/// [`ModelBatch`] of fan-out models with their destinations.
+pub trait IntoModelBatch<'a, M> {
+    /// The batch.
+    fn into_batch(self) -> ModelBatch<'a, M>;
+}
+
+fn local<'a, M: LocalModel>(models: impl ModelRefs<'a, M>) -> ModelBatch<'a, M> {
+    ModelBatch {
+        models: models.as_models(),
+        destinations: Vec::new(),
+    }
+}
+
+impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a M {
+    fn into_batch(self) -> ModelBatch<'a, M> {
+        local(self)
+    }
+}
+
+impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a [M] {
+    fn into_batch(self) -> ModelBatch<'a, M> {
+        local(self)
+    }
+}
+
+impl<'a, M: LocalModel, const N: usize> IntoModelBatch<'a, M> for &'a [M; N] {
+    fn into_batch(self) -> ModelBatch<'a, M> {
+        local(self)
+    }
+}
+
+impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a Vec<M> {
+    fn into_batch(self) -> ModelBatch<'a, M> {
+        local(self)
+    }
+}
+
+impl<'a, M: FanOutModel> IntoModelBatch<'a, M> for ModelBatch<'a, M> {
+    fn into_batch(self) -> ModelBatch<'a, M> {
+        self
+    }
+}

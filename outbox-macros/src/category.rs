@@ -1,0 +1,189 @@
+//! `#[outbox_category(scope = .., id = ..)]`: a `Category` impl on the payload type and its
+//! registration; and what `#[replicated_model]` shares with it.
+
+use heck::ToSnakeCase;
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::spanned::Spanned;
+use syn::{Ident, Item, LitBool, LitInt, LitStr, Path, Type, TypePath};
+
+use crate::common::{integer, location, plain_type, set_flag, set_once, unique_in_crate};
+
+/// The arguments every category declaration takes: `scope`, `id` and `name`.
+#[derive(Default)]
+pub(crate) struct CategoryArgs {
+    scope: Option<Path>,
+    id: Option<LitInt>,
+    name: Option<LitStr>,
+}
+
+/// A category's identity, validated.
+pub(crate) struct CategoryIdentity {
+    pub(crate) ident: Ident,
+    pub(crate) scope: Path,
+    pub(crate) id: i32,
+    pub(crate) id_span: Span,
+    pub(crate) name: LitStr,
+}
+
+impl CategoryArgs {
+    /// Takes `scope`, `id` or `name`; `Ok(false)` for any other key.
+    pub(crate) fn take(&mut self, key: &Ident, meta: &ParseNestedMeta<'_>) -> syn::Result<bool> {
+        if key == "scope" {
+            if self.scope.is_some() {
+                return Err(syn::Error::new(
+                    key.span(),
+                    "a category belongs to exactly one scope: `scope` is given twice",
+                ));
+            }
+            let value: Type = meta.value()?.parse()?;
+            self.scope = Some(match value {
+                Type::Path(TypePath { qself: None, path }) => path,
+                Type::Tuple(tuple) => {
+                    return Err(syn::Error::new(
+                        tuple.span(),
+                        "a category belongs to exactly one scope: name one scope type",
+                    ));
+                }
+                other => {
+                    return Err(syn::Error::new(
+                        other.span(),
+                        "expected the scope's type, e.g. `scope = Organization`",
+                    ));
+                }
+            });
+        } else if key == "id" {
+            set_once(&mut self.id, meta, key)?;
+        } else if key == "name" {
+            set_once(&mut self.name, meta, key)?;
+        } else {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Checks that `scope` and `id` were given; `example` shows the attribute written right.
+    pub(crate) fn finish(self, ident: Ident, example: &str) -> syn::Result<CategoryIdentity> {
+        let scope = self.scope.ok_or_else(|| {
+            syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "missing `scope = ...`: every category belongs to exactly one scope, e.g. \
+                     `{example}`"
+                ),
+            )
+        })?;
+        let id_lit = self.id.ok_or_else(|| {
+            syn::Error::new(
+                Span::call_site(),
+                format!("missing `id = ...`: a category needs a stable id, e.g. `{example}`"),
+            )
+        })?;
+        let id: i32 = integer(&id_lit, "a category id")?;
+        let name = self
+            .name
+            .unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
+        Ok(CategoryIdentity {
+            ident,
+            scope,
+            id,
+            id_span: id_lit.span(),
+            name,
+        })
+    }
+}
+
+/// What a category declaration generates besides its identity.
+pub(crate) struct CategoryItems {
+    /// The payload type.
+    pub(crate) payload: TokenStream,
+    pub(crate) coalesce: bool,
+    pub(crate) no_op: bool,
+    /// An expression of type `Option<ModelTable>`.
+    pub(crate) model: TokenStream,
+}
+
+impl CategoryIdentity {
+    /// The `Category` impl, its registration with `inventory`, and the crate-wide markers that
+    /// make a second use of the id or name a compile error.
+    pub(crate) fn items(&self, items: CategoryItems) -> TokenStream {
+        let Self {
+            ident,
+            scope,
+            id,
+            id_span,
+            name,
+        } = self;
+        let CategoryItems {
+            payload,
+            coalesce,
+            no_op,
+            model,
+        } = items;
+        let at = location(ident.span());
+        let id_marker = unique_in_crate(&format!("outbox_category_id_{id}"), *id_span);
+        let name_marker = unique_in_crate(
+            &format!("outbox_category_name_{}", name.value()),
+            name.span(),
+        );
+        let scope_assoc = quote_spanned!(scope.span()=> type Scope = #scope;);
+        let type_name = ident.to_string();
+        quote! {
+            impl ::outbox_core::Category for #ident {
+                #scope_assoc
+                #payload
+                const ID: ::outbox_core::CategoryId = ::outbox_core::CategoryId(#id);
+                const NAME: &'static str = #name;
+                const COALESCE: bool = #coalesce;
+            }
+            ::outbox_core::__private::inventory::submit! {
+                ::outbox_core::__private::CategoryDeclaration {
+                    id: ::outbox_core::CategoryId(#id),
+                    name: #name,
+                    scope: <#ident as ::outbox_core::Category>::SCOPE_ID,
+                    scope_name: <#ident as ::outbox_core::Category>::SCOPE_NAME,
+                    coalesce: #coalesce,
+                    no_op: #no_op,
+                    model: #model,
+                    type_name: #type_name,
+                    at: #at,
+                }
+            }
+            #id_marker
+            #name_marker
+        }
+    }
+}
+
+pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
+    let ident = plain_type(item, "category")?;
+    let mut common = CategoryArgs::default();
+    let mut coalesce: Option<LitBool> = None;
+    let mut no_op = false;
+    syn::meta::parser(|meta| {
+        let key = meta.path.require_ident()?;
+        if common.take(key, &meta)? {
+            Ok(())
+        } else if key == "coalesce" {
+            set_once(&mut coalesce, &meta, key)
+        } else if key == "no_op" {
+            set_flag(&mut no_op, key)
+        } else {
+            Err(meta.error(format!(
+                "unknown key `{key}` for `#[outbox_category]`: expected `scope`, `id`, `name`, \
+                 `coalesce` or `no_op`"
+            )))
+        }
+    })
+    .parse2(args)?;
+    let identity = common.finish(ident, "#[outbox_category(scope = Organization, id = 1)]")?;
+    let payload = quote_spanned!(identity.ident.span()=> type Payload = Self;);
+    Ok(identity.items(CategoryItems {
+        payload,
+        coalesce: coalesce.is_none_or(|lit| lit.value),
+        no_op,
+        model: quote!(::core::option::Option::None),
+    }))
+}

@@ -1,0 +1,129 @@
+//! What every expansion shares: error handling that keeps the user's item, source
+//! locations, crate-wide uniqueness markers and argument parsing helpers.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Ident, Item, LitInt};
+
+/// An expansion: the attribute's arguments and the parsed item in, the generated items out.
+pub(crate) type Expansion = fn(TokenStream, &Item) -> syn::Result<TokenStream>;
+
+/// Runs an expansion; on error, keeps the user's item so that one mistake is one error.
+pub(crate) fn expand(args: TokenStream, item: TokenStream, expansion: Expansion) -> TokenStream {
+    let parsed: Item = match syn::parse2(item.clone()) {
+        Ok(parsed) => parsed,
+        Err(error) => return error.to_compile_error(),
+    };
+    match expansion(args, &parsed) {
+        Ok(generated) => quote!(#item #generated),
+        Err(error) => {
+            let error = error.to_compile_error();
+            quote!(#item #error)
+        }
+    }
+}
+
+/// The name of a scope, category or model type, refusing generic parameters.
+pub(crate) fn plain_type(item: &Item, what: &str) -> syn::Result<Ident> {
+    let (ident, generics) = match item {
+        Item::Struct(item) => (&item.ident, &item.generics),
+        Item::Enum(item) => (&item.ident, &item.generics),
+        other => {
+            return Err(syn::Error::new(
+                other.span(),
+                format!("an outbox {what} is declared on a struct or an enum"),
+            ));
+        }
+    };
+    if !generics.params.is_empty() {
+        return Err(syn::Error::new(
+            generics.span(),
+            format!("an outbox {what} is a plain type: it cannot have generic parameters"),
+        ));
+    }
+    Ok(ident.clone())
+}
+
+/// `file!()`, `line!()` and `column!()` of the user's token.
+pub(crate) fn location(span: Span) -> TokenStream {
+    quote_spanned! {span=>
+        ::outbox_core::__private::SourceLocation {
+            file: ::core::file!(),
+            line: ::core::line!(),
+            column: ::core::column!(),
+        }
+    }
+}
+
+/// A `macro_rules!` exported at the crate root under a name made of `parts`: a second one
+/// with the same name anywhere in the crate is a compile error pointing at `span`.
+pub(crate) fn unique_in_crate(parts: &str, span: Span) -> TokenStream {
+    let name: String = parts
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let marker = Ident::new(&format!("{name}_must_be_unique_in_this_crate"), span);
+    quote! {
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! #marker { () => {}; }
+    }
+}
+
+/// Parses an integer literal into `T`, with the accepted range in the error.
+pub(crate) fn integer<T>(lit: &LitInt, what: &str) -> syn::Result<T>
+where
+    T: std::str::FromStr + std::fmt::Display + Bounded,
+    T::Err: std::fmt::Display,
+{
+    lit.base10_parse::<T>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format!("{what} must be an integer from {} to {}", T::MIN, T::MAX),
+        )
+    })
+}
+
+/// An integer type's range.
+pub(crate) trait Bounded: Sized {
+    const MIN: Self;
+    const MAX: Self;
+}
+
+impl Bounded for i16 {
+    const MIN: Self = i16::MIN;
+    const MAX: Self = i16::MAX;
+}
+
+impl Bounded for i32 {
+    const MIN: Self = i32::MIN;
+    const MAX: Self = i32::MAX;
+}
+
+/// The error for a key given twice, at its second occurrence.
+pub(crate) fn duplicate(key: &Ident) -> syn::Error {
+    syn::Error::new(key.span(), format!("`{key}` is given twice"))
+}
+
+/// Parses `key = value` into `slot`, refusing a second one.
+pub(crate) fn set_once<T: syn::parse::Parse>(
+    slot: &mut Option<T>,
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    key: &Ident,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(duplicate(key));
+    }
+    *slot = Some(meta.value()?.parse()?);
+    Ok(())
+}
+
+/// Sets a flag given as a bare key (`no_op`, `fan_out`), refusing a second one.
+pub(crate) fn set_flag(flag: &mut bool, key: &Ident) -> syn::Result<()> {
+    if *flag {
+        return Err(duplicate(key));
+    }
+    *flag = true;
+    Ok(())
+}

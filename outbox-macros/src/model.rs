@@ -1,0 +1,246 @@
+//! `#[replicated_model(..)]`: a domain struct as its own category, with the `ReplicatedModel`
+//! impl that tells the backends its table and the relay how to look it up.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::parse::Parser;
+use syn::spanned::Spanned;
+use syn::{Field, Fields, GenericArgument, Ident, Item, LitStr, PathArguments, Type, TypePath};
+
+use crate::category::{CategoryArgs, CategoryItems};
+use crate::common::{plain_type, set_flag, set_once};
+
+const EXAMPLE: &str = "#[replicated_model(scope = Organization, id = 1, table = \"projects\", shard = organization_id)]";
+
+/// The arguments of `#[replicated_model]`.
+#[derive(Default)]
+struct ModelArgs {
+    category: CategoryArgs,
+    table: Option<LitStr>,
+    shard: Option<Ident>,
+    key: Option<Ident>,
+    tombstone: Option<Type>,
+    fan_out: bool,
+}
+
+impl ModelArgs {
+    fn parse(args: TokenStream) -> syn::Result<Self> {
+        let mut parsed = Self::default();
+        syn::meta::parser(|meta| {
+            let key = meta.path.require_ident()?;
+            if parsed.category.take(key, &meta)? {
+                Ok(())
+            } else if key == "table" {
+                set_once(&mut parsed.table, &meta, key)
+            } else if key == "shard" {
+                set_once(&mut parsed.shard, &meta, key)
+            } else if key == "key" {
+                set_once(&mut parsed.key, &meta, key)
+            } else if key == "tombstone" {
+                set_once(&mut parsed.tombstone, &meta, key)
+            } else if key == "fan_out" {
+                set_flag(&mut parsed.fan_out, key)
+            } else {
+                Err(meta.error(format!(
+                    "unknown key `{key}` for `#[replicated_model]`: expected `scope`, `id`, \
+                     `name`, `table`, `shard`, `key`, `tombstone` or `fan_out`"
+                )))
+            }
+        })
+        .parse2(args)?;
+        Ok(parsed)
+    }
+}
+
+/// Checks a table name: an SQL identifier, optionally qualified by a schema.
+fn table_name(table: &LitStr) -> syn::Result<String> {
+    let name = table.value();
+    let valid = !name.is_empty()
+        && name.split('.').count() <= 2
+        && name.split('.').all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if valid {
+        Ok(name)
+    } else {
+        Err(syn::Error::new(
+            table.span(),
+            "a table name is an SQL identifier of letters, digits and `_`, optionally \
+             qualified by its schema: `projects` or `app.projects`",
+        ))
+    }
+}
+
+/// The field named `name`.
+fn field<'a>(fields: &'a [&'a Field], name: &Ident) -> Option<&'a Field> {
+    fields.iter().copied().find(|field| {
+        field
+            .ident
+            .as_ref()
+            .is_some_and(|ident| ident.unraw() == name.unraw())
+    })
+}
+
+/// Whether a field's type is `bool` or `Option<bool>`.
+fn is_bool(ty: &Type) -> bool {
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        return false;
+    };
+    let Some(last) = path.segments.last() else {
+        return false;
+    };
+    if last.ident == "bool" {
+        return true;
+    }
+    if last.ident != "Option" {
+        return false;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return false;
+    };
+    matches!(args.args.first(), Some(GenericArgument::Type(inner)) if is_bool(inner))
+}
+
+/// `field` as the `i64` identifier the outbox stores, type-checked at the field's type.
+fn identifier(field: &Field) -> TokenStream {
+    let ident = &field.ident;
+    quote_spanned! {field.ty.span()=>
+        ::outbox_core::__private::Identifier::to_i64(&self.#ident)
+    }
+}
+
+pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
+    let ident = plain_type(item, "replicated model")?;
+    let Item::Struct(structure) = item else {
+        return Err(syn::Error::new(
+            ident.span(),
+            "a replicated model is a struct with named fields, one per column",
+        ));
+    };
+    let Fields::Named(named) = &structure.fields else {
+        return Err(syn::Error::new(
+            structure.fields.span(),
+            "a replicated model is a struct with named fields, one per column",
+        ));
+    };
+    let fields: Vec<&Field> = named.named.iter().collect();
+    let args = ModelArgs::parse(args)?;
+
+    let table_lit = args.table.ok_or_else(|| {
+        syn::Error::new(
+            proc_macro2::Span::call_site(),
+            format!("missing `table = \"...\"`: the table holding the rows, e.g. `{EXAMPLE}`"),
+        )
+    })?;
+    let table = table_name(&table_lit)?;
+    let shard = args.shard.ok_or_else(|| {
+        syn::Error::new(
+            proc_macro2::Span::call_site(),
+            format!(
+                "missing `shard = <field>`: the field holding the shard identifier, e.g. \
+                 `{EXAMPLE}`"
+            ),
+        )
+    })?;
+    let shard_field = field(&fields, &shard).ok_or_else(|| {
+        syn::Error::new(
+            shard.span(),
+            format!(
+                "`{ident}` has no field `{shard}`: `shard = ...` names the field holding the \
+                 shard identifier of its scope"
+            ),
+        )
+    })?;
+    let key_field = match &args.key {
+        Some(key) => field(&fields, key).ok_or_else(|| {
+            syn::Error::new(
+                key.span(),
+                format!(
+                    "`{ident}` has no field `{key}`: `key = ...` names the field holding its \
+                     primary key"
+                ),
+            )
+        })?,
+        None => field(&fields, &Ident::new("id", ident.span())).ok_or_else(|| {
+            syn::Error::new(
+                ident.span(),
+                format!(
+                    "`{ident}` has no `id` field: name the field holding its primary key with \
+                     `key = <field>`"
+                ),
+            )
+        })?,
+    };
+    let identity = args.category.finish(ident, EXAMPLE)?;
+    let ident = &identity.ident;
+
+    let column = |field: &Field| {
+        field
+            .ident
+            .as_ref()
+            .map(|ident| ident.unraw().to_string())
+            .unwrap_or_default()
+    };
+    let columns: Vec<String> = fields.iter().map(|f| column(f)).collect();
+    let bool_columns: Vec<String> = fields
+        .iter()
+        .filter(|f| is_bool(&f.ty))
+        .map(|f| column(f))
+        .collect();
+    let key_column = column(key_field);
+    let object_identifier = identifier(key_field);
+    let shard_identifier = identifier(shard_field);
+    let (payload, tombstone) = match &args.tombstone {
+        Some(ty) => (
+            quote_spanned!(ty.span()=> type Payload = #ty;),
+            quote_spanned!(ty.span()=> <#ty as ::core::convert::From<&Self>>::from(self)),
+        ),
+        None => (
+            quote!(
+                type Payload = ();
+            ),
+            quote!(()),
+        ),
+    };
+    let direction = if args.fan_out {
+        quote!(::outbox_core::FanOutModel)
+    } else {
+        quote!(::outbox_core::LocalModel)
+    };
+    let category = identity.items(CategoryItems {
+        payload,
+        coalesce: true,
+        no_op: false,
+        model: quote! {
+            ::core::option::Option::Some(<#ident as ::outbox_core::ReplicatedModel>::TABLE)
+        },
+    });
+    Ok(quote! {
+        #category
+        impl ::outbox_core::ReplicatedModel for #ident {
+            const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
+                table: #table,
+                key: #key_column,
+                columns: &[#(#columns),*],
+                bool_columns: &[#(#bool_columns),*],
+            };
+
+            fn object_identifier(&self) -> i64 {
+                #object_identifier
+            }
+
+            fn shard_identifier(&self) -> i64 {
+                #shard_identifier
+            }
+
+            fn tombstone(&self) -> <Self as ::outbox_core::Category>::Payload {
+                #tombstone
+            }
+        }
+        impl #direction for #ident {}
+    })
+}

@@ -1,0 +1,53 @@
+//! `#[outbox_scope(id = ..)]`: a `Scope` impl and its registration.
+
+use heck::ToSnakeCase;
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::parse::Parser;
+use syn::{Item, LitInt, LitStr};
+
+use crate::common::{integer, location, plain_type, set_once, unique_in_crate};
+
+pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
+    let ident = plain_type(item, "scope")?;
+    let mut id: Option<LitInt> = None;
+    let mut name: Option<LitStr> = None;
+    syn::meta::parser(|meta| {
+        let key = meta.path.require_ident()?;
+        if key == "id" {
+            set_once(&mut id, &meta, key)
+        } else if key == "name" {
+            set_once(&mut name, &meta, key)
+        } else {
+            Err(meta.error(format!(
+                "unknown key `{key}` for `#[outbox_scope]`: expected `id` or `name`"
+            )))
+        }
+    })
+    .parse2(args)?;
+    let id_lit = id.ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing `id = ...`: a scope needs a stable id, e.g. `#[outbox_scope(id = 1)]`",
+        )
+    })?;
+    let id: i16 = integer(&id_lit, "a scope id")?;
+    let name =
+        name.unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
+    let at = location(ident.span());
+    let marker = unique_in_crate(&format!("outbox_scope_id_{id}"), id_lit.span());
+    Ok(quote! {
+        impl ::outbox_core::Scope for #ident {
+            const ID: ::outbox_core::ScopeId = ::outbox_core::ScopeId(#id);
+            const NAME: &'static str = #name;
+        }
+        ::outbox_core::__private::inventory::submit! {
+            ::outbox_core::__private::ScopeDeclaration {
+                id: ::outbox_core::ScopeId(#id),
+                name: #name,
+                at: #at,
+            }
+        }
+        #marker
+    })
+}

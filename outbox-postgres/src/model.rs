@@ -1,0 +1,217 @@
+//! Replicated models on PostgreSQL: rows written together with their outboxes, one statement
+//! per table, and read back by the relay at delivery.
+//!
+//! The models travel to the database as one JSON array parameter, which
+//! `json_populate_recordset` turns into rows of the table's own type, so PostgreSQL converts
+//! each value to its column's type.
+
+use outbox_core::{Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
+
+use crate::error::on_table;
+use crate::write::write_all;
+
+/// An identifier (`projects`, or `app.projects`), quoted.
+fn quoted(identifier: &str) -> String {
+    identifier
+        .split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn columns(table: &ModelTable, prefix: &str) -> String {
+    table
+        .columns
+        .iter()
+        .map(|column| format!("{prefix}{}", quoted(column)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The columns an update sets: all but the key, or the key alone if it is the only one.
+fn updated_columns(table: &ModelTable) -> Vec<&'static str> {
+    let others: Vec<_> = table
+        .columns
+        .iter()
+        .copied()
+        .filter(|column| *column != table.key)
+        .collect();
+    if others.is_empty() {
+        vec![table.key]
+    } else {
+        others
+    }
+}
+
+/// The rows of parameter `$1`, typed as the table's rows.
+fn rows(table: &ModelTable) -> String {
+    format!(
+        "json_populate_recordset(NULL::{}, $1::text::json)",
+        quoted(table.table)
+    )
+}
+
+fn insert_sql(table: &ModelTable) -> String {
+    format!(
+        "INSERT INTO {} ({}) SELECT {} FROM {} AS s",
+        quoted(table.table),
+        columns(table, ""),
+        columns(table, "s."),
+        rows(table),
+    )
+}
+
+fn save_sql(table: &ModelTable) -> String {
+    let set: Vec<String> = updated_columns(table)
+        .iter()
+        .map(|column| format!("{0} = EXCLUDED.{0}", quoted(column)))
+        .collect();
+    format!(
+        "{} ON CONFLICT ({}) DO UPDATE SET {}",
+        insert_sql(table),
+        quoted(table.key),
+        set.join(", "),
+    )
+}
+
+fn update_sql(table: &ModelTable) -> String {
+    let set: Vec<String> = updated_columns(table)
+        .iter()
+        .map(|column| format!("{0} = s.{0}", quoted(column)))
+        .collect();
+    format!(
+        "UPDATE {} AS m SET {} FROM {} AS s WHERE m.{key} = s.{key}",
+        quoted(table.table),
+        set.join(", "),
+        rows(table),
+        key = quoted(table.key),
+    )
+}
+
+fn delete_sql(table: &ModelTable) -> String {
+    format!(
+        "DELETE FROM {} WHERE {} = ANY($1)",
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+/// The statement the relay reads an object with: its columns as one JSON object.
+pub(crate) fn load_sql(table: &ModelTable) -> String {
+    format!(
+        "SELECT to_json(s)::text FROM (SELECT {} FROM {} WHERE {} = $1) AS s",
+        columns(table, ""),
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+/// Writes the rows with `sql`, then one outbox per model (and destination).
+async fn write_rows<M: ReplicatedModel>(
+    tx: &mut PgConnection,
+    batch: &ModelBatch<'_, M>,
+    sql: String,
+    operation: &'static str,
+) -> Result<u64, Error> {
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    let messages = batch.messages()?;
+    let done = sqlx::query(AssertSqlSafe(sql))
+        .bind(batch.rows_json()?)
+        .execute(&mut *tx)
+        .await
+        .map_err(on_table(operation))?;
+    write_all(&mut *tx, &messages).await?;
+    Ok(done.rows_affected())
+}
+
+/// Inserts new models and writes their outboxes, in the caller's transaction: two
+/// statements however many models there are. Returns the rows inserted. Fails, writing
+/// nothing, if a key exists already.
+pub async fn insert<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Postgres>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models").await
+}
+
+/// Updates existing models (matched by key) and writes their outboxes, in the caller's
+/// transaction: two statements however many models there are. Returns the rows updated; a
+/// model without a row still gets its outbox, delivered as a deletion.
+pub async fn update<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Postgres>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
+}
+
+/// Inserts or updates models (by key) and writes their outboxes, in the caller's
+/// transaction: two statements however many models there are. Returns the rows written. A
+/// key may appear only once in one call.
+pub async fn save<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Postgres>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+}
+
+/// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
+/// statements however many models there are. Each outbox carries the model's tombstone, for
+/// the deletion handler. Returns the rows deleted.
+pub async fn delete<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Postgres>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    write_all(&mut **tx, &batch.messages()?).await?;
+    let done = sqlx::query(AssertSqlSafe(delete_sql(&M::TABLE)))
+        .bind(batch.keys())
+        .execute(&mut **tx)
+        .await
+        .map_err(on_table("deleting models"))?;
+    Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: ModelTable = ModelTable {
+        table: "app.projects",
+        key: "id",
+        columns: &["id", "organization_id", "name"],
+        bool_columns: &[],
+    };
+
+    #[test]
+    fn statements_quote_identifiers_and_type_the_rows() {
+        assert_eq!(
+            save_sql(&TABLE),
+            "INSERT INTO \"app\".\"projects\" (\"id\", \"organization_id\", \"name\") \
+             SELECT s.\"id\", s.\"organization_id\", s.\"name\" \
+             FROM json_populate_recordset(NULL::\"app\".\"projects\", $1::text::json) AS s \
+             ON CONFLICT (\"id\") DO UPDATE SET \"organization_id\" = EXCLUDED.\"organization_id\", \
+             \"name\" = EXCLUDED.\"name\""
+        );
+        assert_eq!(
+            update_sql(&TABLE),
+            "UPDATE \"app\".\"projects\" AS m SET \"organization_id\" = s.\"organization_id\", \
+             \"name\" = s.\"name\" \
+             FROM json_populate_recordset(NULL::\"app\".\"projects\", $1::text::json) AS s \
+             WHERE m.\"id\" = s.\"id\""
+        );
+        assert_eq!(
+            load_sql(&TABLE),
+            "SELECT to_json(s)::text FROM (SELECT \"id\", \"organization_id\", \"name\" \
+             FROM \"app\".\"projects\" WHERE \"id\" = $1) AS s"
+        );
+    }
+}

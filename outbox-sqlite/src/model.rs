@@ -1,0 +1,229 @@
+//! Replicated models on SQLite: rows written together with their outboxes, one statement per
+//! table, and read back by the relay at delivery.
+//!
+//! The models travel to the database as one JSON array parameter, as the outbox rows do:
+//! `json_each` turns it into rows, `->>` into column values.
+
+use outbox_core::{Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, Transaction};
+
+use crate::error::on_table;
+use crate::write::write_all;
+
+/// An identifier (`projects`, or `app.projects`), quoted.
+fn quoted(identifier: &str) -> String {
+    identifier
+        .split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// `value ->> 'column'` for each column, from the `json_each` row `source`.
+fn values(table: &ModelTable, source: &str) -> Vec<String> {
+    table
+        .columns
+        .iter()
+        .map(|column| format!("{source}.value ->> '{column}'"))
+        .collect()
+}
+
+fn column_list(table: &ModelTable) -> String {
+    table
+        .columns
+        .iter()
+        .map(|column| quoted(column))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The columns an update sets: all but the key, or the key alone if it is the only one.
+fn updated_columns(table: &ModelTable) -> Vec<&'static str> {
+    let others: Vec<_> = table
+        .columns
+        .iter()
+        .copied()
+        .filter(|column| *column != table.key)
+        .collect();
+    if others.is_empty() {
+        vec![table.key]
+    } else {
+        others
+    }
+}
+
+fn insert_sql(table: &ModelTable) -> String {
+    format!(
+        "INSERT INTO {} ({}) SELECT {} FROM json_each(?1) AS s WHERE true ORDER BY s.key",
+        quoted(table.table),
+        column_list(table),
+        values(table, "s").join(", "),
+    )
+}
+
+fn save_sql(table: &ModelTable) -> String {
+    let set: Vec<String> = updated_columns(table)
+        .iter()
+        .map(|column| format!("{0} = excluded.{0}", quoted(column)))
+        .collect();
+    format!(
+        "{} ON CONFLICT ({}) DO UPDATE SET {}",
+        insert_sql(table),
+        quoted(table.key),
+        set.join(", "),
+    )
+}
+
+fn update_sql(table: &ModelTable) -> String {
+    let set: Vec<String> = updated_columns(table)
+        .iter()
+        .map(|column| format!("{} = s.value ->> '{column}'", quoted(column)))
+        .collect();
+    format!(
+        "UPDATE {} SET {} FROM json_each(?1) AS s WHERE {}.{} = s.value ->> '{}'",
+        quoted(table.table),
+        set.join(", "),
+        quoted(table.table),
+        quoted(table.key),
+        table.key,
+    )
+}
+
+fn delete_sql(table: &ModelTable) -> String {
+    format!(
+        "DELETE FROM {} WHERE {} IN (SELECT value FROM json_each(?1))",
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+/// The statement the relay reads an object with: its columns as one JSON object.
+pub(crate) fn load_sql(table: &ModelTable) -> String {
+    let fields: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| format!("'{column}', {}", quoted(column)))
+        .collect();
+    format!(
+        "SELECT json_object({}) FROM {} WHERE {} = ?1",
+        fields.join(", "),
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+async fn execute(
+    conn: &mut SqliteConnection,
+    sql: String,
+    parameter: String,
+    operation: &'static str,
+) -> Result<u64, Error> {
+    let done = sqlx::query(AssertSqlSafe(sql))
+        .bind(parameter)
+        .execute(conn)
+        .await
+        .map_err(on_table(operation))?;
+    Ok(done.rows_affected())
+}
+
+/// Writes the rows with `sql`, then one outbox per model (and destination).
+async fn write_rows<M: ReplicatedModel>(
+    tx: &mut SqliteConnection,
+    batch: &ModelBatch<'_, M>,
+    sql: String,
+    operation: &'static str,
+) -> Result<u64, Error> {
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    let messages = batch.messages()?;
+    let rows = execute(tx, sql, batch.rows_json()?, operation).await?;
+    write_all(&mut *tx, &messages).await?;
+    Ok(rows)
+}
+
+/// Inserts new models and writes their outboxes, in the caller's transaction: two
+/// statements however many models there are. Returns the rows inserted. Fails, writing
+/// nothing, if a key exists already.
+pub async fn insert<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Sqlite>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models").await
+}
+
+/// Updates existing models (matched by key) and writes their outboxes, in the caller's
+/// transaction: two statements however many models there are. Returns the rows updated; a
+/// model without a row still gets its outbox, delivered as a deletion.
+pub async fn update<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Sqlite>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
+}
+
+/// Inserts or updates models (by key) and writes their outboxes, in the caller's
+/// transaction: two statements however many models there are. Returns the rows written.
+pub async fn save<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Sqlite>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    write_rows(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+}
+
+/// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
+/// statements however many models there are. Each outbox carries the model's tombstone, for
+/// the deletion handler. Returns the rows deleted.
+pub async fn delete<'a, M: ReplicatedModel>(
+    tx: &mut Transaction<'_, Sqlite>,
+    models: impl IntoModelBatch<'a, M>,
+) -> Result<u64, Error> {
+    let batch = models.into_batch();
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    write_all(&mut **tx, &batch.messages()?).await?;
+    let keys = serde_json::Value::from(batch.keys()).to_string();
+    execute(&mut **tx, delete_sql(&M::TABLE), keys, "deleting models").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: ModelTable = ModelTable {
+        table: "app.projects",
+        key: "id",
+        columns: &["id", "organization_id", "name"],
+        bool_columns: &[],
+    };
+
+    #[test]
+    fn statements_quote_identifiers_and_read_json() {
+        assert_eq!(
+            save_sql(&TABLE),
+            "INSERT INTO \"app\".\"projects\" (\"id\", \"organization_id\", \"name\") \
+             SELECT s.value ->> 'id', s.value ->> 'organization_id', s.value ->> 'name' \
+             FROM json_each(?1) AS s WHERE true ORDER BY s.key \
+             ON CONFLICT (\"id\") DO UPDATE SET \"organization_id\" = excluded.\"organization_id\", \
+             \"name\" = excluded.\"name\""
+        );
+        assert_eq!(
+            load_sql(&TABLE),
+            "SELECT json_object('id', \"id\", 'organization_id', \"organization_id\", 'name', \
+             \"name\") FROM \"app\".\"projects\" WHERE \"id\" = ?1"
+        );
+    }
+
+    #[test]
+    fn a_key_only_table_updates_its_key() {
+        let table = ModelTable {
+            columns: &["id"],
+            ..TABLE
+        };
+        assert!(save_sql(&table).ends_with("DO UPDATE SET \"id\" = excluded.\"id\""));
+    }
+}
