@@ -80,7 +80,8 @@ pub trait FanOutModel: ReplicatedModel {}
 #[derive(Debug)]
 pub struct ModelBatch<'a, M> {
     models: &'a [M],
-    destinations: Vec<Destination>,
+    /// `None` for local models; the destinations of fan-out models (none: no outbox).
+    destinations: Option<Vec<Destination>>,
 }
 
 impl<'a, M: FanOutModel> ModelBatch<'a, M> {
@@ -91,20 +92,31 @@ impl<'a, M: FanOutModel> ModelBatch<'a, M> {
     ) -> Self {
         Self {
             models: models.as_models(),
-            destinations: destinations.into_iter().collect(),
+            destinations: Some(destinations.into_iter().collect()),
         }
     }
 }
 
-impl<M: ReplicatedModel> ModelBatch<'_, M> {
+impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
+    /// A batch of local models (what `&models` converts into).
+    pub fn local(models: impl ModelRefs<'a, M>) -> Self
+    where
+        M: LocalModel,
+    {
+        Self {
+            models: models.as_models(),
+            destinations: None,
+        }
+    }
+
     /// The models.
     pub fn models(&self) -> &[M] {
         self.models
     }
 
-    /// The fan-out destinations; empty for local models.
-    pub fn destinations(&self) -> &[Destination] {
-        &self.destinations
+    /// The fan-out destinations; `None` for local models.
+    pub fn destinations(&self) -> Option<&[Destination]> {
+        self.destinations.as_deref()
     }
 
     /// The models' object identifiers, in order.
@@ -115,21 +127,21 @@ impl<M: ReplicatedModel> ModelBatch<'_, M> {
     /// One outbox message per model (per model and destination, for fan-out models), in
     /// model order.
     pub fn messages(&self) -> Result<Vec<Message>, Error> {
-        let mut messages = Vec::with_capacity(self.models.len() * self.destinations.len().max(1));
+        let per_model = self.destinations.as_ref().map_or(1, Vec::len);
+        let mut messages = Vec::with_capacity(self.models.len() * per_model);
         for model in self.models {
             let local = Message::new::<M>(
                 model.shard_identifier(),
                 model.object_identifier(),
                 &model.tombstone(),
             )?;
-            if self.destinations.is_empty() {
-                messages.push(local);
-            } else {
-                messages.extend(
-                    self.destinations
+            match &self.destinations {
+                None => messages.push(local),
+                Some(destinations) => messages.extend(
+                    destinations
                         .iter()
                         .map(|destination| local.clone().with_destination(destination.clone())),
-                );
+                ),
             }
         }
         Ok(messages)
@@ -193,75 +205,68 @@ pub(crate) fn model_from_row<M: ReplicatedModel>(row: &str) -> Result<M, serde_j
     serde_json::from_value(value)
 }
 
-/// References to models: one, or a slice, array or vector of them.
+/// References to replicated models: one, or a slice, array or vector of them.
 pub trait ModelRefs<'a, M> {
     /// The models as a slice.
     fn as_models(self) -> &'a [M];
 }
 
-impl<'a, M> ModelRefs<'a, M> for &'a M {
+impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a M {
     fn as_models(self) -> &'a [M] {
         std::slice::from_ref(self)
     }
 }
 
-impl<'a, M> ModelRefs<'a, M> for &'a [M] {
+impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a [M] {
     fn as_models(self) -> &'a [M] {
         self
     }
 }
 
-impl<'a, M, const N: usize> ModelRefs<'a, M> for &'a [M; N] {
+impl<'a, M: ReplicatedModel, const N: usize> ModelRefs<'a, M> for &'a [M; N] {
     fn as_models(self) -> &'a [M] {
         self
     }
 }
 
-impl<'a, M> ModelRefs<'a, M> for &'a Vec<M> {
+impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a Vec<M> {
     fn as_models(self) -> &'a [M] {
         self
     }
 }
 
 /// What the backends' model writes accept: references to local models, or a
-/// [`ModelBatch`] of fan-out models with their destinations.
+/// [`ModelBatch`] (of fan-out models with their destinations, or of local models).
 pub trait IntoModelBatch<'a, M> {
     /// The batch.
     fn into_batch(self) -> ModelBatch<'a, M>;
 }
 
-fn local<'a, M: LocalModel>(models: impl ModelRefs<'a, M>) -> ModelBatch<'a, M> {
-    ModelBatch {
-        models: models.as_models(),
-        destinations: Vec::new(),
-    }
-}
-
 impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a M {
     fn into_batch(self) -> ModelBatch<'a, M> {
-        local(self)
+        ModelBatch::local(self)
     }
 }
 
 impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a [M] {
     fn into_batch(self) -> ModelBatch<'a, M> {
-        local(self)
+        ModelBatch::local(self)
     }
 }
 
 impl<'a, M: LocalModel, const N: usize> IntoModelBatch<'a, M> for &'a [M; N] {
     fn into_batch(self) -> ModelBatch<'a, M> {
-        local(self)
+        ModelBatch::local(self)
     }
 }
 
 impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a Vec<M> {
     fn into_batch(self) -> ModelBatch<'a, M> {
-        local(self)
+        ModelBatch::local(self)
     }
 }
 
-impl<'a, M: FanOutModel> IntoModelBatch<'a, M> for ModelBatch<'a, M> {
+impl<'a, M: ReplicatedModel> IntoModelBatch<'a, M> for ModelBatch<'a, M> {
     fn into_batch(self) -> ModelBatch<'a, M> {
         self
     }

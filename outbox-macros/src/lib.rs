@@ -26,6 +26,8 @@ mod common;
 mod handler;
 mod model;
 mod scope;
+#[cfg(test)]
+mod tests;
 
 use proc_macro::TokenStream;
 

@@ -2,7 +2,23 @@
 
 use std::future::Future;
 
-use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey, Store};
+use outbox_core::{
+    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
+    Store,
+};
+
+/// A model write of the backends: `insert`, `update`, `save` or `delete`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelWrite {
+    /// Insert new rows.
+    Insert,
+    /// Update existing rows.
+    Update,
+    /// Insert or update.
+    Save,
+    /// Delete.
+    Delete,
+}
 
 /// A fresh database of one backend, with what the conformance suite needs to drive it.
 ///
@@ -55,6 +71,19 @@ pub trait TestBackend: Send + Sync + Sized + 'static {
         object_identifier: i64,
         payload_json: &str,
     ) -> impl Future<Output = MessageId> + Send;
+
+    /// Runs a statement of the application's own: creating a table, or changing a row behind
+    /// the outbox's back.
+    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send;
+
+    /// In one transaction, applies the backend's model write `write` to `models`, then commits,
+    /// or rolls back if `commit` is false. Returns the rows the write affected.
+    fn write_models<M: ReplicatedModel>(
+        &self,
+        write: ModelWrite,
+        models: ModelBatch<'_, M>,
+        commit: bool,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Whether business row `id` exists.
     fn business_row_exists(&self, id: i64) -> impl Future<Output = bool> + Send;

@@ -17,4 +17,4 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use crate::backend::TestBackend;
+pub use crate::backend::{ModelWrite, TestBackend};

@@ -6,12 +6,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey};
+use outbox_core::{
+    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
+};
 use outbox_postgres::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
-use crate::backend::TestBackend;
+use crate::backend::{ModelWrite, TestBackend};
 use crate::counting::CountingExecutor;
 
 /// The server used when `DATABASE_URL` names no PostgreSQL database.
@@ -252,6 +254,34 @@ impl TestBackend for PgBackend {
         .await
         .expect("insert a raw outbox row");
         MessageId(id)
+    }
+
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(self.database.pool())
+            .await
+            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+    }
+
+    async fn write_models<M: ReplicatedModel>(
+        &self,
+        write: ModelWrite,
+        models: ModelBatch<'_, M>,
+        commit: bool,
+    ) -> Result<u64, Error> {
+        let mut tx = self.database.pool().begin().await.expect("begin");
+        let rows = match write {
+            ModelWrite::Insert => outbox_postgres::insert(&mut tx, models).await?,
+            ModelWrite::Update => outbox_postgres::update(&mut tx, models).await?,
+            ModelWrite::Save => outbox_postgres::save(&mut tx, models).await?,
+            ModelWrite::Delete => outbox_postgres::delete(&mut tx, models).await?,
+        };
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("roll back");
+        }
+        Ok(rows)
     }
 
     async fn business_row_exists(&self, id: i64) -> bool {

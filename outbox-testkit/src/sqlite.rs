@@ -1,11 +1,13 @@
 //! Temporary SQLite databases for tests, and the SQLite [`TestBackend`].
 
-use outbox_core::{BoxError, Error, HandlerContext, Message, MessageId, ShardKey};
+use outbox_core::{
+    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
+};
 use outbox_sqlite::SqliteStore;
 use sqlx::{SqliteConnection, SqlitePool};
 use tempfile::TempDir;
 
-use crate::backend::TestBackend;
+use crate::backend::{ModelWrite, TestBackend};
 use crate::counting::CountingExecutor;
 
 /// A database file in a temporary directory, removed when this value is dropped.
@@ -168,6 +170,39 @@ impl TestBackend for SqliteBackend {
         .await
         .expect("insert a raw outbox row");
         MessageId(id)
+    }
+
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(self.database.pool())
+            .await
+            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+    }
+
+    async fn write_models<M: ReplicatedModel>(
+        &self,
+        write: ModelWrite,
+        models: ModelBatch<'_, M>,
+        commit: bool,
+    ) -> Result<u64, Error> {
+        let mut tx = self
+            .database
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("begin");
+        let rows = match write {
+            ModelWrite::Insert => outbox_sqlite::insert(&mut tx, models).await?,
+            ModelWrite::Update => outbox_sqlite::update(&mut tx, models).await?,
+            ModelWrite::Save => outbox_sqlite::save(&mut tx, models).await?,
+            ModelWrite::Delete => outbox_sqlite::delete(&mut tx, models).await?,
+        };
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("roll back");
+        }
+        Ok(rows)
     }
 
     async fn business_row_exists(&self, id: i64) -> bool {

@@ -12,6 +12,7 @@
 mod concurrency;
 mod delivery;
 mod failure;
+mod models;
 mod relay;
 mod write;
 
@@ -25,6 +26,7 @@ use outbox_core::{Backoff, Message, MessageId, RelayConfig, ShardKey, Store};
 pub use self::concurrency::*;
 pub use self::delivery::*;
 pub use self::failure::*;
+pub use self::models::*;
 pub use self::relay::*;
 pub use self::write::*;
 use crate::backend::TestBackend;
@@ -70,6 +72,10 @@ macro_rules! conformance_tests {
             missing_migration_is_a_typed_error,
             run_delivers_new_writes_and_stops_gracefully,
             shutdown_deadline_abandons_stuck_shards,
+            models_replicate_while_present_and_delete_once_gone,
+            model_writes_commit_and_roll_back_with_the_transaction,
+            fan_out_models_reach_each_destination,
+            unreadable_model_rows_are_precise_failures,
         );
     };
     (@each $backend:ty; $($name:ident),* $(,)?) => {
