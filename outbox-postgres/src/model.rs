@@ -6,7 +6,7 @@
 //! each value to its column's type.
 
 use outbox_core::{Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, Postgres, Transaction};
 
 use crate::error::on_table;
 use crate::write::write_all;
@@ -108,22 +108,44 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
 }
 
 /// Writes the rows with `sql`, then one outbox per model (and destination).
-async fn write_rows<M: ReplicatedModel>(
-    tx: &mut PgConnection,
+async fn write_rows<M, C>(
+    conn: &mut C,
     batch: &ModelBatch<'_, M>,
     sql: String,
     operation: &'static str,
-) -> Result<u64, Error> {
+) -> Result<u64, Error>
+where
+    M: ReplicatedModel,
+    for<'c> &'c mut C: PgExecutor<'c>,
+{
     if batch.models().is_empty() {
         return Ok(0);
     }
     let messages = batch.messages()?;
     let done = sqlx::query(AssertSqlSafe(sql))
         .bind(batch.rows_json()?)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .map_err(on_table(operation))?;
-    write_all(&mut *tx, &messages).await?;
+    write_all(&mut *conn, &messages).await?;
+    Ok(done.rows_affected())
+}
+
+/// Writes the outboxes (with the tombstones), then deletes the rows.
+async fn delete_rows<M, C>(conn: &mut C, batch: &ModelBatch<'_, M>) -> Result<u64, Error>
+where
+    M: ReplicatedModel,
+    for<'c> &'c mut C: PgExecutor<'c>,
+{
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    write_all(&mut *conn, &batch.messages()?).await?;
+    let done = sqlx::query(AssertSqlSafe(delete_sql(&M::TABLE)))
+        .bind(batch.keys())
+        .execute(&mut *conn)
+        .await
+        .map_err(on_table("deleting models"))?;
     Ok(done.rows_affected())
 }
 
@@ -135,7 +157,8 @@ pub async fn insert<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models").await
+    write_rows::<M, PgConnection>(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models")
+        .await
 }
 
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
@@ -146,7 +169,7 @@ pub async fn update<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
+    write_rows::<M, PgConnection>(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
 }
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
@@ -157,7 +180,7 @@ pub async fn save<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+    write_rows::<M, PgConnection>(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
 }
 
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
@@ -167,17 +190,7 @@ pub async fn delete<'a, M: ReplicatedModel>(
     tx: &mut Transaction<'_, Postgres>,
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
-    let batch = models.into_batch();
-    if batch.models().is_empty() {
-        return Ok(0);
-    }
-    write_all(&mut **tx, &batch.messages()?).await?;
-    let done = sqlx::query(AssertSqlSafe(delete_sql(&M::TABLE)))
-        .bind(batch.keys())
-        .execute(&mut **tx)
-        .await
-        .map_err(on_table("deleting models"))?;
-    Ok(done.rows_affected())
+    delete_rows::<M, PgConnection>(&mut **tx, &models.into_batch()).await
 }
 
 #[cfg(test)]
@@ -190,6 +203,52 @@ mod tests {
         columns: &["id", "organization_id", "name"],
         bool_columns: &[],
     };
+
+    /// One statement for the table, one for the outbox, however many models.
+    #[tokio::test]
+    async fn bulk_writes_are_one_statement_per_table() {
+        use outbox_core::ModelBatch;
+        use outbox_testkit::counting::CountingExecutor;
+        use outbox_testkit::fixtures::{MODEL_TABLES, Project};
+        use outbox_testkit::postgres::PgTestDatabase;
+
+        let database = PgTestDatabase::create().await;
+        crate::migrate(database.pool()).await.expect("migrate");
+        sqlx::query(MODEL_TABLES[0])
+            .execute(database.pool())
+            .await
+            .expect("create projects");
+        let projects: Vec<_> = (1..=100).map(|id| Project::new(id, id % 7, "p")).collect();
+        let batch = ModelBatch::local(&projects);
+        let mut tx = database.pool().begin().await.expect("begin");
+        for (write, sql) in [
+            ("insert", insert_sql(&Project::TABLE)),
+            ("update", update_sql(&Project::TABLE)),
+            ("save", save_sql(&Project::TABLE)),
+        ] {
+            let mut counting = CountingExecutor::<PgConnection>::new(&mut tx);
+            let rows = write_rows::<Project, CountingExecutor<'_, PgConnection>>(
+                &mut counting,
+                &batch,
+                sql,
+                "writing",
+            )
+            .await
+            .expect(write);
+            assert_eq!((write, rows, counting.statements()), (write, 100, 2));
+        }
+        let mut counting = CountingExecutor::<PgConnection>::new(&mut tx);
+        let rows =
+            delete_rows::<Project, CountingExecutor<'_, PgConnection>>(&mut counting, &batch)
+                .await
+                .expect("delete");
+        assert_eq!((rows, counting.statements()), (100, 2));
+        let outboxes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("count");
+        assert_eq!(outboxes, 400, "one outbox per model and write");
+    }
 
     #[test]
     fn statements_quote_identifiers_and_type_the_rows() {

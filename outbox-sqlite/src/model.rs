@@ -5,7 +5,7 @@
 //! `json_each` turns it into rows, `->>` into column values.
 
 use outbox_core::{Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
-use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, Transaction};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, SqliteExecutor, Transaction};
 
 use crate::error::on_table;
 use crate::write::write_all;
@@ -112,34 +112,52 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     )
 }
 
-async fn execute(
-    conn: &mut SqliteConnection,
+async fn execute<'e>(
+    executor: impl SqliteExecutor<'e>,
     sql: String,
     parameter: String,
     operation: &'static str,
 ) -> Result<u64, Error> {
     let done = sqlx::query(AssertSqlSafe(sql))
         .bind(parameter)
-        .execute(conn)
+        .execute(executor)
         .await
         .map_err(on_table(operation))?;
     Ok(done.rows_affected())
 }
 
 /// Writes the rows with `sql`, then one outbox per model (and destination).
-async fn write_rows<M: ReplicatedModel>(
-    tx: &mut SqliteConnection,
+async fn write_rows<M, C>(
+    conn: &mut C,
     batch: &ModelBatch<'_, M>,
     sql: String,
     operation: &'static str,
-) -> Result<u64, Error> {
+) -> Result<u64, Error>
+where
+    M: ReplicatedModel,
+    for<'c> &'c mut C: SqliteExecutor<'c>,
+{
     if batch.models().is_empty() {
         return Ok(0);
     }
     let messages = batch.messages()?;
-    let rows = execute(tx, sql, batch.rows_json()?, operation).await?;
-    write_all(&mut *tx, &messages).await?;
+    let rows = execute(&mut *conn, sql, batch.rows_json()?, operation).await?;
+    write_all(&mut *conn, &messages).await?;
     Ok(rows)
+}
+
+/// Writes the outboxes (with the tombstones), then deletes the rows.
+async fn delete_rows<M, C>(conn: &mut C, batch: &ModelBatch<'_, M>) -> Result<u64, Error>
+where
+    M: ReplicatedModel,
+    for<'c> &'c mut C: SqliteExecutor<'c>,
+{
+    if batch.models().is_empty() {
+        return Ok(0);
+    }
+    write_all(&mut *conn, &batch.messages()?).await?;
+    let keys = serde_json::Value::from(batch.keys()).to_string();
+    execute(&mut *conn, delete_sql(&M::TABLE), keys, "deleting models").await
 }
 
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
@@ -150,7 +168,8 @@ pub async fn insert<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models").await
+    write_rows::<M, SqliteConnection>(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models")
+        .await
 }
 
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
@@ -161,7 +180,8 @@ pub async fn update<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
+    write_rows::<M, SqliteConnection>(&mut **tx, &batch, update_sql(&M::TABLE), "updating models")
+        .await
 }
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
@@ -171,7 +191,7 @@ pub async fn save<'a, M: ReplicatedModel>(
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
     let batch = models.into_batch();
-    write_rows(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+    write_rows::<M, SqliteConnection>(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
 }
 
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
@@ -181,13 +201,7 @@ pub async fn delete<'a, M: ReplicatedModel>(
     tx: &mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> Result<u64, Error> {
-    let batch = models.into_batch();
-    if batch.models().is_empty() {
-        return Ok(0);
-    }
-    write_all(&mut **tx, &batch.messages()?).await?;
-    let keys = serde_json::Value::from(batch.keys()).to_string();
-    execute(&mut **tx, delete_sql(&M::TABLE), keys, "deleting models").await
+    delete_rows::<M, SqliteConnection>(&mut **tx, &models.into_batch()).await
 }
 
 #[cfg(test)]
@@ -216,6 +230,52 @@ mod tests {
             "SELECT json_object('id', \"id\", 'organization_id', \"organization_id\", 'name', \
              \"name\") FROM \"app\".\"projects\" WHERE \"id\" = ?1"
         );
+    }
+
+    /// One statement for the table, one for the outbox, however many models.
+    #[tokio::test]
+    async fn bulk_writes_are_one_statement_per_table() {
+        use outbox_core::ModelBatch;
+        use outbox_testkit::counting::CountingExecutor;
+        use outbox_testkit::fixtures::{MODEL_TABLES, Project};
+        use outbox_testkit::sqlite::SqliteTestDatabase;
+
+        let database = SqliteTestDatabase::create().await;
+        crate::migrate(database.pool()).await.expect("migrate");
+        sqlx::query(MODEL_TABLES[0])
+            .execute(database.pool())
+            .await
+            .expect("create projects");
+        let projects: Vec<_> = (1..=100).map(|id| Project::new(id, id % 7, "p")).collect();
+        let batch = ModelBatch::local(&projects);
+        let mut tx = database.pool().begin().await.expect("begin");
+        for (write, sql) in [
+            ("insert", insert_sql(&Project::TABLE)),
+            ("update", update_sql(&Project::TABLE)),
+            ("save", save_sql(&Project::TABLE)),
+        ] {
+            let mut counting = CountingExecutor::<SqliteConnection>::new(&mut tx);
+            let rows = write_rows::<Project, CountingExecutor<'_, SqliteConnection>>(
+                &mut counting,
+                &batch,
+                sql,
+                "writing",
+            )
+            .await
+            .expect(write);
+            assert_eq!((write, rows, counting.statements()), (write, 100, 2));
+        }
+        let mut counting = CountingExecutor::<SqliteConnection>::new(&mut tx);
+        let rows =
+            delete_rows::<Project, CountingExecutor<'_, SqliteConnection>>(&mut counting, &batch)
+                .await
+                .expect("delete");
+        assert_eq!((rows, counting.statements()), (100, 2));
+        let outboxes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("count");
+        assert_eq!(outboxes, 400, "one outbox per model and write");
     }
 
     #[test]
