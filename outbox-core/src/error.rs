@@ -207,19 +207,25 @@ pub enum RegistryProblem {
     /// A declared category has no handler and is not declared `no_op`: its messages would
     /// never be delivered.
     #[error(
-        "category {category} has no handler: add an `#[outbox_handler]` function or \
-         `Registry::builder().handle::<{}>(..)`, or declare it with `no_op` if its messages \
-         need no handling",
-        category.name
+        "category {category} has no handler: add an `#[outbox_handler]` function taking \
+         `Delivery<{type_name}>` or call `Registry::builder().handle::<{type_name}>(..)`, or \
+         declare it with `no_op` if its messages need no handling. If its handler is in another \
+         crate, that crate may not be linked into this binary: a dependency named only in \
+         Cargo.toml is linked once the source names it, e.g. `use the_handlers_crate as _;`"
     )]
     MissingHandler {
         /// The category.
         category: Site,
+        /// The category's type, as the source names it.
+        type_name: &'static str,
     },
     /// A replicated model lacks its replication or its deletion handler.
     #[error(
         "replicated model {category} has no {kind} handler: add an `#[outbox_handler]` async fn \
-         taking `{kind}<{model_type}>`"
+         taking `{kind}<{model_type}>`, or call `Registry::builder().{}::<{model_type}>(..)`. \
+         If it is in another crate, that crate may not be linked into this binary: name it in \
+         the source, e.g. `use the_handlers_crate as _;`",
+        kind.to_lowercase()
     )]
     MissingModelHandler {
         /// The model's category.

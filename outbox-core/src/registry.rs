@@ -486,6 +486,7 @@ fn category_handler(
         (None, _) => {
             problems.push(RegistryProblem::MissingHandler {
                 category: declared.site(),
+                type_name: declared.type_name,
             });
             None
         }
@@ -594,14 +595,14 @@ mod tests {
                 RegistryProblem::DuplicateHandler { category, .. } => {
                     ("handlers", category.name, category.id, "", 0)
                 }
-                RegistryProblem::MissingHandler { category } => {
+                RegistryProblem::MissingHandler { category, .. } => {
                     ("missing", category.name, category.id, "", 0)
                 }
                 RegistryProblem::UndeclaredCategory { category } => {
                     ("undeclared", category.name, category.id, "", 0)
                 }
                 RegistryProblem::MissingModelHandler { category, kind, .. } => {
-                    ("missing model", category.name, category.id, kind, 0)
+                    ("missing model", category.name, category.id, *kind, 0)
                 }
                 RegistryProblem::DeliveryHandlerForModel { category, .. } => {
                     ("delivery for model", category.name, category.id, "", 0)
@@ -653,6 +654,71 @@ mod tests {
         let (first, second) = (first.unwrap(), second.unwrap());
         assert_eq!(first.file, file!());
         assert_eq!(second.line, first.line + 1, "each registration's own line");
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Thing {
+        id: i64,
+    }
+    impl Category for Thing {
+        type Scope = Org;
+        type Payload = ();
+        const ID: CategoryId = CategoryId(30);
+        const NAME: &'static str = "thing";
+    }
+    impl ReplicatedModel for Thing {
+        const TABLE: ModelTable = ModelTable {
+            table: "things",
+            key: "id",
+            columns: &["id"],
+            bool_columns: &[],
+        };
+        fn object_identifier(&self) -> i64 {
+            self.id
+        }
+        fn shard_identifier(&self) -> i64 {
+            1
+        }
+        fn tombstone(&self) {}
+    }
+
+    async fn ok<T>(_: T) -> Result<(), BoxErrorAlias> {
+        Ok(())
+    }
+    type BoxErrorAlias = crate::BoxError;
+
+    #[test]
+    fn a_model_needs_one_replication_and_one_deletion_handler() {
+        let registry = Registry::builder()
+            .replication::<Thing>(ok::<crate::Replication<Thing>>)
+            .deletion::<Thing>(ok::<crate::Deletion<Thing>>)
+            .build()
+            .unwrap();
+        let info = registry.category(Thing::ID).unwrap();
+        assert_eq!(info.model, Some(Thing::TABLE));
+
+        let error = Registry::builder()
+            .replication::<Thing>(ok::<crate::Replication<Thing>>)
+            .replication::<Thing>(ok::<crate::Replication<Thing>>)
+            .handle::<Thing>(NoOp)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            summary(&error),
+            [
+                ("handlers", "thing", 30, "", 0),
+                ("delivery for model", "thing", 30, "", 0),
+                ("missing model", "thing", 30, "Deletion", 0),
+            ]
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(
+                "has no Deletion handler: add an `#[outbox_handler]` async fn taking \
+                 `Deletion<Thing>`, or call `Registry::builder().deletion::<Thing>(..)`"
+            ) && text.contains("is a replicated model: its handlers take `Replication<_>`"),
+            "{text}"
+        );
     }
 
     #[test]

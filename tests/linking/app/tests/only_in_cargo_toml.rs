@@ -39,7 +39,13 @@ fn the_handler_is_found_or_reported_never_silently_dropped() {
             let Error::Registry { problems } = &error else {
                 panic!("expected a registry error, got {error:?}");
             };
-            let [RegistryProblem::MissingHandler { category }] = problems.as_slice() else {
+            let [
+                RegistryProblem::MissingHandler {
+                    category,
+                    type_name,
+                },
+            ] = problems.as_slice()
+            else {
                 panic!("expected exactly one MissingHandler problem, got {problems:?}");
             };
             assert_eq!(
@@ -53,8 +59,12 @@ fn the_handler_is_found_or_reported_never_silently_dropped() {
                 ProjectRenamed::NAME,
                 ProjectRenamed::ID.0
             );
+            assert_eq!(*type_name, "ProjectRenamed");
             assert!(
-                text.contains(&expected) && text.contains("has no handler"),
+                text.contains(&expected)
+                    && text.contains("has no handler")
+                    && text.contains("`Delivery<ProjectRenamed>`")
+                    && text.contains("`use the_handlers_crate as _;`"),
                 "{text}"
             );
         }
