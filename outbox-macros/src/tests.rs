@@ -3,17 +3,19 @@
 //! `prettyplease` and compared with a committed file in `src/snapshots/`. Each snapshot's
 //! header (`description`) shows the input as the user writes it.
 //!
-//! A stale snapshot fails the test with a diff. After changing an expansion on purpose,
-//! re-bless every snapshot with
+//! A stale or missing snapshot fails its test with a diff (and, outside CI, leaves the new
+//! expansion beside it as `<name>.snap.new`, ignored by git). After changing an expansion on
+//! purpose, re-bless every snapshot with
 //!
 //! ```text
 //! INSTA_UPDATE=always cargo test -p outbox-macros
 //! ```
 //!
-//! (no `cargo-insta` needed; with it, `cargo insta test -p outbox-macros --review`), then read
-//! the diff of `outbox-macros/src/snapshots/` before committing it: the snapshots are the
-//! reviewed contract of what users' crates compile. Under `CI=true` insta writes nothing and
-//! a missing or stale snapshot fails.
+//! which needs no `cargo-insta` (with it installed, `cargo insta review` accepts the
+//! `.snap.new` files one by one instead). Then read `git diff outbox-macros/src/snapshots/`
+//! before committing: the snapshots are the reviewed record of what users' crates compile.
+//! A renamed or removed test leaves its old `.snap` file behind: delete it by hand. Under
+//! `CI=true` insta writes nothing, so a stale snapshot can only fail there.
 
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -22,16 +24,89 @@ use crate::common::{self, Expansion};
 use crate::{category, handler, model, scope};
 
 /// The expansion of `#[attribute(args)] item`, as the compiler gets it, pretty-printed.
-fn expand(expansion: Expansion, args: &TokenStream, item: &TokenStream) -> String {
-    let output = common::expand(args.clone(), item.clone(), expansion);
+fn expand(expansion: Expansion, args: &str, item: &TokenStream) -> String {
+    let output = common::expand(tokens(args), item.clone(), expansion);
     let file: syn::File = syn::parse2(output.clone()).unwrap_or_else(|error| {
         panic!("the expansion is not a list of items ({error}):\n{output}")
     });
-    prettyplease::unparse(&file)
+    unparse(file)
+}
+
+fn tokens(args: &str) -> TokenStream {
+    args.parse().expect("the arguments are tokens")
+}
+
+/// `file` pretty-printed, with the bodies of `inventory::submit! { .. }` (which `prettyplease`
+/// prints as a flat run of tokens) laid out as the expressions they are.
+fn unparse(mut file: syn::File) -> String {
+    let mut bodies = Vec::new();
+    for item in &mut file.items {
+        match item {
+            syn::Item::Macro(item) => format_body(&mut item.mac, &mut bodies),
+            syn::Item::Const(item) => {
+                if let syn::Expr::Block(block) = &mut *item.expr {
+                    for statement in &mut block.block.stmts {
+                        match statement {
+                            syn::Stmt::Macro(statement) => {
+                                format_body(&mut statement.mac, &mut bodies);
+                            }
+                            syn::Stmt::Item(syn::Item::Macro(item)) => {
+                                format_body(&mut item.mac, &mut bodies);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut text = prettyplease::unparse(&file);
+    for (placeholder, body) in bodies {
+        let line_start = text[..text.find(&placeholder).expect("placeholder printed")]
+            .rfind('\n')
+            .map_or(0, |newline| newline + 1);
+        let indent = text[line_start..]
+            .chars()
+            .take_while(|c| *c == ' ')
+            .collect::<String>();
+        let body = body
+            .lines()
+            .map(|line| format!("{indent}{line}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        text = text.replacen(&format!("{indent}{placeholder}"), &body, 1);
+    }
+    text
+}
+
+/// Replaces the body of `inventory::submit! { <expression> }` by a placeholder, and records
+/// the expression pretty-printed.
+fn format_body(mac: &mut syn::Macro, bodies: &mut Vec<(String, String)>) {
+    if mac
+        .path
+        .segments
+        .last()
+        .is_none_or(|last| last.ident != "submit")
+    {
+        return;
+    }
+    let Ok(expr) = mac.parse_body::<syn::Expr>() else {
+        return;
+    };
+    let placeholder = format!("__submitted_{}", bodies.len());
+    let printed = prettyplease::unparse(&syn::parse_quote!(const _: () = #expr;));
+    let printed = printed
+        .strip_prefix("const _: () = ")
+        .and_then(|rest| rest.strip_suffix(";\n"))
+        .expect("a const item, as printed by prettyplease")
+        .to_owned();
+    mac.tokens = tokens(&placeholder);
+    bodies.push((placeholder, printed));
 }
 
 /// `#[attribute(args)]` on `item`, as a user writes it: the snapshot's description.
-fn input(attribute: &str, args: &TokenStream, item: &TokenStream) -> String {
+fn input(attribute: &str, args: &str, item: &TokenStream) -> String {
     let file: syn::File = syn::parse2(item.clone()).expect("the input item parses");
     let args = if args.is_empty() {
         String::new()
@@ -47,7 +122,7 @@ fn check(
     name: &str,
     attribute: &str,
     expansion: Expansion,
-    args: &TokenStream,
+    args: &str,
     item: &TokenStream,
 ) -> String {
     let expanded = expand(expansion, args, item);
@@ -61,19 +136,13 @@ fn check(
 
 /// Checks an expansion that succeeds: the user's item comes first, unchanged, and nothing
 /// reports an error.
-fn check_ok(
-    name: &str,
-    attribute: &str,
-    expansion: Expansion,
-    args: &TokenStream,
-    item: &TokenStream,
-) {
+fn check_ok(name: &str, attribute: &str, expansion: Expansion, args: &str, item: &TokenStream) {
     let expanded = check(name, attribute, expansion, args, item);
-    let user_item = input("", &TokenStream::new(), item);
-    let user_item = user_item.strip_prefix("#[]\n").expect("no attribute");
-    assert!(
-        expanded.starts_with(user_item),
-        "the expansion does not start with the user's item:\n{expanded}"
+    let file: syn::File = syn::parse_str(&expanded).expect("the expansion parses");
+    assert_eq!(
+        file.items.first(),
+        Some(&syn::parse2::<syn::Item>(item.clone()).expect("the input item parses")),
+        "the expansion starts with the user's item, unchanged"
     );
     assert!(!expanded.contains("compile_error"), "{expanded}");
 }
@@ -84,11 +153,11 @@ fn check_error(
     name: &str,
     attribute: &str,
     expansion: Expansion,
-    args: &TokenStream,
+    args: &str,
     item: &TokenStream,
     message: &str,
 ) {
-    let output = common::expand(args.clone(), item.clone(), expansion);
+    let output = common::expand(tokens(args), item.clone(), expansion);
     let file: syn::File = syn::parse2(output).expect("the error expansion parses");
     let (user_item, error) = match &file.items[..] {
         [user_item, syn::Item::Macro(error)] => (user_item, error),
@@ -100,13 +169,12 @@ fn check_error(
         "the user's item is kept as it is"
     );
     assert!(
-        error.mac.path.is_ident("compile_error")
-            || error
-                .mac
-                .path
-                .segments
-                .last()
-                .is_some_and(|last| last.ident == "compile_error"),
+        error
+            .mac
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "compile_error"),
         "not a `compile_error!`: {error:#?}"
     );
     let reported: syn::LitStr = error.mac.parse_body().expect("one message");
@@ -126,7 +194,7 @@ fn scope() {
         "scope",
         "outbox_scope",
         scope::expand,
-        &quote!(id = 1),
+        "id = 1",
         &quote!(
             struct Organization;
         ),
@@ -139,7 +207,7 @@ fn scope_with_name() {
         "scope_with_name",
         "outbox_scope",
         scope::expand,
-        &quote!(id = 2, name = "audit"),
+        r#"id = 2, name = "audit""#,
         &quote!(
             pub struct AuditLog;
         ),
@@ -154,7 +222,7 @@ fn category() {
         "category",
         "outbox_category",
         category::expand,
-        &quote!(scope = Organization, id = 10),
+        "scope = Organization, id = 10",
         &quote! {
             #[derive(Serialize, Deserialize)]
             pub struct ProjectUpdate {
@@ -170,7 +238,7 @@ fn category_without_coalescing() {
         "category_without_coalescing",
         "outbox_category",
         category::expand,
-        &quote!(scope = crate::scopes::AuditLog, id = 11, coalesce = false),
+        "scope = crate::scopes::AuditLog, id = 11, coalesce = false",
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct AuditEntry {
@@ -186,7 +254,7 @@ fn category_no_op() {
         "category_no_op",
         "outbox_category",
         category::expand,
-        &quote!(scope = Organization, id = 12, no_op),
+        "scope = Organization, id = 12, no_op",
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct CacheHint;
@@ -200,7 +268,7 @@ fn category_with_name() {
         "category_with_name",
         "outbox_category",
         category::expand,
-        &quote!(scope = Organization, id = 13, name = "project.renamed"),
+        r#"scope = Organization, id = 13, name = "project.renamed""#,
         &quote! {
             #[derive(Serialize, Deserialize)]
             enum Renamed {
@@ -218,12 +286,7 @@ fn model_local() {
         "model_local",
         "replicated_model",
         model::expand,
-        &quote!(
-            scope = Organization,
-            id = 20,
-            table = "projects",
-            shard = organization_id
-        ),
+        r#"scope = Organization, id = 20, table = "projects", shard = organization_id"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
             pub struct Project {
@@ -243,16 +306,7 @@ fn model_fan_out() {
         "model_fan_out",
         "replicated_model",
         model::expand,
-        &quote!(
-            scope = Organization,
-            id = 21,
-            name = "member",
-            table = "app.members",
-            shard = org,
-            key = member_id,
-            tombstone = MemberTombstone,
-            fan_out
-        ),
+        r#"scope = Organization, id = 21, name = "member", table = "app.members", shard = org, key = member_id, tombstone = MemberTombstone, fan_out"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct Member {
@@ -272,7 +326,7 @@ fn handler_of_a_category() {
         "handler_of_a_category",
         "outbox_handler",
         handler::expand,
-        &TokenStream::new(),
+        "",
         &quote! {
             async fn record_audit(delivery: Delivery<AuditEntry>) -> Result<(), std::io::Error> {
                 audit(delivery.payload.action);
@@ -288,7 +342,7 @@ fn handler_of_a_category_with_context() {
         "handler_of_a_category_with_context",
         "outbox_handler",
         handler::expand,
-        &TokenStream::new(),
+        "",
         &quote! {
             pub async fn replicate_project(
                 update: Delivery<crate::ProjectUpdate>,
@@ -307,7 +361,7 @@ fn handler_of_replications() {
         "handler_of_replications",
         "outbox_handler",
         handler::expand,
-        &TokenStream::new(),
+        "",
         &quote! {
             async fn replicate_project(replication: Replication<Project>) -> Result<(), BoxError> {
                 upsert(&replication.object).await
@@ -322,7 +376,7 @@ fn handler_of_deletions() {
         "handler_of_deletions",
         "outbox_handler",
         handler::expand,
-        &TokenStream::new(),
+        "",
         &quote! {
             async fn delete_member(
                 deletion: Deletion<Member>,
@@ -342,7 +396,7 @@ fn error_unknown_key() {
         "error_unknown_key",
         "outbox_category",
         category::expand,
-        &quote!(scope = Organization, id = 10, colour = "red"),
+        r#"scope = Organization, id = 10, colour = "red""#,
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct ProjectUpdate {
@@ -359,7 +413,7 @@ fn error_missing_scope() {
         "error_missing_scope",
         "outbox_category",
         category::expand,
-        &quote!(id = 10),
+        "id = 10",
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct ProjectUpdate {
@@ -376,12 +430,7 @@ fn error_missing_shard_field() {
         "error_missing_shard_field",
         "replicated_model",
         model::expand,
-        &quote!(
-            scope = Organization,
-            id = 20,
-            table = "projects",
-            shard = org_id
-        ),
+        r#"scope = Organization, id = 20, table = "projects", shard = org_id"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
             struct Project {
@@ -399,7 +448,7 @@ fn error_handler_not_async() {
         "error_handler_not_async",
         "outbox_handler",
         handler::expand,
-        &TokenStream::new(),
+        "",
         &quote! {
             fn record_audit(delivery: Delivery<AuditEntry>) -> Result<(), BoxError> {
                 Ok(())
