@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 
 use crate::error::{BoxError, DeliveryError};
-use crate::model::{Category, Destination, MessageId, ShardKey};
+use crate::model::{Category, Destination, MessageId, Payload, ShardKey};
 use crate::registry::StateMap;
 use crate::store::StoredMessage;
 
@@ -195,13 +195,11 @@ impl<C: Category, H: Handler<C>> ErasedHandler for Typed<C, H> {
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
             let message_id = delivery.message.id;
-            let payload: C::Payload =
-                serde_json::from_str(&delivery.message.payload).map_err(|source| {
-                    DeliveryError::Payload {
-                        category: C::NAME,
-                        message_id,
-                        source,
-                    }
+            let payload = <C::Payload as Payload>::from_json_str(&delivery.message.payload)
+                .map_err(|source| DeliveryError::Payload {
+                    category: C::NAME,
+                    message_id,
+                    source,
                 })?;
             let typed = Delivery {
                 shard: delivery.shard.clone(),

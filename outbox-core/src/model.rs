@@ -108,16 +108,49 @@ pub trait Category: Send + Sync + 'static {
     const SCOPE_NAME: &'static str = <Self::Scope as Scope>::NAME;
 }
 
-/// What a category's messages carry: any type serialized to JSON and back.
+/// What a category's messages carry: any type serialized to JSON and back, that is any
+/// `Serialize + DeserializeOwned` type.
+///
+/// The serde traits are not supertraits, so that a type that lacks them gets this trait's
+/// one clear error rather than one from each serde trait.
 #[diagnostic::on_unimplemented(
-    message = "the payload of an outbox category must be serializable: `{Self}` is not",
-    label = "this payload does not implement `Serialize` and `Deserialize`",
+    message = "`{Self}` must be serializable to travel through the outbox: it does not implement `Serialize` and `Deserialize`",
+    label = "not serializable",
     note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]`"
 )]
-pub trait Payload: Serialize + DeserializeOwned + Send + 'static {}
+pub trait Payload: Send + 'static {
+    /// The payload as JSON text.
+    fn to_json_string(&self) -> Result<String, serde_json::Error>;
+    /// The payload as a JSON value.
+    fn to_json_value(&self) -> Result<serde_json::Value, serde_json::Error>;
+    /// A payload read from JSON text.
+    fn from_json_str(json: &str) -> Result<Self, serde_json::Error>
+    where
+        Self: Sized;
+    /// A payload read from a JSON value.
+    fn from_json_value(json: serde_json::Value) -> Result<Self, serde_json::Error>
+    where
+        Self: Sized;
+}
 
 #[diagnostic::do_not_recommend]
-impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {}
+impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {
+    fn to_json_string(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    fn to_json_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(self)
+    }
+
+    fn from_json_str(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    fn from_json_value(json: serde_json::Value) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(json)
+    }
+}
 
 /// The name of the destination a fan-out message is delivered to (a region, a cell...).
 ///
@@ -236,7 +269,7 @@ impl Message {
         object_identifier: i64,
         payload: &C::Payload,
     ) -> Result<Self, Error> {
-        let payload = serde_json::to_string(payload).map_err(|source| Error::Serialize {
+        let payload = Payload::to_json_string(payload).map_err(|source| Error::Serialize {
             category: C::NAME,
             source,
         })?;

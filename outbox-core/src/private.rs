@@ -108,6 +108,14 @@ impl<M: ReplicatedModel> HandlerKind for Deletion<M> {
     }
 }
 
+/// The scope of a category whose declaration failed to compile (its error is reported).
+pub struct Undeclared;
+
+impl crate::model::Scope for Undeclared {
+    const ID: crate::model::ScopeId = crate::model::ScopeId(0);
+    const NAME: &'static str = "";
+}
+
 /// Checks what an `#[outbox_handler]` function returns.
 #[diagnostic::on_unimplemented(
     message = "an outbox handler must return `Result<(), E>` with an error type `E` that converts into `Box<dyn Error + Send + Sync>`; it returns `{Self}`",

@@ -3,11 +3,8 @@
 //! deletion handler once it is gone (the seeds' `ReplicatedRegionModel` and
 //! `ReplicatedControlModel`).
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use crate::error::Error;
-use crate::model::{Category, Destination, Message};
+use crate::model::{Category, Destination, Message, Payload};
 
 /// Where a replicated model's rows live: what a backend needs to read and write them.
 ///
@@ -40,7 +37,7 @@ pub struct ModelTable {
     label = "not a replicated model",
     note = "declare it with `#[replicated_model(scope = ..., id = ..., table = \"...\", shard = <field>)]`"
 )]
-pub trait ReplicatedModel: Category + Serialize + DeserializeOwned + Sync {
+pub trait ReplicatedModel: Category + Payload + Sync {
     /// The table the model's rows live in.
     const TABLE: ModelTable;
 
@@ -61,7 +58,7 @@ pub trait ReplicatedModel: Category + Serialize + DeserializeOwned + Sync {
     label = "a fan-out model needs its destinations",
     note = "write it with `ModelBatch::to(&models, destinations)`"
 )]
-pub trait LocalModel: ReplicatedModel {}
+pub trait LocalModel {}
 
 /// A replicated model whose outboxes fan out: each write names its destinations, and each
 /// destination gets its own row, shard and handler call (the seeds' control-to-region
@@ -71,7 +68,7 @@ pub trait LocalModel: ReplicatedModel {}
     label = "a local model",
     note = "declare it with `#[replicated_model(..., fan_out)]` to address destinations"
 )]
-pub trait FanOutModel: ReplicatedModel {}
+pub trait FanOutModel {}
 
 /// Models to write with their outboxes, and where their outboxes go.
 ///
@@ -84,14 +81,14 @@ pub struct ModelBatch<'a, M> {
     destinations: Option<Vec<Destination>>,
 }
 
-impl<'a, M: FanOutModel> ModelBatch<'a, M> {
+impl<'a, M: ReplicatedModel + FanOutModel> ModelBatch<'a, M> {
     /// Fan-out models addressed to `destinations`: each model gets one outbox per destination.
     pub fn to(
         models: impl ModelRefs<'a, M>,
         destinations: impl IntoIterator<Item = Destination>,
     ) -> Self {
         Self {
-            models: models.as_models(),
+            models: models.into_models(),
             destinations: Some(destinations.into_iter().collect()),
         }
     }
@@ -104,7 +101,7 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
         M: LocalModel,
     {
         Self {
-            models: models.as_models(),
+            models: models.into_models(),
             destinations: None,
         }
     }
@@ -154,7 +151,7 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
     pub fn rows_json(&self) -> Result<String, Error> {
         let mut rows = Vec::with_capacity(self.models.len());
         for model in self.models {
-            let row = serde_json::to_value(model).map_err(|source| Error::Serialize {
+            let row = model.to_json_value().map_err(|source| Error::Serialize {
                 category: M::NAME,
                 source,
             })?;
@@ -202,39 +199,44 @@ pub(crate) fn model_from_row<M: ReplicatedModel>(row: &str) -> Result<M, serde_j
             }
         }
     }
-    serde_json::from_value(value)
+    M::from_json_value(value)
 }
 
 /// References to replicated models: one, or a slice, array or vector of them.
 pub trait ModelRefs<'a, M> {
     /// The models as a slice.
-    fn as_models(self) -> &'a [M];
+    fn into_models(self) -> &'a [M];
 }
 
 impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a M {
-    fn as_models(self) -> &'a [M] {
+    fn into_models(self) -> &'a [M] {
         std::slice::from_ref(self)
     }
 }
 
 impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a [M] {
-    fn as_models(self) -> &'a [M] {
+    fn into_models(self) -> &'a [M] {
         self
     }
 }
 
 impl<'a, M: ReplicatedModel, const N: usize> ModelRefs<'a, M> for &'a [M; N] {
-    fn as_models(self) -> &'a [M] {
+    fn into_models(self) -> &'a [M] {
         self
     }
 }
 
 impl<'a, M: ReplicatedModel> ModelRefs<'a, M> for &'a Vec<M> {
-    fn as_models(self) -> &'a [M] {
+    fn into_models(self) -> &'a [M] {
         self
     }
 }
 
+#[diagnostic::on_unimplemented(
+    message = "a model write takes `&model`, `&[models]`, `&Vec<model>` or a `ModelBatch` of `{M}`, not `{Self}`",
+    label = "not models to write",
+    note = "the writes of a fan-out model name their destinations: `ModelBatch::to(&models, destinations)`"
+)]
 /// What the backends' model writes accept: references to local models, or a
 /// [`ModelBatch`] (of fan-out models with their destinations, or of local models).
 pub trait IntoModelBatch<'a, M> {
@@ -242,25 +244,25 @@ pub trait IntoModelBatch<'a, M> {
     fn into_batch(self) -> ModelBatch<'a, M>;
 }
 
-impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a M {
+impl<'a, M: ReplicatedModel + LocalModel> IntoModelBatch<'a, M> for &'a M {
     fn into_batch(self) -> ModelBatch<'a, M> {
         ModelBatch::local(self)
     }
 }
 
-impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a [M] {
+impl<'a, M: ReplicatedModel + LocalModel> IntoModelBatch<'a, M> for &'a [M] {
     fn into_batch(self) -> ModelBatch<'a, M> {
         ModelBatch::local(self)
     }
 }
 
-impl<'a, M: LocalModel, const N: usize> IntoModelBatch<'a, M> for &'a [M; N] {
+impl<'a, M: ReplicatedModel + LocalModel, const N: usize> IntoModelBatch<'a, M> for &'a [M; N] {
     fn into_batch(self) -> ModelBatch<'a, M> {
         ModelBatch::local(self)
     }
 }
 
-impl<'a, M: LocalModel> IntoModelBatch<'a, M> for &'a Vec<M> {
+impl<'a, M: ReplicatedModel + LocalModel> IntoModelBatch<'a, M> for &'a Vec<M> {
     fn into_batch(self) -> ModelBatch<'a, M> {
         ModelBatch::local(self)
     }

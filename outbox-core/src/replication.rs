@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{BoxError, DeliveryError};
 use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery};
-use crate::model::{Category, Destination, MessageId, ShardKey};
+use crate::model::{Category, Destination, MessageId, Payload, ShardKey};
 use crate::replicated::{ReplicatedModel, model_from_row};
 
 /// A replicated model that exists at delivery: its row as it is now.
@@ -197,13 +197,11 @@ impl<M: ReplicatedModel, H: DeletionHandler<M>> ErasedHandler for TypedDeletion<
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
             let message_id = delivery.message.id;
-            let payload: M::Payload =
-                serde_json::from_str(&delivery.message.payload).map_err(|source| {
-                    DeliveryError::Payload {
-                        category: M::NAME,
-                        message_id,
-                        source,
-                    }
+            let payload = <M::Payload as Payload>::from_json_str(&delivery.message.payload)
+                .map_err(|source| DeliveryError::Payload {
+                    category: M::NAME,
+                    message_id,
+                    source,
                 })?;
             let deletion = Deletion {
                 object_identifier: delivery.message.object_identifier,

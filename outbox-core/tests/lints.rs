@@ -206,11 +206,11 @@ pub async fn delete_member(deletion: Deletion<Member>) -> Result<(), BoxError> {
     Ok(())
 }
 
-fn local<M: LocalModel>() -> ModelTable {
+fn local<M: ReplicatedModel + LocalModel>() -> ModelTable {
     M::TABLE
 }
 
-fn fan_out<M: FanOutModel>() -> ModelTable {
+fn fan_out<M: ReplicatedModel + FanOutModel>() -> ModelTable {
     M::TABLE
 }
 

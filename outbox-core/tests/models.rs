@@ -175,7 +175,6 @@ fn project(id: i64, name: &str) -> Project {
 fn the_model_is_its_own_category() {
     assert_eq!(Project::ID, CategoryId(20));
     assert_eq!(Project::NAME, "project");
-    assert!(Project::COALESCE);
     let table = Project::TABLE;
     assert_eq!(
         (table.table, table.key, table.columns, table.bool_columns),
@@ -204,6 +203,10 @@ fn discover_knows_the_models_and_their_tables() {
     let registry = Registry::discover().expect("consistent declarations");
     let info = registry.category(CategoryId(20)).expect("project");
     assert_eq!(info.model, Some(Project::TABLE));
+    assert!(
+        info.coalesce,
+        "a replicated model coalesces to its newest state"
+    );
     assert!(!info.no_op);
 }
 

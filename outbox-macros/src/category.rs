@@ -9,7 +9,9 @@ use syn::parse::Parser;
 use syn::spanned::Spanned;
 use syn::{Ident, Item, LitBool, LitInt, LitStr, Path, Type, TypePath};
 
-use crate::common::{integer, location, plain_type, set_flag, set_once, unique_in_crate};
+use crate::common::{
+    Macro, hidden, integer, location, plain_type, set_flag, set_once, unique_in_crate,
+};
 
 /// The arguments every category declaration takes: `scope`, `id` and `name`.
 #[derive(Default)]
@@ -103,6 +105,8 @@ pub(crate) struct CategoryItems {
     pub(crate) no_op: bool,
     /// An expression of type `Option<ModelTable>`.
     pub(crate) model: TokenStream,
+    /// More items to generate beside the `Category` impl.
+    pub(crate) extra: TokenStream,
 }
 
 impl CategoryIdentity {
@@ -121,16 +125,14 @@ impl CategoryIdentity {
             coalesce,
             no_op,
             model,
+            extra,
         } = items;
         let at = location(ident.span());
-        let id_marker = unique_in_crate(&format!("outbox_category_id_{id}"), *id_span);
-        let name_marker = unique_in_crate(
-            &format!("outbox_category_name_{}", name.value()),
-            name.span(),
-        );
+        let id_marker = unique_in_crate("outbox_category_id", &id.to_string(), *id_span);
+        let name_marker = unique_in_crate("outbox_category_name", &name.value(), name.span());
         let scope_assoc = quote_spanned!(scope.span()=> type Scope = #scope;);
         let type_name = ident.to_string();
-        quote! {
+        let items = hidden(&quote! {
             impl ::outbox_core::Category for #ident {
                 #scope_assoc
                 #payload
@@ -151,11 +153,17 @@ impl CategoryIdentity {
                     at: #at,
                 }
             }
-            #id_marker
-            #name_marker
-        }
+            #extra
+        });
+        quote!(#items #id_marker #name_marker)
     }
 }
+
+/// `#[outbox_category]`.
+pub(crate) const MACRO: Macro = Macro {
+    expand,
+    fallback,
+};
 
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
     let ident = plain_type(item, "category")?;
@@ -185,5 +193,27 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         coalesce: coalesce.is_none_or(|lit| lit.value),
         no_op,
         model: quote!(::core::option::Option::None),
+        extra: TokenStream::new(),
     }))
+}
+
+/// After a mistake in `#[outbox_category]`: a stand-in `Category` impl, so that the type's
+/// uses elsewhere report nothing more.
+pub(crate) fn fallback(item: &Item) -> TokenStream {
+    let Ok(ident) = plain_type(item, "category") else {
+        return TokenStream::new();
+    };
+    stand_in(&ident, &quote!(Self))
+}
+
+/// A `Category` impl of no scope or id, for a type whose declaration failed.
+pub(crate) fn stand_in(ident: &Ident, payload: &TokenStream) -> TokenStream {
+    hidden(&quote! {
+        impl ::outbox_core::Category for #ident {
+            type Scope = ::outbox_core::__private::Undeclared;
+            type Payload = #payload;
+            const ID: ::outbox_core::CategoryId = ::outbox_core::CategoryId(0);
+            const NAME: &'static str = "";
+        }
+    })
 }

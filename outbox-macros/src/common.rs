@@ -6,21 +6,42 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Item, LitInt};
 
-/// An expansion: the attribute's arguments and the parsed item in, the generated items out.
-pub(crate) type Expansion = fn(TokenStream, &Item) -> syn::Result<TokenStream>;
+/// An attribute macro: its expansion, and what stands in for it when the expansion fails.
+pub(crate) struct Macro {
+    /// The attribute's arguments and the parsed item in, the generated items out.
+    pub(crate) expand: fn(TokenStream, &Item) -> syn::Result<TokenStream>,
+    /// After an error, what makes the item's uses elsewhere compile (nothing, by default).
+    pub(crate) fallback: fn(&Item) -> TokenStream,
+}
 
-/// Runs an expansion; on error, keeps the user's item so that one mistake is one error.
-pub(crate) fn expand(args: TokenStream, item: TokenStream, expansion: Expansion) -> TokenStream {
+/// No stand-in.
+pub(crate) fn no_fallback(_: &Item) -> TokenStream {
+    TokenStream::new()
+}
+
+/// Runs a macro; on error, keeps the user's item (and the macro's stand-in for what it would
+/// have generated) so that one mistake is one error.
+pub(crate) fn expand(args: TokenStream, item: &TokenStream, r#macro: &Macro) -> TokenStream {
     let parsed: Item = match syn::parse2(item.clone()) {
         Ok(parsed) => parsed,
         Err(error) => return error.to_compile_error(),
     };
-    match expansion(args, &parsed) {
+    match (r#macro.expand)(args, &parsed) {
         Ok(generated) => quote!(#item #generated),
         Err(error) => {
             let error = error.to_compile_error();
-            quote!(#item #error)
+            let fallback = (r#macro.fallback)(&parsed);
+            quote!(#item #error #fallback)
         }
+    }
+}
+
+/// Wraps generated items in `const _: () = { .. };`, so they add no names to the user's module.
+pub(crate) fn hidden(items: &TokenStream) -> TokenStream {
+    quote! {
+        const _: () = {
+            #items
+        };
     }
 }
 
@@ -56,19 +77,36 @@ pub(crate) fn location(span: Span) -> TokenStream {
     }
 }
 
-/// A `macro_rules!` exported at the crate root under a name made of `parts`: a second one
-/// with the same name anywhere in the crate is a compile error pointing at `span`.
-pub(crate) fn unique_in_crate(parts: &str, span: Span) -> TokenStream {
-    let name: String = parts
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let marker = Ident::new(&format!("{name}_must_be_unique_in_this_crate"), span);
+/// A `macro_rules!` exported at the crate root under a name made of `kind` and `value`: a
+/// second one with the same name anywhere in the crate is a compile error pointing at `span`.
+pub(crate) fn unique_in_crate(kind: &str, value: &str, span: Span) -> TokenStream {
+    let marker = Ident::new(
+        &format!(
+            "{kind}_{}_must_be_unique_in_this_crate",
+            identifier_safe(value)
+        ),
+        span,
+    );
     quote! {
         #[doc(hidden)]
         #[macro_export]
+        #[allow(non_local_definitions)]
         macro_rules! #marker { () => {}; }
     }
+}
+
+/// `value` spelled with ASCII letters, digits and `_` only: any other character becomes
+/// `_U<HEX>_` (`project.renamed` is `project_U2E_renamed`, apart from `project_renamed`).
+fn identifier_safe(value: &str) -> String {
+    let mut safe = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == '_' || c.is_ascii_alphanumeric() {
+            safe.push(c);
+        } else {
+            safe.push_str(&format!("_U{:X}_", u32::from(c)));
+        }
+    }
+    safe
 }
 
 /// Parses an integer literal into `T`, with the accepted range in the error.

@@ -1,10 +1,14 @@
 //! `#[outbox_handler]` on an `async fn`: a handler type calling the function, registered with
 //! `inventory` under the category or model its first argument names.
 
-use proc_macro2::TokenStream;
+use heck::ToUpperCamelCase;
+use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericArgument, Item, ItemFn, PathArguments, ReturnType, Type, TypePath};
+use syn::{FnArg, GenericArgument, Ident, Item, ItemFn, PathArguments, ReturnType, Type, TypePath};
+
+use crate::common::{self, Macro, hidden};
 
 const USAGE: &str = "an outbox handler takes `delivery: Delivery<YourCategory>` (or \
                      `Replication<YourModel>` or `Deletion<YourModel>` for a replicated model), \
@@ -40,6 +44,12 @@ fn is_handler_context(ty: &Type) -> bool {
     matches!(&*reference.elem, Type::Path(TypePath { qself: None, path })
         if path.segments.last().is_some_and(|last| last.ident == "HandlerContext"))
 }
+
+/// `#[outbox_handler]`.
+pub(crate) const MACRO: Macro = Macro {
+    expand,
+    fallback: common::no_fallback,
+};
 
 #[allow(clippy::needless_pass_by_value)] // the shape every expansion shares
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
@@ -89,14 +99,16 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         return Err(syn::Error::new(extra.span(), USAGE));
     }
 
+    // The expansion's own names, out of reach of the user's (a handler may be named `cx`).
+    let delivery = Ident::new("delivery", Span::mixed_site());
+    let cx = Ident::new("cx", Span::mixed_site());
     let function = &sig.ident;
+    // The function is taken as a value, as a handler is: lints that judge an `async fn` by
+    // its body alone (`clippy::unused_async`) leave it alone.
     let call = if takes_context {
-        quote!(#function(delivery, cx))
+        quote!((#function)(#delivery, #cx))
     } else {
-        quote!({
-            let _ = cx;
-            #function(delivery)
-        })
+        quote!((#function)(#delivery))
     };
     let output_span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
@@ -105,35 +117,39 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let into_result = quote_spanned! {output_span=>
         ::outbox_core::__private::HandlerOutput::into_result(#call.await)
     };
-    let handler_type = format_ident!("__OutboxHandler_{}", function);
-    let at = crate::common::location(function.span());
-    Ok(quote! {
-        const _: () = {
-            #[allow(non_camel_case_types)]
-            struct #handler_type;
+    let handler_type = format_ident!(
+        "OutboxHandler{}",
+        function.unraw().to_string().to_upper_camel_case()
+    );
+    let at = common::location(function.span());
+    let unused_cx = (!takes_context).then(|| quote!(let _ = #cx;));
+    Ok(hidden(&quote! {
+        struct #handler_type;
 
-            impl ::outbox_core::__private::DeclaredHandler<#delivery_type> for #handler_type {
-                async fn handle(
-                    &self,
-                    delivery: #delivery_type,
-                    cx: &mut ::outbox_core::HandlerContext<'_>,
-                ) -> ::core::result::Result<(), ::outbox_core::BoxError> {
-                    #into_result
-                }
+        impl ::outbox_core::__private::DeclaredHandler<#delivery_type> for #handler_type {
+            fn handle(
+                &self,
+                #delivery: #delivery_type,
+                #cx: &mut ::outbox_core::HandlerContext<'_>,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<(), ::outbox_core::BoxError>,
+            > + ::core::marker::Send {
+                #unused_cx
+                async move { #into_result }
             }
+        }
 
-            ::outbox_core::__private::inventory::submit! {
-                ::outbox_core::__private::HandlerDeclaration {
-                    register: |builder, at| {
-                        <#delivery_type as ::outbox_core::__private::HandlerKind>::register(
-                            builder,
-                            #handler_type,
-                            at,
-                        )
-                    },
-                    at: #at,
-                }
+        ::outbox_core::__private::inventory::submit! {
+            ::outbox_core::__private::HandlerDeclaration {
+                register: |builder, at| {
+                    <#delivery_type as ::outbox_core::__private::HandlerKind>::register(
+                        builder,
+                        #handler_type,
+                        at,
+                    )
+                },
+                at: #at,
             }
-        };
-    })
+        }
+    }))
 }

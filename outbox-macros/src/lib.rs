@@ -37,7 +37,7 @@ use proc_macro::TokenStream;
 /// `name` (defaults to the type's name in snake case).
 #[proc_macro_attribute]
 pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), item.into(), scope::expand).into()
+    common::expand(args.into(), &item.into(), &scope::MACRO).into()
 }
 
 /// Declares a category on its payload type:
@@ -48,7 +48,7 @@ pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// every message in order instead of the newest per object), `no_op` (needs no handler).
 #[proc_macro_attribute]
 pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), item.into(), category::expand).into()
+    common::expand(args.into(), &item.into(), &category::MACRO).into()
 }
 
 /// Declares a replicated model on a struct with named fields:
@@ -62,7 +62,7 @@ pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
 /// destinations).
 #[proc_macro_attribute]
 pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), item.into(), model::expand).into()
+    common::expand(args.into(), &item.into(), &model::MACRO).into()
 }
 
 /// Registers an `async fn` as a handler: of the category its `Delivery<C>` argument names, or
@@ -70,5 +70,5 @@ pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
 /// argument names.
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), item.into(), handler::expand).into()
+    common::expand(args.into(), &item.into(), &handler::MACRO).into()
 }

@@ -9,7 +9,7 @@ use syn::spanned::Spanned;
 use syn::{Field, Fields, GenericArgument, Ident, Item, LitStr, PathArguments, Type, TypePath};
 
 use crate::category::{CategoryArgs, CategoryItems};
-use crate::common::{plain_type, set_flag, set_once};
+use crate::common::{Macro, hidden, plain_type, set_flag, set_once};
 
 const EXAMPLE: &str = "#[replicated_model(scope = Organization, id = 1, table = \"projects\", shard = organization_id)]";
 
@@ -113,6 +113,12 @@ fn identifier(field: &Field) -> TokenStream {
     }
 }
 
+/// `#[replicated_model]`.
+pub(crate) const MACRO: Macro = Macro {
+    expand,
+    fallback,
+};
+
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
     let ident = plain_type(item, "replicated model")?;
     let Item::Struct(structure) = item else {
@@ -203,7 +209,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             quote!(
                 type Payload = ();
             ),
-            quote!(()),
+            TokenStream::new(),
         ),
     };
     let direction = if args.fan_out {
@@ -211,23 +217,18 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     } else {
         quote!(::outbox_core::LocalModel)
     };
-    let category = identity.items(CategoryItems {
-        payload,
-        coalesce: true,
-        no_op: false,
-        model: quote! {
-            ::core::option::Option::Some(<#ident as ::outbox_core::ReplicatedModel>::TABLE)
-        },
-    });
-    Ok(quote! {
-        #category
+    // The table is a constant of its own, which the registration names: a model that does not
+    // implement `ReplicatedModel` (not serializable, say) is then reported once, at its impl.
+    let model = quote! {
+        const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
+            table: #table,
+            key: #key_column,
+            columns: &[#(#columns),*],
+            bool_columns: &[#(#bool_columns),*],
+        };
+
         impl ::outbox_core::ReplicatedModel for #ident {
-            const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
-                table: #table,
-                key: #key_column,
-                columns: &[#(#columns),*],
-                bool_columns: &[#(#bool_columns),*],
-            };
+            const TABLE: ::outbox_core::ModelTable = TABLE;
 
             fn object_identifier(&self) -> i64 {
                 #object_identifier
@@ -242,5 +243,44 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             }
         }
         impl #direction for #ident {}
-    })
+    };
+    Ok(identity.items(CategoryItems {
+        payload,
+        coalesce: true,
+        no_op: false,
+        model: quote!(::core::option::Option::Some(TABLE)),
+        extra: model,
+    }))
+}
+
+/// After a mistake in `#[replicated_model]`: stand-in `Category` and `ReplicatedModel` impls,
+/// so that the model's uses elsewhere report nothing more.
+pub(crate) fn fallback(item: &Item) -> TokenStream {
+    let Ok(ident) = plain_type(item, "replicated model") else {
+        return TokenStream::new();
+    };
+    let category = crate::category::stand_in(&ident, &quote!(()));
+    let model = hidden(&quote! {
+        impl ::outbox_core::ReplicatedModel for #ident {
+            const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
+                table: "",
+                key: "",
+                columns: &[],
+                bool_columns: &[],
+            };
+
+            fn object_identifier(&self) -> i64 {
+                0
+            }
+
+            fn shard_identifier(&self) -> i64 {
+                0
+            }
+
+            fn tombstone(&self) {}
+        }
+        impl ::outbox_core::LocalModel for #ident {}
+        impl ::outbox_core::FanOutModel for #ident {}
+    });
+    quote!(#category #model)
 }

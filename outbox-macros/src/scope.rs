@@ -6,7 +6,15 @@ use quote::quote;
 use syn::parse::Parser;
 use syn::{Item, LitInt, LitStr};
 
-use crate::common::{integer, location, plain_type, set_once, unique_in_crate};
+use crate::common::{
+    self, Macro, hidden, integer, location, plain_type, set_once, unique_in_crate,
+};
+
+/// `#[outbox_scope]`.
+pub(crate) const MACRO: Macro = Macro {
+    expand,
+    fallback: common::no_fallback,
+};
 
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
     let ident = plain_type(item, "scope")?;
@@ -35,8 +43,8 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let name =
         name.unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
     let at = location(ident.span());
-    let marker = unique_in_crate(&format!("outbox_scope_id_{id}"), id_lit.span());
-    Ok(quote! {
+    let marker = unique_in_crate("outbox_scope_id", &id.to_string(), id_lit.span());
+    let items = hidden(&quote! {
         impl ::outbox_core::Scope for #ident {
             const ID: ::outbox_core::ScopeId = ::outbox_core::ScopeId(#id);
             const NAME: &'static str = #name;
@@ -48,6 +56,6 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
                 at: #at,
             }
         }
-        #marker
-    })
+    });
+    Ok(quote!(#items #marker))
 }

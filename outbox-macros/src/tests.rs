@@ -20,12 +20,12 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::common::{self, Expansion};
+use crate::common::{self, Macro};
 use crate::{category, handler, model, scope};
 
 /// The expansion of `#[attribute(args)] item`, as the compiler gets it, pretty-printed.
-fn expand(expansion: Expansion, args: &str, item: &TokenStream) -> String {
-    let output = common::expand(tokens(args), item.clone(), expansion);
+fn expand(expansion: &Macro, args: &str, item: &TokenStream) -> String {
+    let output = common::expand(tokens(args), item, expansion);
     let file: syn::File = syn::parse2(output.clone()).unwrap_or_else(|error| {
         panic!("the expansion is not a list of items ({error}):\n{output}")
     });
@@ -118,13 +118,7 @@ fn input(attribute: &str, args: &str, item: &TokenStream) -> String {
 
 /// Compares the expansion of `#[attribute(args)] item` with the snapshot `name`, and returns
 /// it for further checks.
-fn check(
-    name: &str,
-    attribute: &str,
-    expansion: Expansion,
-    args: &str,
-    item: &TokenStream,
-) -> String {
+fn check(name: &str, attribute: &str, expansion: &Macro, args: &str, item: &TokenStream) -> String {
     let expanded = expand(expansion, args, item);
     let mut settings = insta::Settings::clone_current();
     settings.set_prepend_module_to_snapshot(false);
@@ -136,7 +130,7 @@ fn check(
 
 /// Checks an expansion that succeeds: the user's item comes first, unchanged, and nothing
 /// reports an error.
-fn check_ok(name: &str, attribute: &str, expansion: Expansion, args: &str, item: &TokenStream) {
+fn check_ok(name: &str, attribute: &str, expansion: &Macro, args: &str, item: &TokenStream) {
     let expanded = check(name, attribute, expansion, args, item);
     let file: syn::File = syn::parse_str(&expanded).expect("the expansion parses");
     assert_eq!(
@@ -148,21 +142,27 @@ fn check_ok(name: &str, attribute: &str, expansion: Expansion, args: &str, item:
 }
 
 /// Checks an expansion that fails: the user's item, then exactly one `compile_error!` saying
-/// `message`.
+/// `message`, then only the macro's stand-in items (no further error).
 fn check_error(
     name: &str,
     attribute: &str,
-    expansion: Expansion,
+    expansion: &Macro,
     args: &str,
     item: &TokenStream,
     message: &str,
 ) {
-    let output = common::expand(tokens(args), item.clone(), expansion);
+    let output = common::expand(tokens(args), item, expansion);
     let file: syn::File = syn::parse2(output).expect("the error expansion parses");
-    let (user_item, error) = match &file.items[..] {
-        [user_item, syn::Item::Macro(error)] => (user_item, error),
+    let (user_item, error, stand_ins) = match &file.items[..] {
+        [user_item, syn::Item::Macro(error), stand_ins @ ..] => (user_item, error, stand_ins),
         other => panic!("expected the user's item and one `compile_error!`, got {other:#?}"),
     };
+    assert!(
+        stand_ins
+            .iter()
+            .all(|item| !matches!(item, syn::Item::Macro(_))),
+        "only stand-in items follow the error: {stand_ins:#?}"
+    );
     assert_eq!(
         *user_item,
         syn::parse2::<syn::Item>(item.clone()).expect("the input item parses"),
@@ -193,7 +193,7 @@ fn scope() {
     check_ok(
         "scope",
         "outbox_scope",
-        scope::expand,
+        &scope::MACRO,
         "id = 1",
         &quote!(
             struct Organization;
@@ -206,7 +206,7 @@ fn scope_with_name() {
     check_ok(
         "scope_with_name",
         "outbox_scope",
-        scope::expand,
+        &scope::MACRO,
         r#"id = 2, name = "audit""#,
         &quote!(
             pub struct AuditLog;
@@ -221,7 +221,7 @@ fn category() {
     check_ok(
         "category",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         "scope = Organization, id = 10",
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -237,7 +237,7 @@ fn category_without_coalescing() {
     check_ok(
         "category_without_coalescing",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         "scope = crate::scopes::AuditLog, id = 11, coalesce = false",
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -253,7 +253,7 @@ fn category_no_op() {
     check_ok(
         "category_no_op",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         "scope = Organization, id = 12, no_op",
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -267,7 +267,7 @@ fn category_with_name() {
     check_ok(
         "category_with_name",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         r#"scope = Organization, id = 13, name = "project.renamed""#,
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -285,7 +285,7 @@ fn model_local() {
     check_ok(
         "model_local",
         "replicated_model",
-        model::expand,
+        &model::MACRO,
         r#"scope = Organization, id = 20, table = "projects", shard = organization_id"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -305,7 +305,7 @@ fn model_fan_out() {
     check_ok(
         "model_fan_out",
         "replicated_model",
-        model::expand,
+        &model::MACRO,
         r#"scope = Organization, id = 21, name = "member", table = "app.members", shard = org, key = member_id, tombstone = MemberTombstone, fan_out"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -325,7 +325,7 @@ fn handler_of_a_category() {
     check_ok(
         "handler_of_a_category",
         "outbox_handler",
-        handler::expand,
+        &handler::MACRO,
         "",
         &quote! {
             async fn record_audit(delivery: Delivery<AuditEntry>) -> Result<(), std::io::Error> {
@@ -341,7 +341,7 @@ fn handler_of_a_category_with_context() {
     check_ok(
         "handler_of_a_category_with_context",
         "outbox_handler",
-        handler::expand,
+        &handler::MACRO,
         "",
         &quote! {
             pub async fn replicate_project(
@@ -360,7 +360,7 @@ fn handler_of_replications() {
     check_ok(
         "handler_of_replications",
         "outbox_handler",
-        handler::expand,
+        &handler::MACRO,
         "",
         &quote! {
             async fn replicate_project(replication: Replication<Project>) -> Result<(), BoxError> {
@@ -375,7 +375,7 @@ fn handler_of_deletions() {
     check_ok(
         "handler_of_deletions",
         "outbox_handler",
-        handler::expand,
+        &handler::MACRO,
         "",
         &quote! {
             async fn delete_member(
@@ -395,7 +395,7 @@ fn error_unknown_key() {
     check_error(
         "error_unknown_key",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         r#"scope = Organization, id = 10, colour = "red""#,
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -412,7 +412,7 @@ fn error_missing_scope() {
     check_error(
         "error_missing_scope",
         "outbox_category",
-        category::expand,
+        &category::MACRO,
         "id = 10",
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -429,7 +429,7 @@ fn error_missing_shard_field() {
     check_error(
         "error_missing_shard_field",
         "replicated_model",
-        model::expand,
+        &model::MACRO,
         r#"scope = Organization, id = 20, table = "projects", shard = org_id"#,
         &quote! {
             #[derive(Serialize, Deserialize)]
@@ -447,7 +447,7 @@ fn error_handler_not_async() {
     check_error(
         "error_handler_not_async",
         "outbox_handler",
-        handler::expand,
+        &handler::MACRO,
         "",
         &quote! {
             fn record_audit(delivery: Delivery<AuditEntry>) -> Result<(), BoxError> {

@@ -5,7 +5,7 @@
 //! `json_populate_recordset` turns into rows of the table's own type, so PostgreSQL converts
 //! each value to its column's type.
 
-use outbox_core::{Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
+use outbox_core::{BoxFuture, Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, Postgres, Transaction};
 
 use crate::error::on_table;
@@ -152,45 +152,57 @@ where
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Returns the rows inserted. Fails, writing
 /// nothing, if a key exists already.
-pub async fn insert<'a, M: ReplicatedModel>(
-    tx: &mut Transaction<'_, Postgres>,
+pub fn insert<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'c, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> Result<u64, Error> {
+) -> BoxFuture<'f, Result<u64, Error>> {
+    // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
-    write_rows::<M, PgConnection>(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models")
-        .await
+    Box::pin(async move {
+        write_rows::<M, PgConnection>(&mut **tx, &batch, insert_sql(&M::TABLE), "inserting models")
+            .await
+    })
 }
 
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows updated; a
 /// model without a row still gets its outbox, delivered as a deletion.
-pub async fn update<'a, M: ReplicatedModel>(
-    tx: &mut Transaction<'_, Postgres>,
+pub fn update<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'c, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> Result<u64, Error> {
+) -> BoxFuture<'f, Result<u64, Error>> {
+    // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
-    write_rows::<M, PgConnection>(&mut **tx, &batch, update_sql(&M::TABLE), "updating models").await
+    Box::pin(async move {
+        write_rows::<M, PgConnection>(&mut **tx, &batch, update_sql(&M::TABLE), "updating models")
+            .await
+    })
 }
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows written. A
 /// key may appear only once in one call.
-pub async fn save<'a, M: ReplicatedModel>(
-    tx: &mut Transaction<'_, Postgres>,
+pub fn save<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'c, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> Result<u64, Error> {
+) -> BoxFuture<'f, Result<u64, Error>> {
+    // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
-    write_rows::<M, PgConnection>(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+    Box::pin(async move {
+        write_rows::<M, PgConnection>(&mut **tx, &batch, save_sql(&M::TABLE), "saving models").await
+    })
 }
 
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
 /// statements however many models there are. Each outbox carries the model's tombstone, for
 /// the deletion handler. Returns the rows deleted.
-pub async fn delete<'a, M: ReplicatedModel>(
-    tx: &mut Transaction<'_, Postgres>,
+pub fn delete<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'c, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> Result<u64, Error> {
-    delete_rows::<M, PgConnection>(&mut **tx, &models.into_batch()).await
+) -> BoxFuture<'f, Result<u64, Error>> {
+    // The models are converted at the call, so that a mistake there is one error.
+    let batch = models.into_batch();
+    Box::pin(async move { delete_rows::<M, PgConnection>(&mut **tx, &batch).await })
 }
 
 #[cfg(test)]
