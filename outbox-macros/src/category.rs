@@ -160,10 +160,7 @@ impl CategoryIdentity {
 }
 
 /// `#[outbox_category]`.
-pub(crate) const MACRO: Macro = Macro {
-    expand,
-    fallback,
-};
+pub(crate) const MACRO: Macro = Macro { expand, fallback };
 
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
     let ident = plain_type(item, "category")?;

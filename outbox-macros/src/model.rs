@@ -114,10 +114,7 @@ fn identifier(field: &Field) -> TokenStream {
 }
 
 /// `#[replicated_model]`.
-pub(crate) const MACRO: Macro = Macro {
-    expand,
-    fallback,
-};
+pub(crate) const MACRO: Macro = Macro { expand, fallback };
 
 pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream> {
     let ident = plain_type(item, "replicated model")?;

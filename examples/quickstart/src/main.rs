@@ -1,9 +1,14 @@
 //! # outbox quickstart
 //!
 //! An organization/project service on SQLite, with no server to run. The **cell** database
-//! holds the service's data; every save writes an outbox message in the same transaction as
-//! the change. The relay then replicates the changes into a second, **control** database.
-//! Three renames of one project coalesce into one delivery of its newest state.
+//! holds the service's data; every change writes an outbox message in the same transaction.
+//! The relay then replicates the changes into a second, **control** database:
+//!
+//! - `Project` is a replicated model: `outbox_sqlite::insert`, `update` and `delete` write its
+//!   row and its outbox together, and at delivery the relay reads the row again: the
+//!   replication handler copies it to control while it exists, the deletion handler removes the
+//!   copy once it is gone. Three renames of one project coalesce into one delivery.
+//! - `OrganizationRenamed` is a plain category: its payload is the message.
 //!
 //! ```text
 //! cargo run -p quickstart
@@ -12,133 +17,118 @@
 // An example program reports what it does on stdout.
 #![allow(clippy::print_stdout)]
 
-use std::error::Error;
-use std::fmt::{self, Display};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    Category, CategoryId, Delivery, Handler, HandlerContext, Message, Registry, Relay, Scope,
-    ScopeId, Store,
+    BoxError, Deletion, Delivery, HandlerContext, Message, Registry, Relay, Replication, Store,
+    outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use outbox_sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
-use sqlx::{SqliteConnection, SqliteExecutor, SqlitePool};
+use sqlx::SqlitePool;
 
 /// Outboxes are sharded by organization: one organization's changes arrive in order.
+#[outbox_scope(id = 1)]
 struct Organization;
 
-impl Scope for Organization {
-    const ID: ScopeId = ScopeId(1);
-    const NAME: &'static str = "organization";
-}
-
-/// The replicated state of an organization.
+/// A project, replicated from the cell to control: one category covers its creation, its
+/// updates and its deletion.
+#[replicated_model(scope = Organization, id = 1, table = "projects", shard = organization_id)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct OrganizationState {
-    id: i64,
-    name: String,
-}
-
-/// The replicated state of a project.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ProjectState {
+struct Project {
     id: i64,
     organization_id: i64,
     name: String,
 }
 
-/// "Organization `object_identifier` changed": replicate it.
-struct OrganizationUpdate;
-
-impl Category for OrganizationUpdate {
-    type Scope = Organization;
-    type Payload = OrganizationState;
-    const ID: CategoryId = CategoryId(1);
-    const NAME: &'static str = "organization_update";
+/// "Organization `object_identifier` is now called `name`": the payload is the message.
+#[outbox_category(scope = Organization, id = 2)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrganizationRenamed {
+    name: String,
 }
 
-/// "Project `object_identifier` changed": replicate it.
-struct ProjectUpdate;
-
-impl Category for ProjectUpdate {
-    type Scope = Organization;
-    type Payload = ProjectState;
-    const ID: CategoryId = CategoryId(2);
-    const NAME: &'static str = "project_update";
+/// What the handlers reach through the registry: the control database, and a log of what
+/// they did.
+#[derive(Clone)]
+struct Control {
+    pool: SqlitePool,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
-type BoxError = Box<dyn Error + Send + Sync>;
-
-/// A row both databases store: written by the service in the cell, by the relay in control.
-trait Model: Display + Send + Sync + 'static {
-    /// Inserts or updates the row.
-    fn upsert<'e>(
-        &self,
-        executor: impl SqliteExecutor<'e>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-}
-
-impl Model for OrganizationState {
-    async fn upsert<'e>(&self, executor: impl SqliteExecutor<'e>) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO organizations (id, name) VALUES (?, ?) \
-             ON CONFLICT (id) DO UPDATE SET name = excluded.name",
-        )
-        .bind(self.id)
-        .bind(&self.name)
-        .execute(executor)
-        .await?;
-        Ok(())
+impl Control {
+    fn note(&self, line: String) {
+        println!("relay:   {line}");
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
     }
 }
 
-impl Display for OrganizationState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "organization {} {:?}", self.id, self.name)
-    }
+fn control<'a>(cx: &'a HandlerContext<'_>) -> Result<&'a Control, BoxError> {
+    Ok(cx.state::<Control>().ok_or("no control database")?)
 }
 
-impl Model for ProjectState {
-    async fn upsert<'e>(&self, executor: impl SqliteExecutor<'e>) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
-             ON CONFLICT (id) DO UPDATE SET name = excluded.name",
-        )
-        .bind(self.id)
-        .bind(self.organization_id)
-        .bind(&self.name)
-        .execute(executor)
-        .await?;
-        Ok(())
-    }
-}
-
-impl Display for ProjectState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "project {} {:?}", self.id, self.name)
-    }
-}
-
-/// Saves an organization in the cell, announcing it in the same transaction.
-async fn save_organization(
-    cell: &SqlitePool,
-    organization: &OrganizationState,
+/// A project exists in the cell: copy its current state to control.
+#[outbox_handler]
+async fn replicate_project(
+    replication: Replication<Project>,
+    cx: &mut HandlerContext<'_>,
 ) -> Result<(), BoxError> {
-    let mut tx = cell.begin().await?;
-    organization.upsert(&mut *tx).await?;
-    let message =
-        Message::new::<OrganizationUpdate>(organization.id, organization.id, organization)?;
-    outbox_sqlite::write(&mut *tx, &message).await?;
-    tx.commit().await?;
+    let control = control(cx)?;
+    let project = replication.object;
+    sqlx::query(
+        "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+    )
+    .bind(project.id)
+    .bind(project.organization_id)
+    .bind(&project.name)
+    .execute(&control.pool)
+    .await?;
+    control.note(format!(
+        "replicated project {} {:?}",
+        project.id, project.name
+    ));
     Ok(())
 }
 
-/// Saves a project on an open transaction, announcing it on the same transaction.
-async fn save_project(tx: &mut SqliteConnection, project: &ProjectState) -> Result<(), BoxError> {
-    project.upsert(&mut *tx).await?;
-    let message = Message::new::<ProjectUpdate>(project.organization_id, project.id, project)?;
-    outbox_sqlite::write(&mut *tx, &message).await?;
+/// A project is gone from the cell: remove its copy (idempotently: it may be gone already).
+#[outbox_handler]
+async fn delete_project(
+    deletion: Deletion<Project>,
+    cx: &mut HandlerContext<'_>,
+) -> Result<(), BoxError> {
+    let control = control(cx)?;
+    sqlx::query("DELETE FROM projects WHERE id = ?")
+        .bind(deletion.object_identifier)
+        .execute(&control.pool)
+        .await?;
+    control.note(format!("deleted project {}", deletion.object_identifier));
+    Ok(())
+}
+
+/// An organization was renamed: record its new name in control.
+#[outbox_handler]
+async fn rename_organization(
+    delivery: Delivery<OrganizationRenamed>,
+    cx: &mut HandlerContext<'_>,
+) -> Result<(), BoxError> {
+    let control = control(cx)?;
+    sqlx::query(
+        "INSERT INTO organizations (id, name) VALUES (?, ?) \
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+    )
+    .bind(delivery.object_identifier)
+    .bind(&delivery.payload.name)
+    .execute(&control.pool)
+    .await?;
+    control.note(format!(
+        "organization {} is now {:?}",
+        delivery.object_identifier, delivery.payload.name
+    ));
     Ok(())
 }
 
@@ -154,47 +144,25 @@ async fn create_schema(pool: &SqlitePool) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The handler of both categories: replicates the payload into the control database, and
-/// notes what it replicated.
-#[derive(Clone)]
-struct Replicator {
-    control: SqlitePool,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl<C: Category> Handler<C> for Replicator
-where
-    C::Payload: Model,
-{
-    async fn handle(
-        &self,
-        delivery: Delivery<C>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), outbox_core::BoxError> {
-        delivery.payload.upsert(&self.control).await?;
-        let line = delivery.payload.to_string();
-        println!("relay:   replicated {line} to control");
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-        Ok(())
+fn project(id: i64, name: &str) -> Project {
+    Project {
+        id,
+        organization_id: 1,
+        name: name.into(),
     }
 }
 
 /// What the quickstart did.
 #[derive(Debug)]
 struct Summary {
-    /// What the handlers replicated, in order.
-    replicated: Vec<String>,
-    /// Outbox messages pending before the relay ran.
-    pending_before: usize,
-    /// Outbox messages pending after it ran.
-    pending_after: usize,
-    /// Handler calls.
-    deliveries: u64,
-    /// `(id, organization, name)` of the projects in the control database.
-    control_projects: Vec<(i64, i64, String)>,
+    /// What the handlers did, in order.
+    log: Vec<String>,
+    /// Outbox messages pending before each relay run.
+    pending: [usize; 2],
+    /// Handler calls of each relay run.
+    deliveries: [u64; 2],
+    /// `(id, name)` of the projects in the control database at the end.
+    control_projects: Vec<(i64, String)>,
 }
 
 async fn run(dir: &Path) -> Result<Summary, BoxError> {
@@ -205,80 +173,75 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
     let cell = outbox_sqlite::connect(&dir.join("cell.db")).await?;
     outbox_sqlite::migrate(&cell).await?;
     create_schema(&cell).await?;
-    let control = outbox_sqlite::connect(&dir.join("control.db")).await?;
-    create_schema(&control).await?;
+    let control = Control {
+        pool: outbox_sqlite::connect(&dir.join("control.db")).await?,
+        log: Arc::default(),
+    };
+    create_schema(&control.pool).await?;
 
-    // The service saves; each save's outbox message commits (or not) with it.
-    let acme = OrganizationState {
-        id: 1,
+    // Every declaration in this binary, checked: each category has its handlers.
+    let registry = Registry::builder()
+        .discovered()
+        .state(control.clone())
+        .build()?;
+    let store = SqliteStore::new(cell.clone());
+    let relay = Relay::new(store.clone(), registry);
+
+    // The service writes; each change's outbox commits (or rolls back) with it.
+    let mut tx = cell.begin().await?;
+    outbox_sqlite::insert(
+        &mut tx,
+        &[
+            project(10, "website"),
+            project(11, "api"),
+            project(12, "legacy"),
+        ],
+    )
+    .await?;
+    let renamed = OrganizationRenamed {
         name: "Acme".into(),
     };
-    save_organization(&cell, &acme).await?;
-    let mut website = ProjectState {
-        id: 10,
-        organization_id: acme.id,
-        name: "website".into(),
-    };
-    let api = ProjectState {
-        id: 11,
-        organization_id: acme.id,
-        name: "api".into(),
-    };
-    let mut tx = cell.begin().await?;
-    save_project(&mut tx, &website).await?;
-    save_project(&mut tx, &api).await?;
+    outbox_sqlite::write(
+        &mut *tx,
+        &Message::new::<OrganizationRenamed>(1, 1, &renamed)?,
+    )
+    .await?;
     tx.commit().await?;
-    println!("cell:    saved organization 1 \"Acme\", projects 10 \"website\" and 11 \"api\"");
+    println!("cell:    created projects 10, 11 and 12 of organization 1, named it \"Acme\"");
+
+    let pending_first = store.pending_messages(1000).await?.len();
+    let first = relay.drain().await?;
 
     for name in ["website v2", "website v3", "website v4"] {
-        website.name = name.into();
         let mut tx = cell.begin().await?;
-        save_project(&mut tx, &website).await?;
+        outbox_sqlite::update(&mut tx, &project(10, name)).await?;
         tx.commit().await?;
         println!("cell:    renamed project 10 to {name:?}");
     }
-
     let mut tx = cell.begin().await?;
-    let abandoned = ProjectState {
-        id: 12,
-        organization_id: acme.id,
-        name: "never saved".into(),
-    };
-    save_project(&mut tx, &abandoned).await?;
+    outbox_sqlite::delete(&mut tx, &project(12, "legacy")).await?;
+    tx.commit().await?;
+    println!("cell:    deleted project 12");
+    let mut tx = cell.begin().await?;
+    outbox_sqlite::insert(&mut tx, &project(13, "never saved")).await?;
     tx.rollback().await?;
-    println!("cell:    a save of project 12 rolled back, and its outbox message with it");
+    println!("cell:    created project 13 and rolled back: no row, no outbox");
 
-    let store = SqliteStore::new(cell.clone());
-    let pending_before = store.pending_messages(1000).await?.len();
-    println!("cell:    {pending_before} outbox messages pending");
+    let pending_second = store.pending_messages(1000).await?.len();
+    let second = relay.drain().await?;
 
-    // The relay delivers, coalesced per object, in order per organization.
-    let replicator = Replicator {
-        control: control.clone(),
-        log: Arc::default(),
-    };
-    let registry = Registry::builder()
-        .handle::<OrganizationUpdate>(replicator.clone())
-        .handle::<ProjectUpdate>(replicator.clone())
-        .build()?;
-    let relay = Relay::new(store.clone(), registry);
-    let report = relay.drain().await?;
-
-    let pending_after = store.pending_messages(1000).await?.len();
-    let control_projects =
-        sqlx::query_as("SELECT id, organization_id, name FROM projects ORDER BY id")
-            .fetch_all(&control)
-            .await?;
-    let replicated = replicator
+    let control_projects = sqlx::query_as("SELECT id, name FROM projects ORDER BY id")
+        .fetch_all(&control.pool)
+        .await?;
+    let log = control
         .log
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     Ok(Summary {
-        replicated,
-        pending_before,
-        pending_after,
-        deliveries: report.deliveries,
+        log,
+        pending: [pending_first, pending_second],
+        deliveries: [first.deliveries, second.deliveries],
         control_projects,
     })
 }
@@ -287,19 +250,17 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
 async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let summary = run(dir.path()).await?;
-    let coalesced = summary.pending_before as u64 - summary.deliveries;
+    for (run, (pending, deliveries)) in summary.pending.iter().zip(summary.deliveries).enumerate() {
+        println!(
+            "relay:   run {}: {deliveries} deliveries for {pending} messages",
+            run + 1
+        );
+    }
     println!(
-        "relay:   {} deliveries for {} messages: {coalesced} coalesced into their object's newest payload",
-        summary.deliveries, summary.pending_before
+        "control: projects {:?}, after {} handler calls",
+        summary.control_projects,
+        summary.log.len()
     );
-    let project_10 = summary
-        .replicated
-        .iter()
-        .filter(|line| line.starts_with("project 10 "))
-        .count();
-    println!("control: project 10 saved 4 times in the cell, replicated {project_10} time(s)");
-    println!("control: projects {:?}", summary.control_projects);
-    println!("cell:    {} outbox messages pending", summary.pending_after);
     Ok(())
 }
 
@@ -308,27 +269,30 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn replicates_with_three_renames_coalesced_into_one_delivery() {
+    async fn replicates_coalesces_renames_and_deletes() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let summary = run(dir.path()).await.expect("the quickstart runs");
 
         assert_eq!(
-            summary.pending_before, 6,
-            "1 organization + 2 projects + 3 renames"
+            summary.pending,
+            [4, 4],
+            "3 projects + 1 rename; 3 renames + 1 delete"
         );
-        assert_eq!(summary.pending_after, 0);
-        assert_eq!(summary.deliveries, 3);
+        assert_eq!(summary.deliveries, [4, 2], "the three renames coalesce");
         assert_eq!(
-            summary.replicated,
+            summary.log,
             [
-                r#"organization 1 "Acme""#,
-                r#"project 10 "website v4""#,
-                r#"project 11 "api""#,
+                r#"replicated project 10 "website""#,
+                r#"replicated project 11 "api""#,
+                r#"replicated project 12 "legacy""#,
+                r#"organization 1 is now "Acme""#,
+                r#"replicated project 10 "website v4""#,
+                "deleted project 12",
             ]
         );
         assert_eq!(
             summary.control_projects,
-            [(10, 1, "website v4".to_owned()), (11, 1, "api".to_owned())]
+            [(10, "website v4".to_owned()), (11, "api".to_owned())]
         );
     }
 }
