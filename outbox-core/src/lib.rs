@@ -11,26 +11,39 @@
 //! This crate holds the model, the [`Registry`], the [`Store`] contract and the relay; it
 //! knows no SQL. The backends are `outbox-postgres` and `outbox-sqlite`.
 //!
+//! Scopes, categories, replicated models and handlers are declared with attribute macros
+//! ([`outbox_scope`], [`outbox_category`], [`replicated_model`], [`outbox_handler`]); the
+//! traits they implement ([`Scope`], [`Category`], [`ReplicatedModel`]) can be written by hand
+//! too.
+//!
 //! ```
-//! use outbox_core::{Category, CategoryId, Delivery, Message, Registry, Relay, Scope, ScopeId};
-//! use serde::{Deserialize, Serialize};
 //! use std::sync::{Arc, Mutex};
 //!
+//! use outbox_core::{BoxError, Delivery, HandlerContext, Message, Registry, Relay};
+//! use outbox_core::{outbox_category, outbox_handler, outbox_scope};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_scope(id = 1)]
 //! struct Organization;
-//! impl Scope for Organization {
-//!     const ID: ScopeId = ScopeId(1);
-//!     const NAME: &'static str = "organization";
+//!
+//! #[outbox_category(scope = Organization, id = 1)]
+//! #[derive(Serialize, Deserialize)]
+//! struct OrganizationRenamed {
+//!     name: String,
 //! }
 //!
-//! #[derive(Serialize, Deserialize)]
-//! struct Renamed { name: String }
+//! /// What the handler saw.
+//! #[derive(Clone, Default)]
+//! struct Seen(Arc<Mutex<Vec<String>>>);
 //!
-//! struct OrganizationUpdate;
-//! impl Category for OrganizationUpdate {
-//!     type Scope = Organization;
-//!     type Payload = Renamed;
-//!     const ID: CategoryId = CategoryId(1);
-//!     const NAME: &'static str = "organization_update";
+//! #[outbox_handler]
+//! async fn record(
+//!     delivery: Delivery<OrganizationRenamed>,
+//!     cx: &mut HandlerContext<'_>,
+//! ) -> Result<(), BoxError> {
+//!     let seen = cx.state::<Seen>().ok_or("no Seen state")?;
+//!     seen.0.lock().unwrap().push(delivery.payload.name);
+//!     Ok(())
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -42,27 +55,19 @@
 //! // Write the outbox in the same transaction as the change it announces.
 //! let mut tx = pool.begin().await?;
 //! for name in ["Acme", "Acme Inc", "Acme Corp"] {
-//!     let message = Message::new::<OrganizationUpdate>(42, 42, &Renamed { name: name.into() })?;
+//!     let renamed = OrganizationRenamed { name: name.into() };
+//!     let message = Message::new::<OrganizationRenamed>(42, 42, &renamed)?;
 //!     outbox_sqlite::write(&mut *tx, &message).await?;
 //! }
 //! tx.commit().await?;
 //!
 //! // Deliver: three writes to one group coalesce into one delivery of the newest payload.
-//! let seen = Arc::new(Mutex::new(Vec::new()));
-//! let recorder = Arc::clone(&seen);
-//! let registry = Registry::builder()
-//!     .handle::<OrganizationUpdate>(move |delivery: Delivery<OrganizationUpdate>| {
-//!         let recorder = Arc::clone(&recorder);
-//!         async move {
-//!             recorder.lock().unwrap().push(delivery.payload.name);
-//!             Ok::<_, std::io::Error>(())
-//!         }
-//!     })
-//!     .build()?;
+//! let seen = Seen::default();
+//! let registry = Registry::builder().discovered().state(seen.clone()).build()?;
 //! let relay = Relay::new(outbox_sqlite::SqliteStore::new(pool), registry);
 //! let report = relay.drain().await?;
 //!
-//! assert_eq!(*seen.lock().unwrap(), ["Acme Corp"]);
+//! assert_eq!(*seen.0.lock().unwrap(), ["Acme Corp"]);
 //! assert_eq!(report.rows_acknowledged, 3);
 //! # Ok(())
 //! # }

@@ -26,8 +26,8 @@ pub struct ModelTable {
 /// The model is its own [`Category`]: one category covers its creation, updates and deletion.
 /// Every write carries the model's [`tombstone`](ReplicatedModel::tombstone) as the
 /// category's payload: what the deletion handler needs once the row is gone. At delivery the
-/// relay reads the row by its key: present, the [`Replication`] handler runs with the row as
-/// it is now; gone, the [`Deletion`] handler runs with the identifiers and the tombstone.
+/// relay reads the row by its key: present, the [`Replication`](crate::Replication) handler runs with the row as
+/// it is now; gone, the [`Deletion`](crate::Deletion) handler runs with the identifiers and the tombstone.
 ///
 /// The backends write models together with their outboxes (`outbox_sqlite::save`,
 /// `outbox_postgres::save`, and `insert`, `update`, `delete`), one statement per table

@@ -73,6 +73,7 @@ macro_rules! conformance_tests {
             run_delivers_new_writes_and_stops_gracefully,
             shutdown_deadline_abandons_stuck_shards,
             models_replicate_while_present_and_delete_once_gone,
+            models_are_read_in_the_claiming_transaction,
             model_writes_commit_and_roll_back_with_the_transaction,
             fan_out_models_reach_each_destination,
             unreadable_model_rows_are_precise_failures,

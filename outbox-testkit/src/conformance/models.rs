@@ -2,8 +2,8 @@
 //! while present and deleted once gone; fan-out models reach each destination.
 
 use outbox_core::{
-    Category, DeliveryError, Destination, Error, ModelBatch, Registry, Relay, Scope, ShardKey,
-    error_chain,
+    Category, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry, Relay, Scope,
+    ShardKey, error_chain,
 };
 
 use super::{config, pending};
@@ -118,6 +118,34 @@ pub async fn models_replicate_while_present_and_delete_once_gone<B: TestBackend>
             ModelSeen::ProjectGone(1, org_shard(7)),
         ]
     );
+}
+
+/// In the in-transaction handler mode, the relay reads the object within the claiming
+/// transaction: what the handlers see is what that transaction sees.
+pub async fn models_are_read_in_the_claiming_transaction<B: TestBackend>() {
+    let backend = with_tables::<B>().await;
+    let recorder = ModelRecorder::default();
+    let mut config = config("models-in-tx");
+    config.handler_mode = HandlerMode::InTransaction;
+    let relay = Relay::with_config(backend.store(), registry(&recorder), config);
+    let api = Project::new(1, 7, "api");
+    write(&backend, ModelWrite::Save, ModelBatch::local(&api)).await;
+    write(
+        &backend,
+        ModelWrite::Delete,
+        ModelBatch::local(&Project::new(2, 7, "gone")),
+    )
+    .await;
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(
+        recorder.take(),
+        [
+            ModelSeen::Project(api, org_shard(7)),
+            ModelSeen::ProjectGone(2, org_shard(7)),
+        ]
+    );
+    assert!(pending(&backend).await.is_empty());
 }
 
 /// A model write rolled back leaves neither rows nor outboxes; a failed model write (a key
