@@ -152,10 +152,10 @@ where
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Returns the rows inserted. Fails, writing
 /// nothing, if a key exists already.
-pub fn insert<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Postgres>,
+pub fn insert<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -167,10 +167,10 @@ pub fn insert<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows updated; a
 /// model without a row still gets its outbox, delivered as a deletion.
-pub fn update<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Postgres>,
+pub fn update<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -182,10 +182,10 @@ pub fn update<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows written. A
 /// key may appear only once in one call.
-pub fn save<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Postgres>,
+pub fn save<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -196,10 +196,10 @@ pub fn save<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
 /// statements however many models there are. Each outbox carries the model's tombstone, for
 /// the deletion handler. Returns the rows deleted.
-pub fn delete<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Postgres>,
+pub fn delete<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Postgres>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move { delete_rows::<M, PgConnection>(&mut **tx, &batch).await })

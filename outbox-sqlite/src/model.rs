@@ -163,10 +163,10 @@ where
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Returns the rows inserted. Fails, writing
 /// nothing, if a key exists already.
-pub fn insert<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Sqlite>,
+pub fn insert<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -183,10 +183,10 @@ pub fn insert<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows updated; a
 /// model without a row still gets its outbox, delivered as a deletion.
-pub fn update<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Sqlite>,
+pub fn update<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -202,10 +202,10 @@ pub fn update<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows written.
-pub fn save<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Sqlite>,
+pub fn save<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move {
@@ -217,10 +217,10 @@ pub fn save<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
 /// statements however many models there are. Each outbox carries the model's tombstone, for
 /// the deletion handler. Returns the rows deleted.
-pub fn delete<'f, 't: 'f, 'c: 'f, 'a: 'f, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'c, Sqlite>,
+pub fn delete<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'f, Result<u64, Error>> {
+) -> BoxFuture<'t, Result<u64, Error>> {
     // The models are converted at the call, so that a mistake there is one error.
     let batch = models.into_batch();
     Box::pin(async move { delete_rows::<M, SqliteConnection>(&mut **tx, &batch).await })
