@@ -164,6 +164,41 @@ pub(crate) struct RawDelivery<'a> {
     pub(crate) row: Option<&'a str>,
 }
 
+impl RawDelivery<'_> {
+    /// The delivery with its payload read as category `C`'s (S21: a payload that no longer
+    /// reads is a precise failure).
+    pub(crate) fn typed<C: Category>(&self) -> Result<Delivery<C>, DeliveryError> {
+        let message_id = self.message.id;
+        let payload =
+            <C::Payload as Payload>::from_json_str(&self.message.payload).map_err(|source| {
+                DeliveryError::Payload {
+                    category: C::NAME,
+                    message_id,
+                    source,
+                }
+            })?;
+        Ok(Delivery {
+            shard: self.shard.clone(),
+            object_identifier: self.message.object_identifier,
+            payload,
+            message_id,
+            attempt: self.attempt,
+            fencing_token: self.fencing_token,
+        })
+    }
+}
+
+/// A handler's error, as the failure of the delivery of `message_id` of category `C`.
+pub(crate) fn handler_failed<C: Category>(
+    message_id: MessageId,
+) -> impl FnOnce(BoxError) -> DeliveryError {
+    move |source| DeliveryError::Handler {
+        category: C::NAME,
+        message_id,
+        source,
+    }
+}
+
 /// A handler with its category erased, as the registry stores it.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn call<'a>(
@@ -194,29 +229,12 @@ impl<C: Category, H: Handler<C>> ErasedHandler for Typed<C, H> {
         cx: &'a mut HandlerContext<'_>,
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            let message_id = delivery.message.id;
-            let payload = <C::Payload as Payload>::from_json_str(&delivery.message.payload)
-                .map_err(|source| DeliveryError::Payload {
-                    category: C::NAME,
-                    message_id,
-                    source,
-                })?;
-            let typed = Delivery {
-                shard: delivery.shard.clone(),
-                object_identifier: delivery.message.object_identifier,
-                payload,
-                message_id,
-                attempt: delivery.attempt,
-                fencing_token: delivery.fencing_token,
-            };
+            let typed = delivery.typed::<C>()?;
+            let message_id = typed.message_id;
             self.handler
                 .handle(typed, cx)
                 .await
-                .map_err(|source| DeliveryError::Handler {
-                    category: C::NAME,
-                    message_id,
-                    source,
-                })
+                .map_err(handler_failed::<C>(message_id))
         })
     }
 }

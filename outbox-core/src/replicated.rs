@@ -21,6 +21,24 @@ pub struct ModelTable {
     pub bool_columns: &'static [&'static str],
 }
 
+impl ModelTable {
+    /// The columns an update of a row sets: every column but the key, or the key alone if
+    /// it is the only one.
+    pub fn updated_columns(&self) -> Vec<&'static str> {
+        let others: Vec<_> = self
+            .columns
+            .iter()
+            .copied()
+            .filter(|column| *column != self.key)
+            .collect();
+        if others.is_empty() {
+            vec![self.key]
+        } else {
+            others
+        }
+    }
+}
+
 /// A domain struct replicated through the outbox: declared with `#[replicated_model(...)]`.
 ///
 /// The model is its own [`Category`]: one category covers its creation, updates and deletion.

@@ -6,8 +6,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::error::{BoxError, DeliveryError};
-use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery};
-use crate::model::{Category, Destination, MessageId, Payload, ShardKey};
+use crate::handler::{
+    BoxFuture, Delivery, ErasedHandler, HandlerContext, RawDelivery, handler_failed,
+};
+use crate::model::{Category, Destination, MessageId, ShardKey};
 use crate::replicated::{ReplicatedModel, model_from_row};
 
 /// A replicated model that exists at delivery: its row as it is now.
@@ -165,11 +167,7 @@ impl<M: ReplicatedModel, H: ReplicationHandler<M>> ErasedHandler for TypedReplic
             self.handler
                 .replicate(replication, cx)
                 .await
-                .map_err(|source| DeliveryError::Handler {
-                    category: M::NAME,
-                    message_id,
-                    source,
-                })
+                .map_err(handler_failed::<M>(message_id))
         })
     }
 }
@@ -196,29 +194,26 @@ impl<M: ReplicatedModel, H: DeletionHandler<M>> ErasedHandler for TypedDeletion<
         cx: &'a mut HandlerContext<'_>,
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            let message_id = delivery.message.id;
-            let payload = <M::Payload as Payload>::from_json_str(&delivery.message.payload)
-                .map_err(|source| DeliveryError::Payload {
-                    category: M::NAME,
-                    message_id,
-                    source,
-                })?;
-            let deletion = Deletion {
-                object_identifier: delivery.message.object_identifier,
-                shard: delivery.shard.clone(),
+            let Delivery {
+                shard,
+                object_identifier,
                 payload,
                 message_id,
-                attempt: delivery.attempt,
-                fencing_token: delivery.fencing_token,
+                attempt,
+                fencing_token,
+            } = delivery.typed::<M>()?;
+            let deletion = Deletion {
+                object_identifier,
+                shard,
+                payload,
+                message_id,
+                attempt,
+                fencing_token,
             };
             self.handler
                 .delete(deletion, cx)
                 .await
-                .map_err(|source| DeliveryError::Handler {
-                    category: M::NAME,
-                    message_id,
-                    source,
-                })
+                .map_err(handler_failed::<M>(message_id))
         })
     }
 }

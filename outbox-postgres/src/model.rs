@@ -29,21 +29,6 @@ fn columns(table: &ModelTable, prefix: &str) -> String {
         .join(", ")
 }
 
-/// The columns an update sets: all but the key, or the key alone if it is the only one.
-fn updated_columns(table: &ModelTable) -> Vec<&'static str> {
-    let others: Vec<_> = table
-        .columns
-        .iter()
-        .copied()
-        .filter(|column| *column != table.key)
-        .collect();
-    if others.is_empty() {
-        vec![table.key]
-    } else {
-        others
-    }
-}
-
 /// The rows of parameter `$1`, typed as the table's rows.
 fn rows(table: &ModelTable) -> String {
     format!(
@@ -63,7 +48,8 @@ fn insert_sql(table: &ModelTable) -> String {
 }
 
 fn save_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = updated_columns(table)
+    let set: Vec<String> = table
+        .updated_columns()
         .iter()
         .map(|column| format!("{0} = EXCLUDED.{0}", quoted(column)))
         .collect();
@@ -76,7 +62,8 @@ fn save_sql(table: &ModelTable) -> String {
 }
 
 fn update_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = updated_columns(table)
+    let set: Vec<String> = table
+        .updated_columns()
         .iter()
         .map(|column| format!("{0} = s.{0}", quoted(column)))
         .collect();

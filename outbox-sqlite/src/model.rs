@@ -37,21 +37,6 @@ fn column_list(table: &ModelTable) -> String {
         .join(", ")
 }
 
-/// The columns an update sets: all but the key, or the key alone if it is the only one.
-fn updated_columns(table: &ModelTable) -> Vec<&'static str> {
-    let others: Vec<_> = table
-        .columns
-        .iter()
-        .copied()
-        .filter(|column| *column != table.key)
-        .collect();
-    if others.is_empty() {
-        vec![table.key]
-    } else {
-        others
-    }
-}
-
 fn insert_sql(table: &ModelTable) -> String {
     format!(
         "INSERT INTO {} ({}) SELECT {} FROM json_each(?1) AS s WHERE true ORDER BY s.key",
@@ -62,7 +47,8 @@ fn insert_sql(table: &ModelTable) -> String {
 }
 
 fn save_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = updated_columns(table)
+    let set: Vec<String> = table
+        .updated_columns()
         .iter()
         .map(|column| format!("{0} = excluded.{0}", quoted(column)))
         .collect();
@@ -75,7 +61,8 @@ fn save_sql(table: &ModelTable) -> String {
 }
 
 fn update_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = updated_columns(table)
+    let set: Vec<String> = table
+        .updated_columns()
         .iter()
         .map(|column| format!("{} = s.value ->> '{column}'", quoted(column)))
         .collect();
