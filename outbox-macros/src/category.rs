@@ -10,7 +10,8 @@ use syn::spanned::Spanned;
 use syn::{Ident, Item, LitBool, LitInt, LitStr, Path, Type, TypePath};
 
 use crate::common::{
-    Macro, hidden, integer, location, plain_type, set_flag, set_once, unique_in_crate,
+    Errors, Macro, hidden, integer, location, plain_type, set_flag, set_once, unique_in_crate,
+    unknown_key,
 };
 
 /// The arguments every category declaration takes: `scope`, `id` and `name`.
@@ -67,8 +68,14 @@ impl CategoryArgs {
     }
 
     /// Checks that `scope` and `id` were given; `example` shows the attribute written right.
-    pub(crate) fn finish(self, ident: Ident, example: &str) -> syn::Result<CategoryIdentity> {
-        let scope = self.scope.ok_or_else(|| {
+    /// Reports every mistake at once: each missing key, and those `errors` gathered before.
+    pub(crate) fn finish(
+        self,
+        ident: Ident,
+        example: &str,
+        mut errors: Errors,
+    ) -> syn::Result<CategoryIdentity> {
+        let scope = errors.keep(self.scope.ok_or_else(|| {
             syn::Error::new(
                 Span::call_site(),
                 format!(
@@ -76,14 +83,20 @@ impl CategoryArgs {
                      `{example}`"
                 ),
             )
-        })?;
-        let id_lit = self.id.ok_or_else(|| {
+        }));
+        let id_lit = errors.keep(self.id.ok_or_else(|| {
             syn::Error::new(
                 Span::call_site(),
                 format!("missing `id = ...`: a category needs a stable id, e.g. `{example}`"),
             )
-        })?;
-        let id: i32 = integer(&id_lit, "a category id")?;
+        }));
+        let id: Option<i32> = id_lit
+            .as_ref()
+            .and_then(|lit| errors.keep(integer(lit, "a category id")));
+        errors.finish()?;
+        let (Some(scope), Some(id_lit), Some(id)) = (scope, id_lit, id) else {
+            unreachable!("a missing value is an error, reported above");
+        };
         let name = self
             .name
             .unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
@@ -167,6 +180,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let mut common = CategoryArgs::default();
     let mut coalesce: Option<LitBool> = None;
     let mut no_op = false;
+    let mut errors = Errors::default();
     syn::meta::parser(|meta| {
         let key = meta.path.require_ident()?;
         if common.take(key, &meta)? {
@@ -176,14 +190,22 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         } else if key == "no_op" {
             set_flag(&mut no_op, key)
         } else {
-            Err(meta.error(format!(
-                "unknown key `{key}` for `#[outbox_category]`: expected `scope`, `id`, `name`, \
-                 `coalesce` or `no_op`"
-            )))
+            unknown_key(
+                &meta,
+                format!(
+                    "unknown key `{key}` for `#[outbox_category]`: expected `scope`, `id`, \
+                     `name`, `coalesce` or `no_op`"
+                ),
+                &mut errors,
+            )
         }
     })
     .parse2(args)?;
-    let identity = common.finish(ident, "#[outbox_category(scope = Organization, id = 1)]")?;
+    let identity = common.finish(
+        ident,
+        "#[outbox_category(scope = Organization, id = 1)]",
+        errors,
+    )?;
     let payload = quote_spanned!(identity.ident.span()=> type Payload = Self;);
     Ok(identity.items(CategoryItems {
         payload,

@@ -165,3 +165,41 @@ pub(crate) fn set_flag(flag: &mut bool, key: &Ident) -> syn::Result<()> {
     *flag = true;
     Ok(())
 }
+
+/// Errors gathered along the way, reported together: each mistake at its own token.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    /// Adds an error.
+    pub(crate) fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(first) => first.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    /// The value of `result`, or `None` with its error kept.
+    pub(crate) fn keep<T>(&mut self, result: syn::Result<T>) -> Option<T> {
+        result.map_err(|error| self.push(error)).ok()
+    }
+
+    /// Every error gathered, as one.
+    pub(crate) fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// Records an unknown key's error and skips its value (`key = value`), so that parsing goes
+/// on to the keys after it.
+pub(crate) fn unknown_key(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    message: String,
+    errors: &mut Errors,
+) -> syn::Result<()> {
+    errors.push(meta.error(message));
+    if meta.input.peek(syn::Token![=]) {
+        meta.value()?.parse::<syn::Expr>()?;
+    }
+    Ok(())
+}

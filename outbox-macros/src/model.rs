@@ -1,7 +1,7 @@
 //! `#[replicated_model(..)]`: a domain struct as its own category, with the `ReplicatedModel`
 //! impl that tells the backends its table and the relay how to look it up.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::Parser;
@@ -9,7 +9,7 @@ use syn::spanned::Spanned;
 use syn::{Field, Fields, GenericArgument, Ident, Item, LitStr, PathArguments, Type, TypePath};
 
 use crate::category::{CategoryArgs, CategoryItems};
-use crate::common::{Macro, hidden, plain_type, set_flag, set_once};
+use crate::common::{Errors, Macro, hidden, plain_type, set_flag, set_once, unknown_key};
 
 const EXAMPLE: &str = "#[replicated_model(scope = Organization, id = 1, table = \"projects\", shard = organization_id)]";
 
@@ -22,6 +22,7 @@ struct ModelArgs {
     key: Option<Ident>,
     tombstone: Option<Type>,
     fan_out: bool,
+    errors: Errors,
 }
 
 impl ModelArgs {
@@ -42,10 +43,14 @@ impl ModelArgs {
             } else if key == "fan_out" {
                 set_flag(&mut parsed.fan_out, key)
             } else {
-                Err(meta.error(format!(
-                    "unknown key `{key}` for `#[replicated_model]`: expected `scope`, `id`, \
-                     `name`, `table`, `shard`, `key`, `tombstone` or `fan_out`"
-                )))
+                unknown_key(
+                    &meta,
+                    format!(
+                        "unknown key `{key}` for `#[replicated_model]`: expected `scope`, `id`, \
+                         `name`, `table`, `shard`, `key`, `tombstone` or `fan_out`"
+                    ),
+                    &mut parsed.errors,
+                )
             }
         })
         .parse2(args)?;
@@ -131,34 +136,52 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         ));
     };
     let fields: Vec<&Field> = named.named.iter().collect();
-    let args = ModelArgs::parse(args)?;
+    let ModelArgs {
+        category,
+        table,
+        shard,
+        key,
+        tombstone,
+        fan_out,
+        mut errors,
+    } = ModelArgs::parse(args)?;
 
-    let table_lit = args.table.ok_or_else(|| {
-        syn::Error::new(
-            proc_macro2::Span::call_site(),
-            format!("missing `table = \"...\"`: the table holding the rows, e.g. `{EXAMPLE}`"),
-        )
-    })?;
-    let table = table_name(&table_lit)?;
-    let shard = args.shard.ok_or_else(|| {
-        syn::Error::new(
-            proc_macro2::Span::call_site(),
-            format!(
-                "missing `shard = <field>`: the field holding the shard identifier, e.g. \
-                 `{EXAMPLE}`"
-            ),
-        )
-    })?;
-    let shard_field = field(&fields, &shard).ok_or_else(|| {
-        syn::Error::new(
-            shard.span(),
-            format!(
-                "`{ident}` has no field `{shard}`: `shard = ...` names the field holding the \
-                 shard identifier of its scope"
-            ),
-        )
-    })?;
-    let key_field = match &args.key {
+    let table = errors.keep(
+        table
+            .ok_or_else(|| {
+                syn::Error::new(
+                    Span::call_site(),
+                    format!(
+                        "missing `table = \"...\"`: the table holding the rows, e.g. `{EXAMPLE}`"
+                    ),
+                )
+            })
+            .and_then(|table| table_name(&table)),
+    );
+    let shard_field = errors.keep(
+        shard
+            .ok_or_else(|| {
+                syn::Error::new(
+                    Span::call_site(),
+                    format!(
+                        "missing `shard = <field>`: the field holding the shard identifier, \
+                         e.g. `{EXAMPLE}`"
+                    ),
+                )
+            })
+            .and_then(|shard| {
+                field(&fields, &shard).ok_or_else(|| {
+                    syn::Error::new(
+                        shard.span(),
+                        format!(
+                            "`{ident}` has no field `{shard}`: `shard = ...` names the field \
+                             holding the shard identifier of its scope"
+                        ),
+                    )
+                })
+            }),
+    );
+    let key_field = errors.keep(match &key {
         Some(key) => field(&fields, key).ok_or_else(|| {
             syn::Error::new(
                 key.span(),
@@ -167,7 +190,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
                      primary key"
                 ),
             )
-        })?,
+        }),
         None => field(&fields, &Ident::new("id", ident.span())).ok_or_else(|| {
             syn::Error::new(
                 ident.span(),
@@ -176,9 +199,12 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
                      `key = <field>`"
                 ),
             )
-        })?,
+        }),
+    });
+    let identity = category.finish(ident, EXAMPLE, errors)?;
+    let (Some(table), Some(shard_field), Some(key_field)) = (table, shard_field, key_field) else {
+        unreachable!("a missing value is an error, reported above");
     };
-    let identity = args.category.finish(ident, EXAMPLE)?;
     let ident = &identity.ident;
 
     let column = |field: &Field| {
@@ -197,7 +223,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let key_column = column(key_field);
     let object_identifier = identifier(key_field);
     let shard_identifier = identifier(shard_field);
-    let (payload, tombstone) = match &args.tombstone {
+    let (payload, tombstone) = match &tombstone {
         Some(ty) => (
             quote_spanned!(ty.span()=> type Payload = #ty;),
             quote_spanned!(ty.span()=> <#ty as ::core::convert::From<&Self>>::from(self)),
@@ -209,7 +235,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             TokenStream::new(),
         ),
     };
-    let direction = if args.fan_out {
+    let direction = if fan_out {
         quote!(::outbox_core::FanOutModel)
     } else {
         quote!(::outbox_core::LocalModel)

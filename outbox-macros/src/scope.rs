@@ -7,7 +7,8 @@ use syn::parse::Parser;
 use syn::{Item, LitInt, LitStr};
 
 use crate::common::{
-    self, Macro, hidden, integer, location, plain_type, set_once, unique_in_crate,
+    self, Errors, Macro, hidden, integer, location, plain_type, set_once, unique_in_crate,
+    unknown_key,
 };
 
 /// `#[outbox_scope]`.
@@ -20,6 +21,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let ident = plain_type(item, "scope")?;
     let mut id: Option<LitInt> = None;
     let mut name: Option<LitStr> = None;
+    let mut errors = Errors::default();
     syn::meta::parser(|meta| {
         let key = meta.path.require_ident()?;
         if key == "id" {
@@ -27,18 +29,24 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         } else if key == "name" {
             set_once(&mut name, &meta, key)
         } else {
-            Err(meta.error(format!(
-                "unknown key `{key}` for `#[outbox_scope]`: expected `id` or `name`"
-            )))
+            unknown_key(
+                &meta,
+                format!("unknown key `{key}` for `#[outbox_scope]`: expected `id` or `name`"),
+                &mut errors,
+            )
         }
     })
     .parse2(args)?;
-    let id_lit = id.ok_or_else(|| {
+    let id_lit = errors.keep(id.ok_or_else(|| {
         syn::Error::new(
             Span::call_site(),
             "missing `id = ...`: a scope needs a stable id, e.g. `#[outbox_scope(id = 1)]`",
         )
-    })?;
+    }));
+    errors.finish()?;
+    let Some(id_lit) = id_lit else {
+        unreachable!("a missing id is an error, reported above");
+    };
     let id: i16 = integer(&id_lit, "a scope id")?;
     let name =
         name.unwrap_or_else(|| LitStr::new(&ident.to_string().to_snake_case(), ident.span()));
