@@ -75,7 +75,7 @@ impl CategoryArgs {
         example: &str,
         mut errors: Errors,
     ) -> syn::Result<CategoryIdentity> {
-        let scope = errors.keep(self.scope.ok_or_else(|| {
+        let scope = errors.required(self.scope, || {
             syn::Error::new(
                 Span::call_site(),
                 format!(
@@ -83,13 +83,13 @@ impl CategoryArgs {
                      `{example}`"
                 ),
             )
-        }));
-        let id_lit = errors.keep(self.id.ok_or_else(|| {
+        });
+        let id_lit = errors.required(self.id, || {
             syn::Error::new(
                 Span::call_site(),
                 format!("missing `id = ...`: a category needs a stable id, e.g. `{example}`"),
             )
-        }));
+        });
         let id: Option<i32> = id_lit
             .as_ref()
             .and_then(|lit| errors.keep(integer(lit, "a category id")));

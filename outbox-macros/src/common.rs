@@ -168,14 +168,17 @@ pub(crate) fn set_flag(flag: &mut bool, key: &Ident) -> syn::Result<()> {
 
 /// Errors gathered along the way, reported together: each mistake at its own token.
 #[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
+pub(crate) struct Errors {
+    errors: Option<syn::Error>,
+    unknown_key: bool,
+}
 
 impl Errors {
     /// Adds an error.
     pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
+        match &mut self.errors {
             Some(first) => first.combine(error),
-            None => self.0 = Some(error),
+            None => self.errors = Some(error),
         }
     }
 
@@ -184,9 +187,22 @@ impl Errors {
         result.map_err(|error| self.push(error)).ok()
     }
 
+    /// A required key's value, or `None` with `missing` kept as the error: unless an unknown
+    /// key was given, most likely the same key misspelled, which is then the one error.
+    pub(crate) fn required<T>(
+        &mut self,
+        value: Option<T>,
+        missing: impl FnOnce() -> syn::Error,
+    ) -> Option<T> {
+        if value.is_none() && !self.unknown_key {
+            self.push(missing());
+        }
+        value
+    }
+
     /// Every error gathered, as one.
     pub(crate) fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
+        self.errors.map_or(Ok(()), Err)
     }
 }
 
@@ -198,6 +214,7 @@ pub(crate) fn unknown_key(
     errors: &mut Errors,
 ) -> syn::Result<()> {
     errors.push(meta.error(message));
+    errors.unknown_key = true;
     if meta.input.peek(syn::Token![=]) {
         meta.value()?.parse::<syn::Expr>()?;
     }

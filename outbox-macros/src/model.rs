@@ -146,41 +146,35 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         mut errors,
     } = ModelArgs::parse(args)?;
 
-    let table = errors.keep(
-        table
-            .ok_or_else(|| {
+    let table = errors
+        .required(table, || {
+            syn::Error::new(
+                Span::call_site(),
+                format!("missing `table = \"...\"`: the table holding the rows, e.g. `{EXAMPLE}`"),
+            )
+        })
+        .and_then(|table| errors.keep(table_name(&table)));
+    let shard_field = errors
+        .required(shard, || {
+            syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "missing `shard = <field>`: the field holding the shard identifier, e.g. \
+                     `{EXAMPLE}`"
+                ),
+            )
+        })
+        .and_then(|shard| {
+            errors.keep(field(&fields, &shard).ok_or_else(|| {
                 syn::Error::new(
-                    Span::call_site(),
+                    shard.span(),
                     format!(
-                        "missing `table = \"...\"`: the table holding the rows, e.g. `{EXAMPLE}`"
+                        "`{ident}` has no field `{shard}`: `shard = ...` names the field holding \
+                         the shard identifier of its scope"
                     ),
                 )
-            })
-            .and_then(|table| table_name(&table)),
-    );
-    let shard_field = errors.keep(
-        shard
-            .ok_or_else(|| {
-                syn::Error::new(
-                    Span::call_site(),
-                    format!(
-                        "missing `shard = <field>`: the field holding the shard identifier, \
-                         e.g. `{EXAMPLE}`"
-                    ),
-                )
-            })
-            .and_then(|shard| {
-                field(&fields, &shard).ok_or_else(|| {
-                    syn::Error::new(
-                        shard.span(),
-                        format!(
-                            "`{ident}` has no field `{shard}`: `shard = ...` names the field \
-                             holding the shard identifier of its scope"
-                        ),
-                    )
-                })
-            }),
-    );
+            }))
+        });
     let key_field = errors.keep(match &key {
         Some(key) => field(&fields, key).ok_or_else(|| {
             syn::Error::new(

@@ -37,12 +37,12 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }
     })
     .parse2(args)?;
-    let id_lit = errors.keep(id.ok_or_else(|| {
+    let id_lit = errors.required(id, || {
         syn::Error::new(
             Span::call_site(),
             "missing `id = ...`: a scope needs a stable id, e.g. `#[outbox_scope(id = 1)]`",
         )
-    }));
+    });
     errors.finish()?;
     let Some(id_lit) = id_lit else {
         unreachable!("a missing id is an error, reported above");
