@@ -148,13 +148,14 @@ pub async fn project_updated(
 /// Never, but the type says it could.
 #[outbox_handler]
 pub async fn audited(delivery: Delivery<AuditEntry>) -> Result<(), std::io::Error> {
+    // No `.await`: a handler is async because handlers are, and `clippy::unused_async` knows.
     see(delivery.payload.action);
-    tokio::task::yield_now().await;
     Ok(())
 }
 
+// Named like the expansion's own parameters: they cannot shadow it.
 #[outbox_handler]
-async fn pinged(delivery: Delivery<Ping>) -> Result<(), BoxError> {
+async fn delivery(delivery: Delivery<Ping>) -> Result<(), BoxError> {
     see(format!("{:?}", delivery.payload));
     tokio::task::yield_now().await;
     Ok(())
@@ -173,10 +174,7 @@ pub async fn replicate_project(replication: Replication<Project>) -> Result<(), 
 }
 
 #[outbox_handler]
-async fn delete_project(
-    deletion: Deletion<Project>,
-    cx: &mut HandlerContext<'_>,
-) -> Result<(), BoxError> {
+async fn cx(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
     let _ = cx.state::<String>();
     see(format!("delete {}", deletion.object_identifier));
     tokio::task::yield_now().await;
@@ -212,6 +210,14 @@ fn local<M: ReplicatedModel + LocalModel>() -> ModelTable {
 
 fn fan_out<M: ReplicatedModel + FanOutModel>() -> ModelTable {
     M::TABLE
+}
+
+#[test]
+fn declarations_in_a_function_body_are_lint_clean() {
+    #[outbox_scope(id = 9, name = "in_a_function")]
+    struct InAFunction;
+
+    assert_eq!(InAFunction::ID, ScopeId(9));
 }
 
 #[test]

@@ -105,10 +105,17 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let function = &sig.ident;
     // The function is taken as a value, as a handler is: lints that judge an `async fn` by
     // its body alone (`clippy::unused_async`) leave it alone.
+    let handler = Ident::new("handler", Span::mixed_site());
     let call = if takes_context {
-        quote!((#function)(#delivery, #cx))
+        quote!({
+            let #handler = #function;
+            #handler(#delivery, #cx)
+        })
     } else {
-        quote!((#function)(#delivery))
+        quote!({
+            let #handler = #function;
+            #handler(#delivery)
+        })
     };
     let output_span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
