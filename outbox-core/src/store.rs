@@ -91,6 +91,9 @@ pub enum Outcome {
     Yielded,
     /// A delivery failed: back the shard off.
     Failed(Failure),
+    /// Release the shard and leave its recorded state (attempts, last error, schedule) as it
+    /// was: what a flush after commit does, whether it delivered or failed (S2).
+    Released,
 }
 
 /// A failed delivery, as the store records it on the shard.
@@ -256,6 +259,10 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Makes a shard in backoff due now, keeping its attempt count; returns whether it was.
     fn reschedule(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The id of the newest message in the outbox, if there is any: the bound of a pass that
+    /// leaves later writes for the next one.
+    fn newest_message_id(&self) -> impl Future<Output = Result<Option<MessageId>, Error>> + Send;
 
     /// Pending messages in id order, at most `limit`.
     fn pending_messages(

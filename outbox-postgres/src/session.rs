@@ -91,6 +91,10 @@ const RELEASE: &str = "\
         last_error = NULL, retry_at = NULL, parked_category = NULL \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
+const RELEASE_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
 const FAIL: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
         last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
@@ -153,6 +157,7 @@ impl PgSession {
                 self.keyed(RELEASE).execute(&mut *conn).await
             }
             Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
+            Outcome::Released => self.keyed(RELEASE_LEASE).execute(&mut *conn).await,
             Outcome::Failed(failure) => {
                 self.keyed(FAIL)
                     .bind(i32::try_from(failure.attempts).unwrap_or(i32::MAX))

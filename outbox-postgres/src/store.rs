@@ -273,6 +273,14 @@ impl Store for PgStore {
         Ok(result.rows_affected() > 0)
     }
 
+    async fn newest_message_id(&self) -> Result<Option<MessageId>, Error> {
+        let newest: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM outbox_messages")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(database("reading the newest message id"))?;
+        Ok(newest.map(MessageId))
+    }
+
     async fn pending_messages(&self, limit: usize) -> Result<Vec<PendingMessage>, Error> {
         let rows = sqlx::query(
             "SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \

@@ -10,6 +10,9 @@
 //!   [`write_all`] uses one statement however many messages there are.
 //! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
 //!   `#[replicated_model]`) together with their outboxes, one statement per table.
+//! - [`begin`] opens an [`OutboxTransaction`]: it remembers the shards its outboxes went to,
+//!   so that `Relay::flush` delivers them as soon as it commits (S2); its nested
+//!   [`deferred`](OutboxTransaction::deferred) scopes leave theirs to the relay (S3).
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
 //!
 //! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one
@@ -22,6 +25,7 @@ mod migrate;
 mod model;
 mod session;
 mod store;
+mod transaction;
 mod write;
 
 pub use crate::connect::{connect, connect_options};
@@ -29,6 +33,7 @@ pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{delete, insert, save, update};
 pub use crate::session::SqliteSession;
 pub use crate::store::SqliteStore;
+pub use crate::transaction::{OutboxTransaction, begin};
 pub use crate::write::{write, write_all};
 pub use outbox_core::store::MIGRATIONS_TABLE;
 

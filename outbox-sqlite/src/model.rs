@@ -4,7 +4,9 @@
 //! The models travel to the database as one JSON array parameter, as the outbox rows do:
 //! `json_each` turns it into rows, `->>` into column values.
 
-use outbox_core::{BoxFuture, Error, IntoModelBatch, ModelBatch, ModelTable, ReplicatedModel};
+use outbox_core::{
+    BoxFuture, Error, IntoModelBatch, Message, MessageId, ModelBatch, ModelTable, ReplicatedModel,
+};
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, SqliteExecutor, Transaction};
 
 use crate::error::on_table;
@@ -113,38 +115,87 @@ async fn execute<'e>(
     Ok(done.rows_affected())
 }
 
-/// Writes the rows with `sql`, then one outbox per model (and destination).
-async fn write_rows<M, C>(
-    conn: &mut C,
-    batch: &ModelBatch<'_, M>,
-    sql: String,
-    operation: &'static str,
-) -> Result<u64, Error>
-where
-    M: ReplicatedModel,
-    for<'c> &'c mut C: SqliteExecutor<'c>,
-{
-    if batch.models().is_empty() {
-        return Ok(0);
-    }
-    let messages = batch.messages()?;
-    let rows = execute(&mut *conn, sql, batch.rows_json()?, operation).await?;
-    write_all(&mut *conn, &messages).await?;
-    Ok(rows)
+/// One of the model writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    Insert,
+    Update,
+    Save,
+    Delete,
 }
 
-/// Writes the outboxes (with the tombstones), then deletes the rows.
-async fn delete_rows<M, C>(conn: &mut C, batch: &ModelBatch<'_, M>) -> Result<u64, Error>
+/// What a model write did.
+#[derive(Debug)]
+pub(crate) struct Written {
+    /// Rows of the model's table affected.
+    pub(crate) rows: u64,
+    /// The outbox messages written.
+    pub(crate) messages: Vec<Message>,
+    /// Their ids.
+    pub(crate) ids: Vec<MessageId>,
+}
+
+/// Applies `write` to `batch`: the rows and one outbox per model (and destination), two
+/// statements. A deletion writes the outboxes first, while the rows still exist.
+pub(crate) async fn apply<M, C>(
+    conn: &mut C,
+    write: Write,
+    batch: &ModelBatch<'_, M>,
+) -> Result<Written, Error>
 where
     M: ReplicatedModel,
     for<'c> &'c mut C: SqliteExecutor<'c>,
 {
     if batch.models().is_empty() {
-        return Ok(0);
+        return Ok(Written {
+            rows: 0,
+            messages: Vec::new(),
+            ids: Vec::new(),
+        });
     }
-    write_all(&mut *conn, &batch.messages()?).await?;
-    let keys = serde_json::Value::from(batch.keys()).to_string();
-    execute(&mut *conn, delete_sql(&M::TABLE), keys, "deleting models").await
+    let messages = batch.messages()?;
+    let (sql, operation) = match write {
+        Write::Insert => (insert_sql(&M::TABLE), "inserting models"),
+        Write::Update => (update_sql(&M::TABLE), "updating models"),
+        Write::Save => (save_sql(&M::TABLE), "saving models"),
+        Write::Delete => {
+            let operation = "deleting models";
+            let ids = write_all(&mut *conn, &messages).await?;
+            let rows = {
+                let keys = serde_json::Value::from(batch.keys()).to_string();
+                execute(&mut *conn, delete_sql(&M::TABLE), keys, operation).await?
+            };
+            return Ok(Written {
+                rows,
+                messages,
+                ids,
+            });
+        }
+    };
+    let rows = {
+        let rows_json = batch.rows_json()?;
+        execute(&mut *conn, sql, rows_json, operation).await?
+    };
+    let ids = write_all(&mut *conn, &messages).await?;
+    Ok(Written {
+        rows,
+        messages,
+        ids,
+    })
+}
+
+/// `write` on the caller's transaction, the models converted at the call (so that a mistake
+/// there is one error).
+fn boxed<'t, 'a: 't, M: ReplicatedModel>(
+    tx: &'t mut Transaction<'_, Sqlite>,
+    write: Write,
+    models: impl IntoModelBatch<'a, M>,
+) -> BoxFuture<'t, Result<u64, Error>> {
+    let batch = models.into_batch();
+    Box::pin(async move {
+        let written = apply::<M, SqliteConnection>(&mut **tx, write, &batch).await?;
+        Ok(written.rows)
+    })
 }
 
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
@@ -154,17 +205,7 @@ pub fn insert<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    // The models are converted at the call, so that a mistake there is one error.
-    let batch = models.into_batch();
-    Box::pin(async move {
-        write_rows::<M, SqliteConnection>(
-            &mut **tx,
-            &batch,
-            insert_sql(&M::TABLE),
-            "inserting models",
-        )
-        .await
-    })
+    boxed(tx, Write::Insert, models)
 }
 
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
@@ -174,17 +215,7 @@ pub fn update<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    // The models are converted at the call, so that a mistake there is one error.
-    let batch = models.into_batch();
-    Box::pin(async move {
-        write_rows::<M, SqliteConnection>(
-            &mut **tx,
-            &batch,
-            update_sql(&M::TABLE),
-            "updating models",
-        )
-        .await
-    })
+    boxed(tx, Write::Update, models)
 }
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
@@ -193,12 +224,7 @@ pub fn save<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    // The models are converted at the call, so that a mistake there is one error.
-    let batch = models.into_batch();
-    Box::pin(async move {
-        write_rows::<M, SqliteConnection>(&mut **tx, &batch, save_sql(&M::TABLE), "saving models")
-            .await
-    })
+    boxed(tx, Write::Save, models)
 }
 
 /// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
@@ -208,9 +234,7 @@ pub fn delete<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    // The models are converted at the call, so that a mistake there is one error.
-    let batch = models.into_batch();
-    Box::pin(async move { delete_rows::<M, SqliteConnection>(&mut **tx, &batch).await })
+    boxed(tx, Write::Delete, models)
 }
 
 #[cfg(test)]
@@ -258,28 +282,25 @@ mod tests {
         let projects: Vec<_> = (1..=100).map(|id| Project::new(id, id % 7, "p")).collect();
         let batch = ModelBatch::local(&projects);
         let mut tx = database.pool().begin().await.expect("begin");
-        for (write, sql) in [
-            ("insert", insert_sql(&Project::TABLE)),
-            ("update", update_sql(&Project::TABLE)),
-            ("save", save_sql(&Project::TABLE)),
-        ] {
+        for write in [Write::Insert, Write::Update, Write::Save, Write::Delete] {
             let mut counting = CountingExecutor::<SqliteConnection>::new(&mut tx);
-            let rows = write_rows::<Project, CountingExecutor<'_, SqliteConnection>>(
+            let written = apply::<Project, CountingExecutor<'_, SqliteConnection>>(
                 &mut counting,
+                write,
                 &batch,
-                sql,
-                "writing",
             )
             .await
-            .expect(write);
-            assert_eq!((write, rows, counting.statements()), (write, 100, 2));
+            .unwrap_or_else(|error| panic!("{write:?}: {error}"));
+            assert_eq!(
+                (
+                    write,
+                    written.rows,
+                    written.ids.len(),
+                    counting.statements()
+                ),
+                (write, 100, 100, 2)
+            );
         }
-        let mut counting = CountingExecutor::<SqliteConnection>::new(&mut tx);
-        let rows =
-            delete_rows::<Project, CountingExecutor<'_, SqliteConnection>>(&mut counting, &batch)
-                .await
-                .expect("delete");
-        assert_eq!((rows, counting.statements()), (100, 2));
         let outboxes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
             .fetch_one(&mut *tx)
             .await

@@ -83,6 +83,10 @@ const RELEASE: &str = "\
         last_error = NULL, retry_at = NULL, parked_category = NULL \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
+const RELEASE_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
 const FAIL: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = ?5, \
         last_error = ?6, retry_at = ?7, watermark = ?8, parked_category = ?9 \
@@ -191,6 +195,7 @@ impl SqliteSession {
                 self.keyed(RELEASE).execute(&mut *conn).await
             }
             Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
+            Outcome::Released => self.keyed(RELEASE_LEASE).execute(&mut *conn).await,
             Outcome::Failed(failure) => {
                 self.keyed(FAIL)
                     .bind(i64::from(failure.attempts))

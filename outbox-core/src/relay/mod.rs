@@ -15,8 +15,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::config::{Backoff, RelayConfig};
 pub use self::shard::ShardFailure;
-use self::shard::ShardRun;
+use self::shard::{DrainMode, ShardRun};
 use crate::error::Error;
+use crate::flush::{FlushError, WrittenShards};
 use crate::model::ShardKey;
 use crate::registry::Registry;
 use crate::store::{ClaimOptions, Store, Wakeup, WakeupStream};
@@ -194,70 +195,83 @@ impl<S: Store> Relay<S> {
     /// stays acknowledged, and in-flight leases expire.
     pub async fn drain(&self) -> Result<DrainReport, Error> {
         self.prepare().await?;
-        let (_keep_running, running) = watch::channel(false);
         let mut report = DrainReport::default();
         loop {
             let claimed_before = report.shards_claimed;
-            let mut tasks = JoinSet::new();
-            let limit = Arc::new(Semaphore::new(
-                self.inner.config.max_concurrent_shards.max(1),
-            ));
-            let mut first_error = None;
-            let mut cursor: Option<ShardKey> = None;
-            loop {
-                let page = match self
-                    .inner
-                    .store
-                    .discover(cursor.as_ref(), self.inner.config.discovery_page)
-                    .await
-                {
-                    Ok(page) => page,
-                    Err(error) => {
-                        first_error = Some(error);
-                        break;
-                    }
-                };
-                for shard in page.due {
-                    let permit = Arc::clone(&limit)
-                        .acquire_owned()
-                        .await
-                        .expect("the semaphore is never closed");
-                    spawn_shard(&mut tasks, &self.inner, shard, permit, &running);
-                    while let Some(done) = tasks.try_join_next() {
-                        collect(done, &mut report, &mut first_error);
-                    }
-                }
-                match page.next {
-                    Some(next) => cursor = Some(next),
-                    None => break,
-                }
-            }
-            while let Some(done) = tasks.join_next().await {
-                collect(done, &mut report, &mut first_error);
-            }
-            if let Some(error) = first_error {
-                return Err(error);
-            }
+            self.pass(DrainMode::RELAY, &mut report).await?;
             if report.shards_claimed == claimed_before {
                 return Ok(report);
             }
         }
     }
 
+    /// One discovery pass: every due shard drained once, in `mode`, concurrently.
+    async fn pass(&self, mode: DrainMode, report: &mut DrainReport) -> Result<(), Error> {
+        let (_keep_running, running) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let limit = Arc::new(Semaphore::new(
+            self.inner.config.max_concurrent_shards.max(1),
+        ));
+        let mut first_error = None;
+        let mut cursor: Option<ShardKey> = None;
+        loop {
+            let page = match self
+                .inner
+                .store
+                .discover(cursor.as_ref(), self.inner.config.discovery_page)
+                .await
+            {
+                Ok(page) => page,
+                Err(error) => {
+                    first_error = Some(error);
+                    break;
+                }
+            };
+            for shard in page.due {
+                let permit = Arc::clone(&limit)
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+                spawn_shard(&mut tasks, &self.inner, shard, permit, &running, mode);
+                while let Some(done) = tasks.try_join_next() {
+                    collect(done, report, &mut first_error);
+                }
+            }
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            collect(done, report, &mut first_error);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.prepare().await?;
+        let unique: HashSet<ShardKey> = shards.iter().cloned().collect();
+        self.drain_each(unique.into_iter().map(|shard| (shard, DrainMode::RELAY)))
+            .await
+    }
+
+    /// Drains each shard once in its mode, concurrently.
+    async fn drain_each(
+        &self,
+        shards: impl IntoIterator<Item = (ShardKey, DrainMode)>,
+    ) -> Result<DrainReport, Error> {
         let (_keep_running, running) = watch::channel(false);
         let limit = Arc::new(Semaphore::new(
             self.inner.config.max_concurrent_shards.max(1),
         ));
         let mut tasks = JoinSet::new();
-        for shard in shards.iter().cloned().collect::<HashSet<_>>() {
+        for (shard, mode) in shards {
             let permit = Arc::clone(&limit)
                 .acquire_owned()
                 .await
                 .expect("the semaphore is never closed");
-            spawn_shard(&mut tasks, &self.inner, shard, permit, &running);
+            spawn_shard(&mut tasks, &self.inner, shard, permit, &running, mode);
         }
         let mut report = DrainReport::default();
         let mut first_error = None;
@@ -265,6 +279,49 @@ impl<S: Store> Relay<S> {
             collect(done, &mut report, &mut first_error);
         }
         first_error.map_or(Ok(report), Err)
+    }
+
+    /// Flush-after-commit (S2): drains exactly the shards a committed transaction wrote to,
+    /// each up to the newest row the transaction wrote there, once. The caller learns the
+    /// outcome: a handler that fails is a [`FlushError::Delivery`], its data committed, its
+    /// rows left for the relay, the shard's schedule not pushed back. A shard another worker
+    /// holds is left to it.
+    pub async fn flush(&self, written: &WrittenShards) -> Result<DrainReport, FlushError> {
+        if written.is_empty() {
+            return Ok(DrainReport::default());
+        }
+        self.prepare().await.map_err(FlushError::Store)?;
+        let report = self
+            .drain_each(
+                written
+                    .iter()
+                    .map(|(shard, up_to)| (shard.clone(), DrainMode::flush(up_to))),
+            )
+            .await
+            .map_err(FlushError::Store)?;
+        FlushError::check(report)
+    }
+
+    /// One pass over every due shard, up to the newest row present when the pass begins (rows
+    /// written meanwhile, by handlers too, wait for the next pass), with failures reported as
+    /// by [`Relay::flush`] rather than backing shards off. What a test runner repeats until
+    /// a pass delivers nothing.
+    pub async fn flush_due(&self) -> Result<DrainReport, FlushError> {
+        self.prepare().await.map_err(FlushError::Store)?;
+        let Some(newest) = self
+            .inner
+            .store
+            .newest_message_id()
+            .await
+            .map_err(FlushError::Store)?
+        else {
+            return Ok(DrainReport::default());
+        };
+        let mut report = DrainReport::default();
+        self.pass(DrainMode::flush(newest), &mut report)
+            .await
+            .map_err(FlushError::Store)?;
+        FlushError::check(report)
     }
 
     /// Runs until `shutdown` completes: discovers due shards, drains them concurrently, and
@@ -354,7 +411,7 @@ impl<S: Store> Relay<S> {
                     permit = Arc::clone(&limit).acquire_owned() => permit.expect("the semaphore is never closed"),
                 };
                 in_flight.insert(shard.clone());
-                spawn_shard(&mut tasks, inner, shard, permit, &running);
+                spawn_shard(&mut tasks, inner, shard, permit, &running, DrainMode::RELAY);
             }
             cursor = page.next;
             if cursor.is_some() {
@@ -391,7 +448,7 @@ impl<S: Store> Relay<S> {
                             () = &mut shutdown => break 'run,
                             permit = Arc::clone(&limit).acquire_owned() => permit.expect("the semaphore is never closed"),
                         };
-                        spawn_shard(&mut tasks, inner, shard, permit, &running);
+                        spawn_shard(&mut tasks, inner, shard, permit, &running, DrainMode::RELAY);
                     }
                 }
                 Some(Ok(Wakeup::Any)) | None => {}
@@ -428,6 +485,7 @@ impl<S: Store> Inner<S> {
         &self,
         shard: &ShardKey,
         running: &watch::Receiver<bool>,
+        mode: DrainMode,
     ) -> Result<ShardRun, Error> {
         let span = info_span!(
             "outbox.drain_shard",
@@ -439,7 +497,7 @@ impl<S: Store> Inner<S> {
             let Some(session) = self.store.claim(shard, &self.claim).await? else {
                 return Ok(ShardRun::default());
             };
-            shard::drain(session, &self.registry, &self.config, running).await
+            shard::drain(session, &self.registry, &self.config, running, mode).await
         }
         .instrument(span)
         .await
@@ -452,12 +510,13 @@ fn spawn_shard<S: Store>(
     shard: ShardKey,
     permit: tokio::sync::OwnedSemaphorePermit,
     running: &watch::Receiver<bool>,
+    mode: DrainMode,
 ) {
     let inner = Arc::clone(inner);
     let running = running.clone();
     tasks.spawn(async move {
         let _permit = permit;
-        let result = inner.process(&shard, &running).await;
+        let result = inner.process(&shard, &running, mode).await;
         (shard, result)
     });
 }

@@ -40,13 +40,41 @@ pub(crate) struct ShardRun {
     pub(crate) lease_lost: Option<ShardKey>,
 }
 
-/// Delivers a claimed shard's groups in order until it is empty, a delivery fails, the budget
-/// is spent, or shutdown is requested; then records the outcome and releases the shard.
+/// How a claimed shard is drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DrainMode {
+    /// Deliver only rows up to this id: those present when a flush began.
+    pub(crate) up_to: Option<MessageId>,
+    /// Whether a failure backs the shard off (the relay), or leaves its schedule as it was
+    /// (a flush after commit: the caller hears of the failure, the relay retries).
+    pub(crate) back_off: bool,
+}
+
+impl DrainMode {
+    /// The relay's: everything, failures back off.
+    pub(crate) const RELAY: Self = Self {
+        up_to: None,
+        back_off: true,
+    };
+
+    /// A flush's: rows up to `up_to`, failures reported without backing off.
+    pub(crate) fn flush(up_to: MessageId) -> Self {
+        Self {
+            up_to: Some(up_to),
+            back_off: false,
+        }
+    }
+}
+
+/// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
+/// delivery fails, the budget is spent, or shutdown is requested; then records the outcome and
+/// releases the shard.
 pub(crate) async fn drain<S: ShardSession>(
     mut session: S,
     registry: &Registry,
     config: &RelayConfig,
     shutdown: &watch::Receiver<bool>,
+    mode: DrainMode,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
     let started = Instant::now();
@@ -62,20 +90,33 @@ pub(crate) async fn drain<S: ShardSession>(
             || started.elapsed() >= config.shard_time_budget
             || *shutdown.borrow()
     };
+    let within_bound = |id: MessageId| mode.up_to.is_none_or(|up_to| id <= up_to);
     loop {
-        let head = session.fetch(config.batch_size).await?;
+        let mut head = session.fetch(config.batch_size).await?;
+        let full = head.len() >= config.batch_size;
+        head.retain(|row| within_bound(row.id));
         let Some(last) = head.last() else {
-            finish(session, Outcome::Drained, &mut run).await?;
+            // Nothing (left) to deliver. A bounded flush that delivered nothing leaves the
+            // shard's state as it found it.
+            let outcome = if progressed || mode.up_to.is_none() {
+                Outcome::Drained
+            } else {
+                Outcome::Released
+            };
+            finish(session, outcome, &mut run).await?;
             return Ok(run);
         };
         watermark = watermark.max(last.id);
         let mut plan = Plan::new(&head, &lease.shard, registry);
-        if head.len() >= config.batch_size {
+        // A full read may not hold a group's newest row; a read the bound cut holds them all.
+        if full && head.len() >= config.batch_size {
             let keys = plan.coalescing_keys();
             if !keys.is_empty() {
                 for newest in session.fetch_newest(&keys, last.id).await? {
-                    watermark = watermark.max(newest.id);
-                    plan.extend(&newest);
+                    if within_bound(newest.id) {
+                        watermark = watermark.max(newest.id);
+                        plan.extend(&newest);
+                    }
                 }
             }
         }
@@ -125,6 +166,17 @@ pub(crate) async fn drain<S: ShardSession>(
         let all_delivered = failure.is_none() && !out_of_budget;
         let failure = failure.or(if all_delivered { plan.blocked } else { None });
         if let Some(error) = failure {
+            if !mode.back_off {
+                debug!(shard = %lease.shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
+                finish(session, Outcome::Released, &mut run).await?;
+                run.failure = Some(ShardFailure {
+                    shard: lease.shard,
+                    error,
+                    attempts: lease.attempts,
+                    retry_in: Duration::ZERO,
+                });
+                return Ok(run);
+            }
             let attempts = if progressed { 1 } else { lease.attempts + 1 };
             let retry_in = config.backoff.delay(attempts);
             warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
