@@ -76,11 +76,11 @@ pub enum FlushError {
         shard: ShardKey,
         /// What failed, with the handler's error as its source.
         #[source]
-        error: DeliveryError,
+        error: Box<DeliveryError>,
         /// The other shards of the flush that failed, if any.
         others: Vec<ShardFailure>,
         /// What the flush delivered before and besides the failure.
-        report: DrainReport,
+        report: Box<DrainReport>,
     },
     /// The database failed while flushing.
     #[error("flushing the outboxes failed")]
@@ -97,9 +97,9 @@ impl FlushError {
         let first = failures.next().expect("failures is not empty");
         Err(Self::Delivery {
             shard: first.shard,
-            error: first.error,
+            error: Box::new(first.error),
             others: failures.collect(),
-            report,
+            report: Box::new(report),
         })
     }
 
