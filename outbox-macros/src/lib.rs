@@ -12,6 +12,9 @@
 //!   taking `cx: &mut HandlerContext<'_>` second) registers the handler of category `C`; on
 //!   `async fn f(r: Replication<M>)` or `async fn f(d: Deletion<M>)`, the replication or
 //!   deletion handler of model `M`.
+//! - `#[outbox_test]`, re-exported by `outbox-testkit` as `#[outbox_testkit::test]`, on
+//!   `async fn t(db: PgTestDatabase)` (or `SqliteTestDatabase`) makes a `#[test]` running the
+//!   function with a fresh database, dropped afterwards.
 //!
 //! Each declaration is registered with `inventory`; `Registry::discover()` collects them at
 //! start-up and refuses what the compiler cannot see (duplicates across crates, categories
@@ -26,6 +29,7 @@ mod common;
 mod handler;
 mod model;
 mod scope;
+mod test_attr;
 #[cfg(test)]
 mod tests;
 
@@ -71,4 +75,21 @@ pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &handler::MACRO).into()
+}
+
+/// Makes an `async fn` taking a test database a `#[test]` with a database of its own.
+///
+/// `#[outbox_testkit::test]` on `async fn t(db: PgTestDatabase)` (or `SqliteTestDatabase`, or
+/// another `outbox_testkit::TestDatabase`) runs the function on a new tokio runtime with a new
+/// database with the outbox migrations applied, and drops the database when the function
+/// returns or panics. The function may return `Result<(), E>` with `E: Debug`; its other
+/// attributes (`#[should_panic]`, `#[ignore]`...) apply to the generated `#[test]`.
+///
+/// Options: `flavor = "current_thread"` (the runtime; `"multi_thread"` by default),
+/// `migrations = false` (an empty database).
+///
+/// Use it as `outbox_testkit::test`: the expansion names the test kit.
+#[proc_macro_attribute]
+pub fn outbox_test(args: TokenStream, item: TokenStream) -> TokenStream {
+    test_attr::expand(args.into(), &item.into()).into()
 }

@@ -21,7 +21,7 @@ use proc_macro2::TokenStream;
 use quote::quote;
 
 use crate::common::{self, Macro};
-use crate::{category, handler, model, scope};
+use crate::{category, handler, model, scope, test_attr};
 
 /// The expansion of `#[attribute(args)] item`, as the compiler gets it, pretty-printed.
 fn expand(expansion: &Macro, args: &str, item: &TokenStream) -> String {
@@ -455,5 +455,162 @@ fn error_handler_not_async() {
             }
         },
         "an outbox handler must be an `async fn`",
+    );
+}
+
+// Tests with a database: `#[outbox_testkit::test]`, which takes the function's place.
+
+/// The expansion of `#[outbox_test(args)] item`, pretty-printed, compared with the snapshot
+/// `name`.
+fn check_test(name: &str, args: &str, item: &TokenStream) -> String {
+    let output = test_attr::expand(tokens(args), item);
+    let file: syn::File = syn::parse2(output.clone()).unwrap_or_else(|error| {
+        panic!("the expansion is not a list of items ({error}):\n{output}")
+    });
+    let expanded = unparse(file);
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.set_description(input("outbox_testkit::test", args, item));
+    settings.bind(|| insta::assert_snapshot!(name, expanded));
+    expanded
+}
+
+/// Checks an expansion that succeeds: a `#[test]` of the function's name and attributes,
+/// holding the function, otherwise unchanged, then the check of the argument's type outside
+/// `cargo test`; no error.
+fn check_test_ok(name: &str, args: &str, item: &TokenStream) {
+    let expanded = check_test(name, args, item);
+    let file: syn::File =
+        syn::parse2(test_attr::expand(tokens(args), item)).expect("the expansion parses");
+    let mut user: syn::ItemFn = syn::parse2(item.clone()).expect("the input is a function");
+    let (test, check) = match &file.items[..] {
+        [syn::Item::Fn(test), syn::Item::Const(check)] => (test, check),
+        other => panic!("expected a `#[test]` and a check, got {other:#?}"),
+    };
+    assert_eq!(
+        test.sig.ident, user.sig.ident,
+        "the `#[test]` has the function's name"
+    );
+    assert!(test.sig.inputs.is_empty() && test.sig.asyncness.is_none());
+    assert_eq!(test.sig.output, user.sig.output, "and its return type");
+    assert_eq!(
+        test.attrs[0],
+        syn::parse_quote!(#[::core::prelude::v1::test])
+    );
+    assert_eq!(test.attrs[1..], user.attrs, "and its attributes");
+    assert_eq!(test.vis, user.vis, "and its visibility");
+    user.attrs.clear();
+    user.vis = syn::Visibility::Inherited;
+    assert_eq!(
+        test.block.stmts.first(),
+        Some(&syn::Stmt::Item(syn::Item::Fn(user))),
+        "the `#[test]` holds the function, without its attributes"
+    );
+    assert_eq!(check.attrs, [syn::parse_quote!(#[cfg(not(test))])]);
+    assert!(!expanded.contains("compile_error"), "{expanded}");
+}
+
+/// Checks an expansion that fails: the user's function as it is, then one `compile_error!`
+/// for each of `messages`, in order.
+fn check_test_error(name: &str, args: &str, item: &TokenStream, messages: &[&str]) {
+    let output = test_attr::expand(tokens(args), item);
+    let file: syn::File = syn::parse2(output).expect("the error expansion parses");
+    let (user_item, errors) = file.items.split_first().expect("the user's item");
+    assert_eq!(
+        *user_item,
+        syn::parse2::<syn::Item>(item.clone()).expect("the input item parses"),
+        "the user's item is kept as it is"
+    );
+    let reported: Vec<String> = errors
+        .iter()
+        .map(|error| match error {
+            syn::Item::Macro(error)
+                if error
+                    .mac
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| last.ident == "compile_error") =>
+            {
+                error
+                    .mac
+                    .parse_body::<syn::LitStr>()
+                    .expect("one message")
+                    .value()
+            }
+            other => panic!("not a `compile_error!`: {other:#?}"),
+        })
+        .collect();
+    assert_eq!(reported.len(), messages.len(), "{reported:#?}");
+    for (reported, message) in reported.iter().zip(messages) {
+        assert!(
+            reported.contains(message),
+            "expected {message:?} in {reported:?}"
+        );
+    }
+    check_test(name, args, item);
+}
+
+#[test]
+fn test_with_a_database() {
+    check_test_ok(
+        "test_with_a_database",
+        "",
+        &quote! {
+            async fn writes_an_outbox(db: PgTestDatabase) {
+                write(db.pool()).await;
+            }
+        },
+    );
+}
+
+#[test]
+fn test_with_options() {
+    check_test_ok(
+        "test_with_options",
+        r#"flavor = "current_thread", migrations = false"#,
+        &quote! {
+            /// Starts empty.
+            #[should_panic(expected = "no outbox")]
+            pub(crate) async fn starts_empty(
+                mut db: outbox_testkit::sqlite::SqliteTestDatabase,
+            ) -> Result<(), sqlx::Error> {
+                count(&mut db).await?;
+                Ok(())
+            }
+        },
+    );
+}
+
+#[test]
+fn error_test_not_async() {
+    check_test_error(
+        "error_test_not_async",
+        "",
+        &quote! {
+            fn writes_an_outbox(db: PgTestDatabase) {}
+        },
+        &["a test under `#[outbox_testkit::test]` must be an `async fn`"],
+    );
+}
+
+#[test]
+fn error_test_mistakes_reported_together() {
+    check_test_error(
+        "error_test_mistakes_reported_together",
+        r#"flavour = "current_thread", migrations = false, flavor = "single""#,
+        &quote! {
+            #[tokio::test]
+            fn two_databases(pg: PgTestDatabase, sqlite: SqliteTestDatabase) {}
+        },
+        &[
+            "unknown key `flavour` for `#[outbox_testkit::test]`: expected `flavor` or \
+             `migrations`",
+            "`flavor` is \"multi_thread\" (the default) or \"current_thread\"",
+            "a test under `#[outbox_testkit::test]` must be an `async fn`",
+            "`#[outbox_testkit::test]` makes the function a `#[test]` already",
+            "take one argument, `db: PgTestDatabase` or `db: SqliteTestDatabase`",
+        ],
     );
 }

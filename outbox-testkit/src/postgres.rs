@@ -15,6 +15,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::backend::{ModelWrite, TestBackend};
 use crate::counting::CountingExecutor;
+use crate::database::TestDatabase;
 
 /// The server used when `DATABASE_URL` names no PostgreSQL database.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -77,6 +78,21 @@ impl PgTestDatabase {
             .await
             .unwrap_or_else(|error| panic!("cannot connect to test database {name}: {error}"));
         Self { name, pool }
+    }
+
+    /// Creates a database with a name no other test uses, and applies the outbox migrations
+    /// to it: what `#[outbox_testkit::test]` hands a test taking a `PgTestDatabase`.
+    pub async fn migrated() -> Self {
+        let database = Self::create().await;
+        outbox_postgres::migrate(database.pool())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot apply the outbox migrations to test database {}: {error}",
+                    database.name
+                )
+            });
+        database
     }
 
     /// The database's name.
@@ -142,6 +158,16 @@ impl Drop for PgTestDatabase {
             });
         });
         let _ = cleanup.join();
+    }
+}
+
+impl TestDatabase for PgTestDatabase {
+    fn create() -> impl Future<Output = Self> + Send {
+        PgTestDatabase::create()
+    }
+
+    fn migrated() -> impl Future<Output = Self> + Send {
+        PgTestDatabase::migrated()
     }
 }
 

@@ -9,6 +9,7 @@ use tempfile::TempDir;
 
 use crate::backend::{ModelWrite, TestBackend};
 use crate::counting::CountingExecutor;
+use crate::database::TestDatabase;
 
 /// A database file in a temporary directory, removed when this value is dropped.
 #[derive(Debug)]
@@ -33,6 +34,21 @@ impl SqliteTestDatabase {
         }
     }
 
+    /// Creates a database file and applies the outbox migrations to it: what
+    /// `#[outbox_testkit::test]` hands a test taking a `SqliteTestDatabase`.
+    pub async fn migrated() -> Self {
+        let database = Self::create().await;
+        outbox_sqlite::migrate(database.pool())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot apply the outbox migrations to test database {}: {error}",
+                    database.path.display()
+                )
+            });
+        database
+    }
+
     /// A pool on the database.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -48,6 +64,16 @@ impl SqliteTestDatabase {
         outbox_sqlite::connect(&self.path)
             .await
             .expect("open the test database")
+    }
+}
+
+impl TestDatabase for SqliteTestDatabase {
+    fn create() -> impl Future<Output = Self> + Send {
+        SqliteTestDatabase::create()
+    }
+
+    fn migrated() -> impl Future<Output = Self> + Send {
+        SqliteTestDatabase::migrated()
     }
 }
 

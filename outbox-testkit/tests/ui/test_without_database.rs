@@ -1,0 +1,4 @@
+#[outbox_testkit::test]
+async fn needs_no_database() {}
+
+fn main() {}
