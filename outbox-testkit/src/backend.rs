@@ -4,8 +4,21 @@ use std::future::Future;
 
 use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
-    Store,
+    Store, WrittenShards,
 };
+
+/// What a scripted outbox transaction ([`TestBackend::write_scoped`]) writes, and where.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scoped<'a> {
+    /// Written at the top level of the flushing transaction.
+    pub top: &'a [Message],
+    /// Written in a nested scope that commits and flushes with its parent.
+    pub nested: &'a [Message],
+    /// Written in a nested deferred scope: left to the relay.
+    pub deferred: &'a [Message],
+    /// Written in a nested scope that rolls back.
+    pub rolled_back: &'a [Message],
+}
 
 /// A model write of the backends: `insert`, `update`, `save` or `delete`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +84,15 @@ pub trait TestBackend: Send + Sync + Sized + 'static {
         object_identifier: i64,
         payload_json: &str,
     ) -> impl Future<Output = MessageId> + Send;
+
+    /// With the backend's flushing outbox transaction: writes `script` (each message with its
+    /// own write), then commits, or rolls back if `commit` is false. Returns what the commit
+    /// gave to flush (nothing after a rollback).
+    fn write_scoped(
+        &self,
+        script: Scoped<'_>,
+        commit: bool,
+    ) -> impl Future<Output = Result<WrittenShards, Error>> + Send;
 
     /// Runs a statement of the application's own: creating a table, or changing a row behind
     /// the outbox's back.

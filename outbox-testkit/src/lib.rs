@@ -4,6 +4,8 @@
 //!
 //! - fresh databases for tests: [`postgres::PgTestDatabase`] (a new PostgreSQL database per
 //!   test, dropped afterwards) and [`sqlite::SqliteTestDatabase`] (a temporary file);
+//! - [`outbox_runner`]: run the code under test, then deliver what it wrote, round after
+//!   round while handlers write more (at most [`runner::MAX_ROUNDS`]);
 //! - [`fixtures`]: a small test domain and a [`fixtures::Recorder`] handler;
 //! - [`recorder`]: recording handlers for any category ([`recorder::Recording`]) and any
 //!   replicated model ([`recorder::ModelRecording`]);
@@ -81,10 +83,12 @@ pub mod inspect;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod recorder;
+pub mod runner;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use crate::backend::{ModelWrite, TestBackend};
+pub use crate::backend::{ModelWrite, Scoped, TestBackend};
+pub use crate::runner::{RunnerError, outbox_runner};
 
 pub use crate::database::TestDatabase;
 pub use outbox_macros::outbox_test as test;

@@ -2,12 +2,13 @@
 
 use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
+    WrittenShards,
 };
 use outbox_sqlite::SqliteStore;
 use sqlx::{SqliteConnection, SqlitePool};
 use tempfile::TempDir;
 
-use crate::backend::{ModelWrite, TestBackend};
+use crate::backend::{ModelWrite, Scoped, TestBackend};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
@@ -196,6 +197,34 @@ impl TestBackend for SqliteBackend {
         .await
         .expect("insert a raw outbox row");
         MessageId(id)
+    }
+
+    async fn write_scoped(&self, script: Scoped<'_>, commit: bool) -> Result<WrittenShards, Error> {
+        let mut tx = outbox_sqlite::begin(self.database.pool()).await?;
+        for message in script.top {
+            tx.write(message).await?;
+        }
+        let mut nested = tx.nested().await?;
+        for message in script.nested {
+            nested.write(message).await?;
+        }
+        nested.commit().await?;
+        let mut deferred = tx.deferred().await?;
+        for message in script.deferred {
+            deferred.write(message).await?;
+        }
+        deferred.commit().await?;
+        let mut doomed = tx.nested().await?;
+        for message in script.rolled_back {
+            doomed.write(message).await?;
+        }
+        doomed.rollback().await?;
+        if commit {
+            tx.commit().await
+        } else {
+            tx.rollback().await?;
+            Ok(WrittenShards::new())
+        }
     }
 
     async fn execute(&self, sql: &str) {

@@ -12,6 +12,7 @@
 mod concurrency;
 mod delivery;
 mod failure;
+mod flush;
 mod models;
 mod relay;
 mod write;
@@ -26,6 +27,7 @@ use outbox_core::{Backoff, Message, MessageId, RelayConfig, ShardKey, Store};
 pub use self::concurrency::*;
 pub use self::delivery::*;
 pub use self::failure::*;
+pub use self::flush::*;
 pub use self::models::*;
 pub use self::relay::*;
 pub use self::write::*;
@@ -47,6 +49,11 @@ macro_rules! conformance_tests {
     ($backend:ty) => {
         $crate::conformance_tests!(@each $backend;
             s01_writes_commit_and_roll_back_with_the_transaction,
+            s02_flush_drains_exactly_the_shards_written,
+            s02_flush_is_bounded_to_the_rows_at_commit,
+            s02_failed_flush_is_typed_and_leaves_the_schedule,
+            s03_deferred_scopes_and_rollbacks_flush_nothing,
+            flush_due_leaves_cascades_for_the_next_pass,
             s04_scope_mismatch_is_rejected_before_the_database,
             s04_stored_row_with_a_mismatched_scope_parks_its_shard,
             s05_bulk_write_is_one_statement,

@@ -1,0 +1,262 @@
+//! Flush-after-commit and deferred writes: S2 and S3.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use outbox_core::{BoxError, Delivery, FlushError, Relay, WrittenShards, error_chain};
+
+use super::{config, pending, pending_ids, state_of, write};
+use crate::backend::{Scoped, TestBackend};
+use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
+
+/// The `(shard, object, seq)` of what a recorder saw.
+fn seen(recorder: &Recorder) -> Vec<(i64, i64, u64)> {
+    let mut seen: Vec<_> = recorder
+        .seen()
+        .into_iter()
+        .map(|seen| (seen.shard.shard_identifier, seen.object, seen.seq))
+        .collect();
+    seen.sort_unstable();
+    seen
+}
+
+/// S2: after commit, a flush drains exactly the shards the transaction wrote to, including
+/// their older pending rows; other shards are left to the relay.
+pub async fn s02_flush_drains_exactly_the_shards_written<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s02"));
+    // Pending before the transaction: one in shard 1 (which it writes to), one in shard 2.
+    write(
+        &backend,
+        &[note::<OrgUpdate>(1, 10, 1), note::<OrgUpdate>(2, 20, 2)],
+    )
+    .await;
+
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 11, 3)],
+                nested: &[note::<OrgUpdate>(3, 30, 4)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+    assert_eq!(
+        written
+            .iter()
+            .map(|(shard, _)| shard.clone())
+            .collect::<Vec<_>>(),
+        [org_shard(1), org_shard(3)],
+        "the top level's shard and the nested scope's"
+    );
+
+    let report = relay.flush(&written).await.expect("flush");
+    assert_eq!(seen(&recorder), [(1, 10, 1), (1, 11, 3), (3, 30, 4)]);
+    assert_eq!(report.deliveries, 3);
+    let left: Vec<_> = pending(&backend)
+        .await
+        .into_iter()
+        .map(|row| (row.shard, row.object_identifier))
+        .collect();
+    assert_eq!(left, [(org_shard(2), 20)], "shard 2 is the relay's");
+}
+
+/// S2: a flush is bounded to the rows that existed at commit: a row written to the same group
+/// after the commit stays for the relay, and the flush delivers the committed payload.
+pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s02-bound"));
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+    let later = write(
+        &backend,
+        &[note::<OrgUpdate>(1, 10, 3), note::<AuditEvent>(1, 12, 4)],
+    )
+    .await;
+
+    relay.flush(&written).await.expect("flush");
+    assert_eq!(seen(&recorder), [(1, 10, 1), (1, 11, 2)]);
+    assert_eq!(
+        pending_ids(&backend).await,
+        later,
+        "written after the commit"
+    );
+}
+
+/// S2: a handler failing during a flush is a typed error carrying the handler's message as
+/// its cause; the data stays committed, the rows stay for the relay, and the shard's schedule
+/// is not pushed back: the relay delivers at once.
+pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let broken = Arc::new(AtomicBool::new(true));
+    let handler = {
+        let recorder = recorder.clone();
+        let broken = Arc::clone(&broken);
+        move |delivery: Delivery<OrgUpdate>| {
+            let fail = broken.load(Ordering::SeqCst);
+            if !fail {
+                recorder.record(&delivery);
+            }
+            async move {
+                if fail {
+                    return Err::<(), BoxError>("the control silo is down".into());
+                }
+                Ok(())
+            }
+        }
+    };
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("s02-fail"),
+    );
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(2, 20, 2)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+
+    let error = relay.flush(&written).await.expect_err("the handler fails");
+    let FlushError::Delivery { shard, report, .. } = &error else {
+        panic!("expected a delivery failure, got {error:?}");
+    };
+    assert_eq!(*shard, org_shard(1));
+    assert_eq!(report.deliveries, 1, "the other shard was flushed");
+    let chain = error_chain(&error);
+    assert!(
+        chain.contains("flushing the outboxes of scope 1 shard 1 failed")
+            && chain.contains("handler for category `org_update` failed")
+            && chain.contains("the control silo is down"),
+        "{chain}"
+    );
+    assert_eq!(pending(&backend).await.len(), 1, "the failed row stays");
+    let state = state_of(&backend.store(), &org_shard(1)).await;
+    assert!(
+        state
+            .as_ref()
+            .is_none_or(|state| state.attempts == 0 && state.retry_at.is_none()),
+        "a flush does not back the shard off: {state:?}"
+    );
+
+    broken.store(false, Ordering::SeqCst);
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.deliveries, 1, "due at once");
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S3 and S2: a deferred scope inside a flushing transaction defers its own writes to the
+/// relay; a nested scope rolled back leaves no rows and nothing to flush; a transaction rolled
+/// back writes nothing and flushes nothing.
+pub async fn s03_deferred_scopes_and_rollbacks_flush_nothing<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("s03"));
+
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 10, 1)],
+                deferred: &[note::<OrgUpdate>(2, 20, 2)],
+                rolled_back: &[note::<OrgUpdate>(3, 30, 3)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+    assert_eq!(
+        written
+            .iter()
+            .map(|(shard, _)| shard.clone())
+            .collect::<Vec<_>>(),
+        [org_shard(1)]
+    );
+    relay.flush(&written).await.expect("flush");
+    assert_eq!(seen(&recorder), [(1, 10, 1)]);
+    let left: Vec<_> = pending(&backend)
+        .await
+        .into_iter()
+        .map(|row| (row.shard, row.object_identifier))
+        .collect();
+    assert_eq!(
+        left,
+        [(org_shard(2), 20)],
+        "deferred, and nothing of the rollback"
+    );
+
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(4, 40, 4)],
+                ..Scoped::default()
+            },
+            false,
+        )
+        .await
+        .expect("write and roll back");
+    assert_eq!(written, WrittenShards::new());
+    let report = relay.flush(&written).await.expect("an empty flush");
+    assert_eq!((report.shards_claimed, report.deliveries), (0, 0));
+    assert_eq!(seen(&recorder), [(1, 10, 1)], "no handler call");
+    assert_eq!(pending(&backend).await.len(), 1);
+}
+
+/// What a runner repeats: one pass over the due shards, up to the newest row when the pass
+/// begins; rows handlers write meanwhile (into the same shard too) wait for the next pass.
+pub async fn flush_due_leaves_cascades_for_the_next_pass<B: TestBackend>() {
+    let backend = Arc::new(B::create().await);
+    let recorder = Recorder::new();
+    let cascade = {
+        let (backend, recorder) = (Arc::clone(&backend), recorder.clone());
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let backend = Arc::clone(&backend);
+            let (shard, object, seq) = (
+                delivery.shard_identifier(),
+                delivery.object_identifier,
+                delivery.payload.seq,
+            );
+            async move {
+                if seq < 3 {
+                    write(&*backend, &[note::<OrgUpdate>(shard, object + 1, seq + 1)]).await;
+                }
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(cascade),
+        config("flush-due"),
+    );
+    write(&*backend, &[note::<OrgUpdate>(1, 10, 1)]).await;
+    let mut deliveries = Vec::new();
+    loop {
+        let report = relay.flush_due().await.expect("a pass");
+        if report.deliveries == 0 {
+            break;
+        }
+        deliveries.push(report.deliveries);
+    }
+    assert_eq!(deliveries, [1, 1, 1], "one cascade step per pass");
+    assert_eq!(seen(&recorder), [(1, 10, 1), (1, 11, 2), (1, 12, 3)]);
+    assert!(pending(&*backend).await.is_empty());
+}
