@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
-    WrittenShards,
+    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, Registry, Relay,
+    ReplicatedModel, ShardKey, WrittenShards,
 };
 use outbox_postgres::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -59,6 +59,20 @@ pub struct PgTestDatabase {
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl PgTestDatabase {
+    /// A relay over this database, delivering to `registry`'s handlers.
+    pub fn relay(&self, registry: Registry) -> Relay<PgStore> {
+        Relay::new(PgStore::new(self.pool().clone()), registry)
+    }
+
+    /// Runs statements of the test's own (creating its tables, say), failing the test if
+    /// they fail.
+    pub async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(self.pool())
+            .await
+            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+    }
+
     /// Creates an empty database with a name no other test uses.
     pub async fn create() -> Self {
         let name = format!(
@@ -312,10 +326,7 @@ impl TestBackend for PgBackend {
     }
 
     async fn execute(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(self.database.pool())
-            .await
-            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+        self.database.execute(sql).await;
     }
 
     async fn write_models<M: ReplicatedModel>(

@@ -1,11 +1,11 @@
 //! Temporary SQLite databases for tests, and the SQLite [`TestBackend`].
 
 use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
-    WrittenShards,
+    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, Registry, Relay,
+    ReplicatedModel, ShardKey, WrittenShards,
 };
 use outbox_sqlite::SqliteStore;
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 use tempfile::TempDir;
 
 use crate::backend::{ModelWrite, Scoped, TestBackend};
@@ -21,6 +21,20 @@ pub struct SqliteTestDatabase {
 }
 
 impl SqliteTestDatabase {
+    /// A relay over this database, delivering to `registry`'s handlers.
+    pub fn relay(&self, registry: Registry) -> Relay<SqliteStore> {
+        Relay::new(SqliteStore::new(self.pool().clone()), registry)
+    }
+
+    /// Runs statements of the test's own (creating its tables, say), failing the test if
+    /// they fail.
+    pub async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(self.pool())
+            .await
+            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+    }
+
     /// Creates an empty database file.
     pub async fn create() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -228,10 +242,7 @@ impl TestBackend for SqliteBackend {
     }
 
     async fn execute(&self, sql: &str) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(self.database.pool())
-            .await
-            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+        self.database.execute(sql).await;
     }
 
     async fn write_models<M: ReplicatedModel>(
