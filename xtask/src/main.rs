@@ -2,6 +2,8 @@
 //!
 //! - `cargo xtask migrate --database-url URL` applies the outbox migrations to a PostgreSQL
 //!   (`postgres://…`) or SQLite (`sqlite://path`) database, idempotently.
+//! - `cargo xtask bench` measures the engine against hand-written `sqlx` baselines and writes
+//!   `BENCHMARKS.md` (`--scale 0.01` for a quick run).
 //! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation and the
 //!   whole test suite, on SQLite and on PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432).
 
@@ -11,6 +13,8 @@
 use std::process::{Command, ExitCode};
 use std::str::FromStr;
 use std::time::Duration;
+
+mod bench;
 
 use clap::{Parser, Subcommand};
 use outbox_core::Error;
@@ -33,6 +37,19 @@ enum Task {
         /// created if missing).
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
+    },
+    /// Measure the engine against hand-written sqlx baselines and write BENCHMARKS.md (runs
+    /// itself in release mode).
+    Bench(bench::BenchArgs),
+    /// The relay process of the memory benchmark (internal).
+    #[command(hide = true)]
+    BenchMemoryChild {
+        /// The database to drain.
+        #[arg(long)]
+        database_url: String,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<u64>,
     },
     /// Check formatting, lints and docs, then run every test of the workspace.
     Test {
@@ -62,6 +79,64 @@ fn main() -> ExitCode {
             }
         }
         Task::Test { cargo_test_args } => test(&cargo_test_args),
+        Task::Bench(args) => {
+            if cfg!(debug_assertions) {
+                return release(&["bench"]);
+            }
+            report(runtime().block_on(bench::bench(args)))
+        }
+        Task::BenchMemoryChild {
+            database_url,
+            seconds,
+        } => match runtime().block_on(bench::memory_child(&database_url, seconds)) {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => report(Err(error)),
+        },
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+}
+
+fn report(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs this task again from a release build, with the same arguments: a benchmark of a debug
+/// build measures the debug build.
+fn release(task: &[&str]) -> ExitCode {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let position = args
+        .iter()
+        .position(|arg| arg == task[0])
+        .map_or(0, |index| index + 1);
+    eprintln!("==> building xtask in release mode for the benchmark");
+    let status = Command::new(cargo)
+        .args(["run", "--quiet", "--release", "--package", "xtask", "--"])
+        .args(task)
+        .args(&args[position..])
+        .status();
+    match status {
+        Ok(status) if status.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("error: cannot run cargo: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

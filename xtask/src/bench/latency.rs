@@ -1,0 +1,171 @@
+//! Scenario 4: from commit to handler start, at about 1,000 messages/s, with the relay woken by
+//! commits (`LISTEN`) and in poll-only mode.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Delivery, Message, Registry, Relay, RelayConfig};
+use outbox_postgres::PgStore;
+use tokio::sync::watch;
+
+use super::BenchArgs;
+use super::report::{Row, Target};
+use super::setup::{Server, Transfer, Transferred, failed};
+
+const WRITERS: u64 = 4;
+const RATE_PER_WRITER: u64 = 250;
+const SHARDS: i64 = 100;
+
+type Instants = Arc<Mutex<HashMap<i64, Instant>>>;
+
+fn note(instants: &Instants, object: i64) {
+    instants
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(object, Instant::now());
+}
+
+/// The percentile `p` (0 to 1) of sorted `values`.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
+    let seconds = args.seconds(30, 3);
+    let mut rows = Vec::new();
+    for wake_on_commit in [true, false] {
+        let latencies = measure(server, seconds, wake_on_commit).await?;
+        let mode = if wake_on_commit {
+            "wake-up on commit"
+        } else {
+            "poll-only (1 s poll interval)"
+        };
+        let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
+        let (p50, p99, max) = (
+            ms(percentile(&latencies, 0.50)),
+            ms(percentile(&latencies, 0.99)),
+            ms(latencies[latencies.len() - 1]),
+        );
+        let targets = if wake_on_commit {
+            [Target::Below(5.0), Target::Below(50.0), Target::None]
+        } else {
+            [Target::None, Target::None, Target::None]
+        };
+        for ((what, value), target) in [("p50", p50), ("p99", p99), ("max", max)]
+            .into_iter()
+            .zip(targets)
+        {
+            rows.push(Row::measured(
+                &format!(
+                    "4. latency, commit to handler, {} messages at ~1,000/s, {mode}: {what}",
+                    latencies.len()
+                ),
+                "ms",
+                value,
+                target,
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// Commit-to-handler latencies, sorted.
+async fn measure(
+    server: &Server,
+    seconds: Duration,
+    wake_on_commit: bool,
+) -> Result<Vec<Duration>, String> {
+    let database = server.database(16).await?;
+    let committed: Instants = Arc::default();
+    let started: Instants = Arc::default();
+    let registry = Registry::builder()
+        .handle::<Transferred>({
+            let started = Arc::clone(&started);
+            move |delivery: Delivery<Transferred>| {
+                note(&started, delivery.object_identifier);
+                async { Ok::<(), std::io::Error>(()) }
+            }
+        })
+        .build()
+        .map_err(failed("the registry"))?;
+    let mut config = RelayConfig::default();
+    config.wake_on_commit = wake_on_commit;
+    let relay = Relay::with_config(PgStore::new(database.pool.clone()), registry, config);
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            let mut stopped = stopped;
+            relay
+                .run(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                })
+                .await
+        }
+    });
+    // Let the relay start listening before the first commit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let per_writer = seconds.as_secs() * RATE_PER_WRITER;
+    let interval = Duration::from_secs(1) / RATE_PER_WRITER as u32;
+    let begin = tokio::time::Instant::now();
+    let mut writers = tokio::task::JoinSet::new();
+    for writer in 0..WRITERS {
+        let (pool, committed) = (database.pool.clone(), Arc::clone(&committed));
+        writers.spawn(async move {
+            let offset = interval / WRITERS as u32 * writer as u32;
+            for i in 0..per_writer {
+                tokio::time::sleep_until(begin + offset + interval * i as u32).await;
+                let object = (writer * per_writer + i) as i64;
+                let message = Message::new::<Transferred>(
+                    object % SHARDS,
+                    object,
+                    &Transfer {
+                        account: object,
+                        amount: 1,
+                    },
+                )
+                .map_err(failed("message"))?;
+                let mut tx = pool.begin().await.map_err(failed("begin"))?;
+                outbox_postgres::write(&mut *tx, &message)
+                    .await
+                    .map_err(failed("write"))?;
+                tx.commit().await.map_err(failed("commit"))?;
+                note(&committed, object);
+            }
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.map_err(failed("a writer"))??;
+    }
+    let total = (WRITERS * per_writer) as usize;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while started.lock().unwrap_or_else(PoisonError::into_inner).len() < total {
+        if Instant::now() > deadline {
+            return Err("the relay did not deliver every message within 10 s".to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(true);
+    running
+        .await
+        .map_err(failed("the relay task"))?
+        .map_err(failed("the relay"))?;
+    database.drop_database().await?;
+
+    let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
+    let started = started.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut latencies: Vec<Duration> = committed
+        .iter()
+        .map(|(object, at)| {
+            started
+                .get(object)
+                .map_or(Duration::MAX, |began| began.saturating_duration_since(*at))
+        })
+        .collect();
+    latencies.sort_unstable();
+    Ok(latencies)
+}

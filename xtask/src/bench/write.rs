@@ -1,0 +1,296 @@
+//! Scenario 1 (and 6): the write path. A business transaction (update one row) plus one outbox
+//! write, against the identical UPDATE + INSERT written by hand; and 100 messages in one
+//! transaction, against the same bulk INSERT written by hand.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::{Message, Payload};
+use sqlx::{PgPool, SqlitePool};
+
+use super::BenchArgs;
+use super::report::{Row, Target};
+use super::setup::{Server, SqliteDatabase, Transfer, Transferred, failed};
+
+const ACCOUNTS: i64 = 10_000;
+const UPDATE_PG: &str = "UPDATE accounts SET balance = balance + 1 WHERE id = $1";
+const UPDATE_SQLITE: &str = "UPDATE accounts SET balance = balance + 1 WHERE id = ?1";
+const INSERT_PG: &str = "INSERT INTO outbox_messages \
+    (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    VALUES ($1, $2, $3, $4, $5, $6::text::jsonb)";
+const INSERT_SQLITE: &str = "INSERT INTO outbox_messages \
+    (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+const INSERT_MANY_PG: &str = "INSERT INTO outbox_messages \
+    (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    SELECT scope, shard, destination, category, object, payload::jsonb \
+    FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::integer[], $5::bigint[], \
+        $6::text[]) AS rows(scope, shard, destination, category, object, payload)";
+
+/// Which side of a comparison runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Engine,
+    Baseline,
+}
+
+fn transfer(account: i64) -> Transfer {
+    Transfer { account, amount: 1 }
+}
+
+/// The two sides, interleaved twice (baseline, engine, baseline, engine): the best rate of
+/// each, in operations per second.
+async fn compare<F, Fut>(operations: u64, mut run: F) -> Result<(f64, f64), String>
+where
+    F: FnMut(Side) -> Fut,
+    Fut: Future<Output = Result<Duration, String>>,
+{
+    let mut best = [0.0f64; 2];
+    for side in [Side::Baseline, Side::Engine, Side::Baseline, Side::Engine] {
+        let elapsed = run(side).await?;
+        let rate = operations as f64 / elapsed.as_secs_f64();
+        let slot = usize::from(side == Side::Engine);
+        best[slot] = best[slot].max(rate);
+    }
+    Ok((best[1], best[0]))
+}
+
+/// PostgreSQL: `workers` connections writing at once.
+pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
+    let workers = 8u64;
+    let database = server.database(workers as u32 + 2).await?;
+    let pool = database.pool.clone();
+    sqlx::raw_sql(
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL); \
+         INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 10000) g",
+    )
+    .execute(&pool)
+    .await
+    .map_err(failed("creating the accounts"))?;
+
+    let transactions = args.sized(40_000, 400) / workers * workers;
+    let (engine, baseline) = compare(transactions, |side| {
+        one_message_pg(pool.clone(), side, workers, transactions / workers)
+    })
+    .await?;
+    let batches = args.sized(2_000, 40) / workers * workers;
+    let (engine_bulk, baseline_bulk) = compare(batches * 100, |side| {
+        hundred_messages_pg(pool.clone(), side, workers, batches / workers)
+    })
+    .await?;
+    database.drop_database().await?;
+    Ok(vec![
+        Row::compared(
+            "1. write: UPDATE + 1 outbox, 8 connections (PostgreSQL)",
+            "transactions/s",
+            engine,
+            baseline,
+            Target::Ratio(0.95),
+        ),
+        Row::compared(
+            "1. write: UPDATE + 100 outboxes in one transaction (PostgreSQL)",
+            "messages/s",
+            engine_bulk,
+            baseline_bulk,
+            Target::None,
+        ),
+    ])
+}
+
+async fn truncate_pg(pool: &PgPool) -> Result<(), String> {
+    sqlx::query("TRUNCATE outbox_messages")
+        .execute(pool)
+        .await
+        .map_err(failed("emptying the outbox"))?;
+    Ok(())
+}
+
+async fn one_message_pg(
+    pool: PgPool,
+    side: Side,
+    workers: u64,
+    each: u64,
+) -> Result<Duration, String> {
+    truncate_pg(&pool).await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..workers {
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            for i in 0..each {
+                let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
+                let mut tx = pool.begin().await.map_err(failed("begin"))?;
+                sqlx::query(UPDATE_PG)
+                    .bind(account)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("update"))?;
+                match side {
+                    Side::Engine => {
+                        let message =
+                            Message::new::<Transferred>(account, account, &transfer(account))
+                                .map_err(failed("message"))?;
+                        outbox_postgres::write(&mut *tx, &message)
+                            .await
+                            .map_err(failed("write"))?;
+                    }
+                    Side::Baseline => {
+                        let payload = transfer(account)
+                            .to_json_string()
+                            .map_err(failed("payload"))?;
+                        sqlx::query(INSERT_PG)
+                            .bind(1i16)
+                            .bind(account)
+                            .bind("")
+                            .bind(1i32)
+                            .bind(account)
+                            .bind(payload)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(failed("insert"))?;
+                    }
+                }
+                tx.commit().await.map_err(failed("commit"))?;
+            }
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(failed("a writer"))??;
+    }
+    Ok(started.elapsed())
+}
+
+async fn hundred_messages_pg(
+    pool: PgPool,
+    side: Side,
+    workers: u64,
+    each: u64,
+) -> Result<Duration, String> {
+    truncate_pg(&pool).await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..workers {
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            for i in 0..each {
+                let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
+                let mut tx = pool.begin().await.map_err(failed("begin"))?;
+                sqlx::query(UPDATE_PG)
+                    .bind(account)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("update"))?;
+                let objects: Vec<i64> = (0..100).map(|n| account * 100 + n).collect();
+                match side {
+                    Side::Engine => {
+                        let messages = objects
+                            .iter()
+                            .map(|&object| {
+                                Message::new::<Transferred>(account, object, &transfer(object))
+                            })
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(failed("messages"))?;
+                        outbox_postgres::write_all(&mut *tx, &messages)
+                            .await
+                            .map_err(failed("write_all"))?;
+                    }
+                    Side::Baseline => {
+                        let payloads = objects
+                            .iter()
+                            .map(|&object| transfer(object).to_json_string())
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(failed("payloads"))?;
+                        sqlx::query(INSERT_MANY_PG)
+                            .bind(vec![1i16; 100])
+                            .bind(vec![account; 100])
+                            .bind(vec![""; 100])
+                            .bind(vec![1i32; 100])
+                            .bind(&objects)
+                            .bind(payloads)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(failed("insert"))?;
+                    }
+                }
+                tx.commit().await.map_err(failed("commit"))?;
+            }
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(failed("a writer"))??;
+    }
+    Ok(started.elapsed())
+}
+
+/// SQLite: one writer (SQLite has one), `BEGIN IMMEDIATE` on both sides.
+pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
+    let database = SqliteDatabase::new().await?;
+    let pool = database.pool.clone();
+    sqlx::raw_sql(
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL); \
+         WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 10000) \
+         INSERT INTO accounts SELECT n, 0 FROM g",
+    )
+    .execute(&pool)
+    .await
+    .map_err(failed("creating the accounts"))?;
+    let transactions = args.sized(10_000, 200);
+    let (engine, baseline) = compare(transactions, |side| {
+        one_message_sqlite(pool.clone(), side, transactions)
+    })
+    .await?;
+    Ok(vec![Row::compared(
+        "6. SQLite write: UPDATE + 1 outbox",
+        "transactions/s",
+        engine,
+        baseline,
+        Target::Ratio(0.95),
+    )])
+}
+
+async fn one_message_sqlite(pool: SqlitePool, side: Side, count: u64) -> Result<Duration, String> {
+    sqlx::query("DELETE FROM outbox_messages")
+        .execute(&pool)
+        .await
+        .map_err(failed("emptying the outbox"))?;
+    let started = Instant::now();
+    for i in 0..count {
+        let account = (i as i64 % ACCOUNTS) + 1;
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(failed("begin"))?;
+        sqlx::query(UPDATE_SQLITE)
+            .bind(account)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("update"))?;
+        match side {
+            Side::Engine => {
+                let message = Message::new::<Transferred>(account, account, &transfer(account))
+                    .map_err(failed("message"))?;
+                outbox_sqlite::write(&mut *tx, &message)
+                    .await
+                    .map_err(failed("write"))?;
+            }
+            Side::Baseline => {
+                let payload = transfer(account)
+                    .to_json_string()
+                    .map_err(failed("payload"))?;
+                sqlx::query(INSERT_SQLITE)
+                    .bind(1i16)
+                    .bind(account)
+                    .bind("")
+                    .bind(1i32)
+                    .bind(account)
+                    .bind(payload)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("insert"))?;
+            }
+        }
+        tx.commit().await.map_err(failed("commit"))?;
+    }
+    Ok(started.elapsed())
+}
