@@ -78,6 +78,16 @@ async fn hot_queries_use_the_indexes() {
             .any(|step| step.contains("USING COVERING INDEX outbox_messages_shard")),
         "discovery seeks the shard index: {discovery:#?}"
     );
+    // Each recursive step seeks the next shard; a row-value seek on the scope alone would read
+    // every row of the scope before it, once per shard.
+    assert!(
+        discovery.iter().any(|step| step
+            .contains("(shard_scope=? AND shard_identifier=? AND destination>?)"))
+            && discovery
+                .iter()
+                .any(|step| step.contains("(shard_scope=? AND shard_identifier>?)")),
+        "each discovery step seeks the next shard: {discovery:#?}"
+    );
     explain(pool, FETCH, |q| {
         q.bind(1_i64).bind(42_i64).bind("").bind(100_i64)
     })
@@ -90,10 +100,17 @@ async fn hot_queries_use_the_indexes() {
         q.bind(1_i64).bind(42_i64).bind("").bind(1_i64).bind(0_i64)
     })
     .await;
-    explain(pool, ACK, |q| {
+    let ack = explain(pool, ACK, |q| {
         q.bind(1_i64).bind(42_i64).bind("").bind("[[1, 3, 0, 500]]")
     })
     .await;
+    assert!(
+        ack.iter().any(|step| step.contains(
+            "outbox_messages_group (shard_scope=? AND shard_identifier=? AND destination=? \
+             AND category=? AND object_identifier=? AND id>? AND id<?)"
+        )),
+        "acknowledging seeks each group: {ack:#?}"
+    );
     explain(pool, CLAIM, |q| {
         q.bind(1_i64)
             .bind(42_i64)

@@ -1,15 +1,18 @@
 use std::any::Any;
+use std::sync::Arc;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
+use tokio::sync::OwnedMutexGuard;
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::error::{database, on_table};
+use crate::store::WriteLock;
 use crate::model::load_sql;
 use crate::store::{duration_ms, now_ms};
 
@@ -18,9 +21,12 @@ use crate::store::{duration_ms, now_ms};
 #[derive(Debug)]
 pub struct SqliteSession {
     pool: SqlitePool,
+    writes: WriteLock,
     lease: Lease,
     lease_duration: Duration,
     tx: Option<Transaction<'static, Sqlite>>,
+    /// The turn a session in transaction mode holds with its transaction.
+    _turn: Option<OwnedMutexGuard<()>>,
 }
 
 enum Conn<'a> {
@@ -65,9 +71,11 @@ pub(crate) const EXTEND_LEASE: &str = "\
     UPDATE outbox_shards SET lease_expires_at = ?5 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
+// The groups drive the join (CROSS JOIN keeps that order): one index seek per group, rather
+// than the shard's rows each scanning the groups' JSON.
 pub(crate) const ACK: &str = "\
     DELETE FROM outbox_messages WHERE id IN ( \
-        SELECT m.id FROM json_each(?4) g JOIN outbox_messages m \
+        SELECT m.id FROM json_each(?4) g CROSS JOIN outbox_messages m \
             ON m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
             AND m.category = g.value ->> 0 AND m.object_identifier = g.value ->> 1 \
             AND m.id BETWEEN g.value ->> 2 AND g.value ->> 3)";
@@ -105,15 +113,19 @@ fn stored(row: &SqliteRow) -> StoredMessage {
 impl SqliteSession {
     pub(crate) fn new(
         pool: SqlitePool,
+        writes: WriteLock,
         lease: Lease,
         lease_duration: Duration,
-        tx: Option<Transaction<'static, Sqlite>>,
+        claimed: Option<(Transaction<'static, Sqlite>, OwnedMutexGuard<()>)>,
     ) -> Self {
+        let (tx, turn) = claimed.unzip();
         Self {
             pool,
+            writes,
             lease,
             lease_duration,
             tx,
+            _turn: turn,
         }
     }
 
@@ -295,6 +307,7 @@ impl ShardSession for SqliteSession {
             self.tx = Some(tx);
             return result;
         }
+        let _turn = self.writes.lock().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -308,6 +321,11 @@ impl ShardSession for SqliteSession {
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
+        let writes = Arc::clone(&self.writes);
+        let _turn = match &self.tx {
+            Some(_) => None,
+            None => Some(writes.lock().await),
+        };
         let mut tx = match self.tx.take() {
             Some(tx) => tx,
             None => self

@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
@@ -12,15 +13,26 @@ use crate::migrate::MIGRATIONS;
 use crate::session::SqliteSession;
 
 /// The outbox store on a SQLite database.
+///
+/// The relay's write transactions (claims, acknowledgements, releases) take turns on an
+/// in-process lock shared by the store's clones before they ask SQLite for its write lock: the
+/// relay's concurrent shards queue for it at once instead of sleeping in SQLite's busy handler.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writes: WriteLock,
 }
+
+/// The in-process turn of the relay's write transactions.
+pub(crate) type WriteLock = Arc<tokio::sync::Mutex<()>>;
 
 impl SqliteStore {
     /// A store on `pool`. Apply the migrations first ([`crate::migrate`]).
     pub fn new(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            writes: WriteLock::default(),
+        }
     }
 
     /// The pool.
@@ -49,7 +61,10 @@ fn from_ms(ms: i64) -> SystemTime {
 }
 
 // Skip-scan: one index seek per shard with pending rows, never a read of every row. Each step
-// finds the first row of the next shard in key order. Shards are due when nobody holds a live
+// finds the first row of the next shard in key order: in the same shard identifier (a later
+// destination), else a later shard identifier, else a later scope. (SQLite seeks a row value
+// compared with bound parameters, but one compared with the columns of the recursive step only
+// on its first column: that would read every row of the scope before the next shard.) Shards are due when nobody holds a live
 // lease on them and they are not backing off, or have a message newer than their failure.
 pub(crate) const DISCOVER: &str = "\
     WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
@@ -59,11 +74,17 @@ pub(crate) const DISCOVER: &str = "\
             ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
         UNION ALL \
         SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
-        FROM keys k JOIN outbox_messages m ON m.id = ( \
-            SELECT x.id FROM outbox_messages x \
-            WHERE (x.shard_scope, x.shard_identifier, x.destination) \
-                > (k.shard_scope, k.shard_identifier, k.destination) \
-            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) \
+        FROM keys k JOIN outbox_messages m ON m.id = coalesce( \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
+                AND x.destination > k.destination \
+             ORDER BY x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
+             ORDER BY x.shard_identifier, x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope > k.shard_scope \
+             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1)) \
         WHERE k.n < ?4 \
     ) \
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
@@ -164,6 +185,7 @@ impl Store for SqliteStore {
         shard: &ShardKey,
         options: &ClaimOptions,
     ) -> Result<Option<SqliteSession>, Error> {
+        let turn = Arc::clone(&self.writes).lock_owned().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -194,18 +216,20 @@ impl Store for SqliteStore {
             token,
             attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         };
-        let tx = match options.mode {
+        // In transaction mode the session keeps the turn as long as it keeps the transaction.
+        let claimed = match options.mode {
             HandlerMode::Leased => {
                 tx.commit().await.map_err(database("claiming a shard"))?;
                 None
             }
-            HandlerMode::InTransaction => Some(tx),
+            HandlerMode::InTransaction => Some((tx, turn)),
         };
         Ok(Some(SqliteSession::new(
             self.pool.clone(),
+            Arc::clone(&self.writes),
             lease,
             options.lease,
-            tx,
+            claimed,
         )))
     }
 

@@ -201,6 +201,13 @@ pub(crate) async fn drain<S: ShardSession>(
             finish(session, Outcome::Yielded, &mut run).await?;
             return Ok(run);
         }
+        if !full {
+            // The read held every row the shard had, and all are delivered: no need to read
+            // again to learn that it is empty. A row written since is not lost: releasing a
+            // shard that still has rows leaves it due.
+            finish(session, Outcome::Drained, &mut run).await?;
+            return Ok(run);
+        }
     }
 }
 

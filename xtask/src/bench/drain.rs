@@ -191,7 +191,9 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
     let database = SqliteDatabase::new().await?;
     let pool = &database.pool;
     seed_sqlite(pool, messages, shards).await?;
-    let (relay, calls) = counting_relay(SqliteStore::new(pool.clone()), RelayConfig::default());
+    let mut config = RelayConfig::default();
+    config.max_concurrent_shards = std::env::var("SHARDS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let (relay, calls) = counting_relay(SqliteStore::new(pool.clone()), config);
     let started = Instant::now();
     let report = relay
         .drain()
