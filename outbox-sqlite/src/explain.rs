@@ -81,8 +81,9 @@ async fn hot_queries_use_the_indexes() {
     // Each recursive step seeks the next shard; a row-value seek on the scope alone would read
     // every row of the scope before it, once per shard.
     assert!(
-        discovery.iter().any(|step| step
-            .contains("(shard_scope=? AND shard_identifier=? AND destination>?)"))
+        discovery
+            .iter()
+            .any(|step| step.contains("(shard_scope=? AND shard_identifier=? AND destination>?)"))
             && discovery
                 .iter()
                 .any(|step| step.contains("(shard_scope=? AND shard_identifier>?)")),

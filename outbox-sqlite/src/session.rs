@@ -1,19 +1,19 @@
 use std::any::Any;
-use std::sync::Arc;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
-use tokio::sync::OwnedMutexGuard;
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::error::{database, on_table};
-use crate::store::WriteLock;
 use crate::model::load_sql;
+use crate::store::WriteLock;
 use crate::store::{duration_ms, now_ms};
 
 /// A claimed shard on SQLite: under a lease, or inside the claiming `BEGIN IMMEDIATE`
@@ -53,10 +53,26 @@ impl DerefMut for Conn<'_> {
     }
 }
 
-pub(crate) const FETCH: &str = "\
-    SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
-    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
-    ORDER BY id LIMIT ?4";
+macro_rules! fetch {
+    () => {
+        "SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
+         WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+         ORDER BY id LIMIT ?4"
+    };
+}
+
+/// A shard's oldest rows.
+#[cfg(test)]
+pub(crate) const FETCH: &str = fetch!();
+
+// FETCH as one row, a JSON array of rows: sqlx hands each SQLite row over from the
+// connection's thread on its own, and a shard's head is read at every claim.
+const FETCH_JSON: &str = concat!(
+    "SELECT json_group_array(json_array(id, category, shard_scope, object_identifier, payload)) \
+     FROM (",
+    fetch!(),
+    ")"
+);
 
 pub(crate) const FETCH_NEWEST: &str = "\
     SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload \
@@ -230,14 +246,33 @@ impl ShardSession for SqliteSession {
 
     async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
         let query = self
-            .keyed_without_token(FETCH)
+            .keyed_without_token(FETCH_JSON)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut conn = self.conn().await?;
-        let rows = query
-            .fetch_all(&mut *conn)
+        let json: String = query
+            .fetch_one(&mut *conn)
             .await
-            .map_err(database("reading a shard"))?;
-        Ok(rows.iter().map(stored).collect())
+            .map_err(database("reading a shard"))?
+            .get(0);
+        let rows: Vec<(i64, i32, i16, i64, String)> =
+            serde_json::from_str(&json).map_err(|source| Error::Database {
+                operation: "reading a shard",
+                source: Box::new(source),
+            })?;
+        let mut messages: Vec<StoredMessage> = rows
+            .into_iter()
+            .map(
+                |(id, category, scope, object_identifier, payload)| StoredMessage {
+                    id: MessageId(id),
+                    category: CategoryId(category),
+                    scope: ScopeId(scope),
+                    object_identifier,
+                    payload,
+                },
+            )
+            .collect();
+        messages.sort_unstable_by_key(|message| message.id);
+        Ok(messages)
     }
 
     async fn fetch_newest(
