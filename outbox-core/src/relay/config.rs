@@ -10,9 +10,10 @@ use crate::store::HandlerMode;
 pub struct RelayConfig {
     /// Name recorded on the leases this relay takes (defaults to `outbox-<pid>-<random>`).
     pub worker_id: String,
-    /// How many shards are drained at once.
+    /// How many shards are drained at once (16 by default). Each holds a connection of the
+    /// store's pool while it works: give the pool a few more connections than this.
     pub max_concurrent_shards: usize,
-    /// How many rows of a shard are read at once.
+    /// How many rows of a shard are read at once (500 by default).
     pub batch_size: usize,
     /// After delivering this many rows, a shard is released (still due) so others get a turn.
     pub shard_row_budget: usize,
@@ -49,8 +50,8 @@ impl Default for RelayConfig {
                 std::process::id(),
                 rand::random::<u32>()
             ),
-            max_concurrent_shards: 8,
-            batch_size: 100,
+            max_concurrent_shards: 16,
+            batch_size: 500,
             shard_row_budget: 1_000,
             shard_time_budget: Duration::from_secs(1),
             lease: Duration::from_secs(30),
