@@ -11,8 +11,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`).
 ///
 /// A URL that does not parse is an [`Error::InvalidDatabaseUrl`]; a server that does not
-/// answer within five seconds is an [`Error::Unavailable`]. For other pool settings, build
-/// the pool with `sqlx`'s `PgPoolOptions` yourself: the outbox needs nothing special of it.
+/// answer within five seconds is an [`Error::Unavailable`]. The pool has 20 connections: the
+/// relay drains 16 shards at once by default, each on a connection of its own. For other pool
+/// settings, build the pool with `sqlx`'s `PgPoolOptions` yourself: the outbox needs nothing
+/// special of it.
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
     let options: PgConnectOptions =
         url.parse()
@@ -30,7 +32,7 @@ pub async fn connect(url: &str) -> Result<PgPool, Error> {
         .map_err(database("connecting to PostgreSQL"))?;
     let _ = probe.close().await;
     PgPoolOptions::new()
-        .max_connections(10)
+        .max_connections(20)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options)
         .await
