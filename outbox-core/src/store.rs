@@ -316,6 +316,28 @@ pub trait ShardSession: Send + 'static {
 
     /// Records the outcome and releases the shard.
     fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// [`ack`](Self::ack) then [`finish`](Self::finish), which a backend may do in one round
+    /// trip: the relay's last step on a shard it drained. Returns the rows deleted, and whether
+    /// the release still found the lease. Fails with [`Error::LeaseLost`], deleting nothing, if
+    /// the acknowledgement did not.
+    fn ack_and_finish(
+        mut self,
+        ranges: &[AckRange],
+        outcome: Outcome,
+    ) -> impl Future<Output = Result<(u64, bool), Error>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let rows = self.ack(ranges).await?;
+            match self.finish(outcome).await {
+                Ok(()) => Ok((rows, true)),
+                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
+                Err(error) => Err(error),
+            }
+        }
+    }
 }
 
 /// Notifications of committed messages.

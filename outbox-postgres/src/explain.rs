@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
-use crate::session::{ACK, DELETE_IF_EMPTY, FETCH, FETCH_NEWEST};
+use crate::session::{ACK, ACK_AND_RELEASE, DELETE_IF_EMPTY, FETCH, FETCH_NEWEST};
 use crate::store::{CLAIM, DISCOVER};
 
 async fn populated() -> PgTestDatabase {
@@ -109,6 +109,17 @@ async fn hot_queries_use_the_indexes() {
             .bind("")
             .bind(1_i64)
             .bind(30_000_i64)
+            .bind(vec![1_i32])
+            .bind(vec![3_i64])
+            .bind(vec![i64::MIN])
+            .bind(vec![500_i64])
+    })
+    .await;
+    explain(pool, ACK_AND_RELEASE, |q| {
+        q.bind(1_i16)
+            .bind(42_i64)
+            .bind("")
+            .bind(1_i64)
             .bind(vec![1_i32])
             .bind(vec![3_i64])
             .bind(vec![i64::MIN])

@@ -80,6 +80,42 @@ pub(crate) const ACK: &str = "\
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
+// A drained shard's last acknowledgement and its release, in one statement. The shard's state
+// row goes if no row is left besides those acknowledged (a row written meanwhile keeps it, and
+// it is released, still due).
+pub(crate) const ACK_AND_RELEASE: &str = "\
+    WITH held AS ( \
+        SELECT 1 FROM outbox_shards \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        FOR UPDATE), \
+     acked AS ( \
+        DELETE FROM outbox_messages m \
+        USING unnest($5::integer[], $6::bigint[], $7::bigint[], $8::bigint[]) \
+            AS g(category, object_identifier, first_id, last_id) \
+        WHERE EXISTS (SELECT 1 FROM held) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.category = g.category AND m.object_identifier = g.object_identifier \
+            AND m.id BETWEEN g.first_id AND g.last_id \
+        RETURNING m.id), \
+     gone AS ( \
+        DELETE FROM outbox_shards \
+        WHERE EXISTS (SELECT 1 FROM held) \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
+            AND NOT EXISTS (SELECT 1 FROM outbox_messages x \
+                WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
+                    AND x.id NOT IN (SELECT id FROM acked)) \
+        RETURNING 1), \
+     released AS ( \
+        UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+            last_error = NULL, retry_at = NULL, parked_category = NULL \
+        WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM gone) \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
+        (SELECT count(*) FROM gone) + (SELECT count(*) FROM released)";
+
 pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
@@ -281,6 +317,50 @@ impl ShardSession for PgSession {
             });
         }
         Ok(u64::try_from(deleted).unwrap_or(0))
+    }
+
+    async fn ack_and_finish(
+        mut self,
+        ranges: &[AckRange],
+        outcome: Outcome,
+    ) -> Result<(u64, bool), Error> {
+        if self.tx.is_some() || outcome != Outcome::Drained {
+            let rows = self.ack(ranges).await?;
+            return match self.finish(outcome).await {
+                Ok(()) => Ok((rows, true)),
+                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
+                Err(error) => Err(error),
+            };
+        }
+        let query = self
+            .keyed(ACK_AND_RELEASE)
+            .bind(
+                ranges
+                    .iter()
+                    .map(|r| r.group.category.0)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                ranges
+                    .iter()
+                    .map(|r| r.group.object_identifier)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>());
+        let mut conn = self.conn().await?;
+        let (held, deleted, released): (i64, i64, i64) = query
+            .try_map(|row: PgRow| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(database("acknowledging and releasing a shard"))?;
+        if held == 0 {
+            return Err(Error::LeaseLost {
+                shard: self.lease.shard.clone(),
+                token: self.lease.token,
+            });
+        }
+        Ok((u64::try_from(deleted).unwrap_or(0), released > 0))
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {

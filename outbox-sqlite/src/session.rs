@@ -355,6 +355,34 @@ impl ShardSession for SqliteSession {
         Ok(deleted)
     }
 
+    async fn ack_and_finish(
+        mut self,
+        ranges: &[AckRange],
+        outcome: Outcome,
+    ) -> Result<(u64, bool), Error> {
+        if self.tx.is_some() {
+            let rows = self.ack(ranges).await?;
+            return match self.finish(outcome).await {
+                Ok(()) => Ok((rows, true)),
+                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
+                Err(error) => Err(error),
+            };
+        }
+        // One write transaction for both, instead of two.
+        let _turn = self.writes.lock().await;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(database("acknowledging messages"))?;
+        let deleted = self.ack_on(&mut tx, ranges).await?;
+        let released = self.finish_on(&mut tx, &outcome).await?;
+        tx.commit()
+            .await
+            .map_err(database("acknowledging messages"))?;
+        Ok((deleted, released > 0))
+    }
+
     async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
         let writes = Arc::clone(&self.writes);
         let _turn = match &self.tx {

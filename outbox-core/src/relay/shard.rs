@@ -148,6 +148,32 @@ pub(crate) async fn drain<S: ShardSession>(
             }
         }
 
+        // The read held every row the shard had and all are delivered: acknowledge and
+        // release at once (no need to read again to learn that it is empty; a row written
+        // since is not lost: releasing a shard that still has rows leaves it due).
+        let drained = failure.is_none()
+            && !out_of_budget
+            && plan.blocked.is_none()
+            && !full
+            && !budget_spent(rows_delivered);
+        if drained && !acks.is_empty() {
+            match session.ack_and_finish(&acks, Outcome::Drained).await {
+                Ok((rows, released)) => {
+                    run.rows_acknowledged += rows;
+                    if !released {
+                        warn!(shard = %lease.shard, "lease lost before releasing; another worker owns the shard");
+                        run.lease_lost = Some(lease.shard);
+                    }
+                    return Ok(run);
+                }
+                Err(Error::LeaseLost { shard, token }) => {
+                    warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                    run.lease_lost = Some(shard);
+                    return Ok(run);
+                }
+                Err(error) => return Err(error),
+            }
+        }
         if !acks.is_empty() {
             match session.ack(&acks).await {
                 Ok(rows) => {
@@ -199,13 +225,6 @@ pub(crate) async fn drain<S: ShardSession>(
         if out_of_budget || budget_spent(rows_delivered) {
             debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
             finish(session, Outcome::Yielded, &mut run).await?;
-            return Ok(run);
-        }
-        if !full {
-            // The read held every row the shard had, and all are delivered: no need to read
-            // again to learn that it is empty. A row written since is not lost: releasing a
-            // shard that still has rows leaves it due.
-            finish(session, Outcome::Drained, &mut run).await?;
             return Ok(run);
         }
     }
