@@ -322,21 +322,29 @@ pub trait ShardSession: Send + 'static {
     /// the release still found the lease. Fails with [`Error::LeaseLost`], deleting nothing, if
     /// the acknowledgement did not.
     fn ack_and_finish(
-        mut self,
+        self,
         ranges: &[AckRange],
         outcome: Outcome,
     ) -> impl Future<Output = Result<(u64, bool), Error>> + Send
     where
         Self: Sized,
     {
-        async move {
-            let rows = self.ack(ranges).await?;
-            match self.finish(outcome).await {
-                Ok(()) => Ok((rows, true)),
-                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
-                Err(error) => Err(error),
-            }
-        }
+        ack_then_finish(self, ranges, outcome)
+    }
+}
+
+/// [`ShardSession::ack_and_finish`] in two steps: what a session does when it has no single
+/// round trip for them (and what its own implementation can fall back to).
+pub async fn ack_then_finish<S: ShardSession>(
+    mut session: S,
+    ranges: &[AckRange],
+    outcome: Outcome,
+) -> Result<(u64, bool), Error> {
+    let rows = session.ack(ranges).await?;
+    match session.finish(outcome).await {
+        Ok(()) => Ok((rows, true)),
+        Err(Error::LeaseLost { .. }) => Ok((rows, false)),
+        Err(error) => Err(error),
     }
 }
 

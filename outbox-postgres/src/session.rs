@@ -2,7 +2,9 @@ use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
+use outbox_core::store::{
+    AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+};
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
@@ -325,12 +327,7 @@ impl ShardSession for PgSession {
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() || outcome != Outcome::Drained {
-            let rows = self.ack(ranges).await?;
-            return match self.finish(outcome).await {
-                Ok(()) => Ok((rows, true)),
-                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
-                Err(error) => Err(error),
-            };
+            return ack_then_finish(self, ranges, outcome).await;
         }
         let query = self
             .keyed(ACK_AND_RELEASE)

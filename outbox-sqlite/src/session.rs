@@ -3,7 +3,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::store::{AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage};
+use outbox_core::store::{
+    AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+};
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
 use sqlx::query::Query;
@@ -356,17 +358,12 @@ impl ShardSession for SqliteSession {
     }
 
     async fn ack_and_finish(
-        mut self,
+        self,
         ranges: &[AckRange],
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() {
-            let rows = self.ack(ranges).await?;
-            return match self.finish(outcome).await {
-                Ok(()) => Ok((rows, true)),
-                Err(Error::LeaseLost { .. }) => Ok((rows, false)),
-                Err(error) => Err(error),
-            };
+            return ack_then_finish(self, ranges, outcome).await;
         }
         // One write transaction for both, instead of two.
         let _turn = self.writes.lock().await;
