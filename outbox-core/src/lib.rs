@@ -11,6 +11,13 @@
 //! This crate holds the model, the [`Registry`], the [`Store`] contract and the relay; it
 //! knows no SQL. The backends are `outbox-postgres` and `outbox-sqlite`.
 //!
+//! - [`ReplicatedModel`]s: one category covers a domain struct's creation, updates and
+//!   deletion; at delivery the relay reads the row and calls its [`Replication`] or its
+//!   [`Deletion`] handler.
+//! - [`Relay::flush`]: deliver what a committed transaction wrote before answering its caller
+//!   (the backends' `OutboxTransaction` collects the [`WrittenShards`]); [`Relay::run`] is the
+//!   background relay, [`Relay::drain`] delivers everything due and returns.
+//!
 //! Scopes, categories, replicated models and handlers are declared with attribute macros
 //! ([`outbox_scope`], [`outbox_category`], [`replicated_model`], [`outbox_handler`]); the
 //! traits they implement ([`Scope`], [`Category`], [`ReplicatedModel`]) can be written by hand
