@@ -139,6 +139,28 @@ const FAIL: &str = "\
         watermark = $8, parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
+/// Binds acknowledged ranges as four arrays: categories, objects, first ids, last ids.
+fn with_ranges<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    ranges: &[AckRange],
+) -> Query<'q, Postgres, PgArguments> {
+    query
+        .bind(
+            ranges
+                .iter()
+                .map(|r| r.group.category.0)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            ranges
+                .iter()
+                .map(|r| r.group.object_identifier)
+                .collect::<Vec<_>>(),
+        )
+        .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
+        .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>())
+}
+
 fn stored(row: &PgRow) -> StoredMessage {
     StoredMessage {
         id: MessageId(row.get(0)),
@@ -288,23 +310,10 @@ impl ShardSession for PgSession {
     }
 
     async fn ack(&mut self, ranges: &[AckRange]) -> Result<u64, Error> {
-        let query = self
-            .keyed(ACK)
-            .bind(duration_ms(self.lease_duration))
-            .bind(
-                ranges
-                    .iter()
-                    .map(|r| r.group.category.0)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                ranges
-                    .iter()
-                    .map(|r| r.group.object_identifier)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
-            .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>());
+        let query = with_ranges(
+            self.keyed(ACK).bind(duration_ms(self.lease_duration)),
+            ranges,
+        );
         let lease = self.lease.clone();
         let mut conn = self.conn().await?;
         let (held, deleted): (i64, i64) = query
@@ -329,22 +338,7 @@ impl ShardSession for PgSession {
         if self.tx.is_some() || outcome != Outcome::Drained {
             return ack_then_finish(self, ranges, outcome).await;
         }
-        let query = self
-            .keyed(ACK_AND_RELEASE)
-            .bind(
-                ranges
-                    .iter()
-                    .map(|r| r.group.category.0)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                ranges
-                    .iter()
-                    .map(|r| r.group.object_identifier)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
-            .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>());
+        let query = with_ranges(self.keyed(ACK_AND_RELEASE), ranges);
         let mut conn = self.conn().await?;
         let (held, deleted, released): (i64, i64, i64) = query
             .try_map(|row: PgRow| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))

@@ -1,6 +1,5 @@
 use std::any::Any;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::store::{
@@ -11,7 +10,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{MutexGuard, OwnedMutexGuard};
 
 use crate::error::{database, on_table};
 use crate::model::load_sql;
@@ -157,6 +156,20 @@ impl SqliteSession {
                 .map(Conn::Pooled)
                 .map_err(database("reading a shard")),
         }
+    }
+
+    /// The relay's turn, then a write transaction (leased mode).
+    async fn write_transaction(
+        &self,
+        operation: &'static str,
+    ) -> Result<(MutexGuard<'_, ()>, Transaction<'static, Sqlite>), Error> {
+        let turn = self.writes.lock().await;
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(database(operation))?;
+        Ok((turn, tx))
     }
 
     /// Binds the shard key as `?1..?3` of a statement.
@@ -344,12 +357,7 @@ impl ShardSession for SqliteSession {
             self.tx = Some(tx);
             return result;
         }
-        let _turn = self.writes.lock().await;
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database("acknowledging messages"))?;
+        let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
         let deleted = self.ack_on(&mut tx, ranges).await?;
         tx.commit()
             .await
@@ -366,12 +374,7 @@ impl ShardSession for SqliteSession {
             return ack_then_finish(self, ranges, outcome).await;
         }
         // One write transaction for both, instead of two.
-        let _turn = self.writes.lock().await;
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database("acknowledging messages"))?;
+        let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
         let deleted = self.ack_on(&mut tx, ranges).await?;
         let released = self.finish_on(&mut tx, &outcome).await?;
         tx.commit()
@@ -381,18 +384,13 @@ impl ShardSession for SqliteSession {
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
-        let writes = Arc::clone(&self.writes);
-        let _turn = match &self.tx {
-            Some(_) => None,
-            None => Some(writes.lock().await),
-        };
-        let mut tx = match self.tx.take() {
-            Some(tx) => tx,
-            None => self
-                .pool
-                .begin_with("BEGIN IMMEDIATE")
-                .await
-                .map_err(database("releasing a shard"))?,
+        // In transaction mode the session holds the turn with its transaction.
+        let (_turn, mut tx) = match self.tx.take() {
+            Some(tx) => (None, tx),
+            None => {
+                let (turn, tx) = self.write_transaction("releasing a shard").await?;
+                (Some(turn), tx)
+            }
         };
         let updated = self.finish_on(&mut tx, &outcome).await?;
         tx.commit().await.map_err(database("releasing a shard"))?;
