@@ -1,6 +1,7 @@
 //! Flush-after-commit (S2): what a transaction wrote, and what flushing it can report.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::error::{DeliveryError, Error};
 use crate::model::{Message, MessageId, ShardKey};
@@ -11,7 +12,9 @@ use crate::relay::{DrainReport, ShardFailure};
 ///
 /// The backends' transaction wrappers (`outbox_sqlite::OutboxTransaction`,
 /// `outbox_postgres::OutboxTransaction`) keep one; a nested scope's is merged into its
-/// parent's when it commits, and dropped when it rolls back or defers its writes.
+/// parent's when it commits, and dropped when it rolls back or defers its writes. Only the
+/// top-level `commit()` hands it out, so the shards of a transaction that has not committed
+/// cannot be flushed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WrittenShards {
     shards: BTreeMap<ShardKey, MessageId>,
@@ -82,16 +85,60 @@ pub enum FlushError {
         /// What the flush delivered before and besides the failure.
         report: Box<DrainReport>,
     },
+    /// Rows the transaction wrote are still pending: another worker held their shard for
+    /// longer than [`RelayConfig::flush_wait`](crate::RelayConfig::flush_wait). They are
+    /// committed and stay for the relay (or that worker); nothing failed.
+    #[error("flushing left {} message(s) undelivered in {} shard(s): {}",
+        remaining.iter().map(|shard| shard.messages).sum::<u64>(), remaining.len(),
+        remaining.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Incomplete {
+        /// The shards with rows left, and why.
+        remaining: Vec<Undelivered>,
+        /// What the flush delivered.
+        report: Box<DrainReport>,
+    },
     /// The database failed while flushing.
     #[error("flushing the outboxes failed")]
     Store(#[source] Error),
 }
 
+/// A shard a flush could not finish: its rows up to the flush's bound are still pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Undelivered {
+    /// The shard.
+    pub shard: ShardKey,
+    /// How many of its messages, up to the newest the transaction wrote there, are pending.
+    pub messages: u64,
+    /// How long the flush waited for the shard.
+    pub waited: Duration,
+}
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} message(s) in {}, which another worker held (or which was backing off) for the \
+             {:?} the flush waited",
+            self.messages, self.shard, self.waited
+        )
+    }
+}
+
 impl FlushError {
-    /// A flush's report, or the failure it contains.
-    pub(crate) fn check(mut report: DrainReport) -> Result<DrainReport, Self> {
+    /// A flush's report, or the failure it contains, or the rows it left.
+    pub(crate) fn check(
+        mut report: DrainReport,
+        remaining: Vec<Undelivered>,
+    ) -> Result<DrainReport, Self> {
         if report.failures.is_empty() {
-            return Ok(report);
+            if remaining.is_empty() {
+                return Ok(report);
+            }
+            return Err(Self::Incomplete {
+                remaining,
+                report: Box::new(report),
+            });
         }
         let mut failures = std::mem::take(&mut report.failures).into_iter();
         let first = failures.next().expect("failures is not empty");
@@ -107,7 +154,7 @@ impl FlushError {
     pub fn delivery_error(&self) -> Option<&DeliveryError> {
         match self {
             Self::Delivery { error, .. } => Some(error),
-            Self::Store(_) => None,
+            Self::Incomplete { .. } | Self::Store(_) => None,
         }
     }
 }

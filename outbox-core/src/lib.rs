@@ -94,7 +94,7 @@ pub mod store;
 
 pub use crate::declare::SourceLocation;
 pub use crate::error::{BoxError, DeliveryError, Error, RegistryProblem, Site, error_chain};
-pub use crate::flush::{FlushError, WrittenShards};
+pub use crate::flush::{FlushError, Undelivered, WrittenShards};
 pub use crate::handler::{BoxFuture, Delivery, Handler, HandlerContext, NoOp};
 pub use crate::model::{
     Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,

@@ -71,15 +71,14 @@ pub struct GroupKey {
     pub object_identifier: i64,
 }
 
-/// Rows to acknowledge (delete): those of one group with ids in `first..=last`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckRange {
-    /// The group.
-    pub group: GroupKey,
-    /// The lowest id to delete (for a coalescing group, any id below `last`).
-    pub first: MessageId,
-    /// The highest id to delete: the delivered message. Rows written later survive (S13).
-    pub last: MessageId,
+/// A coalescing group's newest row beyond a read, with every row of the group that it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupTail {
+    /// The group's newest row in the range read: its payload is delivered.
+    pub newest: StoredMessage,
+    /// The ids of every row of the group in the range read, `newest` included, as one read saw
+    /// them: the rows its delivery may acknowledge (S13).
+    pub ids: Vec<MessageId>,
 }
 
 /// How the drain of a claimed shard ended.
@@ -264,6 +263,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// leaves later writes for the next one.
     fn newest_message_id(&self) -> impl Future<Output = Result<Option<MessageId>, Error>> + Send;
 
+    /// How many messages of `shard` with ids up to `up_to` are pending (committed and not yet
+    /// acknowledged): what a flush after commit still has to deliver there.
+    fn pending_in_shard(
+        &self,
+        shard: &ShardKey,
+        up_to: MessageId,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
     /// Pending messages in id order, at most `limit`.
     fn pending_messages(
         &self,
@@ -285,12 +292,15 @@ pub trait ShardSession: Send + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
 
-    /// For each group, its newest message with an id above `after`, if any.
+    /// For each group that has rows with ids in `after + 1 ..= up_to`, its newest such row and
+    /// the ids of all of them, read at once (one snapshot): a row that is not yet visible (its
+    /// transaction has not committed, whatever its id) is in neither.
     fn fetch_newest(
         &mut self,
         groups: &[GroupKey],
         after: MessageId,
-    ) -> impl Future<Output = Result<Vec<StoredMessage>, Error>> + Send;
+        up_to: MessageId,
+    ) -> impl Future<Output = Result<Vec<GroupTail>, Error>> + Send;
 
     /// Reads the row of a replicated model's object whose key column holds `key`, as a JSON
     /// object keyed by the table's columns; `None` if there is no such row. In transaction
@@ -310,9 +320,12 @@ pub trait ShardSession: Send + 'static {
     /// Called after each handler: in transaction mode, keeps or rolls back its writes.
     fn after_handler(&mut self, succeeded: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Deletes the acknowledged rows and extends the lease, if the lease is still this
-    /// session's; fails with [`Error::LeaseLost`] and deletes nothing otherwise.
-    fn ack(&mut self, ranges: &[AckRange]) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// Deletes the acknowledged rows, exactly those whose ids are given (the rows the relay
+    /// read and delivered, never a range: ids are assigned at insert, not at commit, so a
+    /// range may hold a row that committed after the read), and extends the lease, if the
+    /// lease is still this session's; fails with [`Error::LeaseLost`] and deletes nothing
+    /// otherwise.
+    fn ack(&mut self, ids: &[MessageId]) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Records the outcome and releases the shard.
     fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), Error>> + Send;
@@ -323,13 +336,13 @@ pub trait ShardSession: Send + 'static {
     /// the acknowledgement did not.
     fn ack_and_finish(
         self,
-        ranges: &[AckRange],
+        ids: &[MessageId],
         outcome: Outcome,
     ) -> impl Future<Output = Result<(u64, bool), Error>> + Send
     where
         Self: Sized,
     {
-        ack_then_finish(self, ranges, outcome)
+        ack_then_finish(self, ids, outcome)
     }
 }
 
@@ -337,10 +350,10 @@ pub trait ShardSession: Send + 'static {
 /// round trip for them (and what its own implementation can fall back to).
 pub async fn ack_then_finish<S: ShardSession>(
     mut session: S,
-    ranges: &[AckRange],
+    ids: &[MessageId],
     outcome: Outcome,
 ) -> Result<(u64, bool), Error> {
-    let rows = session.ack(ranges).await?;
+    let rows = session.ack(ids).await?;
     match session.finish(outcome).await {
         Ok(()) => Ok((rows, true)),
         Err(Error::LeaseLost { .. }) => Ok((rows, false)),

@@ -3,7 +3,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{
-    AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+    GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
 };
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
@@ -54,18 +54,21 @@ pub(crate) const FETCH: &str = "\
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
 
+// Each group's rows in `$6 < id <= $7` as one statement sees them (one snapshot): their ids,
+// and the newest one whole.
 pub(crate) const FETCH_NEWEST: &str = "\
-    SELECT newest.* FROM unnest($4::integer[], $5::bigint[]) AS g(category, object_identifier) \
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload::text, t.ids \
+    FROM unnest($4::integer[], $5::bigint[]) AS g(category, object_identifier) \
     CROSS JOIN LATERAL ( \
-        SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload::text \
-        FROM outbox_messages m \
-        WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-            AND m.category = g.category AND m.object_identifier = g.object_identifier \
-            AND m.id > $6 \
-        ORDER BY m.id DESC LIMIT 1) newest";
+        SELECT array_agg(x.id) AS ids, max(x.id) AS newest FROM outbox_messages x \
+        WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
+            AND x.category = g.category AND x.object_identifier = g.object_identifier \
+            AND x.id > $6 AND x.id <= $7) t \
+    JOIN outbox_messages m ON m.id = t.newest";
 
 // The lease update proves (and extends) the lease: if another worker holds the row, it waits
-// for it and then finds the token changed, and nothing is deleted.
+// for it and then finds the token changed, and nothing is deleted. Exactly the rows the relay
+// read and delivered go, by id: a range of ids could hold a row that committed after the read.
 pub(crate) const ACK: &str = "\
     WITH lease AS ( \
         UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
@@ -73,12 +76,8 @@ pub(crate) const ACK: &str = "\
         RETURNING 1), \
      acked AS ( \
         DELETE FROM outbox_messages m \
-        USING unnest($6::integer[], $7::bigint[], $8::bigint[], $9::bigint[]) \
-            AS g(category, object_identifier, first_id, last_id) \
-        WHERE EXISTS (SELECT 1 FROM lease) \
+        WHERE EXISTS (SELECT 1 FROM lease) AND m.id = ANY($6::bigint[]) \
             AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-            AND m.category = g.category AND m.object_identifier = g.object_identifier \
-            AND m.id BETWEEN g.first_id AND g.last_id \
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
@@ -92,12 +91,8 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
         FOR UPDATE), \
      acked AS ( \
         DELETE FROM outbox_messages m \
-        USING unnest($5::integer[], $6::bigint[], $7::bigint[], $8::bigint[]) \
-            AS g(category, object_identifier, first_id, last_id) \
-        WHERE EXISTS (SELECT 1 FROM held) \
+        WHERE EXISTS (SELECT 1 FROM held) AND m.id = ANY($5::bigint[]) \
             AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-            AND m.category = g.category AND m.object_identifier = g.object_identifier \
-            AND m.id BETWEEN g.first_id AND g.last_id \
         RETURNING m.id), \
      gone AS ( \
         DELETE FROM outbox_shards \
@@ -139,26 +134,9 @@ const FAIL: &str = "\
         watermark = $8, parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
-/// Binds acknowledged ranges as four arrays: categories, objects, first ids, last ids.
-fn with_ranges<'q>(
-    query: Query<'q, Postgres, PgArguments>,
-    ranges: &[AckRange],
-) -> Query<'q, Postgres, PgArguments> {
-    query
-        .bind(
-            ranges
-                .iter()
-                .map(|r| r.group.category.0)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            ranges
-                .iter()
-                .map(|r| r.group.object_identifier)
-                .collect::<Vec<_>>(),
-        )
-        .bind(ranges.iter().map(|r| r.first.0).collect::<Vec<_>>())
-        .bind(ranges.iter().map(|r| r.last.0).collect::<Vec<_>>())
+/// The ids to acknowledge, as one array parameter.
+fn ids(ids: &[MessageId]) -> Vec<i64> {
+    ids.iter().map(|id| id.0).collect()
 }
 
 fn stored(row: &PgRow) -> StoredMessage {
@@ -205,7 +183,9 @@ impl PgSession {
 
     async fn finish_on(&self, conn: &mut PgConnection, outcome: &Outcome) -> Result<u64, Error> {
         let done = match outcome {
-            Outcome::Drained => {
+            // A shard left empty keeps no state row, however its drain ended: the table holds
+            // only shards with messages, leases or failures.
+            Outcome::Drained | Outcome::Yielded | Outcome::Released => {
                 let deleted = self
                     .keyed(DELETE_IF_EMPTY)
                     .execute(&mut *conn)
@@ -214,10 +194,13 @@ impl PgSession {
                 if deleted.rows_affected() > 0 {
                     return Ok(1);
                 }
-                self.keyed(RELEASE).execute(&mut *conn).await
+                let release = if *outcome == Outcome::Released {
+                    RELEASE_LEASE
+                } else {
+                    RELEASE
+                };
+                self.keyed(release).execute(&mut *conn).await
             }
-            Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
-            Outcome::Released => self.keyed(RELEASE_LEASE).execute(&mut *conn).await,
             Outcome::Failed(failure) => {
                 self.keyed(FAIL)
                     .bind(i32::try_from(failure.attempts).unwrap_or(i32::MAX))
@@ -253,20 +236,32 @@ impl ShardSession for PgSession {
         &mut self,
         groups: &[GroupKey],
         after: MessageId,
-    ) -> Result<Vec<StoredMessage>, Error> {
+        up_to: MessageId,
+    ) -> Result<Vec<GroupTail>, Error> {
         let categories: Vec<i32> = groups.iter().map(|group| group.category.0).collect();
         let objects: Vec<i64> = groups.iter().map(|group| group.object_identifier).collect();
         let query = self
             .keyed_without_token(FETCH_NEWEST)
             .bind(categories)
             .bind(objects)
-            .bind(after.0);
+            .bind(after.0)
+            .bind(up_to.0);
         let mut conn = self.conn().await?;
         let rows = query
             .fetch_all(&mut *conn)
             .await
             .map_err(database("reading a shard"))?;
-        Ok(rows.iter().map(stored).collect())
+        Ok(rows
+            .iter()
+            .map(|row| GroupTail {
+                newest: stored(row),
+                ids: row
+                    .get::<Vec<i64>, _>(5)
+                    .into_iter()
+                    .map(MessageId)
+                    .collect(),
+            })
+            .collect())
     }
 
     async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
@@ -309,11 +304,11 @@ impl ShardSession for PgSession {
         Ok(())
     }
 
-    async fn ack(&mut self, ranges: &[AckRange]) -> Result<u64, Error> {
-        let query = with_ranges(
-            self.keyed(ACK).bind(duration_ms(self.lease_duration)),
-            ranges,
-        );
+    async fn ack(&mut self, acked: &[MessageId]) -> Result<u64, Error> {
+        let query = self
+            .keyed(ACK)
+            .bind(duration_ms(self.lease_duration))
+            .bind(ids(acked));
         let lease = self.lease.clone();
         let mut conn = self.conn().await?;
         let (held, deleted): (i64, i64) = query
@@ -332,13 +327,13 @@ impl ShardSession for PgSession {
 
     async fn ack_and_finish(
         mut self,
-        ranges: &[AckRange],
+        acked: &[MessageId],
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() || outcome != Outcome::Drained {
-            return ack_then_finish(self, ranges, outcome).await;
+            return ack_then_finish(self, acked, outcome).await;
         }
-        let query = with_ranges(self.keyed(ACK_AND_RELEASE), ranges);
+        let query = self.keyed(ACK_AND_RELEASE).bind(ids(acked));
         let mut conn = self.conn().await?;
         let (held, deleted, released): (i64, i64, i64) = query
             .try_map(|row: PgRow| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))

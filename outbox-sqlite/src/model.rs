@@ -136,7 +136,14 @@ pub(crate) struct Written {
 }
 
 /// Applies `write` to `batch`: the rows and one outbox per model (and destination), two
-/// statements. A deletion writes the outboxes first, while the rows still exist.
+/// statements, the rows first.
+///
+/// The outboxes are written after the change they announce, deletions included: the change
+/// takes the rows' locks, so a second writer of the same object waits for the first to commit
+/// before it writes its own outbox, and the outbox ids of one object follow the order in which
+/// its writers commit. Written first, a deletion's outbox would take its id before waiting on
+/// the lock of a writer that then commits ahead of it: the older id would carry the newer
+/// change. (The relay does not rely on it: it acknowledges only the rows it read, S13.)
 pub(crate) async fn apply<M, C>(
     conn: &mut C,
     write: Write,
@@ -158,24 +165,13 @@ where
         Write::Insert => (insert_sql(&M::TABLE), "inserting models"),
         Write::Update => (update_sql(&M::TABLE), "updating models"),
         Write::Save => (save_sql(&M::TABLE), "saving models"),
-        Write::Delete => {
-            let operation = "deleting models";
-            let ids = write_all(&mut *conn, &messages).await?;
-            let rows = {
-                let keys = serde_json::Value::from(batch.keys()).to_string();
-                execute(&mut *conn, delete_sql(&M::TABLE), keys, operation).await?
-            };
-            return Ok(Written {
-                rows,
-                messages,
-                ids,
-            });
-        }
+        Write::Delete => (delete_sql(&M::TABLE), "deleting models"),
     };
-    let rows = {
-        let rows_json = batch.rows_json()?;
-        execute(&mut *conn, sql, rows_json, operation).await?
+    let parameter = match write {
+        Write::Delete => serde_json::Value::from(batch.keys()).to_string(),
+        Write::Insert | Write::Update | Write::Save => batch.rows_json()?,
     };
+    let rows = execute(&mut *conn, sql, parameter, operation).await?;
     let ids = write_all(&mut *conn, &messages).await?;
     Ok(Written {
         rows,
@@ -227,7 +223,7 @@ pub fn save<'t, 'a: 't, M: ReplicatedModel>(
     boxed(tx, Write::Save, models)
 }
 
-/// Writes the models' outboxes, then deletes their rows, in the caller's transaction: two
+/// Deletes the models' rows, then writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Each outbox carries the model's tombstone, for
 /// the deletion handler. Returns the rows deleted.
 pub fn delete<'t, 'a: 't, M: ReplicatedModel>(

@@ -3,7 +3,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{
-    AckRange, GroupKey, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+    GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
 };
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
@@ -75,27 +75,29 @@ const FETCH_JSON: &str = concat!(
     ")"
 );
 
+// Each group's rows in `?5 < id <= ?6`: the newest whole, and the ids of all of them.
 pub(crate) const FETCH_NEWEST: &str = "\
-    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload \
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload, ( \
+        SELECT json_group_array(x.id) FROM outbox_messages x \
+        WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
+            AND x.category = m.category AND x.object_identifier = m.object_identifier \
+            AND x.id > ?5 AND x.id <= m.id) \
     FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
         SELECT x.id FROM outbox_messages x \
         WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
             AND x.category = g.value ->> 0 AND x.object_identifier = g.value ->> 1 \
-            AND x.id > ?5 \
+            AND x.id > ?5 AND x.id <= ?6 \
         ORDER BY x.id DESC LIMIT 1)";
 
 pub(crate) const EXTEND_LEASE: &str = "\
     UPDATE outbox_shards SET lease_expires_at = ?5 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
-// The groups drive the join (CROSS JOIN keeps that order): one index seek per group, rather
-// than the shard's rows each scanning the groups' JSON.
+// Exactly the rows the relay read and delivered go, by id (one seek each).
 pub(crate) const ACK: &str = "\
-    DELETE FROM outbox_messages WHERE id IN ( \
-        SELECT m.id FROM json_each(?4) g CROSS JOIN outbox_messages m \
-            ON m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
-            AND m.category = g.value ->> 0 AND m.object_identifier = g.value ->> 1 \
-            AND m.id BETWEEN g.value ->> 2 AND g.value ->> 3)";
+    DELETE FROM outbox_messages \
+    WHERE id IN (SELECT value FROM json_each(?4)) \
+        AND shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3";
 
 pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
@@ -187,7 +189,7 @@ impl SqliteSession {
     }
 
     /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.
-    async fn ack_on(&self, conn: &mut SqliteConnection, ranges: &[AckRange]) -> Result<u64, Error> {
+    async fn ack_on(&self, conn: &mut SqliteConnection, ids: &[MessageId]) -> Result<u64, Error> {
         let extended = self
             .keyed(EXTEND_LEASE)
             .bind(now_ms().saturating_add(duration_ms(self.lease_duration)))
@@ -200,20 +202,10 @@ impl SqliteSession {
                 token: self.lease.token,
             });
         }
-        let ranges: Vec<[i64; 4]> = ranges
-            .iter()
-            .map(|range| {
-                [
-                    i64::from(range.group.category.0),
-                    range.group.object_identifier,
-                    range.first.0,
-                    range.last.0,
-                ]
-            })
-            .collect();
+        let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
         let deleted = self
             .keyed_without_token(ACK)
-            .bind(serde_json::to_string(&ranges).unwrap_or_default())
+            .bind(serde_json::to_string(&ids).unwrap_or_default())
             .execute(&mut *conn)
             .await
             .map_err(database("acknowledging messages"))?;
@@ -226,7 +218,9 @@ impl SqliteSession {
         outcome: &Outcome,
     ) -> Result<u64, Error> {
         let done = match outcome {
-            Outcome::Drained => {
+            // A shard left empty keeps no state row, however its drain ended: the table holds
+            // only shards with messages, leases or failures.
+            Outcome::Drained | Outcome::Yielded | Outcome::Released => {
                 let deleted = self
                     .keyed(DELETE_IF_EMPTY)
                     .execute(&mut *conn)
@@ -235,10 +229,13 @@ impl SqliteSession {
                 if deleted.rows_affected() > 0 {
                     return Ok(1);
                 }
-                self.keyed(RELEASE).execute(&mut *conn).await
+                let release = if *outcome == Outcome::Released {
+                    RELEASE_LEASE
+                } else {
+                    RELEASE
+                };
+                self.keyed(release).execute(&mut *conn).await
             }
-            Outcome::Yielded => self.keyed(RELEASE).execute(&mut *conn).await,
-            Outcome::Released => self.keyed(RELEASE_LEASE).execute(&mut *conn).await,
             Outcome::Failed(failure) => {
                 self.keyed(FAIL)
                     .bind(i64::from(failure.attempts))
@@ -294,7 +291,8 @@ impl ShardSession for SqliteSession {
         &mut self,
         groups: &[GroupKey],
         after: MessageId,
-    ) -> Result<Vec<StoredMessage>, Error> {
+        up_to: MessageId,
+    ) -> Result<Vec<GroupTail>, Error> {
         let groups: Vec<[i64; 2]> = groups
             .iter()
             .map(|group| [i64::from(group.category.0), group.object_identifier])
@@ -302,13 +300,28 @@ impl ShardSession for SqliteSession {
         let query = self
             .keyed_without_token(FETCH_NEWEST)
             .bind(serde_json::to_string(&groups).unwrap_or_default())
-            .bind(after.0);
+            .bind(after.0)
+            .bind(up_to.0);
         let mut conn = self.conn().await?;
         let rows = query
             .fetch_all(&mut *conn)
             .await
             .map_err(database("reading a shard"))?;
-        Ok(rows.iter().map(stored).collect())
+        rows.iter()
+            .map(|row| {
+                let ids: Vec<i64> =
+                    serde_json::from_str(row.get::<&str, _>(5)).map_err(|source| {
+                        Error::Database {
+                            operation: "reading a shard",
+                            source: Box::new(source),
+                        }
+                    })?;
+                Ok(GroupTail {
+                    newest: stored(row),
+                    ids: ids.into_iter().map(MessageId).collect(),
+                })
+            })
+            .collect()
     }
 
     async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
@@ -351,14 +364,14 @@ impl ShardSession for SqliteSession {
         Ok(())
     }
 
-    async fn ack(&mut self, ranges: &[AckRange]) -> Result<u64, Error> {
+    async fn ack(&mut self, ids: &[MessageId]) -> Result<u64, Error> {
         if let Some(mut tx) = self.tx.take() {
-            let result = self.ack_on(&mut tx, ranges).await;
+            let result = self.ack_on(&mut tx, ids).await;
             self.tx = Some(tx);
             return result;
         }
         let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
-        let deleted = self.ack_on(&mut tx, ranges).await?;
+        let deleted = self.ack_on(&mut tx, ids).await?;
         tx.commit()
             .await
             .map_err(database("acknowledging messages"))?;
@@ -367,15 +380,15 @@ impl ShardSession for SqliteSession {
 
     async fn ack_and_finish(
         self,
-        ranges: &[AckRange],
+        ids: &[MessageId],
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() {
-            return ack_then_finish(self, ranges, outcome).await;
+            return ack_then_finish(self, ids, outcome).await;
         }
         // One write transaction for both, instead of two.
         let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
-        let deleted = self.ack_on(&mut tx, ranges).await?;
+        let deleted = self.ack_on(&mut tx, ids).await?;
         let released = self.finish_on(&mut tx, &outcome).await?;
         tx.commit()
             .await

@@ -275,6 +275,21 @@ impl Store for SqliteStore {
         Ok(newest.map(MessageId))
     }
 
+    async fn pending_in_shard(&self, shard: &ShardKey, up_to: MessageId) -> Result<u64, Error> {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_messages \
+             WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND id <= ?4",
+        )
+        .bind(shard.scope.0)
+        .bind(shard.shard_identifier)
+        .bind(shard.destination_str())
+        .bind(up_to.0)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(database("counting a shard's pending messages"))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     async fn pending_messages(&self, limit: usize) -> Result<Vec<PendingMessage>, Error> {
         let rows = sqlx::query(
             "SELECT id, shard_scope, shard_identifier, destination, category, \

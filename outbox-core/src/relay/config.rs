@@ -40,6 +40,10 @@ pub struct RelayConfig {
     pub shutdown_deadline: Duration,
     /// Longest pause between reconnection attempts while the database is unreachable.
     pub max_reconnect_delay: Duration,
+    /// How long [`Relay::flush`](crate::Relay::flush) waits for a shard that another worker
+    /// holds (5 s by default) before it gives up with
+    /// [`FlushError::Incomplete`](crate::FlushError::Incomplete), naming the rows left.
+    pub flush_wait: Duration,
 }
 
 impl Default for RelayConfig {
@@ -63,6 +67,7 @@ impl Default for RelayConfig {
             discovery_page: 256,
             shutdown_deadline: Duration::from_secs(30),
             max_reconnect_delay: Duration::from_secs(30),
+            flush_wait: Duration::from_secs(5),
         }
     }
 }

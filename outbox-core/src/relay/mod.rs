@@ -36,6 +36,9 @@ pub struct DrainReport {
     pub failures: Vec<ShardFailure>,
     /// Shards whose lease lapsed and passed to another worker mid-drain.
     pub lost_leases: Vec<ShardKey>,
+    /// Shards released with messages still pending because their row or time budget ran out
+    /// (the relay's drains; a flush after commit has no budget): they stay due.
+    pub yielded: Vec<ShardKey>,
 }
 
 impl DrainReport {
@@ -44,12 +47,19 @@ impl DrainReport {
         self.failures.is_empty() && self.lost_leases.is_empty()
     }
 
+    /// Whether shards were left with messages pending: failed, lost to another worker, or
+    /// out of budget.
+    pub fn rows_remain(&self) -> bool {
+        !self.is_clean() || !self.yielded.is_empty()
+    }
+
     fn absorb(&mut self, run: ShardRun) {
         self.shards_claimed += u64::from(run.claimed);
         self.deliveries += run.deliveries;
         self.rows_acknowledged += run.rows_acknowledged;
         self.failures.extend(run.failure);
         self.lost_leases.extend(run.lease_lost);
+        self.yielded.extend(run.yielded);
     }
 }
 
@@ -282,24 +292,55 @@ impl<S: Store> Relay<S> {
     }
 
     /// Flush-after-commit (S2): drains exactly the shards a committed transaction wrote to,
-    /// each up to the newest row the transaction wrote there, once. The caller learns the
-    /// outcome: a handler that fails is a [`FlushError::Delivery`], its data committed, its
-    /// rows left for the relay, the shard's schedule not pushed back. A shard another worker
-    /// holds is left to it.
+    /// each up to the newest row the transaction wrote there, and returns `Ok` only once every
+    /// one of those rows is delivered. The caller learns the outcome: a handler that fails is
+    /// a [`FlushError::Delivery`], its data committed, its rows left for the relay, the
+    /// shard's schedule not pushed back. Budgets do not cut a flush short. A shard another
+    /// worker holds is waited for, up to [`RelayConfig::flush_wait`], then drained; past
+    /// that, the flush is a [`FlushError::Incomplete`] naming the rows left.
+    ///
+    /// `written` comes from the backend's `OutboxTransaction::commit`: the shards of a
+    /// transaction that has not committed cannot be had.
     pub async fn flush(&self, written: &WrittenShards) -> Result<DrainReport, FlushError> {
         if written.is_empty() {
             return Ok(DrainReport::default());
         }
         self.prepare().await.map_err(FlushError::Store)?;
-        let report = self
-            .drain_each(
-                written
-                    .iter()
-                    .map(|(shard, up_to)| (shard.clone(), DrainMode::flush(up_to))),
-            )
-            .await
-            .map_err(FlushError::Store)?;
-        FlushError::check(report)
+        let mut tasks = JoinSet::new();
+        let limit = Arc::new(Semaphore::new(
+            self.inner.config.max_concurrent_shards.max(1),
+        ));
+        for (shard, up_to) in written.iter() {
+            let inner = Arc::clone(&self.inner);
+            let limit = Arc::clone(&limit);
+            let shard = shard.clone();
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                inner.flush_shard(&shard, up_to).await
+            });
+        }
+        let mut report = DrainReport::default();
+        let mut remaining = Vec::new();
+        let mut first_error = None;
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok((runs, left))) => {
+                    runs.into_iter().for_each(|run| report.absorb(run));
+                    remaining.extend(left);
+                }
+                Ok(Err(error)) => {
+                    first_error.get_or_insert(error);
+                }
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(error) => panic!("flush task was cancelled unexpectedly: {error}"),
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(FlushError::Store(error));
+        }
+        // What the flush drained was its own: lease losses along the way were retried.
+        report.lost_leases.clear();
+        FlushError::check(report, remaining)
     }
 
     /// One pass over every due shard, up to the newest row present when the pass begins (rows
@@ -321,7 +362,7 @@ impl<S: Store> Relay<S> {
         self.pass(DrainMode::flush(newest), &mut report)
             .await
             .map_err(FlushError::Store)?;
-        FlushError::check(report)
+        FlushError::check(report, Vec::new())
     }
 
     /// Runs until `shutdown` completes: discovers due shards, drains them concurrently, and
@@ -481,6 +522,51 @@ impl<S: Store> Relay<S> {
 }
 
 impl<S: Store> Inner<S> {
+    /// Drains `shard` up to `up_to` for a flush: claims it, waiting (up to the configured
+    /// bound) while another worker holds it, until none of its rows up to the bound is pending
+    /// or a delivery fails. Returns the runs, and the shard if rows were left.
+    async fn flush_shard(
+        &self,
+        shard: &ShardKey,
+        up_to: crate::model::MessageId,
+    ) -> Result<(Vec<ShardRun>, Option<crate::flush::Undelivered>), Error> {
+        let (_keep_running, running) = watch::channel(false);
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        let mut runs = Vec::new();
+        loop {
+            let run = self
+                .process(shard, &running, DrainMode::flush(up_to))
+                .await?;
+            let settled = run.claimed && run.lease_lost.is_none();
+            let failed = run.failure.is_some();
+            runs.push(run);
+            if failed || settled {
+                // Drained to the bound, or failed: either way the caller hears of it.
+                return Ok((runs, None));
+            }
+            // Not claimed (held by another worker, or nothing left), or taken over mid-drain.
+            let messages = self.store.pending_in_shard(shard, up_to).await?;
+            if messages == 0 {
+                return Ok((runs, None));
+            }
+            let waited = started.elapsed();
+            if waited >= self.config.flush_wait {
+                return Ok((
+                    runs,
+                    Some(crate::flush::Undelivered {
+                        shard: shard.clone(),
+                        messages,
+                        waited,
+                    }),
+                ));
+            }
+            debug!(%shard, messages, "shard held by another worker; the flush waits");
+            tokio::time::sleep(pause.min(self.config.flush_wait.saturating_sub(waited))).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
     async fn process(
         &self,
         shard: &ShardKey,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::error::DeliveryError;
 use crate::model::{MessageId, ShardKey};
 use crate::registry::{CategoryInfo, Registry};
-use crate::store::{AckRange, GroupKey, StoredMessage};
+use crate::store::{GroupKey, GroupTail, StoredMessage};
 
 /// One delivery: a coalescing group (or a single message of a non-coalescing category).
 #[derive(Debug)]
@@ -14,24 +14,17 @@ pub(crate) struct Group {
     pub(crate) info: CategoryInfo,
     /// The newest row seen: its payload is delivered.
     pub(crate) newest: StoredMessage,
-    /// How many rows were seen for the group.
-    pub(crate) rows: u64,
+    /// Every row of the group the relay read: the rows the delivery of `newest` covers, and
+    /// the only ones it acknowledges. A row of the group that was not visible when it was read
+    /// (an older id whose transaction committed later) is not among them, and survives to be
+    /// delivered by a later pass (S13).
+    pub(crate) ids: Vec<MessageId>,
 }
 
 impl Group {
-    /// The rows the delivery acknowledges: for a coalescing group every row up to the one
-    /// delivered (older rows are superseded); otherwise exactly the one message.
-    pub(crate) fn ack_range(&self) -> AckRange {
-        let first = if self.info.coalesce {
-            MessageId(i64::MIN)
-        } else {
-            self.newest.id
-        };
-        AckRange {
-            group: self.key,
-            first,
-            last: self.newest.id,
-        }
+    /// How many rows the delivery covers.
+    pub(crate) fn rows(&self) -> u64 {
+        self.ids.len() as u64
     }
 }
 
@@ -86,20 +79,26 @@ impl Plan {
                 key,
                 info: info.clone(),
                 newest: row.clone(),
-                rows: 1,
+                ids: vec![row.id],
             });
         }
         plan
     }
 
     fn coalesce_into_existing(&mut self, key: GroupKey, row: &StoredMessage) -> bool {
+        self.coalesce_ids(key, row, std::slice::from_ref(&row.id))
+    }
+
+    /// Takes `ids` (with `newest` among them) into the coalescing group `key`, if the plan
+    /// has it.
+    fn coalesce_ids(&mut self, key: GroupKey, newest: &StoredMessage, ids: &[MessageId]) -> bool {
         match self.coalescing.get(&key) {
             Some(&index) => {
                 let group = &mut self.groups[index];
-                if row.id > group.newest.id {
-                    group.newest = row.clone();
+                if newest.id > group.newest.id {
+                    group.newest = newest.clone();
                 }
-                group.rows += 1;
+                group.ids.extend_from_slice(ids);
                 true
             }
             None => false,
@@ -115,13 +114,13 @@ impl Plan {
             .collect()
     }
 
-    /// Takes in a group's newest row found beyond the rows read so far.
-    pub(crate) fn extend(&mut self, newest: &StoredMessage) {
+    /// Takes in a group's rows found beyond the rows read so far.
+    pub(crate) fn extend(&mut self, tail: &GroupTail) {
         let key = GroupKey {
-            category: newest.category,
-            object_identifier: newest.object_identifier,
+            category: tail.newest.category,
+            object_identifier: tail.newest.object_identifier,
         };
-        self.coalesce_into_existing(key, newest);
+        self.coalesce_ids(key, &tail.newest, &tail.ids);
     }
 }
 
@@ -179,7 +178,7 @@ mod tests {
                     g.key.category.0,
                     g.key.object_identifier,
                     g.newest.id.0,
-                    g.rows,
+                    g.rows(),
                 )
             })
             .collect()
@@ -201,13 +200,13 @@ mod tests {
         );
         assert!(plan.blocked.is_none());
         assert_eq!(
-            plan.groups[0].ack_range().first,
-            MessageId(i64::MIN),
-            "coalesced rows below go"
+            plan.groups[0].ids,
+            [MessageId(1), MessageId(4)],
+            "a coalesced delivery acknowledges the rows it read, and only those"
         );
         assert_eq!(
-            plan.groups[1].ack_range().first,
-            MessageId(2),
+            plan.groups[1].ids,
+            [MessageId(2)],
             "an event acknowledges itself"
         );
         assert_eq!(plan.coalescing_keys().len(), 2);
@@ -253,8 +252,19 @@ mod tests {
             &ShardKey::local(ScopeId(1), 1),
             &registry(),
         );
-        plan.extend(&row(9, 1, 10));
-        plan.extend(&row(12, 1, 99));
-        assert_eq!(summary(&plan), [(1, 10, 9, 2)]);
+        plan.extend(&GroupTail {
+            newest: row(9, 1, 10),
+            ids: vec![MessageId(5), MessageId(9)],
+        });
+        plan.extend(&GroupTail {
+            newest: row(12, 1, 99),
+            ids: vec![MessageId(12)],
+        });
+        assert_eq!(summary(&plan), [(1, 10, 9, 3)]);
+        assert_eq!(
+            plan.groups[0].ids,
+            [MessageId(1), MessageId(5), MessageId(9)],
+            "the rows between the head and the newest are covered; none unseen"
+        );
     }
 }

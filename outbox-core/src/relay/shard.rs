@@ -38,6 +38,8 @@ pub(crate) struct ShardRun {
     pub(crate) rows_acknowledged: u64,
     pub(crate) failure: Option<ShardFailure>,
     pub(crate) lease_lost: Option<ShardKey>,
+    /// The shard, if its budget ran out with rows left (released, still due).
+    pub(crate) yielded: Option<ShardKey>,
 }
 
 /// How a claimed shard is drained.
@@ -48,20 +50,27 @@ pub(crate) struct DrainMode {
     /// Whether a failure backs the shard off (the relay), or leaves its schedule as it was
     /// (a flush after commit: the caller hears of the failure, the relay retries).
     pub(crate) back_off: bool,
+    /// Whether the shard yields when its row or time budget is spent (the relay, so that one
+    /// hot shard cannot starve the others), or drains to its bound (a flush after commit,
+    /// whose caller waits for exactly these rows: S2).
+    pub(crate) budgeted: bool,
 }
 
 impl DrainMode {
-    /// The relay's: everything, failures back off.
+    /// The relay's: everything, failures back off, budgets apply.
     pub(crate) const RELAY: Self = Self {
         up_to: None,
         back_off: true,
+        budgeted: true,
     };
 
-    /// A flush's: rows up to `up_to`, failures reported without backing off.
+    /// A flush after commit: rows up to `up_to`, all of them, failures reported without
+    /// backing off.
     pub(crate) fn flush(up_to: MessageId) -> Self {
         Self {
             up_to: Some(up_to),
             back_off: false,
+            budgeted: false,
         }
     }
 }
@@ -86,11 +95,13 @@ pub(crate) async fn drain<S: ShardSession>(
     let mut rows_delivered = 0u64;
     let mut watermark = MessageId(0);
     let budget_spent = |rows_delivered: u64| {
-        rows_delivered >= config.shard_row_budget as u64
-            || started.elapsed() >= config.shard_time_budget
-            || *shutdown.borrow()
+        *shutdown.borrow()
+            || (mode.budgeted
+                && (rows_delivered >= config.shard_row_budget as u64
+                    || started.elapsed() >= config.shard_time_budget))
     };
-    let within_bound = |id: MessageId| mode.up_to.is_none_or(|up_to| id <= up_to);
+    let up_to = mode.up_to.unwrap_or(MessageId(i64::MAX));
+    let within_bound = |id: MessageId| id <= up_to;
     loop {
         let mut head = session.fetch(config.batch_size).await?;
         let full = head.len() >= config.batch_size;
@@ -112,11 +123,9 @@ pub(crate) async fn drain<S: ShardSession>(
         if full && head.len() >= config.batch_size {
             let keys = plan.coalescing_keys();
             if !keys.is_empty() {
-                for newest in session.fetch_newest(&keys, last.id).await? {
-                    if within_bound(newest.id) {
-                        watermark = watermark.max(newest.id);
-                        plan.extend(&newest);
-                    }
+                for tail in session.fetch_newest(&keys, last.id, up_to).await? {
+                    watermark = watermark.max(tail.newest.id);
+                    plan.extend(&tail);
                 }
             }
         }
@@ -137,8 +146,8 @@ pub(crate) async fn drain<S: ShardSession>(
             match result {
                 Ok(()) => {
                     attempt = 1;
-                    acks.push(group.ack_range());
-                    rows_delivered += group.rows;
+                    acks.extend_from_slice(&group.ids);
+                    rows_delivered += group.rows();
                     run.deliveries += 1;
                 }
                 Err(error) => {
@@ -225,6 +234,7 @@ pub(crate) async fn drain<S: ShardSession>(
         if out_of_budget || budget_spent(rows_delivered) {
             debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
             finish(session, Outcome::Yielded, &mut run).await?;
+            run.yielded = Some(lease.shard);
             return Ok(run);
         }
     }

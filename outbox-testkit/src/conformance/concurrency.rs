@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::store::{AckRange, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession};
-use outbox_core::{BoxError, Delivery, Handler, HandlerContext, MessageId, Relay, ShardKey, Store};
+use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
+use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
 use super::{config, eventually, pending, pending_ids, write};
@@ -249,16 +249,11 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
 
     let rows = fresh.fetch(10).await.expect("fetch");
     assert_eq!(rows.iter().map(|row| row.id).collect::<Vec<_>>(), ids);
-    let range = AckRange {
-        group: GroupKey {
-            category: rows[0].category,
-            object_identifier: rows[0].object_identifier,
-        },
-        first: MessageId(i64::MIN),
-        last: rows[0].id,
-    };
     assert_eq!(
-        fresh.ack(&[range]).await.expect("the owner acknowledges"),
+        fresh
+            .ack(&[rows[0].id])
+            .await
+            .expect("the owner acknowledges"),
         1
     );
     fresh.finish(Outcome::Drained).await.expect("finish");
