@@ -3,7 +3,9 @@
 
 use std::ops::{Deref, DerefMut};
 
-use outbox_core::{Error, IntoModelBatch, Message, MessageId, ReplicatedModel, WrittenShards};
+use outbox_core::{
+    Error, IntoModelBatch, Message, MessageId, ReplicatedModel, ShardKey, WrittenShards,
+};
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::error::database;
@@ -183,9 +185,11 @@ impl<'c> OutboxTransaction<'c> {
         self.models(Write::Delete, models).await
     }
 
-    /// What this scope has written so far, to be flushed.
-    pub fn written(&self) -> &WrittenShards {
-        &self.written
+    /// The shards this scope has written to so far, for inspection. What to flush comes only
+    /// from [`commit`](Self::commit): the shards of a transaction that has not committed
+    /// cannot be flushed.
+    pub fn shards_written(&self) -> impl Iterator<Item = &ShardKey> {
+        self.written.iter().map(|(shard, _)| shard)
     }
 
     /// Commits. The outermost transaction returns what its flushing scopes wrote, for

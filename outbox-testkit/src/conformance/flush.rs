@@ -2,10 +2,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use outbox_core::{BoxError, Delivery, FlushError, Relay, WrittenShards, error_chain};
+use outbox_core::store::{ClaimOptions, HandlerMode};
+use outbox_core::{
+    BoxError, Delivery, FlushError, Message, Relay, Store, WrittenShards, error_chain,
+};
 
-use super::{config, pending, pending_ids, state_of, write};
+use super::{Gate, config, pending, pending_ids, state_of, write};
 use crate::backend::{Scoped, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
@@ -259,4 +263,189 @@ pub async fn flush_due_leaves_cascades_for_the_next_pass<B: TestBackend>() {
     assert_eq!(deliveries, [1, 1, 1], "one cascade step per pass");
     assert_eq!(seen(&recorder), [(1, 10, 1), (1, 11, 2), (1, 12, 3)]);
     assert!(pending(&*backend).await.is_empty());
+}
+
+/// S2: a flush whose shard another flush holds (its handler slow) waits for it, then delivers
+/// its own rows: `Ok` means delivered, never "someone else has the shard".
+pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let (gate, mut inside) = Gate::new();
+    let handler = {
+        let (recorder, gate) = (recorder.clone(), gate.clone());
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("s02-held"),
+    );
+    let first = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 10, 1)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("the first transaction");
+    let first_flush = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.flush(&first).await }
+    });
+    inside
+        .recv()
+        .await
+        .expect("the first flush is in its handler");
+
+    let second = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 11, 2)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("the second transaction, same shard");
+    let second_flush = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.flush(&second).await }
+    });
+    gate.open();
+    let report = second_flush
+        .await
+        .expect("second flush task")
+        .expect("the second flush waits for the shard, then delivers");
+    assert!(
+        seen(&recorder).contains(&(1, 11, 2)),
+        "when the second flush returns Ok, its row is delivered: {:?} ({report:?})",
+        seen(&recorder)
+    );
+    first_flush
+        .await
+        .expect("first flush task")
+        .expect("first flush");
+    assert_eq!(seen(&recorder), [(1, 10, 1), (1, 11, 2)]);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S2: a shard held past [`RelayConfig::flush_wait`](outbox_core::RelayConfig) is a typed
+/// error naming the shard and how many of the transaction's rows remain; they stay pending.
+pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let mut config = config("s02-give-up");
+    config.flush_wait = Duration::from_millis(300);
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config);
+    let holder = backend
+        .store()
+        .claim(
+            &org_shard(1),
+            &ClaimOptions {
+                worker: "stuck".to_owned(),
+                lease: Duration::from_secs(60),
+                mode: HandlerMode::Leased,
+            },
+        )
+        .await
+        .expect("claim")
+        .expect("another worker holds shard 1");
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+
+    let error = relay
+        .flush(&written)
+        .await
+        .expect_err("the shard stays held");
+    let FlushError::Incomplete { remaining, report } = &error else {
+        panic!("expected an incomplete flush, got {error:?}");
+    };
+    assert_eq!(remaining.len(), 1);
+    assert_eq!(remaining[0].shard, org_shard(1));
+    assert_eq!(remaining[0].messages, 2);
+    assert!(remaining[0].waited >= Duration::from_millis(300));
+    assert_eq!(report.deliveries, 0);
+    assert!(
+        error
+            .to_string()
+            .contains("2 message(s) in scope 1 shard 1"),
+        "{error}"
+    );
+    assert_eq!(pending(&backend).await.len(), 2, "nothing is lost");
+    assert!(recorder.seen().is_empty());
+    drop(holder);
+}
+
+/// S2 and budgets: a flush delivers every row its transaction wrote however many there are
+/// (the relay's row budget does not cut it short); the relay's own drain yields at the
+/// budget and says so in its report; and a shard emptied exactly as its budget ran out keeps
+/// no state row.
+pub async fn s02_budgets_do_not_cut_a_flush_short<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let mut config = config("s02-budget");
+    config.shard_row_budget = 10;
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config);
+    let many: Vec<Message> = (0..25)
+        .map(|seq| note::<AuditEvent>(1, seq, seq as u64))
+        .collect();
+    let written = backend
+        .write_scoped(
+            Scoped {
+                top: &many,
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit");
+    let report = relay.flush(&written).await.expect("flush");
+    assert_eq!(report.deliveries, 25, "every row, past the budget of 10");
+    assert!(!report.rows_remain(), "{report:?}");
+    assert!(pending(&backend).await.is_empty());
+
+    // The relay's drain of one shard yields at its budget, and says so.
+    let rows: Vec<Message> = (0..20)
+        .map(|seq| note::<AuditEvent>(2, seq, seq as u64))
+        .collect();
+    write(&backend, &rows).await;
+    let report = relay.drain_shards(&[org_shard(2)]).await.expect("drain");
+    assert_eq!(report.deliveries, 10);
+    assert_eq!(report.yielded, [org_shard(2)]);
+    assert!(report.rows_remain());
+    assert_eq!(pending(&backend).await.len(), 10);
+    // The next drain empties the shard exactly as it spends its budget.
+    let report = relay.drain_shards(&[org_shard(2)]).await.expect("drain");
+    assert_eq!(report.deliveries, 10);
+    assert!(pending(&backend).await.is_empty());
+    assert_eq!(
+        state_of(&backend.store(), &org_shard(2)).await,
+        None,
+        "an emptied shard keeps no state row"
+    );
+    assert!(
+        backend
+            .store()
+            .shard_states()
+            .await
+            .expect("states")
+            .is_empty()
+    );
 }

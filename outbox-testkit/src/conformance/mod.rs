@@ -18,6 +18,7 @@ mod relay;
 mod write;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -52,6 +53,9 @@ macro_rules! conformance_tests {
             s02_flush_drains_exactly_the_shards_written,
             s02_flush_is_bounded_to_the_rows_at_commit,
             s02_failed_flush_is_typed_and_leaves_the_schedule,
+            s02_flush_waits_for_a_shard_another_flush_holds,
+            s02_flush_gives_up_on_a_held_shard_with_a_typed_error,
+            s02_budgets_do_not_cut_a_flush_short,
             s03_deferred_scopes_and_rollbacks_flush_nothing,
             flush_due_leaves_cascades_for_the_next_pass,
             s04_scope_mismatch_is_rejected_before_the_database,
@@ -157,6 +161,37 @@ pub(crate) fn assert_in(at: Option<SystemTime>, expected: Duration, what: &str) 
         at.duration_since(now)
             .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64()),
     );
+}
+
+/// Holds handlers inside their delivery: each announces that it entered, then waits until the
+/// gate opens. How a test steps a relay to an exact point, without sleeping.
+#[derive(Debug, Clone)]
+pub(crate) struct Gate {
+    entered: tokio::sync::mpsc::UnboundedSender<()>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gate {
+    /// A closed gate, and the receiver of its entries.
+    pub(crate) fn new() -> (Self, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let (entered, inside) = tokio::sync::mpsc::unbounded_channel();
+        let gate = Self {
+            entered,
+            open: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        (gate, inside)
+    }
+
+    /// Announces the entry, then waits for the gate to open.
+    pub(crate) async fn pass(&self) {
+        let _ = self.entered.send(());
+        let _open = self.open.acquire().await.expect("the gate is never closed");
+    }
+
+    /// Opens the gate for every waiting and later handler.
+    pub(crate) fn open(&self) {
+        self.open.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
+    }
 }
 
 /// Waits until `check` holds, failing the test after 15 s.
