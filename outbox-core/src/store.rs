@@ -34,8 +34,13 @@ pub struct Lease {
     pub shard: ShardKey,
     /// The fencing token: unique and increasing across all claims of all shards.
     pub token: i64,
-    /// Failed attempts at the shard's head so far (0 when the shard is healthy).
+    /// Attempts at the shard's head so far that did not get through (0 when the shard is
+    /// healthy): failed deliveries, and claims that lapsed without a release (a worker that
+    /// died or lost the database mid-drain may have delivered the head: its redelivery is
+    /// not a first attempt).
     pub attempts: u32,
+    /// The worker whose lease lapsed, if this claim took the shard over from it.
+    pub previous_owner: Option<String>,
 }
 
 /// How a claimed shard's handlers run.
@@ -252,6 +257,21 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
     fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
+
+    /// Extends `lease` by `duration` from now if it is still the holder's: what keeps a shard
+    /// with a handler running longer than the lease (a heartbeat, from beside the handler).
+    /// Returns whether the lease was still held. Never called in in-transaction mode.
+    fn extend_lease(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Gives up `lease`, if it is still the holder's, on a shard whose drain the database
+    /// interrupted: the shard is due at once (rather than when the lease lapses), and its
+    /// head counts one more attempt (it may have been delivered). What a relay does once the
+    /// database answers again. Returns whether the lease was still held.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Makes shards parked on one of `known` categories due now; returns how many.
     fn unpark(&self, known: &[CategoryId]) -> impl Future<Output = Result<u64, Error>> + Send;

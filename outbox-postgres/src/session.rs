@@ -67,11 +67,13 @@ pub(crate) const FETCH_NEWEST: &str = "\
     JOIN outbox_messages m ON m.id = t.newest";
 
 // The lease update proves (and extends) the lease: if another worker holds the row, it waits
-// for it and then finds the token changed, and nothing is deleted. Exactly the rows the relay
+// for it and then finds the token changed, and nothing is deleted. The head it moved past takes
+// its attempts with it. Exactly the rows the relay
 // read and delivered go, by id: a range of ids could hold a row that committed after the read.
 pub(crate) const ACK: &str = "\
     WITH lease AS ( \
-        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+            attempts = 0 \
         WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         RETURNING 1), \
      acked AS ( \

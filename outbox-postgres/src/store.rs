@@ -71,12 +71,16 @@ pub(crate) const DISCOVER: &str = "\
     ORDER BY k.n";
 
 // Takes the lease on an existing state row if the shard is due and nobody holds it; a row
-// another transaction has locked is skipped, never waited for.
+// another transaction has locked is skipped, never waited for. A lease that lapsed without a
+// release (its holder died mid-drain, having perhaps delivered the head) counts as an attempt
+// at the head.
 macro_rules! take_lease {
     () => {
         "UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
-            lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
-         FROM (SELECT shard_scope, shard_identifier, destination FROM outbox_shards \
+            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+            attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
+         FROM (SELECT shard_scope, shard_identifier, destination, lease_owner AS previous_owner \
+               FROM outbox_shards \
                WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
                  AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
                  AND (retry_at IS NULL OR retry_at <= now() OR EXISTS ( \
@@ -86,7 +90,7 @@ macro_rules! take_lease {
                FOR UPDATE SKIP LOCKED) due \
          WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
             AND s.destination = due.destination \
-         RETURNING s.lease_token, s.attempts"
+         RETURNING s.lease_token, s.attempts, due.previous_owner"
     };
 }
 
@@ -99,10 +103,10 @@ pub(crate) const CLAIM: &str = concat!(
         VALUES ($1, $2, $3, $4, nextval('outbox_lease_tokens'), \
             now() + $5::bigint * interval '1 millisecond') \
         ON CONFLICT DO NOTHING \
-        RETURNING lease_token, attempts), \
+        RETURNING lease_token, attempts, NULL::text AS previous_owner), \
      taken AS (",
     take_lease!(),
-    ") SELECT lease_token, attempts FROM fresh UNION ALL SELECT lease_token, attempts FROM taken"
+    ") SELECT * FROM fresh UNION ALL SELECT * FROM taken"
 );
 
 // In-transaction mode: the state row is created (committed) first, so the long claiming
@@ -112,6 +116,11 @@ const ENSURE_STATE: &str = "\
     ON CONFLICT DO NOTHING";
 
 const TAKE_LEASE: &str = take_lease!();
+
+// A lease given up after an interrupted drain: due at once, one attempt more at the head.
+const RELEASE_INTERRUPTED: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = attempts + 1 \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 impl Store for PgStore {
     type Session = PgSession;
@@ -182,7 +191,7 @@ impl Store for PgStore {
         let lease_ms = duration_ms(options.lease);
         let (claimed, tx) = match options.mode {
             HandlerMode::Leased => {
-                let claimed: Option<(i64, i32)> = sqlx::query_as(CLAIM)
+                let claimed: Option<(i64, i32, Option<String>)> = sqlx::query_as(CLAIM)
                     .bind(shard.scope.0)
                     .bind(shard.shard_identifier)
                     .bind(shard.destination_str())
@@ -206,7 +215,7 @@ impl Store for PgStore {
                     .begin()
                     .await
                     .map_err(database("claiming a shard"))?;
-                let claimed: Option<(i64, i32)> = sqlx::query_as(TAKE_LEASE)
+                let claimed: Option<(i64, i32, Option<String>)> = sqlx::query_as(TAKE_LEASE)
                     .bind(shard.scope.0)
                     .bind(shard.shard_identifier)
                     .bind(shard.destination_str())
@@ -218,13 +227,14 @@ impl Store for PgStore {
                 (claimed, Some(tx))
             }
         };
-        let Some((token, attempts)) = claimed else {
+        let Some((token, attempts, previous_owner)) = claimed else {
             return Ok(None);
         };
         let lease = Lease {
             shard: shard.clone(),
             token,
             attempts: u32::try_from(attempts).unwrap_or(0),
+            previous_owner,
         };
         Ok(Some(PgSession::new(
             self.pool.clone(),
@@ -243,6 +253,36 @@ impl Store for PgStore {
             .await
             .map_err(database("listening for commits"))?;
         Ok(Some(PgWakeups { listener }))
+    }
+
+    async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
+        let extended = sqlx::query(
+            "UPDATE outbox_shards \
+             SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+             WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                AND lease_token = $4",
+        )
+        .bind(lease.shard.scope.0)
+        .bind(lease.shard.shard_identifier)
+        .bind(lease.shard.destination_str())
+        .bind(lease.token)
+        .bind(duration_ms(duration))
+        .execute(&self.pool)
+        .await
+        .map_err(database("extending a lease"))?;
+        Ok(extended.rows_affected() > 0)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        let released = sqlx::query(RELEASE_INTERRUPTED)
+            .bind(lease.shard.scope.0)
+            .bind(lease.shard.shard_identifier)
+            .bind(lease.shard.destination_str())
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .map_err(database("releasing a lease"))?;
+        Ok(released.rows_affected() > 0)
     }
 
     async fn unpark(&self, known: &[CategoryId]) -> Result<u64, Error> {

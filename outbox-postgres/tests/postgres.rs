@@ -5,8 +5,8 @@ use std::time::Duration;
 use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
-use outbox_testkit::postgres::PgTestDatabase;
-use sqlx::PgPool;
+use outbox_testkit::postgres::{PgTestDatabase, server_url};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -188,4 +188,100 @@ async fn connecting_reports_bad_urls_and_absent_servers() {
         !error.to_string().contains("secret"),
         "the password is not shown: {error}"
     );
+}
+
+/// A shard whose drain the database interrupted is released as soon as the database answers
+/// again, not a lease later; its redelivery says it is a second attempt. The interruption is
+/// stepped: the acknowledgement is made to wait on a lock, its session is terminated while it
+/// waits, and the lock goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    let (entered, inside) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = {
+        let (recorder, gate) = (recorder.clone(), std::sync::Arc::clone(&gate));
+        let entered = std::sync::Mutex::new(entered);
+        move |delivery: outbox_core::Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let _ = entered.lock().expect("entered").send(());
+            let gate = std::sync::Arc::clone(&gate);
+            async move {
+                gate.acquire().await.expect("the gate").forget();
+                Ok::<(), outbox_core::BoxError>(())
+            }
+        }
+    };
+    let mut config = config("interrupted", false, Duration::from_millis(50));
+    config.lease = Duration::from_secs(600);
+    let relay = Relay::with_config(
+        PgStore::new(database.connect().await),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config,
+    );
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    let running = Running::start(&relay);
+    tokio::task::spawn_blocking(move || inside.recv())
+        .await
+        .expect("wait")
+        .expect("the handler runs");
+
+    // The acknowledgement will wait on the shard's state row, locked here.
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("admin connection");
+    let mut locker = PgConnection::connect_with(&database.connect_options())
+        .await
+        .expect("a connection of the application's");
+    sqlx::query("BEGIN").execute(&mut locker).await.expect("begin");
+    sqlx::query("LOCK TABLE outbox_shards IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .expect("lock");
+    gate.add_permits(1);
+    let waiting = format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
+         AND query LIKE 'WITH held AS%'",
+        database.name()
+    );
+    let acknowledging: i32 = loop {
+        if let Some(pid) = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_optional(&mut admin)
+            .await
+            .expect("pg_stat_activity")
+        {
+            break pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(acknowledging)
+        .execute(&mut admin)
+        .await
+        .expect("terminate the acknowledging session");
+    sqlx::query("COMMIT")
+        .execute(&mut locker)
+        .await
+        .expect("unlock");
+
+    // Released at once (the lease had ten minutes to run) and redelivered as a second attempt.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while recorder.seen().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the interrupted shard was not redelivered: {:?}",
+            recorder.seen()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gate.add_permits(10);
+    let seen = recorder.seen();
+    assert_eq!(
+        seen.iter().map(|seen| (seen.seq, seen.attempt)).collect::<Vec<_>>(),
+        [(1, 1), (1, 2)]
+    );
+    assert!(seen[1].token > seen[0].token);
+    let report = running.stop().await;
+    assert!(report.database_errors >= 1, "{report:?}");
 }

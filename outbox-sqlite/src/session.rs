@@ -93,6 +93,12 @@ pub(crate) const EXTEND_LEASE: &str = "\
     UPDATE outbox_shards SET lease_expires_at = ?5 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
+// An acknowledgement proves and extends the lease, and the head it moved past takes its
+// attempts with it.
+const ACK_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_expires_at = ?5, attempts = 0 \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
 // Exactly the rows the relay read and delivered go, by id (one seek each).
 pub(crate) const ACK: &str = "\
     DELETE FROM outbox_messages \
@@ -191,7 +197,7 @@ impl SqliteSession {
     /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.
     async fn ack_on(&self, conn: &mut SqliteConnection, ids: &[MessageId]) -> Result<u64, Error> {
         let extended = self
-            .keyed(EXTEND_LEASE)
+            .keyed(ACK_LEASE)
             .bind(now_ms().saturating_add(duration_ms(self.lease_duration)))
             .execute(&mut *conn)
             .await

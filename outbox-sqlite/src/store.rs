@@ -102,7 +102,9 @@ pub(crate) const DISCOVER: &str = "\
 const NEXT_TOKEN: &str =
     "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
 
-// Takes the lease if the shard is due and unleased, creating its state row if it has none.
+// Takes the lease if the shard is due and unleased, creating its state row if it has none. A
+// lease that lapsed without a release (its holder died mid-drain, having perhaps delivered the
+// head) counts as an attempt at the head.
 pub(crate) const CLAIM: &str = "\
     INSERT INTO outbox_shards \
         (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
@@ -110,13 +112,25 @@ pub(crate) const CLAIM: &str = "\
     ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
         lease_owner = excluded.lease_owner, \
         lease_token = excluded.lease_token, \
-        lease_expires_at = excluded.lease_expires_at \
+        lease_expires_at = excluded.lease_expires_at, \
+        attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
     WHERE (outbox_shards.lease_expires_at IS NULL OR outbox_shards.lease_expires_at <= ?7) \
         AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ?7 OR EXISTS ( \
             SELECT 1 FROM outbox_messages m \
             WHERE m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
                 AND m.id > outbox_shards.watermark)) \
     RETURNING attempts";
+
+// The holder of a lease that lapsed without a release, if the shard has one.
+const LAPSED_OWNER: &str = "\
+    SELECT lease_owner FROM outbox_shards \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+        AND lease_owner IS NOT NULL AND lease_expires_at <= ?4";
+
+// A lease given up after an interrupted drain: due at once, one attempt more at the head.
+const RELEASE_INTERRUPTED: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = attempts + 1 \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
 impl Store for SqliteStore {
     type Session = SqliteSession;
@@ -196,6 +210,14 @@ impl Store for SqliteStore {
             .await
             .map_err(database("claiming a shard"))?;
         let now = now_ms();
+        let previous_owner: Option<String> = sqlx::query_scalar(LAPSED_OWNER)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str())
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database("claiming a shard"))?;
         let attempts: Option<i64> = sqlx::query_scalar(CLAIM)
             .bind(shard.scope.0)
             .bind(shard.shard_identifier)
@@ -215,6 +237,7 @@ impl Store for SqliteStore {
             shard: shard.clone(),
             token,
             attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            previous_owner,
         };
         // In transaction mode the session keeps the turn as long as it keeps the transaction.
         let claimed = match options.mode {
@@ -235,6 +258,33 @@ impl Store for SqliteStore {
 
     async fn wakeups(&self) -> Result<Option<NoWakeups>, Error> {
         Ok(None)
+    }
+
+    async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
+        let _turn = self.writes.lock().await;
+        let extended = sqlx::query(crate::session::EXTEND_LEASE)
+            .bind(lease.shard.scope.0)
+            .bind(lease.shard.shard_identifier)
+            .bind(lease.shard.destination_str())
+            .bind(lease.token)
+            .bind(now_ms().saturating_add(duration_ms(duration)))
+            .execute(&self.pool)
+            .await
+            .map_err(database("extending a lease"))?;
+        Ok(extended.rows_affected() > 0)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        let _turn = self.writes.lock().await;
+        let released = sqlx::query(RELEASE_INTERRUPTED)
+            .bind(lease.shard.scope.0)
+            .bind(lease.shard.shard_identifier)
+            .bind(lease.shard.destination_str())
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .map_err(database("releasing a lease"))?;
+        Ok(released.rows_affected() > 0)
     }
 
     async fn unpark(&self, known: &[CategoryId]) -> Result<u64, Error> {

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::flush::{FlushError, WrittenShards};
 use crate::model::ShardKey;
 use crate::registry::Registry;
-use crate::store::{ClaimOptions, Store, Wakeup, WakeupStream};
+use crate::store::{ClaimOptions, Lease, ShardSession, Store, Wakeup, WakeupStream};
 
 /// What a [`Relay::drain`] did.
 #[derive(Debug, Default)]
@@ -125,6 +125,8 @@ struct Inner<S> {
     claim: ClaimOptions,
     wake: Notify,
     prepared: OnceCell<()>,
+    /// Leases of shards whose drain the database interrupted: released once it answers again.
+    interrupted: std::sync::Mutex<Vec<Lease>>,
 }
 
 type Task = (ShardKey, Result<ShardRun, Error>);
@@ -150,6 +152,7 @@ impl<S: Store> Relay<S> {
                 claim,
                 wake: Notify::new(),
                 prepared: OnceCell::new(),
+                interrupted: std::sync::Mutex::default(),
             }),
         }
     }
@@ -231,7 +234,12 @@ impl<S: Store> Relay<S> {
                 .discover(cursor.as_ref(), self.inner.config.discovery_page)
                 .await
             {
-                Ok(page) => page,
+                Ok(page) => {
+                    if cursor.is_none() {
+                        self.inner.release_interrupted().await;
+                    }
+                    page
+                }
                 Err(error) => {
                     first_error = Some(error);
                     break;
@@ -406,11 +414,12 @@ impl<S: Store> Relay<S> {
         let mut listen_retry_at = tokio::time::Instant::now();
         let mut cursor: Option<ShardKey> = None;
         let mut found_this_sweep = false;
+        let mut outage = Outage::default();
         info!(worker = %config.worker_id, "relay running");
 
         'run: loop {
             while let Some(done) = tasks.try_join_next() {
-                finish_task(done, &mut in_flight, &mut report);
+                finish_task(done, &mut in_flight, &mut report, &mut outage);
             }
             if listen && wakeups.is_none() && tokio::time::Instant::now() >= listen_retry_at {
                 match inner.store.wakeups().await {
@@ -430,12 +439,18 @@ impl<S: Store> Relay<S> {
             {
                 Ok(page) => {
                     reconnect.reset();
+                    outage.end();
+                    inner.release_interrupted().await;
                     page
                 }
                 Err(error) => {
                     report.database_errors += 1;
                     let delay = reconnect.next_delay();
-                    warn!(error = %crate::error::error_chain(&error), ?delay, "discovery failed; retrying");
+                    if error.is_unavailable() {
+                        outage.retry(&error);
+                    } else {
+                        warn!(error = %crate::error::error_chain(&error), ?delay, "discovery failed; retrying");
+                    }
                     tokio::select! {
                         () = &mut shutdown => break 'run,
                         () = tokio::time::sleep(delay) => continue 'run,
@@ -474,7 +489,7 @@ impl<S: Store> Relay<S> {
                 () = inner.wake.notified() => None,
                 () = tokio::time::sleep_until(idle_until) => None,
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    finish_task(done, &mut in_flight, &mut report);
+                    finish_task(done, &mut in_flight, &mut report, &mut outage);
                     None
                 }
                 wakeup = next_wakeup(wakeups.as_mut()) => Some(wakeup),
@@ -514,7 +529,7 @@ impl<S: Store> Relay<S> {
                     while tasks.join_next().await.is_some() {}
                     break;
                 }
-                Some(done) = tasks.join_next() => finish_task(done, &mut in_flight, &mut report),
+                Some(done) = tasks.join_next() => finish_task(done, &mut in_flight, &mut report, &mut outage),
             }
         }
         Ok(report)
@@ -583,10 +598,69 @@ impl<S: Store> Inner<S> {
             let Some(session) = self.store.claim(shard, &self.claim).await? else {
                 return Ok(ShardRun::default());
             };
-            shard::drain(session, &self.registry, &self.config, running, mode).await
+            let lease = session.lease().clone();
+            let drained = shard::drain(
+                session,
+                &self.store,
+                &self.registry,
+                &self.config,
+                running,
+                mode,
+            )
+            .await;
+            if drained.is_err() {
+                // The drain stopped holding the lease: release it as soon as the database
+                // answers again, rather than leave the shard to wait for the lease to lapse.
+                self.interrupted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(lease);
+            }
+            drained
         }
         .instrument(span)
         .await
+    }
+
+    /// Releases the leases of shards whose drain the database interrupted (see
+    /// [`Store::release`]); those it cannot release yet are kept for the next call.
+    async fn release_interrupted(&self) {
+        let leases = std::mem::take(
+            &mut *self
+                .interrupted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if leases.is_empty() {
+            return;
+        }
+        let mut released = 0usize;
+        let mut left = Vec::new();
+        for lease in leases {
+            if !left.is_empty() {
+                left.push(lease);
+                continue;
+            }
+            match self.store.release(&lease).await {
+                Ok(held) => released += usize::from(held),
+                Err(error) => {
+                    debug!(error = %crate::error::error_chain(&error), "cannot release interrupted shards yet");
+                    left.push(lease);
+                }
+            }
+        }
+        if released > 0 {
+            info!(
+                released,
+                "released the shards whose drain the database interrupted"
+            );
+        }
+        if !left.is_empty() {
+            self.interrupted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(left);
+        }
     }
 }
 
@@ -631,6 +705,7 @@ fn finish_task(
     done: Result<Task, JoinError>,
     in_flight: &mut HashSet<ShardKey>,
     report: &mut RunReport,
+    outage: &mut Outage,
 ) {
     let (shard, result) = unwrap_task(done);
     in_flight.remove(&shard);
@@ -638,7 +713,58 @@ fn finish_task(
         Ok(run) => report.absorb(&run),
         Err(error) => {
             report.database_errors += 1;
-            warn!(%shard, error = %crate::error::error_chain(&error), "draining the shard failed; its lease will expire");
+            if error.is_unavailable() {
+                outage.interrupted(&shard, &error);
+            } else {
+                warn!(%shard, error = %crate::error::error_chain(&error), "draining the shard failed; it is released once the database answers");
+            }
+        }
+    }
+}
+
+/// The relay's view of the database's availability, so that an outage is logged once when it
+/// begins and once when it ends, however many shards and retries it touches.
+#[derive(Debug, Default)]
+struct Outage {
+    since: Option<tokio::time::Instant>,
+    shards: u64,
+    retries: u64,
+}
+
+impl Outage {
+    fn begin(&mut self, error: &Error, what: &str) {
+        if self.since.is_none() {
+            self.since = Some(tokio::time::Instant::now());
+            warn!(error = %crate::error::error_chain(error), "database unavailable ({what}); retrying with backoff");
+        } else {
+            debug!(error = %crate::error::error_chain(error), "database still unavailable ({what})");
+        }
+    }
+
+    /// A shard's drain stopped on the outage.
+    fn interrupted(&mut self, shard: &ShardKey, error: &Error) {
+        self.shards += 1;
+        debug!(%shard, "a shard's drain was interrupted by the database");
+        self.begin(error, "a shard's drain was interrupted");
+    }
+
+    /// A discovery failed on the outage.
+    fn retry(&mut self, error: &Error) {
+        self.retries += 1;
+        self.begin(error, "looking for due shards");
+    }
+
+    /// The database answered.
+    fn end(&mut self) {
+        if let Some(since) = self.since.take() {
+            info!(
+                after = ?since.elapsed(),
+                interrupted_shards = self.shards,
+                retries = self.retries,
+                "database reachable again"
+            );
+            self.shards = 0;
+            self.retries = 0;
         }
     }
 }

@@ -1,12 +1,13 @@
 //! Draining one claimed shard.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::config::RelayConfig;
 use super::plan::{Group, Plan};
@@ -14,7 +15,7 @@ use crate::error::{DeliveryError, Error, error_chain};
 use crate::handler::{HandlerContext, RawDelivery};
 use crate::model::{MessageId, ShardKey};
 use crate::registry::Registry;
-use crate::store::{Failure, Lease, Outcome, ShardSession};
+use crate::store::{Failure, HandlerMode, Lease, Outcome, ShardSession, Store};
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -78,14 +79,18 @@ impl DrainMode {
 /// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
 /// delivery fails, the budget is spent, or shutdown is requested; then records the outcome and
 /// releases the shard.
-pub(crate) async fn drain<S: ShardSession>(
-    mut session: S,
+pub(crate) async fn drain<St: Store>(
+    mut session: St::Session,
+    store: &St,
     registry: &Registry,
     config: &RelayConfig,
     shutdown: &watch::Receiver<bool>,
     mode: DrainMode,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
+    if let Some(previous) = &lease.previous_owner {
+        info!(shard = %lease.shard, previous_owner = %previous, attempts = lease.attempts, "took over a shard whose lease lapsed; its head is redelivered");
+    }
     let started = Instant::now();
     let mut run = ShardRun {
         claimed: true,
@@ -141,7 +146,7 @@ pub(crate) async fn drain<S: ShardSession>(
                 break;
             }
             session.before_handler().await?;
-            let result = deliver(&mut session, &lease, group, attempt, config, registry).await;
+            let result = deliver(&mut session, store, &lease, group, attempt, config, registry).await;
             session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
@@ -257,8 +262,9 @@ async fn finish<S: ShardSession>(
     }
 }
 
-async fn deliver<S: ShardSession>(
+async fn deliver<S: ShardSession, St: Store>(
     session: &mut S,
+    store: &St,
     lease: &Lease,
     group: &Group,
     attempt: u32,
@@ -288,7 +294,12 @@ async fn deliver<S: ShardSession>(
         },
         &mut cx,
     );
-    let call = AssertUnwindSafe(call).catch_unwind();
+    let call = keeping_the_lease(
+        AssertUnwindSafe(call).catch_unwind(),
+        store,
+        lease,
+        config,
+    );
     let outcome = match config.handler_timeout {
         Some(timeout) => match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
@@ -313,5 +324,42 @@ async fn deliver<S: ShardSession>(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".to_owned()),
         }),
+    }
+}
+
+/// Runs `call` (a handler) while extending the lease beside it, every third of the lease: a
+/// live relay keeps its shard however long its handler takes, and only a dead one loses it
+/// (S16, S17). In transaction mode the claiming transaction holds the shard, and there is
+/// nothing to extend.
+async fn keeping_the_lease<F: Future, St: Store>(
+    call: F,
+    store: &St,
+    lease: &Lease,
+    config: &RelayConfig,
+) -> F::Output {
+    if config.handler_mode == HandlerMode::InTransaction {
+        return call.await;
+    }
+    let every = (config.lease / 3).max(Duration::from_millis(10));
+    let heartbeat = async {
+        let mut beats = tokio::time::interval_at(Instant::now() + every, every);
+        loop {
+            beats.tick().await;
+            match store.extend_lease(lease, config.lease).await {
+                Ok(true) => debug!(shard = %lease.shard, "lease extended while a handler runs"),
+                Ok(false) => {
+                    warn!(shard = %lease.shard, token = lease.token, "lease lost while a handler runs; another worker owns the shard");
+                    return std::future::pending::<()>().await;
+                }
+                Err(error) => {
+                    debug!(shard = %lease.shard, error = %error_chain(&error), "cannot extend the lease; trying again");
+                }
+            }
+        }
+    };
+    tokio::pin!(call);
+    tokio::select! {
+        output = &mut call => output,
+        () = heartbeat => unreachable!("the heartbeat never ends"),
     }
 }

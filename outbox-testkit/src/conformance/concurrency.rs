@@ -175,39 +175,34 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-struct Blocking {
-    recorder: Recorder,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-impl Handler<OrgUpdate> for Blocking {
-    async fn handle(
-        &self,
-        delivery: Delivery<OrgUpdate>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        self.recorder.record(&delivery);
-        self.entered.notify_one();
-        self.release.notified().await;
-        Ok(())
-    }
-}
-
 /// S16: handlers run outside the claiming transaction under a lease; once the lease lapses
 /// and another worker claims the shard, the stale worker's acknowledgement is refused and
-/// deletes nothing.
+/// deletes nothing. The stale worker here is one whose heartbeat cannot run: its handler
+/// blocks its task (as a paused process would).
 pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
     let backend = B::create().await;
     let ids = write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let shard = org_shard(1);
 
     let stale = Recorder::new();
-    let (entered, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let handler = Blocking {
-        recorder: stale.clone(),
-        entered: Arc::clone(&entered),
-        release: Arc::clone(&release),
+    let entered = Arc::new(Notify::new());
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let handler = {
+        let (stale, entered) = (stale.clone(), Arc::clone(&entered));
+        move |delivery: Delivery<OrgUpdate>| {
+            stale.record(&delivery);
+            entered.notify_one();
+            // Blocks this task, and with it the heartbeat beside the handler (the runtime's
+            // other tasks move to other threads).
+            tokio::task::block_in_place(|| {
+                let _ = released
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .recv();
+            });
+            async { Ok::<(), BoxError>(()) }
+        }
     };
     let mut stale_config = config("stale");
     stale_config.lease = Duration::from_millis(400);
@@ -234,7 +229,7 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
         "the new owner's token is greater"
     );
 
-    release.notify_one();
+    release.send(()).expect("release the stale handler");
     let report = stale_run.await.expect("stale task").expect("stale drain");
     assert_eq!(
         report.lost_leases,
@@ -420,4 +415,107 @@ pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBa
     .await;
     assert_eq!(recorder.triples(), [("org_update", 1, 1)]);
     assert!(pending(&backend).await.is_empty());
+}
+
+/// S16/S17: a handler slower than the lease keeps its shard: the relay extends the lease while
+/// the handler runs (a heartbeat), so another worker cannot take the shard over and deliver it
+/// a second time; the slow delivery is acknowledged by its own worker.
+pub async fn s16_a_long_handler_keeps_its_lease<B: TestBackend>() {
+    let backend = B::create().await;
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    let recorder = Recorder::new();
+    let (gate, mut inside) = super::Gate::new();
+    let slow = {
+        let (recorder, gate) = (recorder.clone(), gate.clone());
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let lease = Duration::from_millis(300);
+    let mut slow_config = config("slow");
+    slow_config.lease = lease;
+    let slow_relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(slow),
+        slow_config,
+    );
+    let slow_run = tokio::spawn({
+        let relay = slow_relay.clone();
+        async move { relay.drain_shards(&[org_shard(1)]).await }
+    });
+    inside.recv().await.expect("the slow handler runs");
+
+    // Several leases pass while the handler runs; another worker finds the shard held.
+    let mut other_config = config("other");
+    other_config.lease = lease;
+    let other = Relay::with_config(
+        backend.connect_store().await,
+        recorder.registry(),
+        other_config,
+    );
+    for _ in 0..4 {
+        tokio::time::sleep(lease).await;
+        let report = other.drain_shards(&[org_shard(1)]).await.expect("drain");
+        assert_eq!(
+            report.shards_claimed, 0,
+            "the shard is still held by the live, slow worker"
+        );
+    }
+    gate.open();
+    let report = slow_run.await.expect("slow task").expect("slow drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.rows_acknowledged, 1);
+    assert_eq!(recorder.seen().len(), 1, "delivered once");
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S17: a claim that lapses without a release (its worker died, perhaps after delivering)
+/// counts as an attempt: the redelivery says `attempt = 2`, then 3, so a handler can tell a
+/// retry; the new claim names the worker it took the shard over from.
+pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: TestBackend>() {
+    let backend = B::create().await;
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    let shard = org_shard(1);
+    let store = backend.store();
+    let mut options = claim_options("crashed");
+    options.lease = Duration::from_millis(100);
+
+    let first = store
+        .claim(&shard, &options)
+        .await
+        .expect("claim")
+        .expect("due");
+    assert_eq!(
+        (first.lease().attempts, first.lease().previous_owner.clone()),
+        (0, None)
+    );
+    drop(first); // crashed: never released
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    options.worker = "crashed-again".to_owned();
+    let second = store
+        .claim(&shard, &options)
+        .await
+        .expect("claim")
+        .expect("the lapsed lease is taken over");
+    assert_eq!(second.lease().attempts, 1);
+    assert_eq!(second.lease().previous_owner.as_deref(), Some("crashed"));
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(store.clone(), recorder.registry(), config("survivor"));
+    relay.drain().await.expect("drain");
+    let seen = recorder.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].attempt, 3, "the third claim of the head");
+
+    // A clean drain counts nothing: the next message is on its first attempt.
+    write(&backend, &[note::<OrgUpdate>(1, 2, 2)]).await;
+    relay.drain().await.expect("drain");
+    assert_eq!(recorder.seen()[1].attempt, 1);
 }

@@ -71,6 +71,8 @@ macro_rules! conformance_tests {
             s15_two_relays_share_shards_without_overlap,
             s16_stale_worker_cannot_acknowledge,
             s16_in_transaction_handler_commits_with_the_acknowledgement,
+            s16_a_long_handler_keeps_its_lease,
+            s17_a_lapsed_claim_counts_as_an_attempt,
             s17_crashed_worker_is_resumed_in_order,
             s17_crash_between_delivery_and_acknowledgement_redelivers,
             s18_failure_stops_only_its_shard,
