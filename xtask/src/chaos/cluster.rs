@@ -20,9 +20,13 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    /// Creates a cluster (`initdb`, trust authentication, durability off: a test needs no
-    /// fsync, and a restart, even `-m immediate`, keeps what the operating system holds) and
-    /// starts it.
+    /// Creates a cluster (`initdb`, trust authentication, no fsync: a restart, even
+    /// `-m immediate`, keeps what the operating system holds) and starts it.
+    ///
+    /// `synchronous_commit` stays on: with it off, a commit is acknowledged before its WAL
+    /// leaves the server's memory, and an immediate restart loses transactions that writers
+    /// and relays saw committed (a relay then delivers a row that, after the restart, was
+    /// never written).
     pub(crate) fn start() -> Result<Self, String> {
         let bin = binaries()?;
         let dir = tempfile::Builder::new()
@@ -64,7 +68,6 @@ impl Cluster {
              unix_socket_directories = '{}'\n\
              max_connections = 200\n\
              fsync = off\n\
-             synchronous_commit = off\n\
              full_page_writes = off\n\
              shared_buffers = 128MB\n\
              log_min_messages = warning\n",
