@@ -301,7 +301,7 @@ impl Relays {
     /// Asks every relay to stop (SIGTERM) and waits up to `grace` for them; those still
     /// running are killed. Returns the crashes: relays that exited on their own during the
     /// run, failed to stop cleanly, or had to be killed.
-    pub(crate) fn shutdown(&mut self, grace: Duration) -> Result<Vec<String>, String> {
+    pub(crate) async fn shutdown(&mut self, grace: Duration) -> Result<Vec<String>, String> {
         for (_, child) in &self.running {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
@@ -317,7 +317,7 @@ impl Relays {
                         break;
                     }
                     Ok(None) if Instant::now() < until => {
-                        std::thread::sleep(Duration::from_millis(20));
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     Ok(None) => {
                         let _ = child.kill();

@@ -336,7 +336,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         next_fault = Instant::now() + pause(&mut rng, settings.fault_every);
     }
     let drain = started.elapsed();
-    let crashes = relays.shutdown(Duration::from_secs(30))?;
+    let crashes = relays.shutdown(Duration::from_secs(30)).await?;
     let written = db.written(&plans, &coalesced_attempts).await?;
     db.close().await;
     let (records, torn) = check::read_records(&records)?;
