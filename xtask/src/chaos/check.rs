@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 /// Which category a delivery was of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     /// The non-coalescing category: every message delivered, in order within its shard.
     Sequenced,
@@ -146,8 +146,8 @@ pub(crate) struct Written {
 pub(crate) struct Faults {
     /// Relays killed with SIGKILL.
     pub(crate) kills: Vec<u64>,
-    /// Database server restarts (when the server was back).
-    pub(crate) restarts: Vec<u64>,
+    /// Database server restarts: when the server went down, and when it was back.
+    pub(crate) restarts: Vec<(u64, u64)>,
 }
 
 /// Median and maximum of a few durations, in milliseconds.
@@ -182,7 +182,7 @@ impl fmt::Display for Spread {
         }
         write!(
             f,
-            "median {:.0} ms, max {:.0} ms ({} faults)",
+            "median {:.0} ms, max {:.0} ms (n = {})",
             self.median_ms, self.max_ms, self.count
         )
     }
@@ -219,8 +219,15 @@ pub(crate) struct Figures {
     pub(crate) overlaps: u64,
     /// From each kill to the next delivery anywhere.
     pub(crate) recovery_kill: Spread,
-    /// From each restart to the next delivery anywhere.
+    /// From each restart (the server back) to the next delivery anywhere.
     pub(crate) recovery_restart: Spread,
+    /// For each shard a kill interrupted (a delivery before the kill, not acknowledged, so
+    /// delivered again after it): from the kill to the shard's first redelivery. A lease's
+    /// expiry is expected here.
+    pub(crate) resume_kill: Spread,
+    /// The same for restarts: from the server's return to the first redelivery of each shard
+    /// a restart interrupted.
+    pub(crate) resume_restart: Spread,
     /// A few examples of what went wrong, for the report.
     pub(crate) examples: Vec<String>,
 }
@@ -284,8 +291,50 @@ pub(crate) fn check(written: &Written, records: &[Record], faults: &Faults) -> F
         )
     };
     figures.recovery_kill = recovery(&faults.kills);
-    figures.recovery_restart = recovery(&faults.restarts);
+    let back: Vec<u64> = faults.restarts.iter().map(|&(_, up)| up).collect();
+    figures.recovery_restart = recovery(&back);
+    (figures.resume_kill, figures.resume_restart) = resumes(&by_start, faults);
     figures
+}
+
+/// How long the shards interrupted by each fault waited to be delivered again: for each
+/// message delivered twice with a fault in between (the latest one before the redelivery),
+/// from the fault (the server's return, for a restart) to the redelivery; per fault and
+/// shard, the first. Returns the spreads for kills and for restarts.
+fn resumes(by_start: &[&Record], faults: &Faults) -> (Spread, Spread) {
+    // (down, back, is a restart), by time.
+    let mut events: Vec<(u64, u64, bool)> = faults
+        .kills
+        .iter()
+        .map(|&at| (at, at, false))
+        .chain(faults.restarts.iter().map(|&(down, up)| (down, up, true)))
+        .collect();
+    events.sort_unstable();
+    let mut last: HashMap<(Kind, i64), u64> = HashMap::new();
+    let mut waits: HashMap<(usize, i64), u64> = HashMap::new();
+    for record in by_start {
+        let key = (record.kind, record.message_id);
+        if let Some(previous) = last.insert(key, record.start) {
+            let index = events.partition_point(|&(down, _, _)| down <= record.start);
+            if let Some(&(down, back, _)) = index.checked_sub(1).map(|i| &events[i])
+                && down > previous
+            {
+                let wait = record.start.saturating_sub(back);
+                let entry = waits.entry((index - 1, record.shard)).or_insert(wait);
+                *entry = (*entry).min(wait);
+            }
+        }
+    }
+    let (mut kills, mut restarts) = (Vec::new(), Vec::new());
+    for ((event, _), wait) in waits {
+        let list = if events[event].2 {
+            &mut restarts
+        } else {
+            &mut kills
+        };
+        list.push(wait as f64 / 1e6);
+    }
+    (Spread::of(kills), Spread::of(restarts))
 }
 
 /// Losses, phantoms, duplicates and order of the sequenced messages.
@@ -606,7 +655,7 @@ mod tests {
         ];
         let faults = Faults {
             kills: vec![2_000_000, 4_000_000, 10_000_000],
-            restarts: vec![0],
+            restarts: vec![(0, 0)],
         };
         let figures = check(&written, &records, &faults);
         // Kills at 2 ms and 4 ms: 3 ms and 1 ms to the next delivery; the last has none.
@@ -619,6 +668,33 @@ mod tests {
             }
         );
         assert_eq!(figures.recovery_restart.max_ms, 1.0);
+    }
+
+    #[test]
+    fn a_shard_resumes_at_its_first_redelivery_after_the_fault() {
+        let ms = 1_000_000;
+        let written = written(&[(1, 2), (2, 1)]);
+        let records = [
+            // Shard 1: seqs 0 and 1 delivered, the relay killed at 10 ms before acknowledging,
+            // both delivered again at 2010 and 2011 ms.
+            sequenced(0, 1, 0, 10, ms, ms + 1),
+            sequenced(0, 1, 1, 10, 2 * ms, 2 * ms + 1),
+            sequenced(1, 1, 0, 11, 2_010 * ms, 2_010 * ms + 1),
+            sequenced(1, 1, 1, 11, 2_011 * ms, 2_011 * ms + 1),
+            // Shard 2: delivered at 3000 ms, the server down at 3001 ms and back at 3500 ms,
+            // delivered again at 5000 ms.
+            sequenced(1, 2, 0, 12, 3_000 * ms, 3_000 * ms + 1),
+            sequenced(1, 2, 0, 13, 5_000 * ms, 5_000 * ms + 1),
+        ];
+        let faults = Faults {
+            kills: vec![10 * ms],
+            restarts: vec![(3_001 * ms, 3_500 * ms)],
+        };
+        let figures = check(&written, &records, &faults);
+        assert_eq!(figures.resume_kill.count, 1, "one shard: {figures:?}");
+        assert_eq!(figures.resume_kill.max_ms, 2_000.0);
+        assert_eq!(figures.resume_restart.max_ms, 1_500.0);
+        assert_eq!(figures.duplicates, 3);
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub(crate) struct RelayArgs {
     /// Seed of the handlers' random pauses.
     #[arg(long)]
     seed: u64,
+    /// One handler call in this many stalls for the lease and a second more (0: never).
+    #[arg(long, default_value_t = 0)]
+    stall_every: u32,
 }
 
 /// The relay child: relays until SIGTERM, then returns a summary of its run.
@@ -52,6 +55,12 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
         file,
         worker: args.worker,
         rng: std::sync::Mutex::new(StdRng::seed_from_u64(args.seed)),
+        stall: (args.stall_every > 0).then(|| {
+            (
+                args.stall_every,
+                Duration::from_millis(args.lease_ms + 1_000),
+            )
+        }),
     });
     let sequenced = Arc::clone(&recorder);
     let coalesced = Arc::clone(&recorder);
@@ -139,13 +148,15 @@ struct Recorder {
     file: File,
     worker: u32,
     rng: std::sync::Mutex<StdRng>,
+    /// One call in `.0` stalls for `.1`.
+    stall: Option<(u32, Duration)>,
 }
 
 impl Recorder {
     /// Records a delivery: one `write` of a whole line to a file opened for appending, done
     /// before the handler returns, so the record survives a SIGKILL that comes after it and
     /// precedes the acknowledgement. One delivery in ten first pauses up to 5 ms, so that
-    /// kills land inside handlers too.
+    /// kills land inside handlers too; with stalls on, a few stall past the lease.
     async fn deliver<C: outbox_core::Category>(
         &self,
         kind: Kind,
@@ -158,8 +169,12 @@ impl Recorder {
                 .rng
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            rng.random_ratio(1, 10)
-                .then(|| Duration::from_micros(rng.random_range(0..5_000)))
+            match self.stall {
+                Some((every, stall)) if rng.random_ratio(1, every) => Some(stall),
+                _ => rng
+                    .random_ratio(1, 10)
+                    .then(|| Duration::from_micros(rng.random_range(0..5_000))),
+            }
         };
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
@@ -187,6 +202,7 @@ pub(crate) struct Relays {
     database: String,
     records: PathBuf,
     lease: Duration,
+    stall_every: u32,
     seed: u64,
     /// The running ones: their number and process.
     running: Vec<(u32, Child)>,
@@ -201,6 +217,7 @@ impl Relays {
         database: &str,
         records: PathBuf,
         lease: Duration,
+        stall_every: u32,
         seed: u64,
     ) -> Result<Self, String> {
         Ok(Self {
@@ -210,6 +227,7 @@ impl Relays {
             database: database.to_owned(),
             records,
             lease,
+            stall_every,
             seed,
             running: Vec::new(),
             next: 0,
@@ -242,6 +260,7 @@ impl Relays {
             .args(["--worker", &worker.to_string()])
             .args(["--lease-ms", &self.lease.as_millis().to_string()])
             .args(["--seed", &(self.seed ^ u64::from(worker)).to_string()])
+            .args(["--stall-every", &self.stall_every.to_string()])
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

@@ -71,9 +71,14 @@ pub(crate) struct ChaosArgs {
     /// Relay processes running at once.
     #[arg(long, default_value_t = 2)]
     relays: usize,
-    /// Coalescing groups the coalescing writers update.
-    #[arg(long, default_value_t = 200)]
+    /// Coalescing groups the coalescing writers update (few, so that writers often race on
+    /// one group).
+    #[arg(long, default_value_t = 50)]
     groups: u64,
+    /// One handler call in this many stalls for longer than the lease (0: never), so that
+    /// another relay may take the shard over while the handler still runs.
+    #[arg(long, default_value_t = 0)]
+    stall_every: u32,
     /// PostgreSQL server restarts per run (default: 3, or 1 with `--short`).
     #[arg(long)]
     restarts: Option<u32>,
@@ -112,12 +117,14 @@ struct Settings {
     /// Give up (and report what remains as lost) after this long.
     deadline: Duration,
     lease: Duration,
+    /// One handler call in this many stalls past the lease (0: never).
+    stall_every: u32,
 }
 
 impl Settings {
     fn new(args: &ChaosArgs) -> Self {
         let (messages, shards, groups) = if args.short {
-            (5_000, 200, 40)
+            (5_000, 200, 8)
         } else {
             (args.messages, args.shards, args.groups)
         };
@@ -127,7 +134,7 @@ impl Settings {
             groups: groups.max(1),
             relays: args.relays.max(1),
             writers: 4,
-            coalescing_writers: 2,
+            coalescing_writers: 4,
             window: if args.short {
                 Duration::from_secs(5)
             } else {
@@ -137,6 +144,7 @@ impl Settings {
             restarts: args.restarts.unwrap_or(if args.short { 1 } else { 3 }),
             deadline: Duration::from_secs(60 + messages / 250),
             lease: Duration::from_secs(2),
+            stall_every: args.stall_every,
         }
     }
 }
@@ -194,6 +202,7 @@ pub(crate) struct Outcome {
     backend: Backend,
     shards: u64,
     relays: usize,
+    stall_every: u32,
     figures: Figures,
     kills: u64,
     restarts: u64,
@@ -280,6 +289,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         &database,
         records.clone(),
         settings.lease,
+        settings.stall_every,
         rng.random(),
     )?;
     for _ in 0..settings.relays {
@@ -324,10 +334,11 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
                 "chaos:   restarting the server ({})",
                 if immediate { "immediate" } else { "fast" }
             );
+            let down = now_ns();
             let away = tokio::task::spawn_blocking(move || cluster.restart(immediate))
                 .await
                 .map_err(|error| format!("the restart panicked: {error}"))??;
-            faults.restarts.push(now_ns());
+            faults.restarts.push((down, now_ns()));
             downtime.push(away);
         } else {
             faults.kills.push(relays.kill_one(&mut rng)?);
@@ -347,6 +358,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         backend,
         shards: settings.shards,
         relays: settings.relays,
+        stall_every: settings.stall_every,
         figures,
         kills: faults.kills.len() as u64,
         restarts: faults.restarts.len() as u64,

@@ -36,6 +36,13 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
             ),
         ),
         ("kills", format!("{} (SIGKILL)", outcome.kills)),
+        (
+            "handler stalls",
+            match outcome.stall_every {
+                0 => "none".to_owned(),
+                every => format!("1 call in {every} stalls a second past the lease"),
+            },
+        ),
         ("restarts", format!("{}{downtime}", outcome.restarts)),
         (
             "lost",
@@ -60,6 +67,14 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
         (
             "recovery after a restart",
             figures.recovery_restart.to_string(),
+        ),
+        (
+            "shards resumed after a kill",
+            figures.resume_kill.to_string(),
+        ),
+        (
+            "shards resumed after a restart",
+            figures.resume_restart.to_string(),
         ),
         (
             "drain",

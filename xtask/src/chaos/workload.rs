@@ -428,7 +428,7 @@ pub(crate) fn start(
                 let count = rng.random_range(1..=3usize).min(all_groups.len());
                 all_groups.shuffle(&mut rng);
                 let groups = &all_groups[..count];
-                let hold = Duration::from_micros(rng.random_range(0..3_000));
+                let hold = Duration::from_micros(rng.random_range(0..5_000));
                 let (rows, result) = db.write_updates(writer, shards, groups, hold).await;
                 // A failed commit may still have committed: the table will say.
                 if result.is_err() {
