@@ -244,9 +244,13 @@ impl Figures {
         self.lost() == 0 && self.order_violations == 0 && self.overlaps == 0 && self.phantoms == 0
     }
 
+    /// Keeps an example of what went wrong (the first twelve distinct ones).
     fn example(&mut self, example: impl FnOnce() -> String) {
         if self.examples.len() < 12 {
-            self.examples.push(example());
+            let example = example();
+            if !self.examples.contains(&example) {
+                self.examples.push(example);
+            }
         }
     }
 }
