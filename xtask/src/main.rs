@@ -4,6 +4,8 @@
 //!   (`postgres://…`) or SQLite (`sqlite://path`) database, idempotently.
 //! - `cargo xtask bench` measures the engine against hand-written `sqlx` baselines and writes
 //!   `BENCHMARKS.md` (`--scale 0.01` for a quick run).
+//! - `cargo xtask chaos` kills relays, restarts the database and races writers against the
+//!   relays, then checks that nothing was lost or reordered (`--short` for CI's run).
 //! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation and the
 //!   whole test suite, on SQLite and on PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432).
 
@@ -15,6 +17,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 mod bench;
+mod chaos;
 
 use clap::{Parser, Subcommand};
 use outbox_core::Error;
@@ -51,6 +54,12 @@ enum Task {
         #[arg(long)]
         seconds: Option<u64>,
     },
+    /// Kill relays, restart the database and race writers against the relays, then check
+    /// that nothing was lost or reordered (runs itself in release mode unless `--short`).
+    Chaos(chaos::ChaosArgs),
+    /// A relay process of the chaos run (internal).
+    #[command(hide = true)]
+    ChaosRelay(chaos::RelayArgs),
     /// Check formatting, lints and docs, then run every test of the workspace.
     Test {
         /// Arguments passed on to `cargo test` (after `--`), e.g. a test name filter.
@@ -81,7 +90,7 @@ fn main() -> ExitCode {
         Task::Test { cargo_test_args } => test(&cargo_test_args),
         Task::Bench(args) => {
             if cfg!(debug_assertions) {
-                return release(&["bench"]);
+                return release(&["bench"], "the benchmark");
             }
             report(runtime().block_on(bench::bench(args)))
         }
@@ -91,6 +100,26 @@ fn main() -> ExitCode {
         } => match runtime().block_on(bench::memory_child(&database_url, seconds)) {
             Ok(line) => {
                 println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => report(Err(error)),
+        },
+        Task::Chaos(args) => {
+            if cfg!(debug_assertions) && !args.is_short() {
+                return release(&["chaos"], "the full chaos run");
+            }
+            match runtime().block_on(chaos::chaos(args)) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("error: the chaos run lost, reordered or overlapped deliveries");
+                    ExitCode::FAILURE
+                }
+                Err(error) => report(Err(error)),
+            }
+        }
+        Task::ChaosRelay(args) => match runtime().block_on(chaos::relay(args)) {
+            Ok(summary) => {
+                println!("{summary}");
                 ExitCode::SUCCESS
             }
             Err(error) => report(Err(error)),
@@ -116,15 +145,15 @@ fn report(result: Result<(), String>) -> ExitCode {
 }
 
 /// Runs this task again from a release build, with the same arguments: a benchmark of a debug
-/// build measures the debug build.
-fn release(task: &[&str]) -> ExitCode {
+/// build measures the debug build, and a full chaos run would take too long in one.
+fn release(task: &[&str], what: &str) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let args: Vec<String> = std::env::args().skip(1).collect();
     let position = args
         .iter()
         .position(|arg| arg == task[0])
         .map_or(0, |index| index + 1);
-    eprintln!("==> building xtask in release mode for the benchmark");
+    eprintln!("==> building xtask in release mode for {what}");
     let status = Command::new(cargo)
         .args(["run", "--quiet", "--release", "--package", "xtask", "--"])
         .args(task)
@@ -286,6 +315,18 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
         Step::new("documentation", &["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
         Step::new("tests", &test),
+        Step::new(
+            "chaos (short)",
+            &[
+                "run",
+                "--quiet",
+                "--package",
+                "xtask",
+                "--",
+                "chaos",
+                "--short",
+            ],
+        ),
     ];
     for Step { what, args, env } in steps {
         eprintln!("==> {what}: cargo {}", args.join(" "));

@@ -1,0 +1,363 @@
+//! The relay processes: the child (`cargo xtask chaos-relay`, hidden), which relays with
+//! handlers that record every delivery, and the parent's side, which starts, kills and stops
+//! them.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use outbox_core::{Delivery, Registry, Relay, RelayConfig, Store};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use super::check::{Kind, Record};
+use super::{Backend, Coalesced, Sequenced, now_ns, records_file};
+
+/// Options of the relay child process.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RelayArgs {
+    /// The database.
+    #[arg(long, value_enum)]
+    backend: Backend,
+    /// Its URL (PostgreSQL) or file (SQLite).
+    #[arg(long)]
+    database: String,
+    /// The directory of the record files.
+    #[arg(long)]
+    records: PathBuf,
+    /// This relay's number in the run.
+    #[arg(long)]
+    worker: u32,
+    /// The lease, in milliseconds.
+    #[arg(long)]
+    lease_ms: u64,
+    /// Seed of the handlers' random pauses.
+    #[arg(long)]
+    seed: u64,
+    /// One handler call in this many stalls for the lease and a second more (0: never).
+    #[arg(long, default_value_t = 0)]
+    stall_every: u32,
+}
+
+/// The relay child: relays until SIGTERM, then returns a summary of its run.
+pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
+    let path = records_file(&args.records, args.worker);
+    let file = File::options()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|error| format!("cannot open {}: {error}", path.display()))?;
+    let recorder = Arc::new(Recorder {
+        file,
+        worker: args.worker,
+        rng: std::sync::Mutex::new(StdRng::seed_from_u64(args.seed)),
+        stall: (args.stall_every > 0).then(|| {
+            (
+                args.stall_every,
+                Duration::from_millis(args.lease_ms + 1_000),
+            )
+        }),
+    });
+    let sequenced = Arc::clone(&recorder);
+    let coalesced = Arc::clone(&recorder);
+    let registry = Registry::builder()
+        .handle::<Sequenced>(move |delivery: Delivery<Sequenced>| {
+            let recorder = Arc::clone(&sequenced);
+            async move {
+                let seq = delivery.payload.seq;
+                recorder.deliver(Kind::Sequenced, &delivery, seq).await
+            }
+        })
+        .handle::<Coalesced>(move |delivery: Delivery<Coalesced>| {
+            let recorder = Arc::clone(&coalesced);
+            async move { recorder.deliver(Kind::Coalesced, &delivery, 0).await }
+        })
+        .build()
+        .map_err(|error| format!("the registry: {error}"))?;
+
+    let mut config = RelayConfig::default();
+    config.worker_id = format!("chaos-relay-{}-{}", args.worker, std::process::id());
+    config.lease = Duration::from_millis(args.lease_ms);
+    config.poll_interval = Duration::from_millis(200);
+    config.shutdown_deadline = Duration::from_secs(10);
+    config.max_reconnect_delay = Duration::from_secs(1);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|error| format!("cannot listen for SIGTERM: {error}"))?;
+    let shutdown = async move {
+        terminate.recv().await;
+    };
+    match args.backend {
+        Backend::Postgres => {
+            // The server may be restarting right now: try for a while.
+            let started = Instant::now();
+            let pool = loop {
+                match outbox_postgres::connect(&args.database).await {
+                    Ok(pool) => break pool,
+                    Err(error) if started.elapsed() < Duration::from_secs(60) => {
+                        eprintln!("relay {}: connecting: {error}; retrying", args.worker);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(error) => return Err(format!("connecting: {error}")),
+                }
+            };
+            run(
+                outbox_postgres::PgStore::new(pool),
+                registry,
+                config,
+                shutdown,
+            )
+            .await
+        }
+        Backend::Sqlite => {
+            let pool = outbox_sqlite::connect(std::path::Path::new(&args.database))
+                .await
+                .map_err(|error| format!("opening the database: {error}"))?;
+            // The pool has 8 connections: fewer shards at once than that.
+            config.max_concurrent_shards = 4;
+            run(
+                outbox_sqlite::SqliteStore::new(pool),
+                registry,
+                config,
+                shutdown,
+            )
+            .await
+        }
+    }
+}
+
+async fn run<S: Store>(
+    store: S,
+    registry: Registry,
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<String, String> {
+    let relay = Relay::with_config(store, registry, config);
+    let report = relay
+        .run(shutdown)
+        .await
+        .map_err(|error| format!("the relay failed: {}", outbox_core::error_chain(&error)))?;
+    Ok(format!("{report:?}"))
+}
+
+/// The handlers' side: one line per delivery, appended to the relay's record file.
+struct Recorder {
+    file: File,
+    worker: u32,
+    rng: std::sync::Mutex<StdRng>,
+    /// One call in `.0` stalls for `.1`.
+    stall: Option<(u32, Duration)>,
+}
+
+impl Recorder {
+    /// Records a delivery: one `write` of a whole line to a file opened for appending, done
+    /// before the handler returns, so the record survives a SIGKILL that comes after it and
+    /// precedes the acknowledgement. One delivery in ten first pauses up to 5 ms, so that
+    /// kills land inside handlers too; with stalls on, a few stall past the lease.
+    async fn deliver<C: outbox_core::Category>(
+        &self,
+        kind: Kind,
+        delivery: &Delivery<C>,
+        seq: i64,
+    ) -> Result<(), std::io::Error> {
+        let start = now_ns();
+        let pause = {
+            let mut rng = self
+                .rng
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match self.stall {
+                Some((every, stall)) if rng.random_ratio(1, every) => Some(stall),
+                _ => rng
+                    .random_ratio(1, 10)
+                    .then(|| Duration::from_micros(rng.random_range(0..5_000))),
+            }
+        };
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        let record = Record {
+            kind,
+            worker: self.worker,
+            shard: delivery.shard_identifier(),
+            object: delivery.object_identifier,
+            seq,
+            message_id: delivery.message_id.0,
+            token: delivery.fencing_token,
+            attempt: delivery.attempt,
+            start,
+            end: now_ns(),
+        };
+        (&self.file).write_all(record.line().as_bytes())
+    }
+}
+
+/// The relay processes of a run, and the ones killed.
+pub(crate) struct Relays {
+    exe: PathBuf,
+    backend: Backend,
+    database: String,
+    records: PathBuf,
+    lease: Duration,
+    stall_every: u32,
+    seed: u64,
+    /// The running ones: their number and process.
+    running: Vec<(u32, Child)>,
+    next: u32,
+    /// Relays that exited on their own, with the end of their log.
+    crashes: Vec<String>,
+}
+
+impl Relays {
+    pub(crate) fn new(
+        backend: Backend,
+        database: &str,
+        records: PathBuf,
+        lease: Duration,
+        stall_every: u32,
+        seed: u64,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            exe: std::env::current_exe()
+                .map_err(|error| format!("finding this binary: {error}"))?,
+            backend,
+            database: database.to_owned(),
+            records,
+            lease,
+            stall_every,
+            seed,
+            running: Vec::new(),
+            next: 0,
+            crashes: Vec::new(),
+        })
+    }
+
+    fn log(&self, worker: u32) -> PathBuf {
+        self.records.join(format!("relay-{worker}.log"))
+    }
+
+    /// Starts one more relay.
+    pub(crate) fn spawn(&mut self) -> Result<(), String> {
+        let worker = self.next;
+        self.next += 1;
+        let log = File::create(self.log(worker))
+            .map_err(|error| format!("cannot create a relay log: {error}"))?;
+        let err = log
+            .try_clone()
+            .map_err(|error| format!("cannot create a relay log: {error}"))?;
+        let backend = match self.backend {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        };
+        let child = Command::new(&self.exe)
+            .arg("chaos-relay")
+            .args(["--backend", backend, "--database", &self.database])
+            .arg("--records")
+            .arg(&self.records)
+            .args(["--worker", &worker.to_string()])
+            .args(["--lease-ms", &self.lease.as_millis().to_string()])
+            .args(["--seed", &(self.seed ^ u64::from(worker)).to_string()])
+            .args(["--stall-every", &self.stall_every.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|error| format!("cannot start a relay: {error}"))?;
+        self.running.push((worker, child));
+        Ok(())
+    }
+
+    /// Kills a random relay with SIGKILL; returns when (nanoseconds since the epoch).
+    pub(crate) fn kill_one(&mut self, rng: &mut StdRng) -> Result<u64, String> {
+        if self.running.is_empty() {
+            return Err("no relay to kill".to_owned());
+        }
+        let (worker, mut child) = self.running.remove(rng.random_range(0..self.running.len()));
+        let at = now_ns();
+        child
+            .kill()
+            .map_err(|error| format!("cannot kill relay {worker}: {error}"))?;
+        child
+            .wait()
+            .map_err(|error| format!("cannot reap relay {worker}: {error}"))?;
+        eprintln!("chaos:   killed relay {worker} (pid {})", child.id());
+        Ok(at)
+    }
+
+    /// Replaces relays that exited on their own (each is a crash to report).
+    pub(crate) fn respawn_crashed(&mut self) -> Result<(), String> {
+        let mut index = 0;
+        while index < self.running.len() {
+            let (worker, child) = &mut self.running[index];
+            let worker = *worker;
+            match child.try_wait() {
+                Ok(None) => index += 1,
+                Ok(Some(status)) => {
+                    self.running.remove(index);
+                    self.crash(worker, &status.to_string());
+                    self.spawn()?;
+                }
+                Err(error) => return Err(format!("cannot check relay {worker}: {error}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn crash(&mut self, worker: u32, status: &str) {
+        let log = std::fs::read_to_string(self.log(worker)).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        eprintln!("chaos:   relay {worker} exited on its own ({status})");
+        self.crashes.push(format!(
+            "relay {worker} exited ({status}): {}",
+            tail.join(" | ")
+        ));
+    }
+
+    /// Asks every relay to stop (SIGTERM) and waits up to `grace` for them; those still
+    /// running are killed. Returns the crashes: relays that exited on their own during the
+    /// run, failed to stop cleanly, or had to be killed.
+    pub(crate) async fn shutdown(&mut self, grace: Duration) -> Result<Vec<String>, String> {
+        for (_, child) in &self.running {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        let until = Instant::now() + grace;
+        while let Some((worker, mut child)) = self.running.pop() {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) if status.success() => break,
+                    Ok(Some(status)) => {
+                        self.crash(worker, &format!("{status} after SIGTERM"));
+                        break;
+                    }
+                    Ok(None) if Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(None) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        self.crash(worker, "still running after SIGTERM; killed");
+                        break;
+                    }
+                    Err(error) => return Err(format!("cannot wait for relay {worker}: {error}")),
+                }
+            }
+        }
+        Ok(std::mem::take(&mut self.crashes))
+    }
+}
+
+impl Drop for Relays {
+    /// No relay outlives the run, whatever happened.
+    fn drop(&mut self) {
+        for (_, child) in &mut self.running {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
