@@ -39,7 +39,9 @@ pub struct Lease {
     /// died or lost the database mid-drain may have delivered the head: its redelivery is
     /// not a first attempt).
     pub attempts: u32,
-    /// The worker whose lease lapsed, if this claim took the shard over from it.
+    /// The worker whose lease lapsed, if this claim took the shard over from it. That worker
+    /// may have delivered any message of its last read without acknowledging it: the relay
+    /// delivers the messages of its own first read as retries (attempt above 1).
     pub previous_owner: Option<String>,
 }
 
@@ -268,9 +270,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Gives up `lease`, if it is still the holder's, on a shard whose drain the database
-    /// interrupted: the shard is due at once (rather than when the lease lapses), and its
-    /// head counts one more attempt (it may have been delivered). What a relay does once the
-    /// database answers again. Returns whether the lease was still held.
+    /// interrupted: the lease lapses now rather than at its end, so the shard is due at once
+    /// and its next claim is a takeover (it may have been delivered: see
+    /// [`Lease::previous_owner`]). What a relay does once the database answers again.
+    /// Returns whether the lease was still held.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Makes shards parked on one of `known` categories due now; returns how many.

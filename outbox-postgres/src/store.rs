@@ -117,9 +117,11 @@ const ENSURE_STATE: &str = "\
 
 const TAKE_LEASE: &str = take_lease!();
 
-// A lease given up after an interrupted drain: due at once, one attempt more at the head.
+// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+// its next claim counts as a takeover (an attempt more at the head, whose messages the
+// interrupted drain may have delivered).
 const RELEASE_INTERRUPTED: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = attempts + 1 \
+    UPDATE outbox_shards SET lease_expires_at = now() \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 impl Store for PgStore {

@@ -234,7 +234,10 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     let mut locker = PgConnection::connect_with(&database.connect_options())
         .await
         .expect("a connection of the application's");
-    sqlx::query("BEGIN").execute(&mut locker).await.expect("begin");
+    sqlx::query("BEGIN")
+        .execute(&mut locker)
+        .await
+        .expect("begin");
     sqlx::query("LOCK TABLE outbox_shards IN ACCESS EXCLUSIVE MODE")
         .execute(&mut locker)
         .await
@@ -278,7 +281,9 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     gate.add_permits(10);
     let seen = recorder.seen();
     assert_eq!(
-        seen.iter().map(|seen| (seen.seq, seen.attempt)).collect::<Vec<_>>(),
+        seen.iter()
+            .map(|seen| (seen.seq, seen.attempt))
+            .collect::<Vec<_>>(),
         [(1, 1), (1, 2)]
     );
     assert!(seen[1].token > seen[0].token);

@@ -127,9 +127,11 @@ const LAPSED_OWNER: &str = "\
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
         AND lease_owner IS NOT NULL AND lease_expires_at <= ?4";
 
-// A lease given up after an interrupted drain: due at once, one attempt more at the head.
+// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+// its next claim counts as a takeover (an attempt more at the head, whose messages the
+// interrupted drain may have delivered).
 const RELEASE_INTERRUPTED: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = attempts + 1 \
+    UPDATE outbox_shards SET lease_expires_at = ?5 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
 impl Store for SqliteStore {
@@ -281,6 +283,7 @@ impl Store for SqliteStore {
             .bind(lease.shard.shard_identifier)
             .bind(lease.shard.destination_str())
             .bind(lease.token)
+            .bind(now_ms())
             .execute(&self.pool)
             .await
             .map_err(database("releasing a lease"))?;

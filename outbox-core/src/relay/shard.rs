@@ -135,7 +135,10 @@ pub(crate) async fn drain<St: Store>(
             }
         }
 
-        // The attempt at the shard's head: once a group gets through, the next is on its first.
+        // The attempt at the shard's head: once a group gets through, the next is on its first;
+        // but after a takeover, every group of the first read may have been delivered by the
+        // worker whose lease lapsed, and is a retry.
+        let retrying = !progressed && lease.previous_owner.is_some();
         let mut attempt = if progressed { 1 } else { lease.attempts + 1 };
         let mut acks = Vec::with_capacity(plan.groups.len());
         let mut failure = None;
@@ -146,11 +149,22 @@ pub(crate) async fn drain<St: Store>(
                 break;
             }
             session.before_handler().await?;
-            let result = deliver(&mut session, store, &lease, group, attempt, config, registry).await;
+            let result = deliver(
+                &mut session,
+                store,
+                &lease,
+                group,
+                attempt,
+                config,
+                registry,
+            )
+            .await;
             session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
-                    attempt = 1;
+                    if !retrying {
+                        attempt = 1;
+                    }
                     acks.extend_from_slice(&group.ids);
                     rows_delivered += group.rows();
                     run.deliveries += 1;
@@ -294,12 +308,7 @@ async fn deliver<S: ShardSession, St: Store>(
         },
         &mut cx,
     );
-    let call = keeping_the_lease(
-        AssertUnwindSafe(call).catch_unwind(),
-        store,
-        lease,
-        config,
-    );
+    let call = keeping_the_lease(AssertUnwindSafe(call).catch_unwind(), store, lease, config);
     let outcome = match config.handler_timeout {
         Some(timeout) => match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
