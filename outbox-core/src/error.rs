@@ -42,8 +42,8 @@ pub enum Error {
 
     /// The outbox tables are missing or older than this binary expects.
     #[error(
-        "the outbox schema is not migrated: {detail}; apply the migrations with \
-         `cargo xtask migrate --database-url <url>` or by calling `migrate(&pool)`"
+        "the outbox schema is not migrated: {detail}; apply the migrations by calling the \
+         backend's `migrate(&pool)` (`outbox_postgres::migrate`, `outbox_sqlite::migrate`)"
     )]
     MigrationMissing {
         /// What is missing.
@@ -117,6 +117,20 @@ pub enum Error {
         name: String,
         /// Why it was rejected.
         reason: &'static str,
+    },
+
+    /// A stored outbox row does not have the form the outbox schema gives it (it was written
+    /// by hand, around the schema's checks). It is never deleted: its shard waits, with this
+    /// error, until the row is repaired or removed.
+    #[error("outbox row {} cannot be read while {operation}: {detail}",
+        message_id.map_or_else(|| "?".to_owned(), |id| id.to_string()))]
+    Undecodable {
+        /// What the outbox was doing.
+        operation: &'static str,
+        /// The row's id, if it could be read.
+        message_id: Option<MessageId>,
+        /// What is wrong with it.
+        detail: String,
     },
 
     /// The registry has conflicting declarations.
@@ -357,6 +371,15 @@ pub enum DeliveryError {
         message_id: MessageId,
         /// The configured timeout.
         timeout: Duration,
+    },
+
+    /// A row at the shard's head cannot be read (see [`Error::Undecodable`]): the shard waits,
+    /// backing off, and nothing is deleted.
+    #[error("the shard's head cannot be read")]
+    Undecodable {
+        /// What cannot be read.
+        #[source]
+        source: Box<Error>,
     },
 
     /// The message's category is not known to this binary (S20): the shard is parked, and

@@ -6,11 +6,18 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{SqlSafeStr, SqlitePool};
 
 /// The embedded migrations, in order.
-pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "outbox tables",
-    sql: include_str!("../migrations/0001_outbox.sql"),
-}];
+pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "outbox tables",
+        sql: include_str!("../migrations/0001_outbox.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "outbox rows checked at write time",
+        sql: include_str!("../migrations/0002_checked_messages.sql"),
+    },
+];
 
 /// The migrator for the outbox tables, recorded in `_outbox_migrations`.
 pub fn migrator() -> Migrator {

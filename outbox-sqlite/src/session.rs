@@ -125,6 +125,48 @@ const FAIL: &str = "\
         last_error = ?6, retry_at = ?7, watermark = ?8, parked_category = ?9 \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
+/// One row of a shard's head, read as JSON `[id, category, scope, object, payload]`: a row that
+/// does not have the schema's form (written around its checks) is a typed error naming it.
+fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
+    let id = row.first().and_then(serde_json::Value::as_i64);
+    let undecodable = |detail: String| Error::Undecodable {
+        operation: "reading a shard",
+        message_id: id.map(MessageId),
+        detail,
+    };
+    let field = |index: usize, name: &str| {
+        row.get(index)
+            .ok_or_else(|| undecodable(format!("{name} is missing")))
+    };
+    let integer = |index: usize, name: &str| {
+        let value = field(index, name)?;
+        value
+            .as_i64()
+            .ok_or_else(|| undecodable(format!("{name} is {value}, not an integer")))
+    };
+    let id = integer(0, "id")?;
+    let category = integer(1, "category")?;
+    let scope = integer(2, "shard_scope")?;
+    let object_identifier = integer(3, "object_identifier")?;
+    let payload = field(4, "payload")?;
+    Ok(StoredMessage {
+        id: MessageId(id),
+        category: CategoryId(
+            i32::try_from(category)
+                .map_err(|_| undecodable(format!("category {category} is not an INTEGER")))?,
+        ),
+        scope: ScopeId(
+            i16::try_from(scope)
+                .map_err(|_| undecodable(format!("shard_scope {scope} is not a SMALLINT")))?,
+        ),
+        object_identifier,
+        payload: payload
+            .as_str()
+            .ok_or_else(|| undecodable(format!("payload is {payload}, not JSON text")))?
+            .to_owned(),
+    })
+}
+
 fn stored(row: &SqliteRow) -> StoredMessage {
     StoredMessage {
         id: MessageId(row.get(0)),
@@ -272,23 +314,15 @@ impl ShardSession for SqliteSession {
             .await
             .map_err(database("reading a shard"))?
             .get(0);
-        let rows: Vec<(i64, i32, i16, i64, String)> =
+        let rows: Vec<Vec<serde_json::Value>> =
             serde_json::from_str(&json).map_err(|source| Error::Database {
                 operation: "reading a shard",
                 source: Box::new(source),
             })?;
-        let mut messages: Vec<StoredMessage> = rows
-            .into_iter()
-            .map(
-                |(id, category, scope, object_identifier, payload)| StoredMessage {
-                    id: MessageId(id),
-                    category: CategoryId(category),
-                    scope: ScopeId(scope),
-                    object_identifier,
-                    payload,
-                },
-            )
-            .collect();
+        let mut messages = rows
+            .iter()
+            .map(|row| decode(row))
+            .collect::<Result<Vec<_>, _>>()?;
         messages.sort_unstable_by_key(|message| message.id);
         Ok(messages)
     }

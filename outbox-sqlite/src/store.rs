@@ -121,6 +121,21 @@ pub(crate) const CLAIM: &str = "\
                 AND m.id > outbox_shards.watermark)) \
     RETURNING attempts";
 
+/// A shard key as discovery reads it: a key that does not have the schema's form (written
+/// around its checks) is a typed error, never a panic.
+fn shard_key(row: &sqlx::sqlite::SqliteRow) -> Result<ShardKey, Error> {
+    let undecodable = |error: sqlx::Error| Error::Undecodable {
+        operation: "discovering due shards",
+        message_id: None,
+        detail: format!("a shard key is not (SMALLINT, integer, text): {error}"),
+    };
+    Ok(ShardKey::from_stored(
+        row.try_get(0).map_err(undecodable)?,
+        row.try_get(1).map_err(undecodable)?,
+        row.try_get(2).map_err(undecodable)?,
+    ))
+}
+
 // The holder of a lease that lapsed without a release, if the shard has one.
 const LAPSED_OWNER: &str = "\
     SELECT lease_owner FROM outbox_shards \
@@ -156,7 +171,19 @@ impl Store for SqliteStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(database("checking the outbox schema"))?;
-        check_migrations(&applied, MIGRATIONS)
+        check_migrations(&applied, MIGRATIONS)?;
+        let rejected: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rejected_messages")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(database("checking the outbox schema"))?;
+        if rejected > 0 {
+            tracing::warn!(
+                rejected,
+                "outbox rows that no relay can deliver were set aside by migration 2 in the \
+                 table outbox_rejected_messages; inspect them there"
+            );
+        }
+        Ok(())
     }
 
     async fn discover(
@@ -185,11 +212,11 @@ impl Store for SqliteStore {
         let mut page = DiscoveryPage::default();
         let visited = rows.len();
         for (index, row) in rows.into_iter().enumerate() {
-            let key = ShardKey::from_stored(row.get(0), row.get(1), row.get(2));
+            let key = shard_key(&row)?;
             if index + 1 == visited && i64::try_from(visited).unwrap_or(i64::MAX) == limit {
                 page.next = Some(key.clone());
             }
-            if row.get::<bool, _>(3) {
+            if row.try_get::<bool, _>(3).unwrap_or(false) {
                 page.due.push(key);
             }
         }

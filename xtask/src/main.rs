@@ -363,10 +363,10 @@ mod tests {
         assert!(path.exists(), "the file is created");
         assert_eq!(
             (first.before.as_slice(), first.after.as_slice()),
-            (&[][..], &[1][..])
+            (&[][..], &[1, 2][..])
         );
         assert!(
-            first.to_string().contains("applied migrations [1]"),
+            first.to_string().contains("applied migrations [1, 2]"),
             "{first}"
         );
 

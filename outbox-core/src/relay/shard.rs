@@ -108,7 +108,23 @@ pub(crate) async fn drain<St: Store>(
     let up_to = mode.up_to.unwrap_or(MessageId(i64::MAX));
     let within_bound = |id: MessageId| id <= up_to;
     loop {
-        let mut head = session.fetch(config.batch_size).await?;
+        let mut head = match session.fetch(config.batch_size).await {
+            Ok(head) => head,
+            Err(error @ Error::Undecodable { .. }) => {
+                // A row written around the schema's checks: the shard waits on it, backing
+                // off, and nothing is deleted. Only a message written after this moment
+                // makes it due before its backoff ends.
+                let watermark = store.newest_message_id().await?.unwrap_or(watermark);
+                let error = DeliveryError::Undecodable {
+                    source: Box::new(error),
+                };
+                return fail(
+                    session, &lease, error, watermark, progressed, mode, config, run,
+                )
+                .await;
+            }
+            Err(error) => return Err(error),
+        };
         let full = head.len() >= config.batch_size;
         head.retain(|row| within_bound(row.id));
         let Some(last) = head.last() else {
@@ -220,35 +236,10 @@ pub(crate) async fn drain<St: Store>(
         let all_delivered = failure.is_none() && !out_of_budget;
         let failure = failure.or(if all_delivered { plan.blocked } else { None });
         if let Some(error) = failure {
-            if !mode.back_off {
-                debug!(shard = %lease.shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
-                finish(session, Outcome::Released, &mut run).await?;
-                run.failure = Some(ShardFailure {
-                    shard: lease.shard,
-                    error,
-                    attempts: lease.attempts,
-                    retry_in: Duration::ZERO,
-                });
-                return Ok(run);
-            }
-            let attempts = if progressed { 1 } else { lease.attempts + 1 };
-            let retry_in = config.backoff.delay(attempts);
-            warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
-            let failure = Failure {
-                error: error_chain(&error),
-                attempts,
-                retry_in,
-                watermark,
-                parked_category: error.parked_category(),
-            };
-            finish(session, Outcome::Failed(failure), &mut run).await?;
-            run.failure = Some(ShardFailure {
-                shard: lease.shard,
-                error,
-                attempts,
-                retry_in,
-            });
-            return Ok(run);
+            return fail(
+                session, &lease, error, watermark, progressed, mode, config, run,
+            )
+            .await;
         }
         if out_of_budget || budget_spent(rows_delivered) {
             debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
@@ -257,6 +248,50 @@ pub(crate) async fn drain<St: Store>(
             return Ok(run);
         }
     }
+}
+
+/// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it as
+/// it was and reports the failure (S2).
+#[allow(clippy::too_many_arguments)]
+async fn fail<S: ShardSession>(
+    session: S,
+    lease: &Lease,
+    error: DeliveryError,
+    watermark: MessageId,
+    progressed: bool,
+    mode: DrainMode,
+    config: &RelayConfig,
+    mut run: ShardRun,
+) -> Result<ShardRun, Error> {
+    if !mode.back_off {
+        debug!(shard = %lease.shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
+        finish(session, Outcome::Released, &mut run).await?;
+        run.failure = Some(ShardFailure {
+            shard: lease.shard.clone(),
+            error,
+            attempts: lease.attempts,
+            retry_in: Duration::ZERO,
+        });
+        return Ok(run);
+    }
+    let attempts = if progressed { 1 } else { lease.attempts + 1 };
+    let retry_in = config.backoff.delay(attempts);
+    warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+    let failure = Failure {
+        error: error_chain(&error),
+        attempts,
+        retry_in,
+        watermark,
+        parked_category: error.parked_category(),
+    };
+    finish(session, Outcome::Failed(failure), &mut run).await?;
+    run.failure = Some(ShardFailure {
+        shard: lease.shard.clone(),
+        error,
+        attempts,
+        retry_in,
+    });
+    Ok(run)
 }
 
 /// Records the outcome; a lease lost meanwhile is reported, not an error: the new owner
