@@ -325,6 +325,8 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
                 "--",
                 "chaos",
                 "--short",
+                "--stall-every",
+                "300",
             ],
         ),
     ];

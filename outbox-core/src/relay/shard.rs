@@ -88,8 +88,15 @@ pub(crate) async fn drain<St: Store>(
     mode: DrainMode,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
-    if let Some(previous) = &lease.previous_owner {
-        info!(shard = %lease.shard, previous_owner = %previous, attempts = lease.attempts, "took over a shard whose lease lapsed; its head is redelivered");
+    match &lease.previous_owner {
+        // This relay's own drain, interrupted by the database: the outage was logged once.
+        Some(previous) if *previous == config.worker_id => {
+            debug!(shard = %lease.shard, attempts = lease.attempts, "resuming a shard whose drain the database interrupted");
+        }
+        Some(previous) => {
+            info!(shard = %lease.shard, previous_owner = %previous, attempts = lease.attempts, "took over a shard whose lease lapsed; its head is redelivered");
+        }
+        None => {}
     }
     let started = Instant::now();
     let mut run = ShardRun {
@@ -384,6 +391,12 @@ async fn keeping_the_lease<F: Future, St: Store>(
     if config.handler_mode == HandlerMode::InTransaction {
         return call.await;
     }
+    tokio::pin!(call);
+    // A handler that finishes at its first poll needs no heartbeat: no timer for it.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(output) = first {
+        return output;
+    }
     let every = (config.lease / 3).max(Duration::from_millis(10));
     let heartbeat = async {
         let mut beats = tokio::time::interval_at(Instant::now() + every, every);
@@ -401,7 +414,6 @@ async fn keeping_the_lease<F: Future, St: Store>(
             }
         }
     };
-    tokio::pin!(call);
     tokio::select! {
         output = &mut call => output,
         () = heartbeat => unreachable!("the heartbeat never ends"),

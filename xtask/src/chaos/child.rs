@@ -45,6 +45,12 @@ pub(crate) struct RelayArgs {
 
 /// The relay child: relays until SIGTERM, then returns a summary of its run.
 pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
+    // The relay's own log, to the log file the parent reads: what an operator would see.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .init();
     let path = records_file(&args.records, args.worker);
     let file = File::options()
         .create(true)
@@ -304,6 +310,20 @@ impl Relays {
             }
         }
         Ok(())
+    }
+
+    /// Every warning the relays logged, in the order of their logs.
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        (0..self.next)
+            .flat_map(|worker| {
+                std::fs::read_to_string(self.log(worker))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|line| line.contains(" WARN "))
+                    .map(|line| format!("relay {worker}: {line}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     fn crash(&mut self, worker: u32, status: &str) {

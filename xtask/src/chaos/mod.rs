@@ -214,6 +214,8 @@ pub(crate) struct Outcome {
     remaining: Option<i64>,
     /// From the relays' start to the empty outbox.
     drain: Duration,
+    /// The warnings the relays logged.
+    warnings: Vec<String>,
 }
 
 impl Outcome {
@@ -348,6 +350,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
     }
     let drain = started.elapsed();
     let crashes = relays.shutdown(Duration::from_secs(30)).await?;
+    let warnings = relays.warnings();
     let written = db.written(&plans, &coalesced_attempts).await?;
     db.close().await;
     let (records, torn) = check::read_records(&records)?;
@@ -366,6 +369,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         crashes,
         remaining,
         drain,
+        warnings,
     })
 }
 

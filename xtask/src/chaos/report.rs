@@ -76,6 +76,7 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
             "shards resumed after a restart",
             figures.resume_restart.to_string(),
         ),
+        ("relay warnings", outcome.warnings.len().to_string()),
         (
             "drain",
             format!(
@@ -101,6 +102,9 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
             out,
             "  the outbox still held {remaining} rows at the deadline"
         );
+    }
+    for warning in &outcome.warnings {
+        let _ = writeln!(out, "  {warning}");
     }
     for crash in &outcome.crashes {
         let _ = writeln!(out, "  crash: {crash}");
