@@ -78,6 +78,18 @@ pub struct GroupKey {
     pub object_identifier: i64,
 }
 
+/// The rows one delivery acknowledges: exactly `ids`, every one of them a row of `group` that
+/// the relay read. Never a range: ids are assigned at insert, not at commit, so a range of
+/// them may hold a row that committed after the read (S13). A backend may use the group and
+/// the span of the ids to find the rows, so long as it deletes only these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acknowledgement {
+    /// The group.
+    pub group: GroupKey,
+    /// The rows, in id order.
+    pub ids: Vec<MessageId>,
+}
+
 /// A coalescing group's newest row beyond a read, with every row of the group that it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupTail {
@@ -343,12 +355,13 @@ pub trait ShardSession: Send + 'static {
     /// Called after each handler: in transaction mode, keeps or rolls back its writes.
     fn after_handler(&mut self, succeeded: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Deletes the acknowledged rows, exactly those whose ids are given (the rows the relay
-    /// read and delivered, never a range: ids are assigned at insert, not at commit, so a
-    /// range may hold a row that committed after the read), and extends the lease, if the
-    /// lease is still this session's; fails with [`Error::LeaseLost`] and deletes nothing
-    /// otherwise.
-    fn ack(&mut self, ids: &[MessageId]) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// Deletes exactly the acknowledged rows (see [`Acknowledgement`]) and extends the lease,
+    /// if the lease is still this session's; fails with [`Error::LeaseLost`] and deletes
+    /// nothing otherwise.
+    fn ack(
+        &mut self,
+        acknowledged: &[Acknowledgement],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Records the outcome and releases the shard.
     fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), Error>> + Send;
@@ -359,13 +372,13 @@ pub trait ShardSession: Send + 'static {
     /// the acknowledgement did not.
     fn ack_and_finish(
         self,
-        ids: &[MessageId],
+        acknowledged: &[Acknowledgement],
         outcome: Outcome,
     ) -> impl Future<Output = Result<(u64, bool), Error>> + Send
     where
         Self: Sized,
     {
-        ack_then_finish(self, ids, outcome)
+        ack_then_finish(self, acknowledged, outcome)
     }
 }
 
@@ -373,10 +386,10 @@ pub trait ShardSession: Send + 'static {
 /// round trip for them (and what its own implementation can fall back to).
 pub async fn ack_then_finish<S: ShardSession>(
     mut session: S,
-    ids: &[MessageId],
+    acknowledged: &[Acknowledgement],
     outcome: Outcome,
 ) -> Result<(u64, bool), Error> {
-    let rows = session.ack(ids).await?;
+    let rows = session.ack(acknowledged).await?;
     match session.finish(outcome).await {
         Ok(()) => Ok((rows, true)),
         Err(Error::LeaseLost { .. }) => Ok((rows, false)),

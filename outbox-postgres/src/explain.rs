@@ -110,6 +110,8 @@ async fn hot_queries_use_the_indexes() {
             .bind("")
             .bind(1_i64)
             .bind(30_000_i64)
+            .bind(3_i64)
+            .bind(500_i64)
             .bind(vec![3_i64, 500])
     })
     .await;
@@ -118,6 +120,8 @@ async fn hot_queries_use_the_indexes() {
             .bind(42_i64)
             .bind("")
             .bind(1_i64)
+            .bind(3_i64)
+            .bind(500_i64)
             .bind(vec![3_i64, 500])
     })
     .await;

@@ -3,7 +3,8 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{
-    GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+    Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
+    ack_then_finish,
 };
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
@@ -78,8 +79,9 @@ pub(crate) const ACK: &str = "\
         RETURNING 1), \
      acked AS ( \
         DELETE FROM outbox_messages m \
-        WHERE EXISTS (SELECT 1 FROM lease) AND m.id = ANY($6::bigint[]) \
+        WHERE EXISTS (SELECT 1 FROM lease) \
             AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $6 AND $7 AND m.id = ANY($8::bigint[]) \
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
@@ -93,8 +95,9 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
         FOR UPDATE), \
      acked AS ( \
         DELETE FROM outbox_messages m \
-        WHERE EXISTS (SELECT 1 FROM held) AND m.id = ANY($5::bigint[]) \
+        WHERE EXISTS (SELECT 1 FROM held) \
             AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $5 AND $6 AND m.id = ANY($7::bigint[]) \
         RETURNING m.id), \
      gone AS ( \
         DELETE FROM outbox_shards \
@@ -136,9 +139,18 @@ const FAIL: &str = "\
         watermark = $8, parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
-/// The ids to acknowledge, as one array parameter.
-fn ids(ids: &[MessageId]) -> Vec<i64> {
-    ids.iter().map(|id| id.0).collect()
+/// Binds what to acknowledge: the span of the ids (lowest, highest), then every id.
+fn acknowledged<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    acknowledged: &[Acknowledgement],
+) -> Query<'q, Postgres, PgArguments> {
+    let ids: Vec<i64> = acknowledged
+        .iter()
+        .flat_map(|ack| ack.ids.iter().map(|id| id.0))
+        .collect();
+    let lowest = ids.iter().copied().min().unwrap_or(0);
+    let highest = ids.iter().copied().max().unwrap_or(-1);
+    query.bind(lowest).bind(highest).bind(ids)
 }
 
 fn stored(row: &PgRow) -> StoredMessage {
@@ -306,11 +318,8 @@ impl ShardSession for PgSession {
         Ok(())
     }
 
-    async fn ack(&mut self, acked: &[MessageId]) -> Result<u64, Error> {
-        let query = self
-            .keyed(ACK)
-            .bind(duration_ms(self.lease_duration))
-            .bind(ids(acked));
+    async fn ack(&mut self, acks: &[Acknowledgement]) -> Result<u64, Error> {
+        let query = acknowledged(self.keyed(ACK).bind(duration_ms(self.lease_duration)), acks);
         let lease = self.lease.clone();
         let mut conn = self.conn().await?;
         let (held, deleted): (i64, i64) = query
@@ -329,13 +338,13 @@ impl ShardSession for PgSession {
 
     async fn ack_and_finish(
         mut self,
-        acked: &[MessageId],
+        acks: &[Acknowledgement],
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() || outcome != Outcome::Drained {
-            return ack_then_finish(self, acked, outcome).await;
+            return ack_then_finish(self, acks, outcome).await;
         }
-        let query = self.keyed(ACK_AND_RELEASE).bind(ids(acked));
+        let query = acknowledged(self.keyed(ACK_AND_RELEASE), acks);
         let mut conn = self.conn().await?;
         let (held, deleted, released): (i64, i64, i64) = query
             .try_map(|row: PgRow| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))

@@ -3,7 +3,8 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use outbox_core::store::{
-    GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage, ack_then_finish,
+    Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
+    ack_then_finish,
 };
 use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
 use sqlx::pool::PoolConnection;
@@ -237,7 +238,11 @@ impl SqliteSession {
     }
 
     /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.
-    async fn ack_on(&self, conn: &mut SqliteConnection, ids: &[MessageId]) -> Result<u64, Error> {
+    async fn ack_on(
+        &self,
+        conn: &mut SqliteConnection,
+        acks: &[Acknowledgement],
+    ) -> Result<u64, Error> {
         let extended = self
             .keyed(ACK_LEASE)
             .bind(now_ms().saturating_add(duration_ms(self.lease_duration)))
@@ -250,7 +255,11 @@ impl SqliteSession {
                 token: self.lease.token,
             });
         }
-        let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
+        // By id: each row is a seek of the table's own b-tree.
+        let ids: Vec<i64> = acks
+            .iter()
+            .flat_map(|ack| ack.ids.iter().map(|id| id.0))
+            .collect();
         let deleted = self
             .keyed_without_token(ACK)
             .bind(serde_json::to_string(&ids).unwrap_or_default())
@@ -404,14 +413,14 @@ impl ShardSession for SqliteSession {
         Ok(())
     }
 
-    async fn ack(&mut self, ids: &[MessageId]) -> Result<u64, Error> {
+    async fn ack(&mut self, acks: &[Acknowledgement]) -> Result<u64, Error> {
         if let Some(mut tx) = self.tx.take() {
-            let result = self.ack_on(&mut tx, ids).await;
+            let result = self.ack_on(&mut tx, acks).await;
             self.tx = Some(tx);
             return result;
         }
         let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
-        let deleted = self.ack_on(&mut tx, ids).await?;
+        let deleted = self.ack_on(&mut tx, acks).await?;
         tx.commit()
             .await
             .map_err(database("acknowledging messages"))?;
@@ -420,15 +429,15 @@ impl ShardSession for SqliteSession {
 
     async fn ack_and_finish(
         self,
-        ids: &[MessageId],
+        acks: &[Acknowledgement],
         outcome: Outcome,
     ) -> Result<(u64, bool), Error> {
         if self.tx.is_some() {
-            return ack_then_finish(self, ids, outcome).await;
+            return ack_then_finish(self, acks, outcome).await;
         }
         // One write transaction for both, instead of two.
         let (_turn, mut tx) = self.write_transaction("acknowledging messages").await?;
-        let deleted = self.ack_on(&mut tx, ids).await?;
+        let deleted = self.ack_on(&mut tx, acks).await?;
         let released = self.finish_on(&mut tx, &outcome).await?;
         tx.commit()
             .await

@@ -189,6 +189,13 @@ impl<'c> OutboxTransaction<'c> {
     /// The shards this scope has written to so far, for inspection. What to flush comes only
     /// from [`commit`](Self::commit): the shards of a transaction that has not committed
     /// cannot be flushed.
+    ///
+    /// ```compile_fail,E0308
+    /// # async fn before_commit(relay: outbox_core::Relay<outbox_sqlite::SqliteStore>, tx: outbox_sqlite::OutboxTransaction<'_>) {
+    /// // Does not compile: what is written before the commit is not something to flush.
+    /// relay.flush(tx.shards_written()).await;
+    /// # }
+    /// ```
     pub fn shards_written(&self) -> impl Iterator<Item = &ShardKey> {
         self.written.iter().map(|(shard, _)| shard)
     }

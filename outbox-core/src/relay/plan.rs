@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::error::DeliveryError;
 use crate::model::{MessageId, ShardKey};
 use crate::registry::{CategoryInfo, Registry};
-use crate::store::{GroupKey, GroupTail, StoredMessage};
+use crate::store::{Acknowledgement, GroupKey, GroupTail, StoredMessage};
 
 /// One delivery: a coalescing group (or a single message of a non-coalescing category).
 #[derive(Debug)]
@@ -25,6 +25,16 @@ impl Group {
     /// How many rows the delivery covers.
     pub(crate) fn rows(&self) -> u64 {
         self.ids.len() as u64
+    }
+
+    /// What the delivery acknowledges: the rows read, in id order.
+    pub(crate) fn acknowledgement(&self) -> Acknowledgement {
+        let mut ids = self.ids.clone();
+        ids.sort_unstable();
+        Acknowledgement {
+            group: self.key,
+            ids,
+        }
     }
 }
 

@@ -188,7 +188,7 @@ pub(crate) async fn drain<St: Store>(
                     if !retrying {
                         attempt = 1;
                     }
-                    acks.extend_from_slice(&group.ids);
+                    acks.push(group.acknowledgement());
                     rows_delivered += group.rows();
                     run.deliveries += 1;
                 }

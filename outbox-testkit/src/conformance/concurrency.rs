@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
+use outbox_core::store::{
+    Acknowledgement, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession,
+};
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
@@ -246,7 +248,13 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
     assert_eq!(rows.iter().map(|row| row.id).collect::<Vec<_>>(), ids);
     assert_eq!(
         fresh
-            .ack(&[rows[0].id])
+            .ack(&[Acknowledgement {
+                group: GroupKey {
+                    category: rows[0].category,
+                    object_identifier: rows[0].object_identifier,
+                },
+                ids: vec![rows[0].id],
+            }])
             .await
             .expect("the owner acknowledges"),
         1
