@@ -7,7 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::{BoxError, Deletion, Delivery, Registry, Relay, RelayConfig, Replication, Store};
+use outbox_core::{
+    BoxError, Deletion, Delivery, Handler, Registry, Relay, RelayConfig, Replication, Store,
+};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{
     MODEL_TABLES, ModelSeen, OrgUpdate, Project, Recorder, note, org_shard,
@@ -42,18 +44,23 @@ impl Gate {
             .forget();
     }
 
+    /// A handler that records each delivery with `recorder`, then waits at the gate.
+    fn recording(&self, recorder: &Recorder) -> impl Handler<OrgUpdate> + use<> {
+        let (recorder, gate) = (recorder.clone(), self.clone());
+        move |delivery: Delivery<OrgUpdate>| {
+            let (recorder, gate) = (recorder.clone(), gate.clone());
+            async move {
+                recorder.record(&delivery);
+                gate.pass().await;
+                Ok::<_, BoxError>(())
+            }
+        }
+    }
+
     /// Lets every waiting and later delivery through.
     fn open(&self) {
         self.permits.add_permits(Semaphore::MAX_PERMITS / 2);
     }
-}
-
-async fn migrated() -> PgTestDatabase {
-    let database = PgTestDatabase::create().await;
-    outbox_postgres::migrate(database.pool())
-        .await
-        .expect("migrate");
-    database
 }
 
 fn config() -> RelayConfig {
@@ -95,7 +102,7 @@ async fn blocked_on_a_lock(pool: &PgPool, pid: i32) {
 /// runs, A commits. Acknowledging B's delivery must leave A's row, which the next pass delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lower_id_committed_during_delivery_survives_its_group_acknowledgement() {
-    let database = migrated().await;
+    let database = PgTestDatabase::migrated().await;
     let pool = database.pool();
 
     let mut a = pool.begin().await.expect("begin A");
@@ -111,17 +118,7 @@ async fn a_lower_id_committed_during_delivery_survives_its_group_acknowledgement
 
     let recorder = Recorder::new();
     let (gate, mut inside) = Gate::new();
-    let handler = {
-        let (recorder, gate) = (recorder.clone(), gate.clone());
-        move |delivery: Delivery<OrgUpdate>| {
-            let (recorder, gate) = (recorder.clone(), gate.clone());
-            async move {
-                recorder.record(&delivery);
-                gate.pass().await;
-                Ok::<_, BoxError>(())
-            }
-        }
-    };
+    let handler = gate.recording(&recorder);
     let relay = Relay::with_config(
         PgStore::new(pool.clone()),
         recorder.registry_with::<OrgUpdate>(handler),
@@ -157,7 +154,7 @@ async fn a_lower_id_committed_during_delivery_survives_its_group_acknowledgement
 /// (batch size 2), and a row between the read and that newest row commits during delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_between_the_read_and_the_groups_newest_row_survives() {
-    let database = migrated().await;
+    let database = PgTestDatabase::migrated().await;
     let pool = database.pool();
 
     let mut first = pool.begin().await.expect("begin");
@@ -181,17 +178,7 @@ async fn a_row_between_the_read_and_the_groups_newest_row_survives() {
 
     let recorder = Recorder::new();
     let (gate, mut inside) = Gate::new();
-    let handler = {
-        let (recorder, gate) = (recorder.clone(), gate.clone());
-        move |delivery: Delivery<OrgUpdate>| {
-            let (recorder, gate) = (recorder.clone(), gate.clone());
-            async move {
-                recorder.record(&delivery);
-                gate.pass().await;
-                Ok::<_, BoxError>(())
-            }
-        }
-    };
+    let handler = gate.recording(&recorder);
     let mut config = config();
     config.batch_size = 2;
     let relay = Relay::with_config(
@@ -227,7 +214,7 @@ async fn a_row_between_the_read_and_the_groups_newest_row_survives() {
 /// commits while the relay is replicating the version S saved. The deletion must be delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_committed_while_its_object_is_replicated_is_delivered() {
-    let database = migrated().await;
+    let database = PgTestDatabase::migrated().await;
     let pool = database.pool();
     sqlx::query(MODEL_TABLES[0])
         .execute(pool)

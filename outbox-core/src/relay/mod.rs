@@ -723,21 +723,35 @@ fn finish_task(
 }
 
 /// The relay's view of the database's availability, so that an outage is logged once when it
-/// begins and once when it ends, however many shards and retries it touches.
+/// begins and once when it ends, however many shards and retries it touches (drains on
+/// connections that died in it may fail a moment after it ended: they are the same event).
 #[derive(Debug, Default)]
 struct Outage {
     since: Option<tokio::time::Instant>,
+    ended: Option<tokio::time::Instant>,
+    announced: bool,
     shards: u64,
     retries: u64,
 }
 
 impl Outage {
+    /// Failures this soon after an outage ended belong to it.
+    const AFTERMATH: Duration = Duration::from_secs(10);
+
     fn begin(&mut self, error: &Error, what: &str) {
-        if self.since.is_none() {
-            self.since = Some(tokio::time::Instant::now());
-            warn!(error = %crate::error::error_chain(error), "database unavailable ({what}); retrying with backoff");
-        } else {
+        if self.since.is_some() {
             debug!(error = %crate::error::error_chain(error), "database still unavailable ({what})");
+            return;
+        }
+        self.since = Some(tokio::time::Instant::now());
+        if self
+            .ended
+            .is_some_and(|ended| ended.elapsed() < Self::AFTERMATH)
+        {
+            debug!(error = %crate::error::error_chain(error), "database unavailable again, just after an outage ({what})");
+        } else {
+            self.announced = true;
+            warn!(error = %crate::error::error_chain(error), "database unavailable ({what}); retrying with backoff");
         }
     }
 
@@ -756,7 +770,11 @@ impl Outage {
 
     /// The database answered.
     fn end(&mut self) {
-        if let Some(since) = self.since.take() {
+        let Some(since) = self.since.take() else {
+            return;
+        };
+        self.ended = Some(tokio::time::Instant::now());
+        if std::mem::take(&mut self.announced) {
             info!(
                 after = ?since.elapsed(),
                 interrupted_shards = self.shards,

@@ -433,17 +433,7 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: TestBackend>() {
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let recorder = Recorder::new();
     let (gate, mut inside) = super::Gate::new();
-    let slow = {
-        let (recorder, gate) = (recorder.clone(), gate.clone());
-        move |delivery: Delivery<OrgUpdate>| {
-            recorder.record(&delivery);
-            let gate = gate.clone();
-            async move {
-                gate.pass().await;
-                Ok::<(), BoxError>(())
-            }
-        }
-    };
+    let slow = gate.recording::<OrgUpdate>(&recorder);
     let lease = Duration::from_millis(300);
     let mut slow_config = config("slow");
     slow_config.lease = lease;

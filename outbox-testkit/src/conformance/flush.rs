@@ -265,38 +265,32 @@ pub async fn flush_due_leaves_cascades_for_the_next_pass<B: TestBackend>() {
     assert!(pending(&*backend).await.is_empty());
 }
 
+/// Writes `messages` with the flushing transaction and commits: what the commit gives to flush.
+async fn committed<B: TestBackend>(backend: &B, messages: &[Message]) -> WrittenShards {
+    backend
+        .write_scoped(
+            Scoped {
+                top: messages,
+                ..Scoped::default()
+            },
+            true,
+        )
+        .await
+        .expect("write and commit")
+}
+
 /// S2: a flush whose shard another flush holds (its handler slow) waits for it, then delivers
 /// its own rows: `Ok` means delivered, never "someone else has the shard".
 pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: TestBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let (gate, mut inside) = Gate::new();
-    let handler = {
-        let (recorder, gate) = (recorder.clone(), gate.clone());
-        move |delivery: Delivery<OrgUpdate>| {
-            recorder.record(&delivery);
-            let gate = gate.clone();
-            async move {
-                gate.pass().await;
-                Ok::<(), BoxError>(())
-            }
-        }
-    };
     let relay = Relay::with_config(
         backend.store(),
-        recorder.registry_with::<OrgUpdate>(handler),
+        recorder.registry_with::<OrgUpdate>(gate.recording(&recorder)),
         config("s02-held"),
     );
-    let first = backend
-        .write_scoped(
-            Scoped {
-                top: &[note::<OrgUpdate>(1, 10, 1)],
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("the first transaction");
+    let first = committed(&backend, &[note::<OrgUpdate>(1, 10, 1)]).await;
     let first_flush = tokio::spawn({
         let relay = relay.clone();
         async move { relay.flush(&first).await }
@@ -306,16 +300,7 @@ pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: TestBackend>() {
         .await
         .expect("the first flush is in its handler");
 
-    let second = backend
-        .write_scoped(
-            Scoped {
-                top: &[note::<OrgUpdate>(1, 11, 2)],
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("the second transaction, same shard");
+    let second = committed(&backend, &[note::<OrgUpdate>(1, 11, 2)]).await;
     let second_flush = tokio::spawn({
         let relay = relay.clone();
         async move { relay.flush(&second).await }
@@ -359,16 +344,11 @@ pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: TestBacken
         .await
         .expect("claim")
         .expect("another worker holds shard 1");
-    let written = backend
-        .write_scoped(
-            Scoped {
-                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("write and commit");
+    let written = committed(
+        &backend,
+        &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
+    )
+    .await;
 
     let error = relay
         .flush(&written)
@@ -406,16 +386,7 @@ pub async fn s02_budgets_do_not_cut_a_flush_short<B: TestBackend>() {
     let many: Vec<Message> = (0..25)
         .map(|seq| note::<AuditEvent>(1, seq, seq as u64))
         .collect();
-    let written = backend
-        .write_scoped(
-            Scoped {
-                top: &many,
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("write and commit");
+    let written = committed(&backend, &many).await;
     let report = relay.flush(&written).await.expect("flush");
     assert_eq!(report.deliveries, 25, "every row, past the budget of 10");
     assert!(!report.rows_remain(), "{report:?}");

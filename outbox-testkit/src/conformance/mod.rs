@@ -23,7 +23,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use outbox_core::store::{PendingMessage, ShardState};
-use outbox_core::{Backoff, Message, MessageId, RelayConfig, ShardKey, Store};
+use outbox_core::{
+    Backoff, BoxError, Category, Delivery, Handler, Message, MessageId, RelayConfig, ShardKey,
+    Store,
+};
 
 pub use self::concurrency::*;
 pub use self::delivery::*;
@@ -33,6 +36,7 @@ pub use self::models::*;
 pub use self::relay::*;
 pub use self::write::*;
 use crate::backend::TestBackend;
+use crate::fixtures::{Note, Recorder};
 
 /// Runs one conformance test on a fresh multi-threaded runtime.
 pub fn run(test: impl Future<Output = ()>) {
@@ -193,6 +197,22 @@ impl Gate {
     /// Opens the gate for every waiting and later handler.
     pub(crate) fn open(&self) {
         self.open.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
+    }
+
+    /// A handler that records each delivery with `recorder`, then passes this gate.
+    pub(crate) fn recording<C: Category<Payload = Note>>(
+        &self,
+        recorder: &Recorder,
+    ) -> impl Handler<C> + use<C> {
+        let (recorder, gate) = (recorder.clone(), self.clone());
+        move |delivery: Delivery<C>| {
+            recorder.record(&delivery);
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok::<(), BoxError>(())
+            }
+        }
     }
 }
 

@@ -312,14 +312,16 @@ impl Relays {
         Ok(())
     }
 
-    /// Every warning the relays logged, in the order of their logs.
+    /// Every warning the relays' outbox crates logged, in the order of their logs.
     pub(crate) fn warnings(&self) -> Vec<String> {
         (0..self.next)
             .flat_map(|worker| {
                 std::fs::read_to_string(self.log(worker))
                     .unwrap_or_default()
                     .lines()
-                    .filter(|line| line.contains(" WARN "))
+                    // The outbox's own: sqlx also logs the server's notice on each connection
+                    // it closes (target `sqlx::postgres::notice`), which is not ours to count.
+                    .filter(|line| line.contains(" WARN ") && line.contains(" outbox_"))
                     .map(|line| format!("relay {worker}: {line}"))
                     .collect::<Vec<_>>()
             })

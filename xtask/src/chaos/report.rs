@@ -76,7 +76,7 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
             "shards resumed after a restart",
             figures.resume_restart.to_string(),
         ),
-        ("relay warnings", outcome.warnings.len().to_string()),
+        ("outbox warnings", outcome.warnings.len().to_string()),
         (
             "drain",
             format!(
