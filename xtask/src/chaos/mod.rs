@@ -220,7 +220,23 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     fn passed(&self) -> bool {
-        self.figures.passed() && self.crashes.is_empty() && self.remaining.is_none()
+        self.figures.passed()
+            && self.crashes.is_empty()
+            && self.remaining.is_none()
+            && self.outage_warnings_per_relay() <= self.restarts
+    }
+
+    /// The most "database unavailable" warnings one relay logged: at most one per restart,
+    /// however many of its shards a restart interrupted.
+    fn outage_warnings_per_relay(&self) -> u64 {
+        let mut per_relay: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for warning in &self.warnings {
+            if warning.contains("database unavailable") {
+                let relay = warning.split(':').next().unwrap_or_default();
+                *per_relay.entry(relay).or_default() += 1;
+            }
+        }
+        per_relay.into_values().max().unwrap_or(0)
     }
 }
 

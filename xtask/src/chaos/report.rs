@@ -76,7 +76,15 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
             "shards resumed after a restart",
             figures.resume_restart.to_string(),
         ),
-        ("outbox warnings", outcome.warnings.len().to_string()),
+        (
+            "outbox warnings",
+            format!(
+                "{} (at most {} \"database unavailable\" from one relay; one per restart \
+                 is the limit)",
+                outcome.warnings.len(),
+                outcome.outage_warnings_per_relay()
+            ),
+        ),
         (
             "drain",
             format!(
@@ -113,7 +121,8 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
         let _ = writeln!(out, "  {example}");
     }
     let verdict = if outcome.passed() {
-        "PASSED: nothing lost, every shard in order, no shard held twice".to_owned()
+        "PASSED: nothing lost, every shard in order, no shard held twice, one warning per outage"
+            .to_owned()
     } else {
         format!("FAILED (replay with --seed {seed})")
     };
