@@ -167,7 +167,13 @@ pub(crate) async fn drain<St: Store>(
         let mut failure = None;
         let mut out_of_budget = false;
         for group in &plan.groups {
-            if budget_spent(rows_delivered) && (progressed || !acks.is_empty()) {
+            // After a takeover the whole first read is delivered before the shard yields: the
+            // worker whose lease lapsed may have delivered any of it, and only this drain
+            // knows to call its deliveries retries.
+            if budget_spent(rows_delivered)
+                && (progressed || !acks.is_empty())
+                && (!retrying || *shutdown.borrow())
+            {
                 out_of_budget = true;
                 break;
             }

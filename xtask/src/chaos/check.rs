@@ -240,8 +240,14 @@ impl Figures {
 
     /// Whether the run proves what it should: nothing lost, nothing out of order, no shard
     /// held twice, nothing delivered that was never written.
+    /// Nothing lost, reordered, held twice or invented, and every redelivery says it is one
+    /// (`attempt` above 1), so a handler can tell a retry.
     pub(crate) fn passed(&self) -> bool {
-        self.lost() == 0 && self.order_violations == 0 && self.overlaps == 0 && self.phantoms == 0
+        self.lost() == 0
+            && self.order_violations == 0
+            && self.overlaps == 0
+            && self.phantoms == 0
+            && self.duplicates_attempt_one == 0
     }
 
     /// Keeps an example of what went wrong (the first twelve distinct ones).
@@ -543,6 +549,29 @@ mod tests {
             (0, 0, 0, 0)
         );
         assert!(figures.passed(), "{figures:?}");
+    }
+
+    #[test]
+    fn a_redelivery_must_say_it_is_a_retry() {
+        let written = written(&[(1, 2)]);
+        let first = sequenced(0, 1, 0, 10, 100, 110);
+        let mut again = sequenced(1, 1, 0, 11, 200, 210);
+        let last = sequenced(1, 1, 1, 11, 220, 230);
+        again.attempt = 2;
+        let marked = check(
+            &written,
+            &[first.clone(), again.clone(), last.clone()],
+            &Faults::default(),
+        );
+        assert_eq!((marked.duplicates, marked.duplicates_attempt_one), (1, 0));
+        assert!(marked.passed(), "{marked:?}");
+        again.attempt = 1;
+        let unmarked = check(&written, &[first, again, last], &Faults::default());
+        assert_eq!(unmarked.duplicates_attempt_one, 1);
+        assert!(
+            !unmarked.passed(),
+            "a redelivery that says attempt 1 fails the run"
+        );
     }
 
     #[test]

@@ -121,7 +121,8 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
         let _ = writeln!(out, "  {example}");
     }
     let verdict = if outcome.passed() {
-        "PASSED: nothing lost, every shard in order, no shard held twice, one warning per outage"
+        "PASSED: nothing lost, every shard in order, no shard held twice, every redelivery \
+         marked, one warning per outage"
             .to_owned()
     } else {
         format!("FAILED (replay with --seed {seed})")
