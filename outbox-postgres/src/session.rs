@@ -6,7 +6,7 @@ use outbox_core::store::{
     Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
     ack_then_finish,
 };
-use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
+use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -118,6 +118,11 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
     SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
         (SELECT count(*) FROM gone) + (SELECT count(*) FROM released)";
 
+// A lease extended from beside a running handler.
+pub(crate) const EXTEND_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
 pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
@@ -151,6 +156,20 @@ fn acknowledged<'q>(
     let lowest = ids.iter().copied().min().unwrap_or(0);
     let highest = ids.iter().copied().max().unwrap_or(-1);
     query.bind(lowest).bind(highest).bind(ids)
+}
+
+/// Binds a shard's key as `$1..$3` of a statement.
+fn shard_keyed(sql: &'static str, shard: &ShardKey) -> Query<'static, Postgres, PgArguments> {
+    sqlx::query(sql)
+        .bind(shard.scope.0)
+        .bind(shard.shard_identifier)
+        .bind(shard.destination_str().to_owned())
+}
+
+/// Binds a lease's shard key and fencing token as `$1..$4` of a statement: one that acts only
+/// while the lease is current.
+pub(crate) fn fenced(sql: &'static str, lease: &Lease) -> Query<'static, Postgres, PgArguments> {
+    shard_keyed(sql, &lease.shard).bind(lease.token)
 }
 
 fn stored(row: &PgRow) -> StoredMessage {
@@ -192,7 +211,7 @@ impl PgSession {
 
     /// Binds the shard key and fencing token as `$1..$4` of a statement.
     fn keyed(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
-        self.keyed_without_token(sql).bind(self.lease.token)
+        fenced(sql, &self.lease)
     }
 
     async fn finish_on(&self, conn: &mut PgConnection, outcome: &Outcome) -> Result<u64, Error> {
@@ -389,10 +408,6 @@ impl ShardSession for PgSession {
 impl PgSession {
     /// Binds the shard key as `$1..$3` of a statement.
     fn keyed_without_token(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
-        let shard = &self.lease.shard;
-        sqlx::query(sql)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str().to_owned())
+        shard_keyed(sql, &self.lease.shard)
     }
 }

@@ -10,7 +10,7 @@ use sqlx::{PgPool, Row};
 
 use crate::error::database;
 use crate::migrate::MIGRATIONS;
-use crate::session::PgSession;
+use crate::session::{EXTEND_LEASE, PgSession, fenced};
 
 /// The channel on which the outbox trigger notifies relays of committed messages.
 pub const NOTIFY_CHANNEL: &str = "outbox_messages";
@@ -258,29 +258,16 @@ impl Store for PgStore {
     }
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
-        let extended = sqlx::query(
-            "UPDATE outbox_shards \
-             SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
-             WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
-                AND lease_token = $4",
-        )
-        .bind(lease.shard.scope.0)
-        .bind(lease.shard.shard_identifier)
-        .bind(lease.shard.destination_str())
-        .bind(lease.token)
-        .bind(duration_ms(duration))
-        .execute(&self.pool)
-        .await
-        .map_err(database("extending a lease"))?;
+        let extended = fenced(EXTEND_LEASE, lease)
+            .bind(duration_ms(duration))
+            .execute(&self.pool)
+            .await
+            .map_err(database("extending a lease"))?;
         Ok(extended.rows_affected() > 0)
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {
-        let released = sqlx::query(RELEASE_INTERRUPTED)
-            .bind(lease.shard.scope.0)
-            .bind(lease.shard.shard_identifier)
-            .bind(lease.shard.destination_str())
-            .bind(lease.token)
+        let released = fenced(RELEASE_INTERRUPTED, lease)
             .execute(&self.pool)
             .await
             .map_err(database("releasing a lease"))?;

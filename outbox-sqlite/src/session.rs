@@ -6,7 +6,7 @@ use outbox_core::store::{
     Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
     ack_then_finish,
 };
-use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId};
+use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -168,6 +168,20 @@ fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
     })
 }
 
+/// Binds a shard's key as `?1..?3` of a statement.
+fn shard_keyed(sql: &'static str, shard: &ShardKey) -> Query<'static, Sqlite, SqliteArguments> {
+    sqlx::query(sql)
+        .bind(shard.scope.0)
+        .bind(shard.shard_identifier)
+        .bind(shard.destination_str().to_owned())
+}
+
+/// Binds a lease's shard key and fencing token as `?1..?4` of a statement: one that acts only
+/// while the lease is current.
+pub(crate) fn fenced(sql: &'static str, lease: &Lease) -> Query<'static, Sqlite, SqliteArguments> {
+    shard_keyed(sql, &lease.shard).bind(lease.token)
+}
+
 fn stored(row: &SqliteRow) -> StoredMessage {
     StoredMessage {
         id: MessageId(row.get(0)),
@@ -225,16 +239,12 @@ impl SqliteSession {
 
     /// Binds the shard key as `?1..?3` of a statement.
     fn keyed_without_token(&self, sql: &'static str) -> Query<'static, Sqlite, SqliteArguments> {
-        let shard = &self.lease.shard;
-        sqlx::query(sql)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str().to_owned())
+        shard_keyed(sql, &self.lease.shard)
     }
 
     /// Binds the shard key and fencing token as `?1..?4` of a statement.
     fn keyed(&self, sql: &'static str) -> Query<'static, Sqlite, SqliteArguments> {
-        self.keyed_without_token(sql).bind(self.lease.token)
+        fenced(sql, &self.lease)
     }
 
     /// Extends the lease, proving it is still ours, then deletes the acknowledged rows.

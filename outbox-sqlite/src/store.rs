@@ -10,7 +10,7 @@ use sqlx::{Row, SqlitePool};
 
 use crate::error::database;
 use crate::migrate::MIGRATIONS;
-use crate::session::SqliteSession;
+use crate::session::{EXTEND_LEASE, SqliteSession, fenced};
 
 /// The outbox store on a SQLite database.
 ///
@@ -291,11 +291,7 @@ impl Store for SqliteStore {
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
         let _turn = self.writes.lock().await;
-        let extended = sqlx::query(crate::session::EXTEND_LEASE)
-            .bind(lease.shard.scope.0)
-            .bind(lease.shard.shard_identifier)
-            .bind(lease.shard.destination_str())
-            .bind(lease.token)
+        let extended = fenced(EXTEND_LEASE, lease)
             .bind(now_ms().saturating_add(duration_ms(duration)))
             .execute(&self.pool)
             .await
@@ -305,11 +301,7 @@ impl Store for SqliteStore {
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         let _turn = self.writes.lock().await;
-        let released = sqlx::query(RELEASE_INTERRUPTED)
-            .bind(lease.shard.scope.0)
-            .bind(lease.shard.shard_identifier)
-            .bind(lease.shard.destination_str())
-            .bind(lease.token)
+        let released = fenced(RELEASE_INTERRUPTED, lease)
             .bind(now_ms())
             .execute(&self.pool)
             .await

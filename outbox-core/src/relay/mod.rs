@@ -270,26 +270,24 @@ impl<S: Store> Relay<S> {
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.prepare().await?;
         let unique: HashSet<ShardKey> = shards.iter().cloned().collect();
-        self.drain_each(unique.into_iter().map(|shard| (shard, DrainMode::RELAY)))
-            .await
-    }
-
-    /// Drains each shard once in its mode, concurrently.
-    async fn drain_each(
-        &self,
-        shards: impl IntoIterator<Item = (ShardKey, DrainMode)>,
-    ) -> Result<DrainReport, Error> {
         let (_keep_running, running) = watch::channel(false);
         let limit = Arc::new(Semaphore::new(
             self.inner.config.max_concurrent_shards.max(1),
         ));
         let mut tasks = JoinSet::new();
-        for (shard, mode) in shards {
+        for shard in unique {
             let permit = Arc::clone(&limit)
                 .acquire_owned()
                 .await
                 .expect("the semaphore is never closed");
-            spawn_shard(&mut tasks, &self.inner, shard, permit, &running, mode);
+            spawn_shard(
+                &mut tasks,
+                &self.inner,
+                shard,
+                permit,
+                &running,
+                DrainMode::RELAY,
+            );
         }
         let mut report = DrainReport::default();
         let mut first_error = None;
@@ -331,16 +329,14 @@ impl<S: Store> Relay<S> {
         let mut remaining = Vec::new();
         let mut first_error = None;
         while let Some(done) = tasks.join_next().await {
-            match done {
-                Ok(Ok((runs, left))) => {
+            match joined(done) {
+                Ok((runs, left)) => {
                     runs.into_iter().for_each(|run| report.absorb(run));
                     remaining.extend(left);
                 }
-                Ok(Err(error)) => {
+                Err(error) => {
                     first_error.get_or_insert(error);
                 }
-                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-                Err(error) => panic!("flush task was cancelled unexpectedly: {error}"),
             }
         }
         if let Some(error) = first_error {
@@ -635,17 +631,17 @@ impl<S: Store> Inner<S> {
             return;
         }
         let mut released = 0usize;
-        let mut left = Vec::new();
-        for lease in leases {
-            if !left.is_empty() {
-                left.push(lease);
-                continue;
-            }
+        let mut leases = leases.into_iter();
+        while let Some(lease) = leases.next() {
             match self.store.release(&lease).await {
                 Ok(held) => released += usize::from(held),
                 Err(error) => {
                     debug!(error = %crate::error::error_chain(&error), "cannot release interrupted shards yet");
-                    left.push(lease);
+                    self.interrupted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend(std::iter::once(lease).chain(leases));
+                    break;
                 }
             }
         }
@@ -654,12 +650,6 @@ impl<S: Store> Inner<S> {
                 released,
                 "released the shards whose drain the database interrupted"
             );
-        }
-        if !left.is_empty() {
-            self.interrupted
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .extend(left);
         }
     }
 }
@@ -693,7 +683,7 @@ fn collect(
     report: &mut DrainReport,
     first_error: &mut Option<Error>,
 ) {
-    match unwrap_task(done) {
+    match joined(done) {
         (_, Ok(run)) => report.absorb(run),
         (_, Err(error)) => {
             first_error.get_or_insert(error);
@@ -707,7 +697,7 @@ fn finish_task(
     report: &mut RunReport,
     outage: &mut Outage,
 ) {
-    let (shard, result) = unwrap_task(done);
+    let (shard, result) = joined(done);
     in_flight.remove(&shard);
     match result {
         Ok(run) => report.absorb(&run),
@@ -774,22 +764,24 @@ impl Outage {
             return;
         };
         self.ended = Some(tokio::time::Instant::now());
+        let (shards, retries) = (
+            std::mem::take(&mut self.shards),
+            std::mem::take(&mut self.retries),
+        );
         if std::mem::take(&mut self.announced) {
             info!(
                 after = ?since.elapsed(),
-                interrupted_shards = self.shards,
-                retries = self.retries,
+                interrupted_shards = shards,
+                retries,
                 "database reachable again"
             );
-            self.shards = 0;
-            self.retries = 0;
         }
     }
 }
 
 /// Handler panics are caught where handlers run; a panicking task is a bug in the relay itself,
 /// so it is re-raised rather than hidden.
-fn unwrap_task(done: Result<Task, JoinError>) -> Task {
+fn joined<T>(done: Result<T, JoinError>) -> T {
     match done {
         Ok(task) => task,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
