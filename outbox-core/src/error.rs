@@ -110,6 +110,19 @@ pub enum Error {
         detail: String,
     },
 
+    /// A model write names one key more than once. Nothing is written: which of the models
+    /// should the row hold, and which outbox announce it? Write them in separate calls, in
+    /// the order they should apply.
+    #[error(
+        "replicated model `{model}` cannot be written: key {key} appears more than once in one call"
+    )]
+    DuplicateKey {
+        /// The model's category name.
+        model: &'static str,
+        /// The key.
+        key: i64,
+    },
+
     /// A destination name is not acceptable.
     #[error("invalid destination name {name:?}: {reason}")]
     InvalidDestination {

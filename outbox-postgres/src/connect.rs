@@ -4,7 +4,9 @@ use outbox_core::Error;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::error::database;
+use outbox_sqlx::error::database;
+
+use crate::dialect::PgDialect;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -29,14 +31,14 @@ pub async fn connect(url: &str) -> Result<PgPool, Error> {
         .map_err(|_| Error::Unavailable {
             source: format!("no answer from PostgreSQL within {CONNECT_TIMEOUT:?}").into(),
         })?
-        .map_err(database("connecting to PostgreSQL"))?;
+        .map_err(database::<PgDialect>("connecting to PostgreSQL"))?;
     let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(20)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options)
         .await
-        .map_err(database("connecting to PostgreSQL"))
+        .map_err(database::<PgDialect>("connecting to PostgreSQL"))
 }
 
 /// The URL without its password, for error messages.

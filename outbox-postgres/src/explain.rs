@@ -6,8 +6,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
-use crate::session::{ACK, ACK_AND_RELEASE, DELETE_IF_EMPTY, FETCH, FETCH_NEWEST};
-use crate::store::{CLAIM, DISCOVER};
+use crate::dialect::{ACK, ACK_AND_RELEASE, CLAIM, DELETE_IF_EMPTY, DISCOVER, FETCH, FETCH_NEWEST};
 
 async fn populated() -> PgTestDatabase {
     let database = PgTestDatabase::create().await;

@@ -8,31 +8,116 @@
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
 //! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
-//!   `#[replicated_model]`) together with their outboxes, one statement per table.
+//!   `#[replicated_model]`) together with their outboxes, one statement per table. A key may
+//!   appear only once in one call ([`Error::DuplicateKey`] otherwise, with nothing written).
 //! - [`begin`] opens an [`OutboxTransaction`]: it remembers the shards its outboxes went to,
 //!   so that `Relay::flush` delivers them as soon as it commits (S2); its nested
-//!   [`deferred`](OutboxTransaction::deferred) scopes leave theirs to the relay (S3).
+//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay
+//!   (S3).
 //! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
 //!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn
 //!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
+//!
+//! The body of the backend (transactions, writes, sessions, the store) is `outbox-sqlx`'s,
+//! shared with `outbox-sqlite`; this crate supplies PostgreSQL's SQL, claims, wake-ups and
+//! error codes ([`PgDialect`]).
+//!
+//! What an [`OutboxTransaction`] wrote can be flushed only once it has committed:
+//!
+//! ```compile_fail,E0308
+//! # async fn before_commit(relay: outbox_core::Relay<outbox_postgres::PgStore>, tx: outbox_postgres::OutboxTransaction<'_>) {
+//! // Does not compile: what is written before the commit is not something to flush.
+//! relay.flush(tx.shards_written()).await;
+//! # }
+//! ```
 
 mod connect;
-mod error;
-mod migrate;
+mod dialect;
 mod model;
-mod session;
-mod store;
-mod transaction;
-mod write;
+mod wakeups;
+
+use outbox_core::{Error, Message, MessageId};
+use sqlx::migrate::Migrator;
+use sqlx::{PgExecutor, PgPool};
 
 pub use crate::connect::connect;
-pub use crate::migrate::{migrate, migrator};
+pub use crate::dialect::PgDialect;
 pub use crate::model::{delete, insert, save, update};
-pub use crate::session::PgSession;
-pub use crate::store::{NOTIFY_CHANNEL, PgStore, PgWakeups};
-pub use crate::transaction::{OutboxTransaction, begin};
-pub use crate::write::{write, write_all};
+pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups};
 pub use outbox_core::store::MIGRATIONS_TABLE;
+
+/// The outbox store on a PostgreSQL database: `PgStore::new(pool)`. Apply the migrations
+/// first ([`migrate`]).
+pub type PgStore = outbox_sqlx::SqlxStore<PgDialect>;
+
+/// A claimed shard on PostgreSQL: under a lease, or inside the claiming transaction (which
+/// holds the shard's state row locked) in in-transaction handler mode.
+pub type PgSession = outbox_sqlx::SqlxSession<PgDialect>;
+
+/// A PostgreSQL transaction that remembers the shards its outboxes went to (see
+/// [`outbox_sqlx::OutboxTransaction`]): it dereferences to the `PgConnection`.
+pub type OutboxTransaction<'c> = outbox_sqlx::OutboxTransaction<'c, PgDialect>;
+
+/// Begins a flushing transaction on `pool`.
+///
+/// ```no_run
+/// # use outbox_core::{Category, CategoryId, Message, Registry, Relay, Scope, ScopeId};
+/// # struct Org;
+/// # impl Scope for Org { const ID: ScopeId = ScopeId(1); const NAME: &'static str = "org"; }
+/// # struct Renamed;
+/// # impl Category for Renamed {
+/// #     type Scope = Org; type Payload = String;
+/// #     const ID: CategoryId = CategoryId(1); const NAME: &'static str = "renamed";
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = outbox_postgres::connect("postgres://postgres@127.0.0.1:5432/app").await?;
+/// # outbox_postgres::migrate(&pool).await?;
+/// # let registry = Registry::builder()
+/// #     .handle::<Renamed>(|_: outbox_core::Delivery<Renamed>| async { Ok::<_, std::io::Error>(()) })
+/// #     .build()?;
+/// let relay = Relay::new(outbox_postgres::PgStore::new(pool.clone()), registry);
+///
+/// let mut tx = outbox_postgres::begin(&pool).await?;
+/// // ... the business change, with `&mut *tx` as the executor ...
+/// tx.write(&Message::new::<Renamed>(1, 1, &"Acme".to_owned())?).await?;
+/// let written = tx.commit().await?; // the data is committed
+/// relay.flush(&written).await?; // and delivered now: Err(_) if a handler failed
+/// # Ok(())
+/// # }
+/// ```
+pub async fn begin(pool: &PgPool) -> Result<OutboxTransaction<'static>, Error> {
+    outbox_sqlx::begin::<PgDialect>(pool).await
+}
+
+/// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
+/// or a pool. It commits or rolls back with the caller's transaction (S1).
+pub async fn write<'e, E: PgExecutor<'e>>(
+    executor: E,
+    message: &Message,
+) -> Result<MessageId, Error> {
+    outbox_sqlx::write::<PgDialect, E>(executor, message).await
+}
+
+/// Writes many messages in one statement (S5), with the caller's executor. Returns their
+/// ids in ascending order.
+pub async fn write_all<'e, E: PgExecutor<'e>>(
+    executor: E,
+    messages: &[Message],
+) -> Result<Vec<MessageId>, Error> {
+    outbox_sqlx::write_all::<PgDialect, E>(executor, messages).await
+}
+
+/// The migrator for the outbox tables, recorded in `_outbox_migrations`.
+pub fn migrator() -> Migrator {
+    outbox_sqlx::migrator::<PgDialect>()
+}
+
+/// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
+/// from several processes at once.
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    outbox_sqlx::migrate::<PgDialect>(pool).await
+}
 
 #[cfg(test)]
 mod explain;

@@ -5,7 +5,9 @@ use outbox_core::Error;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use crate::error::database;
+use outbox_sqlx::error::database;
+
+use crate::dialect::SqliteDialect;
 
 /// Options for a database file suited to the outbox: created if missing, WAL journal (readers
 /// never block the writer), `synchronous = NORMAL` (durable at each WAL checkpoint, safe with
@@ -25,5 +27,5 @@ pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
         .max_connections(8)
         .connect_with(connect_options(path))
         .await
-        .map_err(database("connecting to SQLite"))
+        .map_err(database::<SqliteDialect>("connecting to SQLite"))
 }

@@ -5,8 +5,7 @@ use outbox_testkit::sqlite::SqliteTestDatabase;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
-use crate::session::{ACK, DELETE_IF_EMPTY, EXTEND_LEASE, FETCH, FETCH_NEWEST};
-use crate::store::{CLAIM, DISCOVER};
+use crate::dialect::{ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, EXTEND_LEASE, FETCH, FETCH_NEWEST};
 
 async fn populated() -> SqliteTestDatabase {
     let database = SqliteTestDatabase::create().await;
@@ -69,7 +68,7 @@ async fn hot_queries_use_the_indexes() {
     let groups = "[[1, 3], [2, 4]]";
 
     let discovery = explain(pool, DISCOVER, |q| {
-        q.bind(0_i64).bind(0_i64).bind("").bind(256_i64).bind(0_i64)
+        q.bind(0_i64).bind(0_i64).bind("").bind(256_i64)
     })
     .await;
     assert!(
@@ -122,7 +121,6 @@ async fn hot_queries_use_the_indexes() {
             .bind("worker")
             .bind(1_i64)
             .bind(30_000_i64)
-            .bind(0_i64)
     })
     .await;
     explain(pool, DELETE_IF_EMPTY, |q| {

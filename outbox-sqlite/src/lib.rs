@@ -9,33 +9,121 @@
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
 //! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
-//!   `#[replicated_model]`) together with their outboxes, one statement per table.
+//!   `#[replicated_model]`) together with their outboxes, one statement per table. A key may
+//!   appear only once in one call ([`Error::DuplicateKey`] otherwise, with nothing written).
 //! - [`begin`] opens an [`OutboxTransaction`]: it remembers the shards its outboxes went to,
 //!   so that `Relay::flush` delivers them as soon as it commits (S2); its nested
-//!   [`deferred`](OutboxTransaction::deferred) scopes leave theirs to the relay (S3).
+//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay
+//!   (S3).
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
 //!
 //! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one
 //! database file never drain the same shard at once. In-transaction handler mode holds the
 //! database's write lock for the whole drain of a shard: keep such handlers short.
+//!
+//! The body of the backend (transactions, writes, sessions, the store) is `outbox-sqlx`'s,
+//! shared with `outbox-postgres`; this crate supplies SQLite's SQL, claims and error messages
+//! ([`SqliteDialect`]).
+//!
+//! What an [`OutboxTransaction`] wrote can be flushed only once it has committed:
+//!
+//! ```compile_fail,E0308
+//! # async fn before_commit(relay: outbox_core::Relay<outbox_sqlite::SqliteStore>, tx: outbox_sqlite::OutboxTransaction<'_>) {
+//! // Does not compile: what is written before the commit is not something to flush.
+//! relay.flush(tx.shards_written()).await;
+//! # }
+//! ```
 
 mod connect;
-mod error;
-mod migrate;
+mod dialect;
 mod model;
-mod session;
-mod store;
-mod transaction;
-mod write;
+
+use outbox_core::{Error, Message, MessageId};
+use sqlx::migrate::Migrator;
+use sqlx::{SqliteExecutor, SqlitePool};
 
 pub use crate::connect::{connect, connect_options};
-pub use crate::migrate::{migrate, migrator};
+pub use crate::dialect::SqliteDialect;
 pub use crate::model::{delete, insert, save, update};
-pub use crate::session::SqliteSession;
-pub use crate::store::SqliteStore;
-pub use crate::transaction::{OutboxTransaction, begin};
-pub use crate::write::{write, write_all};
 pub use outbox_core::store::MIGRATIONS_TABLE;
+
+/// The outbox store on a SQLite database: `SqliteStore::new(pool)`. Apply the migrations first
+/// ([`migrate`]).
+///
+/// The relay's write transactions (claims, acknowledgements, releases) take turns on an
+/// in-process lock shared by the store's clones before they ask SQLite for its write lock: the
+/// relay's concurrent shards queue for it at once instead of sleeping in SQLite's busy handler.
+pub type SqliteStore = outbox_sqlx::SqlxStore<SqliteDialect>;
+
+/// A claimed shard on SQLite: under a lease, or inside the claiming `BEGIN IMMEDIATE`
+/// transaction in in-transaction handler mode.
+pub type SqliteSession = outbox_sqlx::SqlxSession<SqliteDialect>;
+
+/// A SQLite transaction that remembers the shards its outboxes went to (see
+/// [`outbox_sqlx::OutboxTransaction`]): it dereferences to the `SqliteConnection`.
+pub type OutboxTransaction<'c> = outbox_sqlx::OutboxTransaction<'c, SqliteDialect>;
+
+/// Begins a flushing transaction on `pool` (`BEGIN IMMEDIATE`: it is a writing transaction).
+///
+/// ```
+/// # use outbox_core::{Category, CategoryId, Message, Registry, Relay, Scope, ScopeId};
+/// # struct Org;
+/// # impl Scope for Org { const ID: ScopeId = ScopeId(1); const NAME: &'static str = "org"; }
+/// # struct Renamed;
+/// # impl Category for Renamed {
+/// #     type Scope = Org; type Payload = String;
+/// #     const ID: CategoryId = CategoryId(1); const NAME: &'static str = "renamed";
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let pool = outbox_sqlite::connect(&dir.path().join("app.db")).await?;
+/// # outbox_sqlite::migrate(&pool).await?;
+/// # let registry = Registry::builder()
+/// #     .handle::<Renamed>(|_: outbox_core::Delivery<Renamed>| async { Ok::<_, std::io::Error>(()) })
+/// #     .build()?;
+/// let relay = Relay::new(outbox_sqlite::SqliteStore::new(pool.clone()), registry);
+///
+/// let mut tx = outbox_sqlite::begin(&pool).await?;
+/// // ... the business change, with `&mut *tx` as the executor ...
+/// tx.write(&Message::new::<Renamed>(1, 1, &"Acme".to_owned())?).await?;
+/// let written = tx.commit().await?; // the data is committed
+/// relay.flush(&written).await?; // and delivered now: Err(_) if a handler failed
+/// # Ok(())
+/// # }
+/// ```
+pub async fn begin(pool: &SqlitePool) -> Result<OutboxTransaction<'static>, Error> {
+    outbox_sqlx::begin::<SqliteDialect>(pool).await
+}
+
+/// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
+/// or a pool. It commits or rolls back with the caller's transaction (S1).
+pub async fn write<'e, E: SqliteExecutor<'e>>(
+    executor: E,
+    message: &Message,
+) -> Result<MessageId, Error> {
+    outbox_sqlx::write::<SqliteDialect, E>(executor, message).await
+}
+
+/// Writes many messages in one statement (S5), with the caller's executor. Returns their
+/// ids in ascending order.
+pub async fn write_all<'e, E: SqliteExecutor<'e>>(
+    executor: E,
+    messages: &[Message],
+) -> Result<Vec<MessageId>, Error> {
+    outbox_sqlx::write_all::<SqliteDialect, E>(executor, messages).await
+}
+
+/// The migrator for the outbox tables, recorded in `_outbox_migrations`.
+pub fn migrator() -> Migrator {
+    outbox_sqlx::migrator::<SqliteDialect>()
+}
+
+/// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
+/// from several processes at once.
+pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
+    outbox_sqlx::migrate::<SqliteDialect>(pool).await
+}
 
 #[cfg(test)]
 mod explain;

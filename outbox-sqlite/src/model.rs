@@ -1,25 +1,14 @@
-//! Replicated models on SQLite: rows written together with their outboxes, one statement per
-//! table, and read back by the relay at delivery.
+//! Replicated models on SQLite: the statements that write them and read them back.
 //!
 //! The models travel to the database as one JSON array parameter, as the outbox rows do:
 //! `json_each` turns it into rows, `->>` into column values.
 
-use outbox_core::{
-    BoxFuture, Error, IntoModelBatch, Message, MessageId, ModelBatch, ModelTable, ReplicatedModel,
-};
-use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, SqliteExecutor, Transaction};
+use outbox_core::{BoxFuture, Error, IntoModelBatch, ModelTable, ReplicatedModel};
+use outbox_sqlx::Write;
+use outbox_sqlx::model::{boxed, column_list, quoted};
+use sqlx::{Sqlite, Transaction};
 
-use crate::error::on_table;
-use crate::write::write_all;
-
-/// An identifier (`projects`, or `app.projects`), quoted.
-fn quoted(identifier: &str) -> String {
-    identifier
-        .split('.')
-        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
-        .collect::<Vec<_>>()
-        .join(".")
-}
+use crate::dialect::SqliteDialect;
 
 /// `value ->> 'column'` for each column, from the `json_each` row `source`.
 fn values(table: &ModelTable, source: &str) -> Vec<String> {
@@ -30,20 +19,11 @@ fn values(table: &ModelTable, source: &str) -> Vec<String> {
         .collect()
 }
 
-fn column_list(table: &ModelTable) -> String {
-    table
-        .columns
-        .iter()
-        .map(|column| quoted(column))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn insert_sql(table: &ModelTable) -> String {
     format!(
         "INSERT INTO {} ({}) SELECT {} FROM json_each(?1) AS s WHERE true ORDER BY s.key",
         quoted(table.table),
-        column_list(table),
+        column_list(table, ""),
         values(table, "s").join(", "),
     )
 }
@@ -101,136 +81,56 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     )
 }
 
-async fn execute<'e>(
-    executor: impl SqliteExecutor<'e>,
-    sql: String,
-    parameter: String,
-    operation: &'static str,
-) -> Result<u64, Error> {
-    let done = sqlx::query(AssertSqlSafe(sql))
-        .bind(parameter)
-        .execute(executor)
-        .await
-        .map_err(on_table(operation))?;
-    Ok(done.rows_affected())
-}
-
-/// One of the model writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Write {
-    Insert,
-    Update,
-    Save,
-    Delete,
-}
-
-/// What a model write did.
-#[derive(Debug)]
-pub(crate) struct Written {
-    /// Rows of the model's table affected.
-    pub(crate) rows: u64,
-    /// The outbox messages written.
-    pub(crate) messages: Vec<Message>,
-    /// Their ids.
-    pub(crate) ids: Vec<MessageId>,
-}
-
-/// Applies `write` to `batch`: the rows and one outbox per model (and destination), two
-/// statements, the rows first.
-///
-/// The outboxes are written after the change they announce, deletions included: the change
-/// takes the rows' locks, so a second writer of the same object waits for the first to commit
-/// before it writes its own outbox, and the outbox ids of one object follow the order in which
-/// its writers commit. Written first, a deletion's outbox would take its id before waiting on
-/// the lock of a writer that then commits ahead of it: the older id would carry the newer
-/// change. (The relay does not rely on it: it acknowledges only the rows it read, S13.)
-pub(crate) async fn apply<M, C>(
-    conn: &mut C,
-    write: Write,
-    batch: &ModelBatch<'_, M>,
-) -> Result<Written, Error>
-where
-    M: ReplicatedModel,
-    for<'c> &'c mut C: SqliteExecutor<'c>,
-{
-    if batch.models().is_empty() {
-        return Ok(Written {
-            rows: 0,
-            messages: Vec::new(),
-            ids: Vec::new(),
-        });
+/// The statement for `write` of `table`'s models.
+pub(crate) fn model_sql(write: Write, table: &ModelTable) -> String {
+    match write {
+        Write::Insert => insert_sql(table),
+        Write::Update => update_sql(table),
+        Write::Save => save_sql(table),
+        Write::Delete => delete_sql(table),
     }
-    let messages = batch.messages()?;
-    let (sql, operation) = match write {
-        Write::Insert => (insert_sql(&M::TABLE), "inserting models"),
-        Write::Update => (update_sql(&M::TABLE), "updating models"),
-        Write::Save => (save_sql(&M::TABLE), "saving models"),
-        Write::Delete => (delete_sql(&M::TABLE), "deleting models"),
-    };
-    let parameter = match write {
-        Write::Delete => serde_json::Value::from(batch.keys()).to_string(),
-        Write::Insert | Write::Update | Write::Save => batch.rows_json()?,
-    };
-    let rows = execute(&mut *conn, sql, parameter, operation).await?;
-    let ids = write_all(&mut *conn, &messages).await?;
-    Ok(Written {
-        rows,
-        messages,
-        ids,
-    })
-}
-
-/// `write` on the caller's transaction, the models converted at the call (so that a mistake
-/// there is one error).
-fn boxed<'t, 'a: 't, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'_, Sqlite>,
-    write: Write,
-    models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
-    let batch = models.into_batch();
-    Box::pin(async move {
-        let written = apply::<M, SqliteConnection>(&mut **tx, write, &batch).await?;
-        Ok(written.rows)
-    })
 }
 
 /// Inserts new models and writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Returns the rows inserted. Fails, writing
-/// nothing, if a key exists already.
+/// nothing, if a key exists already, or appears twice ([`Error::DuplicateKey`]).
 pub fn insert<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed(tx, Write::Insert, models)
+    boxed::<SqliteDialect, M>(tx, Write::Insert, models)
 }
 
 /// Updates existing models (matched by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows updated; a
-/// model without a row still gets its outbox, delivered as a deletion.
+/// model without a row still gets its outbox, delivered as a deletion. A key may appear only
+/// once in one call ([`Error::DuplicateKey`]).
 pub fn update<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed(tx, Write::Update, models)
+    boxed::<SqliteDialect, M>(tx, Write::Update, models)
 }
 
 /// Inserts or updates models (by key) and writes their outboxes, in the caller's
 /// transaction: two statements however many models there are. Returns the rows written.
+/// A key may appear only once in one call ([`Error::DuplicateKey`]).
 pub fn save<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed(tx, Write::Save, models)
+    boxed::<SqliteDialect, M>(tx, Write::Save, models)
 }
 
 /// Deletes the models' rows, then writes their outboxes, in the caller's transaction: two
 /// statements however many models there are. Each outbox carries the model's tombstone, for
-/// the deletion handler. Returns the rows deleted.
+/// the deletion handler. Returns the rows deleted. A key may appear only once in one call
+/// ([`Error::DuplicateKey`]).
 pub fn delete<'t, 'a: 't, M: ReplicatedModel>(
     tx: &'t mut Transaction<'_, Sqlite>,
     models: impl IntoModelBatch<'a, M>,
 ) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed(tx, Write::Delete, models)
+    boxed::<SqliteDialect, M>(tx, Write::Delete, models)
 }
 
 #[cfg(test)]
@@ -279,8 +179,8 @@ mod tests {
         let batch = ModelBatch::local(&projects);
         let mut tx = database.pool().begin().await.expect("begin");
         for write in [Write::Insert, Write::Update, Write::Save, Write::Delete] {
-            let mut counting = CountingExecutor::<SqliteConnection>::new(&mut tx);
-            let written = apply::<Project, CountingExecutor<'_, SqliteConnection>>(
+            let mut counting = CountingExecutor::new(&mut tx);
+            let written = outbox_sqlx::model::apply::<SqliteDialect, Project, _>(
                 &mut counting,
                 write,
                 &batch,

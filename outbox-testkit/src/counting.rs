@@ -4,10 +4,11 @@ use std::fmt;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
+use outbox_sqlx::sql::Runner;
 use sqlx::{Database, Either, Execute, Executor};
 
-/// Wraps a connection and counts the statements executed through it: proof that a bulk write
-/// is one statement, not one per row.
+/// Wraps a transaction or a pooled connection and counts the statements executed through it:
+/// proof that a bulk write is one statement, not one per row.
 pub struct CountingExecutor<'a, C> {
     inner: &'a mut C,
     statements: usize,
@@ -36,46 +37,58 @@ impl<C> fmt::Debug for CountingExecutor<'_, C> {
     }
 }
 
-impl<'c, C, DB> Executor<'c> for &'c mut CountingExecutor<'_, C>
+impl<'c, C> Executor<'c> for &'c mut CountingExecutor<'_, C>
 where
-    C: Send,
-    DB: Database,
-    for<'x> &'x mut C: Executor<'x, Database = DB>,
+    C: Runner,
 {
-    type Database = DB;
+    type Database = C::Database;
 
     fn fetch_many<'e, 'q: 'e, E>(
         self,
         query: E,
-    ) -> BoxStream<'e, Result<Either<DB::QueryResult, DB::Row>, sqlx::Error>>
+    ) -> BoxStream<
+        'e,
+        Result<
+            Either<<C::Database as Database>::QueryResult, <C::Database as Database>::Row>,
+            sqlx::Error,
+        >,
+    >
     where
         'c: 'e,
-        E: 'q + Execute<'q, DB>,
+        E: 'q + Execute<'q, C::Database>,
     {
         self.statements += 1;
-        (&mut *self.inner).fetch_many(query)
+        self.inner.executor().fetch_many(query)
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
         self,
         query: E,
-    ) -> BoxFuture<'e, Result<Option<DB::Row>, sqlx::Error>>
+    ) -> BoxFuture<'e, Result<Option<<C::Database as Database>::Row>, sqlx::Error>>
     where
         'c: 'e,
-        E: 'q + Execute<'q, DB>,
+        E: 'q + Execute<'q, C::Database>,
     {
         self.statements += 1;
-        (&mut *self.inner).fetch_optional(query)
+        self.inner.executor().fetch_optional(query)
     }
 
     fn prepare_with<'e>(
         self,
         sql: sqlx::SqlStr,
-        parameters: &'e [DB::TypeInfo],
-    ) -> BoxFuture<'e, Result<DB::Statement, sqlx::Error>>
+        parameters: &'e [<C::Database as Database>::TypeInfo],
+    ) -> BoxFuture<'e, Result<<C::Database as Database>::Statement, sqlx::Error>>
     where
         'c: 'e,
     {
-        (&mut *self.inner).prepare_with(sql, parameters)
+        self.inner.executor().prepare_with(sql, parameters)
+    }
+}
+
+impl<C: Runner> Runner for CountingExecutor<'_, C> {
+    type Database = C::Database;
+
+    fn executor(&mut self) -> impl Executor<'_, Database = C::Database> {
+        self
     }
 }

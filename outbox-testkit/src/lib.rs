@@ -86,6 +86,8 @@ pub mod recorder;
 pub mod runner;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod sqlx;
 
 pub use crate::backend::{ModelWrite, Scoped, TestBackend};
 pub use crate::runner::{RunnerError, outbox_runner};

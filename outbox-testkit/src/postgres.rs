@@ -6,17 +6,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, Registry, Relay,
-    ReplicatedModel, ShardKey, WrittenShards,
-};
-use outbox_postgres::PgStore;
+use outbox_core::{Registry, Relay};
+use outbox_postgres::{PgDialect, PgStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
-use crate::backend::{ModelWrite, Scoped, TestBackend};
-use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
+use crate::sqlx::{SqlxBackend, SqlxTestDatabase};
 
 /// The server used when `DATABASE_URL` names no PostgreSQL database.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -187,185 +183,20 @@ impl TestDatabase for PgTestDatabase {
 }
 
 /// The PostgreSQL backend under test: a fresh database and its store.
-#[derive(Debug)]
-pub struct PgBackend {
-    database: PgTestDatabase,
-}
+pub type PgBackend = SqlxBackend<PgTestDatabase>;
 
-impl PgBackend {
-    /// The test database.
-    pub fn database(&self) -> &PgTestDatabase {
-        &self.database
+impl SqlxTestDatabase for PgTestDatabase {
+    type Dialect = PgDialect;
+
+    fn pool(&self) -> &PgPool {
+        PgTestDatabase::pool(self)
     }
 
-    async fn new(migrated: bool) -> Self {
-        let database = PgTestDatabase::create().await;
-        sqlx::query("CREATE TABLE business_rows (id BIGINT PRIMARY KEY)")
-            .execute(database.pool())
-            .await
-            .expect("create business_rows");
-        if migrated {
-            outbox_postgres::migrate(database.pool())
-                .await
-                .expect("apply the outbox migrations");
-        }
-        Self { database }
-    }
-}
-
-impl TestBackend for PgBackend {
-    type Store = PgStore;
-    const NAME: &'static str = "postgres";
-
-    async fn create() -> Self {
-        Self::new(true).await
+    fn connect(&self) -> impl Future<Output = PgPool> + Send {
+        PgTestDatabase::connect(self)
     }
 
-    async fn create_unmigrated() -> Self {
-        Self::new(false).await
-    }
-
-    async fn migrate(&self) -> Result<(), Error> {
-        outbox_postgres::migrate(self.database.pool()).await
-    }
-
-    fn store(&self) -> PgStore {
-        PgStore::new(self.database.pool().clone())
-    }
-
-    async fn connect_store(&self) -> PgStore {
-        PgStore::new(self.database.connect().await)
-    }
-
-    async fn write_in_transaction(
-        &self,
-        business_id: i64,
-        messages: &[Message],
-        commit: bool,
-    ) -> Result<Vec<MessageId>, Error> {
-        let mut tx = self.database.pool().begin().await.expect("begin");
-        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
-            .bind(business_id)
-            .execute(&mut *tx)
-            .await
-            .expect("insert a business row");
-        let mut ids = Vec::with_capacity(messages.len());
-        for message in messages {
-            ids.push(outbox_postgres::write(&mut *tx, message).await?);
-        }
-        if commit {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("roll back");
-        }
-        Ok(ids)
-    }
-
-    async fn write_all_counted(
-        &self,
-        messages: &[Message],
-    ) -> Result<(Vec<MessageId>, usize), Error> {
-        let mut tx = self.database.pool().begin().await.expect("begin");
-        let mut counting = CountingExecutor::new(&mut *tx);
-        let ids = outbox_postgres::write_all(&mut counting, messages).await?;
-        let statements = counting.statements();
-        tx.commit().await.expect("commit");
-        Ok((ids, statements))
-    }
-
-    async fn insert_raw(
-        &self,
-        shard: &ShardKey,
-        category: i32,
-        object: i64,
-        payload: &str,
-    ) -> MessageId {
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO outbox_messages \
-                (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb) RETURNING id",
-        )
-        .bind(shard.scope.0)
-        .bind(shard.shard_identifier)
-        .bind(shard.destination_str())
-        .bind(category)
-        .bind(object)
-        .bind(payload)
-        .fetch_one(self.database.pool())
-        .await
-        .expect("insert a raw outbox row");
-        MessageId(id)
-    }
-
-    async fn write_scoped(&self, script: Scoped<'_>, commit: bool) -> Result<WrittenShards, Error> {
-        let mut tx = outbox_postgres::begin(self.database.pool()).await?;
-        for message in script.top {
-            tx.write(message).await?;
-        }
-        let mut nested = tx.nested().await?;
-        for message in script.nested {
-            nested.write(message).await?;
-        }
-        nested.commit().await?;
-        let mut deferred = tx.deferred().await?;
-        for message in script.deferred {
-            deferred.write(message).await?;
-        }
-        deferred.commit().await?;
-        let mut doomed = tx.nested().await?;
-        for message in script.rolled_back {
-            doomed.write(message).await?;
-        }
-        doomed.rollback().await?;
-        if commit {
-            tx.commit().await
-        } else {
-            tx.rollback().await?;
-            Ok(WrittenShards::new())
-        }
-    }
-
-    async fn execute(&self, sql: &str) {
-        self.database.execute(sql).await;
-    }
-
-    async fn write_models<M: ReplicatedModel>(
-        &self,
-        write: ModelWrite,
-        models: ModelBatch<'_, M>,
-        commit: bool,
-    ) -> Result<u64, Error> {
-        let mut tx = self.database.pool().begin().await.expect("begin");
-        let rows = match write {
-            ModelWrite::Insert => outbox_postgres::insert(&mut tx, models).await?,
-            ModelWrite::Update => outbox_postgres::update(&mut tx, models).await?,
-            ModelWrite::Save => outbox_postgres::save(&mut tx, models).await?,
-            ModelWrite::Delete => outbox_postgres::delete(&mut tx, models).await?,
-        };
-        if commit {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("roll back");
-        }
-        Ok(rows)
-    }
-
-    async fn business_row_exists(&self, id: i64) -> bool {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM business_rows WHERE id = $1)")
-            .bind(id)
-            .fetch_one(self.database.pool())
-            .await
-            .expect("read business_rows")
-    }
-
-    async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
-        let conn = cx
-            .connection::<PgConnection>()
-            .ok_or("the handler is not running in the claiming transaction")?;
-        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
-            .bind(id)
-            .execute(conn)
-            .await?;
-        Ok(())
+    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send {
+        PgTestDatabase::execute(self, sql)
     }
 }

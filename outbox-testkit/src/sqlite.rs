@@ -1,16 +1,12 @@
 //! Temporary SQLite databases for tests, and the SQLite [`TestBackend`].
 
-use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, Registry, Relay,
-    ReplicatedModel, ShardKey, WrittenShards,
-};
-use outbox_sqlite::SqliteStore;
-use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
+use outbox_core::{Registry, Relay};
+use outbox_sqlite::{SqliteDialect, SqliteStore};
+use sqlx::{AssertSqlSafe, SqlitePool};
 use tempfile::TempDir;
 
-use crate::backend::{ModelWrite, Scoped, TestBackend};
-use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
+use crate::sqlx::{SqlxBackend, SqlxTestDatabase};
 
 /// A database file in a temporary directory, removed when this value is dropped.
 #[derive(Debug)]
@@ -92,201 +88,21 @@ impl TestDatabase for SqliteTestDatabase {
     }
 }
 
-/// The SQLite backend under test: a temporary database file and its store.
-#[derive(Debug)]
-pub struct SqliteBackend {
-    database: SqliteTestDatabase,
-}
+/// The SQLite backend under test: a fresh database and its store.
+pub type SqliteBackend = SqlxBackend<SqliteTestDatabase>;
 
-impl SqliteBackend {
-    /// The test database.
-    pub fn database(&self) -> &SqliteTestDatabase {
-        &self.database
+impl SqlxTestDatabase for SqliteTestDatabase {
+    type Dialect = SqliteDialect;
+
+    fn pool(&self) -> &SqlitePool {
+        SqliteTestDatabase::pool(self)
     }
 
-    async fn new(migrated: bool) -> Self {
-        let database = SqliteTestDatabase::create().await;
-        sqlx::query("CREATE TABLE business_rows (id INTEGER PRIMARY KEY)")
-            .execute(database.pool())
-            .await
-            .expect("create business_rows");
-        if migrated {
-            outbox_sqlite::migrate(database.pool())
-                .await
-                .expect("apply the outbox migrations");
-        }
-        Self { database }
-    }
-}
-
-impl TestBackend for SqliteBackend {
-    type Store = SqliteStore;
-    const NAME: &'static str = "sqlite";
-
-    async fn create() -> Self {
-        Self::new(true).await
+    fn connect(&self) -> impl Future<Output = SqlitePool> + Send {
+        SqliteTestDatabase::connect(self)
     }
 
-    async fn create_unmigrated() -> Self {
-        Self::new(false).await
-    }
-
-    async fn migrate(&self) -> Result<(), Error> {
-        outbox_sqlite::migrate(self.database.pool()).await
-    }
-
-    fn store(&self) -> SqliteStore {
-        SqliteStore::new(self.database.pool().clone())
-    }
-
-    async fn connect_store(&self) -> SqliteStore {
-        SqliteStore::new(self.database.connect().await)
-    }
-
-    async fn write_in_transaction(
-        &self,
-        business_id: i64,
-        messages: &[Message],
-        commit: bool,
-    ) -> Result<Vec<MessageId>, Error> {
-        let mut tx = self
-            .database
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .expect("begin");
-        sqlx::query("INSERT INTO business_rows (id) VALUES (?1)")
-            .bind(business_id)
-            .execute(&mut *tx)
-            .await
-            .expect("insert a business row");
-        let mut ids = Vec::with_capacity(messages.len());
-        for message in messages {
-            ids.push(outbox_sqlite::write(&mut *tx, message).await?);
-        }
-        if commit {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("roll back");
-        }
-        Ok(ids)
-    }
-
-    async fn write_all_counted(
-        &self,
-        messages: &[Message],
-    ) -> Result<(Vec<MessageId>, usize), Error> {
-        let mut tx = self
-            .database
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .expect("begin");
-        let mut counting = CountingExecutor::new(&mut *tx);
-        let ids = outbox_sqlite::write_all(&mut counting, messages).await?;
-        let statements = counting.statements();
-        tx.commit().await.expect("commit");
-        Ok((ids, statements))
-    }
-
-    async fn insert_raw(
-        &self,
-        shard: &ShardKey,
-        category: i32,
-        object: i64,
-        payload: &str,
-    ) -> MessageId {
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO outbox_messages \
-                (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-        )
-        .bind(shard.scope.0)
-        .bind(shard.shard_identifier)
-        .bind(shard.destination_str())
-        .bind(category)
-        .bind(object)
-        .bind(payload)
-        .fetch_one(self.database.pool())
-        .await
-        .expect("insert a raw outbox row");
-        MessageId(id)
-    }
-
-    async fn write_scoped(&self, script: Scoped<'_>, commit: bool) -> Result<WrittenShards, Error> {
-        let mut tx = outbox_sqlite::begin(self.database.pool()).await?;
-        for message in script.top {
-            tx.write(message).await?;
-        }
-        let mut nested = tx.nested().await?;
-        for message in script.nested {
-            nested.write(message).await?;
-        }
-        nested.commit().await?;
-        let mut deferred = tx.deferred().await?;
-        for message in script.deferred {
-            deferred.write(message).await?;
-        }
-        deferred.commit().await?;
-        let mut doomed = tx.nested().await?;
-        for message in script.rolled_back {
-            doomed.write(message).await?;
-        }
-        doomed.rollback().await?;
-        if commit {
-            tx.commit().await
-        } else {
-            tx.rollback().await?;
-            Ok(WrittenShards::new())
-        }
-    }
-
-    async fn execute(&self, sql: &str) {
-        self.database.execute(sql).await;
-    }
-
-    async fn write_models<M: ReplicatedModel>(
-        &self,
-        write: ModelWrite,
-        models: ModelBatch<'_, M>,
-        commit: bool,
-    ) -> Result<u64, Error> {
-        let mut tx = self
-            .database
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .expect("begin");
-        let rows = match write {
-            ModelWrite::Insert => outbox_sqlite::insert(&mut tx, models).await?,
-            ModelWrite::Update => outbox_sqlite::update(&mut tx, models).await?,
-            ModelWrite::Save => outbox_sqlite::save(&mut tx, models).await?,
-            ModelWrite::Delete => outbox_sqlite::delete(&mut tx, models).await?,
-        };
-        if commit {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("roll back");
-        }
-        Ok(rows)
-    }
-
-    async fn business_row_exists(&self, id: i64) -> bool {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM business_rows WHERE id = ?1)")
-            .bind(id)
-            .fetch_one(self.database.pool())
-            .await
-            .expect("read business_rows")
-    }
-
-    async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
-        let conn = cx
-            .connection::<SqliteConnection>()
-            .ok_or("the handler is not running in the claiming transaction")?;
-        sqlx::query("INSERT INTO business_rows (id) VALUES (?1)")
-            .bind(id)
-            .execute(conn)
-            .await?;
-        Ok(())
+    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send {
+        SqliteTestDatabase::execute(self, sql)
     }
 }

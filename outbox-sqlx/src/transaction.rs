@@ -6,46 +6,22 @@ use std::ops::{Deref, DerefMut};
 use outbox_core::{
     Error, IntoModelBatch, Message, MessageId, ReplicatedModel, ShardKey, WrittenShards,
 };
-use sqlx::{Acquire, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Acquire, Database, Pool, Transaction};
 
+use crate::dialect::Dialect;
 use crate::error::database;
 use crate::model::{Write, Written, apply};
+use crate::sql::Executes;
 use crate::write::{write, write_all};
 
-/// Begins a flushing transaction on `pool` (`BEGIN IMMEDIATE`: it is a writing transaction).
-///
-/// ```
-/// # use outbox_core::{Category, CategoryId, Message, Registry, Relay, Scope, ScopeId};
-/// # struct Org;
-/// # impl Scope for Org { const ID: ScopeId = ScopeId(1); const NAME: &'static str = "org"; }
-/// # struct Renamed;
-/// # impl Category for Renamed {
-/// #     type Scope = Org; type Payload = String;
-/// #     const ID: CategoryId = CategoryId(1); const NAME: &'static str = "renamed";
-/// # }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let dir = tempfile::tempdir()?;
-/// # let pool = outbox_sqlite::connect(&dir.path().join("app.db")).await?;
-/// # outbox_sqlite::migrate(&pool).await?;
-/// # let registry = Registry::builder()
-/// #     .handle::<Renamed>(|_: outbox_core::Delivery<Renamed>| async { Ok::<_, std::io::Error>(()) })
-/// #     .build()?;
-/// let relay = Relay::new(outbox_sqlite::SqliteStore::new(pool.clone()), registry);
-///
-/// let mut tx = outbox_sqlite::begin(&pool).await?;
-/// // ... the business change, with `&mut *tx` as the executor ...
-/// tx.write(&Message::new::<Renamed>(1, 1, &"Acme".to_owned())?).await?;
-/// let written = tx.commit().await?; // the data is committed
-/// relay.flush(&written).await?; // and delivered now: Err(_) if a handler failed
-/// # Ok(())
-/// # }
-/// ```
-pub async fn begin(pool: &SqlitePool) -> Result<OutboxTransaction<'static>, Error> {
+/// Begins a flushing transaction on `pool` (with [`Dialect::BEGIN`]).
+pub async fn begin<D: Dialect>(
+    pool: &Pool<D::Database>,
+) -> Result<OutboxTransaction<'static, D>, Error> {
     let tx = pool
-        .begin_with("BEGIN IMMEDIATE")
+        .begin_with(D::BEGIN)
         .await
-        .map_err(database("beginning a transaction"))?;
+        .map_err(database::<D>("beginning a transaction"))?;
     Ok(OutboxTransaction::new(tx))
 }
 
@@ -58,16 +34,16 @@ pub async fn begin(pool: &SqlitePool) -> Result<OutboxTransaction<'static>, Erro
 /// [`deferred`](Self::deferred) leaves its writes to the background relay; a scope rolled
 /// back (or dropped) forgets what it wrote.
 #[derive(Debug)]
-pub struct OutboxTransaction<'c> {
-    tx: Transaction<'c, Sqlite>,
+pub struct OutboxTransaction<'c, D: Dialect> {
+    tx: Transaction<'c, D::Database>,
     written: WrittenShards,
     flush: bool,
     parent: Option<&'c mut WrittenShards>,
 }
 
-impl<'c> OutboxTransaction<'c> {
+impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     /// Wraps a transaction of the caller's: its outbox writes will be flushed.
-    pub fn new(tx: Transaction<'c, Sqlite>) -> Self {
+    pub fn new(tx: Transaction<'c, D::Database>) -> Self {
         Self {
             tx,
             written: WrittenShards::new(),
@@ -77,7 +53,7 @@ impl<'c> OutboxTransaction<'c> {
     }
 
     /// Wraps a transaction whose outbox writes are left to the relay (S3).
-    pub fn deferring(tx: Transaction<'c, Sqlite>) -> Self {
+    pub fn deferring(tx: Transaction<'c, D::Database>) -> Self {
         Self {
             flush: false,
             ..Self::new(tx)
@@ -90,23 +66,23 @@ impl<'c> OutboxTransaction<'c> {
     }
 
     /// A nested scope (a savepoint) whose writes flush with this scope's.
-    pub async fn nested(&mut self) -> Result<OutboxTransaction<'_>, Error> {
+    pub async fn nested(&mut self) -> Result<OutboxTransaction<'_, D>, Error> {
         let flush = self.flush;
         self.scope(flush).await
     }
 
     /// A nested scope (a savepoint) whose writes are left to the background relay, even
     /// inside a flushing transaction.
-    pub async fn deferred(&mut self) -> Result<OutboxTransaction<'_>, Error> {
+    pub async fn deferred(&mut self) -> Result<OutboxTransaction<'_, D>, Error> {
         self.scope(false).await
     }
 
-    async fn scope(&mut self, flush: bool) -> Result<OutboxTransaction<'_>, Error> {
+    async fn scope(&mut self, flush: bool) -> Result<OutboxTransaction<'_, D>, Error> {
         let tx = self
             .tx
             .begin()
             .await
-            .map_err(database("opening a savepoint"))?;
+            .map_err(database::<D>("opening a savepoint"))?;
         Ok(OutboxTransaction {
             tx,
             written: WrittenShards::new(),
@@ -123,14 +99,14 @@ impl<'c> OutboxTransaction<'c> {
 
     /// Writes one outbox message in this transaction.
     pub async fn write(&mut self, message: &Message) -> Result<MessageId, Error> {
-        let id = write(&mut *self.tx, message).await?;
+        let id = write::<D, _>(D::Database::on(&mut self.tx), message).await?;
         self.record(message, id);
         Ok(id)
     }
 
     /// Writes many outbox messages in one statement.
     pub async fn write_all(&mut self, messages: &[Message]) -> Result<Vec<MessageId>, Error> {
-        let ids = write_all(&mut *self.tx, messages).await?;
+        let ids = write_all::<D, _>(D::Database::on(&mut self.tx), messages).await?;
         if self.flush {
             self.written.record_all(messages, &ids);
         }
@@ -147,14 +123,14 @@ impl<'c> OutboxTransaction<'c> {
             rows,
             messages,
             ids,
-        } = apply::<M, SqliteConnection>(&mut self.tx, write, &batch).await?;
+        } = apply::<D, M, _>(&mut self.tx, write, &batch).await?;
         if self.flush {
             self.written.record_all(&messages, &ids);
         }
         Ok(rows)
     }
 
-    /// [`insert`](crate::insert) in this transaction.
+    /// an insert ([`Write::Insert`]) in this transaction.
     pub async fn insert<'a, M: ReplicatedModel>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
@@ -162,7 +138,7 @@ impl<'c> OutboxTransaction<'c> {
         self.models(Write::Insert, models).await
     }
 
-    /// [`update`](crate::update) in this transaction.
+    /// an update ([`Write::Update`]) in this transaction.
     pub async fn update<'a, M: ReplicatedModel>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
@@ -170,7 +146,7 @@ impl<'c> OutboxTransaction<'c> {
         self.models(Write::Update, models).await
     }
 
-    /// [`save`](crate::save) in this transaction.
+    /// a save ([`Write::Save`]) in this transaction.
     pub async fn save<'a, M: ReplicatedModel>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
@@ -178,7 +154,7 @@ impl<'c> OutboxTransaction<'c> {
         self.models(Write::Save, models).await
     }
 
-    /// [`delete`](crate::delete) in this transaction.
+    /// a deletion ([`Write::Delete`]) in this transaction.
     pub async fn delete<'a, M: ReplicatedModel>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
@@ -189,13 +165,6 @@ impl<'c> OutboxTransaction<'c> {
     /// The shards this scope has written to so far, for inspection. What to flush comes only
     /// from [`commit`](Self::commit): the shards of a transaction that has not committed
     /// cannot be flushed.
-    ///
-    /// ```compile_fail,E0308
-    /// # async fn before_commit(relay: outbox_core::Relay<outbox_sqlite::SqliteStore>, tx: outbox_sqlite::OutboxTransaction<'_>) {
-    /// // Does not compile: what is written before the commit is not something to flush.
-    /// relay.flush(tx.shards_written()).await;
-    /// # }
-    /// ```
     pub fn shards_written(&self) -> impl Iterator<Item = &ShardKey> {
         self.written.iter().map(|(shard, _)| shard)
     }
@@ -212,7 +181,7 @@ impl<'c> OutboxTransaction<'c> {
         } = self;
         tx.commit()
             .await
-            .map_err(database("committing a transaction"))?;
+            .map_err(database::<D>("committing a transaction"))?;
         match parent {
             Some(parent) => {
                 parent.merge(written);
@@ -227,20 +196,20 @@ impl<'c> OutboxTransaction<'c> {
         self.tx
             .rollback()
             .await
-            .map_err(database("rolling back a transaction"))
+            .map_err(database::<D>("rolling back a transaction"))
     }
 }
 
-impl Deref for OutboxTransaction<'_> {
-    type Target = SqliteConnection;
+impl<D: Dialect> Deref for OutboxTransaction<'_, D> {
+    type Target = <D::Database as Database>::Connection;
 
-    fn deref(&self) -> &SqliteConnection {
+    fn deref(&self) -> &Self::Target {
         &self.tx
     }
 }
 
-impl DerefMut for OutboxTransaction<'_> {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
+impl<D: Dialect> DerefMut for OutboxTransaction<'_, D> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.tx
     }
 }

@@ -1,0 +1,394 @@
+//! PostgreSQL's dialect of the shared body: its SQL, its claims (`FOR UPDATE SKIP LOCKED`), its
+//! wake-ups (`LISTEN`) and its error codes.
+
+use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease};
+use outbox_core::{Error, Message, ModelTable, ShardKey};
+use outbox_sqlx::error::database;
+use outbox_sqlx::sql::Statement;
+use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
+use sqlx::error::DatabaseError;
+use sqlx::postgres::{PgQueryResult, PgRow};
+use sqlx::{PgPool, Postgres, Row};
+
+use crate::wakeups::PgWakeups;
+
+/// PostgreSQL, for the shared body of the `sqlx` backends.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgDialect;
+
+/// The embedded migrations, in order.
+const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "outbox tables",
+    sql: include_str!("../migrations/0001_outbox.sql"),
+}];
+
+const INSERT_MESSAGE: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    VALUES ($1, $2, $3, $4, $5, $6::text::jsonb) \
+    RETURNING id";
+
+// One statement for any number of messages: the columns travel as arrays.
+const INSERT_MESSAGES: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    SELECT scope, shard, destination, category, object, payload::jsonb \
+    FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::integer[], $5::bigint[], \
+        $6::text[]) AS rows(scope, shard, destination, category, object, payload) \
+    RETURNING id";
+
+pub(crate) const FETCH: &str = "\
+    SELECT id, category, shard_scope, object_identifier, payload::text FROM outbox_messages \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+    ORDER BY id LIMIT $4";
+
+// Each group's rows in `$6 < id <= $7` as one statement sees them (one snapshot): their ids,
+// and the newest one whole.
+pub(crate) const FETCH_NEWEST: &str = "\
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload::text, t.ids \
+    FROM unnest($4::integer[], $5::bigint[]) AS g(category, object_identifier) \
+    CROSS JOIN LATERAL ( \
+        SELECT array_agg(x.id) AS ids, max(x.id) AS newest FROM outbox_messages x \
+        WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
+            AND x.category = g.category AND x.object_identifier = g.object_identifier \
+            AND x.id > $6 AND x.id <= $7) t \
+    JOIN outbox_messages m ON m.id = t.newest";
+
+// The lease update proves (and extends) the lease: if another worker holds the row, it waits
+// for it and then finds the token changed, and nothing is deleted. The head it moved past takes
+// its attempts with it. Exactly the rows the relay
+// read and delivered go, by id: a range of ids could hold a row that committed after the read.
+pub(crate) const ACK: &str = "\
+    WITH lease AS ( \
+        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+            attempts = 0 \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        RETURNING 1), \
+     acked AS ( \
+        DELETE FROM outbox_messages m \
+        WHERE EXISTS (SELECT 1 FROM lease) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $6 AND $7 AND m.id = ANY($8::bigint[]) \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
+
+// A drained shard's last acknowledgement and its release, in one statement. The shard's state
+// row goes if no row is left besides those acknowledged (a row written meanwhile keeps it, and
+// it is released, still due).
+pub(crate) const ACK_AND_RELEASE: &str = "\
+    WITH held AS ( \
+        SELECT 1 FROM outbox_shards \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        FOR UPDATE), \
+     acked AS ( \
+        DELETE FROM outbox_messages m \
+        WHERE EXISTS (SELECT 1 FROM held) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $5 AND $6 AND m.id = ANY($7::bigint[]) \
+        RETURNING m.id), \
+     gone AS ( \
+        DELETE FROM outbox_shards \
+        WHERE EXISTS (SELECT 1 FROM held) \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
+            AND NOT EXISTS (SELECT 1 FROM outbox_messages x \
+                WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
+                    AND x.id NOT IN (SELECT id FROM acked)) \
+        RETURNING 1), \
+     released AS ( \
+        UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+            last_error = NULL, retry_at = NULL, parked_category = NULL \
+        WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM gone) \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
+        (SELECT count(*) FROM gone) + (SELECT count(*) FROM released)";
+
+// A lease extended from beside a running handler.
+const EXTEND_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+pub(crate) const DELETE_IF_EMPTY: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
+        AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3)";
+
+const RELEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+        last_error = NULL, retry_at = NULL, parked_category = NULL \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+const RELEASE_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+const FAIL: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
+        last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
+        watermark = $8, parked_category = $9 \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+// Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
+// step finds the first row of the next shard in key order. Shards are due when nobody holds a
+// live lease on them and they are not backing off, or have a message newer than their failure.
+pub(crate) const DISCOVER: &str = "\
+    WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
+        (SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
+         WHERE (shard_scope, shard_identifier, destination) > ($1::integer, $2::bigint, $3::text) \
+         ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
+        UNION ALL \
+        SELECT next.shard_scope, next.shard_identifier, next.destination, k.n + 1 \
+        FROM keys k CROSS JOIN LATERAL ( \
+            SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
+            WHERE (x.shard_scope, x.shard_identifier, x.destination) \
+                > (k.shard_scope, k.shard_identifier, k.destination) \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) next \
+        WHERE k.n < $4 \
+    ) \
+    SELECT k.shard_scope, k.shard_identifier, k.destination, \
+        s.shard_scope IS NULL OR ( \
+            (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \
+            AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
+                SELECT 1 FROM outbox_messages m \
+                WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
+                    AND m.destination = k.destination AND m.id > s.watermark))) AS due \
+    FROM keys k LEFT JOIN outbox_shards s \
+        ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
+        AND s.destination = k.destination \
+    ORDER BY k.n";
+
+// Takes the lease on an existing state row if the shard is due and nobody holds it; a row
+// another transaction has locked is skipped, never waited for. A lease that lapsed without a
+// release (its holder died mid-drain, having perhaps delivered the head) counts as an attempt
+// at the head.
+macro_rules! take_lease {
+    () => {
+        "UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
+            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+            attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
+         FROM (SELECT shard_scope, shard_identifier, destination, lease_owner AS previous_owner \
+               FROM outbox_shards \
+               WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                 AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+                 AND (retry_at IS NULL OR retry_at <= now() OR EXISTS ( \
+                     SELECT 1 FROM outbox_messages m \
+                     WHERE m.shard_scope = $1 AND m.shard_identifier = $2 \
+                         AND m.destination = $3 AND m.id > outbox_shards.watermark)) \
+               FOR UPDATE SKIP LOCKED) due \
+         WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
+            AND s.destination = due.destination \
+         RETURNING s.lease_token, s.attempts, due.previous_owner"
+    };
+}
+
+// Leased mode: one statement creates the state row with the lease if the shard has none, or
+// takes the lease on the existing row.
+pub(crate) const CLAIM: &str = concat!(
+    "WITH fresh AS ( \
+        INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+            lease_token, lease_expires_at) \
+        VALUES ($1, $2, $3, $4, nextval('outbox_lease_tokens'), \
+            now() + $5::bigint * interval '1 millisecond') \
+        ON CONFLICT DO NOTHING \
+        RETURNING lease_token, attempts, NULL::text AS previous_owner), \
+     taken AS (",
+    take_lease!(),
+    ") SELECT * FROM fresh UNION ALL SELECT * FROM taken"
+);
+
+// In-transaction mode: the state row is created (committed) first, so the long claiming
+// transaction never holds an uncommitted insert that other claimers would wait on.
+const ENSURE_STATE: &str = "\
+    INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) VALUES ($1, $2, $3) \
+    ON CONFLICT DO NOTHING";
+
+const TAKE_LEASE: &str = take_lease!();
+
+// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+// its next claim counts as a takeover (an attempt more at the head, whose messages the
+// interrupted drain may have delivered).
+const RELEASE_INTERRUPTED: &str = "\
+    UPDATE outbox_shards SET lease_expires_at = now() \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
+
+const PENDING_MESSAGES: &str = "\
+    SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
+        payload::text, (extract(epoch FROM created_at) * 1000)::bigint \
+    FROM outbox_messages ORDER BY id LIMIT $1";
+
+const SHARD_STATES: &str = "\
+    SELECT shard_scope, shard_identifier, destination, attempts::bigint, last_error, \
+        (extract(epoch FROM retry_at) * 1000)::bigint, lease_owner, \
+        (extract(epoch FROM lease_expires_at) * 1000)::bigint, lease_token, parked_category \
+    FROM outbox_shards ORDER BY shard_scope, shard_identifier, destination";
+
+impl Dialect for PgDialect {
+    type Database = Postgres;
+    type Turn = ();
+    type Wakeups = PgWakeups;
+
+    const NAME: &'static str = "PostgreSQL";
+    const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
+    const BEGIN: &'static str = "BEGIN";
+    const WRITES_IN_TRANSACTION: bool = false;
+    const SQL: Statements = Statements {
+        insert_message: INSERT_MESSAGE,
+        insert_messages: INSERT_MESSAGES,
+        fetch: FETCH,
+        fetch_newest: FETCH_NEWEST,
+        ack: Ack::Combined(ACK),
+        ack_and_release: Some(ACK_AND_RELEASE),
+        extend_lease: EXTEND_LEASE,
+        delete_if_empty: DELETE_IF_EMPTY,
+        release: RELEASE,
+        release_lease: RELEASE_LEASE,
+        fail: FAIL,
+        release_interrupted: RELEASE_INTERRUPTED,
+        table_exists: "SELECT to_regclass($1) IS NOT NULL",
+        discover: DISCOVER,
+        unpark: "UPDATE outbox_shards SET retry_at = now() \
+                 WHERE parked_category = ANY($1) AND retry_at > now()",
+        reschedule: "UPDATE outbox_shards SET retry_at = now() \
+                     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                        AND retry_at > now()",
+        pending_messages: PENDING_MESSAGES,
+        shard_states: SHARD_STATES,
+    };
+
+    fn classify(error: &dyn DatabaseError) -> Fault {
+        match error.code().as_deref() {
+            // undefined_table, undefined_column, undefined_function
+            Some("42P01" | "42703" | "42883") => Fault::SchemaMissing,
+            // connection_exception (08xxx), operator_intervention (57xxx: shutdown, terminated
+            // session), cannot_connect_now
+            Some(code) if code.starts_with("08") || code.starts_with("57") => Fault::Unavailable,
+            _ => Fault::Other,
+        }
+    }
+
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn bind_ids<'q>(query: Statement<'q, Postgres>, ids: Vec<i64>) -> Statement<'q, Postgres> {
+        query.bind(ids)
+    }
+
+    fn bind_categories<'q>(
+        query: Statement<'q, Postgres>,
+        categories: Vec<i32>,
+    ) -> Statement<'q, Postgres> {
+        query.bind(categories)
+    }
+
+    fn bind_groups<'q>(
+        query: Statement<'q, Postgres>,
+        groups: &[GroupKey],
+    ) -> Statement<'q, Postgres> {
+        let categories: Vec<i32> = groups.iter().map(|group| group.category.0).collect();
+        let objects: Vec<i64> = groups.iter().map(|group| group.object_identifier).collect();
+        query.bind(categories).bind(objects)
+    }
+
+    fn bind_messages<'q>(
+        query: Statement<'q, Postgres>,
+        messages: &[Message],
+    ) -> Statement<'q, Postgres> {
+        let mut scopes = Vec::with_capacity(messages.len());
+        let mut shards = Vec::with_capacity(messages.len());
+        let mut destinations = Vec::with_capacity(messages.len());
+        let mut categories = Vec::with_capacity(messages.len());
+        let mut objects = Vec::with_capacity(messages.len());
+        let mut payloads = Vec::with_capacity(messages.len());
+        for message in messages {
+            let shard = message.shard();
+            scopes.push(shard.scope.0);
+            shards.push(shard.shard_identifier);
+            destinations.push(shard.destination_str().to_owned());
+            categories.push(message.category().0);
+            objects.push(message.object_identifier());
+            payloads.push(message.payload_json().to_owned());
+        }
+        query
+            .bind(scopes)
+            .bind(shards)
+            .bind(destinations)
+            .bind(categories)
+            .bind(objects)
+            .bind(payloads)
+    }
+
+    fn decode_ids(row: &PgRow, index: usize) -> Result<Vec<i64>, Error> {
+        row.try_get(index)
+            .map_err(database::<Self>("reading a shard"))
+    }
+
+    fn model_sql(write: Write, table: &ModelTable) -> String {
+        crate::model::model_sql(write, table)
+    }
+
+    fn load_model_sql(table: &ModelTable) -> String {
+        crate::model::load_sql(table)
+    }
+
+    async fn take_turn(&self) {}
+
+    async fn claim(
+        &self,
+        pool: &PgPool,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<Claim<Self>>, Error> {
+        let operation = database::<Self>("claiming a shard");
+        let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
+        let take = |sql: &'static str| {
+            sqlx::query_as::<_, (i64, i32, Option<String>)>(sql)
+                .bind(shard.scope.0)
+                .bind(shard.shard_identifier)
+                .bind(shard.destination_str())
+                .bind(&options.worker)
+                .bind(lease_ms)
+        };
+        let (claimed, claiming) = match options.mode {
+            HandlerMode::Leased => {
+                let claimed = take(CLAIM).fetch_optional(pool).await.map_err(operation)?;
+                (claimed, None)
+            }
+            HandlerMode::InTransaction => {
+                sqlx::query(ENSURE_STATE)
+                    .bind(shard.scope.0)
+                    .bind(shard.shard_identifier)
+                    .bind(shard.destination_str())
+                    .execute(pool)
+                    .await
+                    .map_err(database::<Self>("claiming a shard"))?;
+                let mut tx = pool
+                    .begin()
+                    .await
+                    .map_err(database::<Self>("claiming a shard"))?;
+                let claimed = take(TAKE_LEASE)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(operation)?;
+                (claimed, Some(Claiming { tx, turn: () }))
+            }
+        };
+        Ok(claimed.map(|(token, attempts, previous_owner)| Claim {
+            lease: Lease {
+                shard: shard.clone(),
+                token,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                previous_owner,
+            },
+            claiming,
+        }))
+    }
+
+    async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {
+        PgWakeups::listen(pool).await.map(Some)
+    }
+}

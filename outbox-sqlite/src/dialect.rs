@@ -1,0 +1,502 @@
+//! SQLite's dialect of the shared body: its SQL, its claims (`BEGIN IMMEDIATE`, behind an
+//! in-process turn), its error messages. SQLite has no notifications: relays poll.
+
+use std::sync::Arc;
+
+use outbox_core::store::{
+    ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
+};
+use outbox_core::{CategoryId, Error, Message, MessageId, ModelTable, ScopeId, ShardKey};
+use outbox_sqlx::error::database;
+use outbox_sqlx::sql::Statement;
+use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
+use sqlx::error::DatabaseError;
+use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
+use sqlx::{Row, Sqlite, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+/// SQLite, for the shared body of the `sqlx` backends.
+///
+/// The relay's write transactions (claims, acknowledgements, releases) take turns on an
+/// in-process lock shared by the clones of a store and its sessions before they ask SQLite
+/// for its write lock: the relay's concurrent shards queue for it at once instead of sleeping
+/// in SQLite's busy handler.
+#[derive(Debug, Clone, Default)]
+pub struct SqliteDialect {
+    writes: Arc<Mutex<()>>,
+}
+
+/// The database's clock, in milliseconds since the Unix epoch: how the SQLite tables store
+/// time (the same expression as the columns' defaults).
+macro_rules! now {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// The embedded migrations, in order.
+pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "outbox tables",
+        sql: include_str!("../migrations/0001_outbox.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "outbox rows checked at write time",
+        sql: include_str!("../migrations/0002_checked_messages.sql"),
+    },
+];
+
+const INSERT_MESSAGE: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+    RETURNING id";
+
+// One statement for any number of messages: the rows travel as one JSON array parameter.
+const INSERT_MESSAGES: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5 \
+    FROM json_each(?1) ORDER BY key \
+    RETURNING id";
+
+macro_rules! fetch {
+    () => {
+        "SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
+         WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+         ORDER BY id LIMIT ?4"
+    };
+}
+
+/// A shard's oldest rows.
+#[cfg(test)]
+pub(crate) const FETCH: &str = fetch!();
+
+// FETCH as one row, a JSON array of rows: sqlx hands each SQLite row over from the
+// connection's thread on its own, and a shard's head is read at every claim.
+const FETCH_JSON: &str = concat!(
+    "SELECT json_group_array(json_array(id, category, shard_scope, object_identifier, payload)) \
+     FROM (",
+    fetch!(),
+    ")"
+);
+
+// Each group's rows in `?5 < id <= ?6`: the newest whole, and the ids of all of them.
+pub(crate) const FETCH_NEWEST: &str = "\
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload, ( \
+        SELECT json_group_array(x.id) FROM outbox_messages x \
+        WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
+            AND x.category = m.category AND x.object_identifier = m.object_identifier \
+            AND x.id > ?5 AND x.id <= m.id) \
+    FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
+        SELECT x.id FROM outbox_messages x \
+        WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
+            AND x.category = g.value ->> 0 AND x.object_identifier = g.value ->> 1 \
+            AND x.id > ?5 AND x.id <= ?6 \
+        ORDER BY x.id DESC LIMIT 1)";
+
+pub(crate) const EXTEND_LEASE: &str = concat!(
+    "UPDATE outbox_shards SET lease_expires_at = ",
+    now!(),
+    " + ?5 \
+     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4"
+);
+
+// An acknowledgement proves and extends the lease, and the head it moved past takes its
+// attempts with it.
+const ACK_LEASE: &str = concat!(
+    "UPDATE outbox_shards SET lease_expires_at = ",
+    now!(),
+    " + ?5, attempts = 0 \
+     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4"
+);
+
+// Exactly the rows the relay read and delivered go, by id (one seek each).
+pub(crate) const ACK: &str = "\
+    DELETE FROM outbox_messages \
+    WHERE id IN (SELECT value FROM json_each(?4)) \
+        AND shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3";
+
+pub(crate) const DELETE_IF_EMPTY: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4 \
+        AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3)";
+
+const RELEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+        last_error = NULL, retry_at = NULL, parked_category = NULL \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
+const RELEASE_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
+
+const FAIL: &str = concat!(
+    "UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = ?5, \
+        last_error = ?6, retry_at = ",
+    now!(),
+    " + ?7, watermark = ?8, parked_category = ?9 \
+     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4"
+);
+
+// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+// its next claim counts as a takeover (an attempt more at the head, whose messages the
+// interrupted drain may have delivered).
+const RELEASE_INTERRUPTED: &str = concat!(
+    "UPDATE outbox_shards SET lease_expires_at = ",
+    now!(),
+    " WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+        AND lease_token = ?4"
+);
+
+// Skip-scan: one index seek per shard with pending rows, never a read of every row. Each step
+// finds the first row of the next shard in key order: in the same shard identifier (a later
+// destination), else a later shard identifier, else a later scope. (SQLite seeks a row value
+// compared with bound parameters, but one compared with the columns of the recursive step only
+// on its first column: that would read every row of the scope before the next shard.) Shards are due when nobody holds a live
+// lease on them and they are not backing off, or have a message newer than their failure.
+pub(crate) const DISCOVER: &str = concat!(
+    "\
+    WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
+        SELECT * FROM ( \
+            SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
+            WHERE (shard_scope, shard_identifier, destination) > (?1, ?2, ?3) \
+            ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
+        UNION ALL \
+        SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
+        FROM keys k JOIN outbox_messages m ON m.id = coalesce( \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
+                AND x.destination > k.destination \
+             ORDER BY x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
+             ORDER BY x.shard_identifier, x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope > k.shard_scope \
+             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1)) \
+        WHERE k.n < ?4 \
+    ) \
+    SELECT k.shard_scope, k.shard_identifier, k.destination, \
+        s.shard_scope IS NULL OR ( \
+            (s.lease_expires_at IS NULL OR s.lease_expires_at <= ",
+    now!(),
+    ") \
+            AND (s.retry_at IS NULL OR s.retry_at <= ",
+    now!(),
+    " OR EXISTS ( \
+                SELECT 1 FROM outbox_messages m \
+                WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
+                    AND m.destination = k.destination AND m.id > s.watermark))) AS due \
+    FROM keys k LEFT JOIN outbox_shards s \
+        ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
+        AND s.destination = k.destination \
+    ORDER BY k.n"
+);
+
+const NEXT_TOKEN: &str =
+    "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
+
+// Takes the lease if the shard is due and unleased, creating its state row if it has none. A
+// lease that lapsed without a release (its holder died mid-drain, having perhaps delivered the
+// head) counts as an attempt at the head.
+pub(crate) const CLAIM: &str = concat!(
+    "\
+    INSERT INTO outbox_shards \
+        (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ",
+    now!(),
+    " + ?6) \
+    ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
+        lease_owner = excluded.lease_owner, \
+        lease_token = excluded.lease_token, \
+        lease_expires_at = excluded.lease_expires_at, \
+        attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
+    WHERE (outbox_shards.lease_expires_at IS NULL OR outbox_shards.lease_expires_at <= ",
+    now!(),
+    ") \
+        AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ",
+    now!(),
+    " OR EXISTS ( \
+            SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
+                AND m.id > outbox_shards.watermark)) \
+    RETURNING attempts"
+);
+
+// The holder of a lease that lapsed without a release, if the shard has one.
+const LAPSED_OWNER: &str = concat!(
+    "\
+    SELECT lease_owner FROM outbox_shards \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+        AND lease_owner IS NOT NULL AND lease_expires_at <= ",
+    now!()
+);
+
+const UNPARK: &str = concat!(
+    "UPDATE outbox_shards SET retry_at = ",
+    now!(),
+    " WHERE parked_category IN (SELECT value FROM json_each(?1)) AND retry_at > ",
+    now!()
+);
+
+const RESCHEDULE: &str = concat!(
+    "UPDATE outbox_shards SET retry_at = ",
+    now!(),
+    " WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND retry_at > ",
+    now!()
+);
+
+const PENDING_MESSAGES: &str = "\
+    SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
+        payload, created_at \
+    FROM outbox_messages ORDER BY id LIMIT ?1";
+
+const SHARD_STATES: &str = "\
+    SELECT shard_scope, shard_identifier, destination, attempts, last_error, retry_at, \
+        lease_owner, lease_expires_at, lease_token, parked_category \
+    FROM outbox_shards ORDER BY shard_scope, shard_identifier, destination";
+
+/// One row of a shard's head, read as JSON `[id, category, scope, object, payload]`: a row that
+/// does not have the schema's form (written around its checks) is a typed error naming it.
+fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
+    let id = row.first().and_then(serde_json::Value::as_i64);
+    let undecodable = |detail: String| Error::Undecodable {
+        operation: "reading a shard",
+        message_id: id.map(MessageId),
+        detail,
+    };
+    let field = |index: usize, name: &str| {
+        row.get(index)
+            .ok_or_else(|| undecodable(format!("{name} is missing")))
+    };
+    let integer = |index: usize, name: &str| {
+        let value = field(index, name)?;
+        value
+            .as_i64()
+            .ok_or_else(|| undecodable(format!("{name} is {value}, not an integer")))
+    };
+    let id = integer(0, "id")?;
+    let category = integer(1, "category")?;
+    let scope = integer(2, "shard_scope")?;
+    let object_identifier = integer(3, "object_identifier")?;
+    let payload = field(4, "payload")?;
+    Ok(StoredMessage {
+        id: MessageId(id),
+        category: CategoryId(
+            i32::try_from(category)
+                .map_err(|_| undecodable(format!("category {category} is not an INTEGER")))?,
+        ),
+        scope: ScopeId(
+            i16::try_from(scope)
+                .map_err(|_| undecodable(format!("shard_scope {scope} is not a SMALLINT")))?,
+        ),
+        object_identifier,
+        payload: payload
+            .as_str()
+            .ok_or_else(|| undecodable(format!("payload is {payload}, not JSON text")))?
+            .to_owned(),
+    })
+}
+
+fn json_error(source: serde_json::Error) -> Error {
+    Error::Database {
+        operation: "reading a shard",
+        source: Box::new(source),
+    }
+}
+
+impl Dialect for SqliteDialect {
+    type Database = Sqlite;
+    type Turn = OwnedMutexGuard<()>;
+    type Wakeups = NoWakeups;
+
+    const NAME: &'static str = "SQLite";
+    const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const WRITES_IN_TRANSACTION: bool = true;
+    const SQL: Statements = Statements {
+        insert_message: INSERT_MESSAGE,
+        insert_messages: INSERT_MESSAGES,
+        fetch: FETCH_JSON,
+        fetch_newest: FETCH_NEWEST,
+        ack: Ack::Separate {
+            lease: ACK_LEASE,
+            delete: ACK,
+        },
+        ack_and_release: None,
+        extend_lease: EXTEND_LEASE,
+        delete_if_empty: DELETE_IF_EMPTY,
+        release: RELEASE,
+        release_lease: RELEASE_LEASE,
+        fail: FAIL,
+        release_interrupted: RELEASE_INTERRUPTED,
+        table_exists: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        discover: DISCOVER,
+        unpark: UNPARK,
+        reschedule: RESCHEDULE,
+        pending_messages: PENDING_MESSAGES,
+        shard_states: SHARD_STATES,
+    };
+
+    fn classify(error: &dyn DatabaseError) -> Fault {
+        let message = error.message();
+        if message.starts_with("no such table: outbox_") || message.starts_with("no such column") {
+            Fault::SchemaMissing
+        } else {
+            Fault::Other
+        }
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn bind_ids<'q>(query: Statement<'q, Sqlite>, ids: Vec<i64>) -> Statement<'q, Sqlite> {
+        query.bind(serde_json::Value::from(ids).to_string())
+    }
+
+    fn bind_categories<'q>(
+        query: Statement<'q, Sqlite>,
+        categories: Vec<i32>,
+    ) -> Statement<'q, Sqlite> {
+        query.bind(serde_json::Value::from(categories).to_string())
+    }
+
+    fn bind_groups<'q>(query: Statement<'q, Sqlite>, groups: &[GroupKey]) -> Statement<'q, Sqlite> {
+        let groups: Vec<[i64; 2]> = groups
+            .iter()
+            .map(|group| [i64::from(group.category.0), group.object_identifier])
+            .collect();
+        query.bind(serde_json::to_string(&groups).unwrap_or_default())
+    }
+
+    fn bind_messages<'q>(
+        query: Statement<'q, Sqlite>,
+        messages: &[Message],
+    ) -> Statement<'q, Sqlite> {
+        let rows: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|message| {
+                let shard = message.shard();
+                serde_json::json!([
+                    shard.scope.0,
+                    shard.shard_identifier,
+                    shard.destination_str(),
+                    message.category().0,
+                    message.object_identifier(),
+                    message.payload_json(),
+                ])
+            })
+            .collect();
+        query.bind(serde_json::Value::Array(rows).to_string())
+    }
+
+    fn decode_ids(row: &SqliteRow, index: usize) -> Result<Vec<i64>, Error> {
+        let json: &str = row
+            .try_get(index)
+            .map_err(database::<Self>("reading a shard"))?;
+        serde_json::from_str(json).map_err(json_error)
+    }
+
+    fn read_head(rows: Vec<SqliteRow>) -> Result<Vec<StoredMessage>, Error> {
+        let Some(row) = rows.first() else {
+            return Ok(Vec::new());
+        };
+        let json: &str = row
+            .try_get(0)
+            .map_err(database::<Self>("reading a shard"))?;
+        let rows: Vec<Vec<serde_json::Value>> = serde_json::from_str(json).map_err(json_error)?;
+        let mut messages = rows
+            .iter()
+            .map(|row| decode(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        messages.sort_unstable_by_key(|message| message.id);
+        Ok(messages)
+    }
+
+    fn model_sql(write: Write, table: &ModelTable) -> String {
+        crate::model::model_sql(write, table)
+    }
+
+    fn load_model_sql(table: &ModelTable) -> String {
+        crate::model::load_sql(table)
+    }
+
+    async fn take_turn(&self) -> OwnedMutexGuard<()> {
+        Arc::clone(&self.writes).lock_owned().await
+    }
+
+    async fn claim(
+        &self,
+        pool: &SqlitePool,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<Claim<Self>>, Error> {
+        let failed = || database::<Self>("claiming a shard");
+        let turn = self.take_turn().await;
+        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+        let token: i64 = sqlx::query_scalar(NEXT_TOKEN)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed())?;
+        let previous_owner: Option<String> = sqlx::query_scalar(LAPSED_OWNER)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(failed())?;
+        let attempts: Option<i64> = sqlx::query_scalar(CLAIM)
+            .bind(shard.scope.0)
+            .bind(shard.shard_identifier)
+            .bind(shard.destination_str())
+            .bind(&options.worker)
+            .bind(token)
+            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(failed())?;
+        let Some(attempts) = attempts else {
+            tx.rollback().await.map_err(failed())?;
+            return Ok(None);
+        };
+        let lease = Lease {
+            shard: shard.clone(),
+            token,
+            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            previous_owner,
+        };
+        // In transaction mode the session keeps the turn as long as it keeps the transaction.
+        let claiming = match options.mode {
+            HandlerMode::Leased => {
+                tx.commit().await.map_err(failed())?;
+                None
+            }
+            HandlerMode::InTransaction => Some(Claiming { tx, turn }),
+        };
+        Ok(Some(Claim { lease, claiming }))
+    }
+
+    async fn wakeups(_pool: &SqlitePool) -> Result<Option<NoWakeups>, Error> {
+        Ok(None)
+    }
+
+    async fn check_schema(pool: &SqlitePool) -> Result<(), Error> {
+        let rejected: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rejected_messages")
+            .fetch_one(pool)
+            .await
+            .map_err(database::<Self>("checking the outbox schema"))?;
+        if rejected > 0 {
+            tracing::warn!(
+                rejected,
+                "outbox rows that no relay can deliver were set aside by migration 2 in the \
+                 table outbox_rejected_messages; inspect them there"
+            );
+        }
+        Ok(())
+    }
+}

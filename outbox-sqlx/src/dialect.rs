@@ -1,0 +1,232 @@
+//! What a backend supplies: its SQL, its claim strategy, its wake-ups, how its errors read.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use outbox_core::store::{
+    ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
+};
+use outbox_core::{Error, Message, ModelTable, ShardKey};
+use sqlx::error::DatabaseError;
+use sqlx::{Database, Pool, Transaction};
+
+use crate::model::Write;
+use crate::sql::{Sql, Statement};
+
+/// How a driver error reads, for the outbox's typed errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The database cannot be reached, or is shutting down: [`Error::Unavailable`].
+    Unavailable,
+    /// An outbox table, column or function is missing: [`Error::MigrationMissing`].
+    SchemaMissing,
+    /// Anything else: [`Error::Database`].
+    Other,
+}
+
+/// How an acknowledgement runs.
+///
+/// Both forms act only while the lease is current: they extend it, reset the shard's attempts
+/// (the head moved) and delete exactly the acknowledged ids, or, if another worker holds the
+/// shard now, delete nothing.
+#[derive(Debug, Clone, Copy)]
+pub enum Ack {
+    /// One statement: `$1..$4` the lease (scope, shard, destination, token), `$5` the lease's
+    /// new duration in milliseconds, `$6` and `$7` the lowest and highest id, `$8` the ids
+    /// (bound with [`Dialect::bind_ids`]). Returns one row: the leases it held (0 or 1), the
+    /// rows it deleted.
+    Combined(&'static str),
+    /// Two statements in one write transaction: `lease` (`$1..$4` the lease, `$5` the new
+    /// duration in milliseconds; it affects one row if the lease is held), then `delete`
+    /// (`$1..$3` the shard, `$4` the ids, bound with [`Dialect::bind_ids`]).
+    Separate {
+        /// Proves and extends the lease.
+        lease: &'static str,
+        /// Deletes the rows.
+        delete: &'static str,
+    },
+}
+
+/// The relay's statements in a backend's SQL.
+///
+/// Parameters are numbered as documented at each field; `$1..$3` are always a shard's key
+/// (scope `i16`, shard identifier `i64`, destination text), `$4` a lease's fencing token where
+/// the statement acts only while the lease is current. Durations travel as milliseconds
+/// (`i64`): the database adds them to its own clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Statements {
+    /// One message: `$1..$3` its shard, `$4` category (`i32`), `$5` object (`i64`), `$6`
+    /// payload (JSON text); returns its id.
+    pub insert_message: &'static str,
+    /// Many messages in one statement, bound with [`Dialect::bind_messages`]; returns their
+    /// ids.
+    pub insert_messages: &'static str,
+    /// A shard's oldest rows: `$1..$3` the shard, `$4` the limit. Read with
+    /// [`Dialect::read_head`].
+    pub fetch: &'static str,
+    /// The newest row and all ids of groups: `$1..$3` the shard, then the groups (bound with
+    /// [`Dialect::bind_groups`]), then the bounds `after < id <= up_to`. Returns the newest
+    /// row (id, category, scope, object, payload) and the ids ([`Dialect::decode_ids`]).
+    pub fetch_newest: &'static str,
+    /// An acknowledgement.
+    pub ack: Ack,
+    /// A drained shard's last acknowledgement and its release in one statement, if the
+    /// backend has one: `$1..$4` the lease, `$5`, `$6` the lowest and highest id, `$7` the
+    /// ids. Returns the leases held, the rows deleted, the shards released.
+    pub ack_and_release: Option<&'static str>,
+    /// Extends a held lease: `$1..$4` the lease, `$5` milliseconds from now.
+    pub extend_lease: &'static str,
+    /// Deletes a held shard's state row if the shard has no message left: `$1..$4`.
+    pub delete_if_empty: &'static str,
+    /// Releases a held lease and clears the shard's failures: `$1..$4`.
+    pub release: &'static str,
+    /// Releases a held lease and leaves the shard's failures as they were: `$1..$4`.
+    pub release_lease: &'static str,
+    /// Records a failure and releases: `$1..$4`, `$5` attempts (`i32`), `$6` error, `$7`
+    /// milliseconds until due, `$8` watermark (`i64`), `$9` parked category (`Option<i32>`).
+    pub fail: &'static str,
+    /// Makes a held lease lapse now: `$1..$4`.
+    pub release_interrupted: &'static str,
+    /// Whether a table exists: `$1` its name; returns a boolean.
+    pub table_exists: &'static str,
+    /// Discovery: `$1` the scope after which to start (`i32`), `$2` shard identifier, `$3`
+    /// destination, `$4` the limit (`i32`). Returns each shard's key and whether it is due.
+    pub discover: &'static str,
+    /// Makes shards parked on known categories due: `$1` the categories
+    /// ([`Dialect::bind_categories`]).
+    pub unpark: &'static str,
+    /// Makes a shard in backoff due now: `$1..$3`.
+    pub reschedule: &'static str,
+    /// Pending messages in id order: `$1` the limit (`i64`). Returns id, scope, shard
+    /// identifier, destination, category, object, payload, and the creation time in
+    /// milliseconds since the Unix epoch.
+    pub pending_messages: &'static str,
+    /// Every shard state in key order: scope, shard identifier, destination, attempts
+    /// (`i64`), last error, retry time (ms since the epoch), lease owner, lease expiry (ms),
+    /// lease token, parked category.
+    pub shard_states: &'static str,
+}
+
+/// A shard claim, as a backend's [`Dialect::claim`] makes it.
+#[derive(Debug)]
+pub struct Claim<D: Dialect> {
+    /// The lease.
+    pub lease: Lease,
+    /// In in-transaction handler mode, the claiming transaction (and the backend's turn, held
+    /// as long as the transaction).
+    pub claiming: Option<Claiming<D>>,
+}
+
+/// A claiming transaction that the session keeps for its handlers.
+#[derive(Debug)]
+pub struct Claiming<D: Dialect> {
+    /// The transaction holding the claim.
+    pub tx: Transaction<'static, D::Database>,
+    /// The backend's turn, if it serialises its writes.
+    pub turn: D::Turn,
+}
+
+/// What a `sqlx` backend supplies to the shared body: the SQL text, the claim strategy, the
+/// wake-up stream and error classification. Everything else (transactions, model and message
+/// writes, migrations, sessions, stores) is written once, in this crate, over it.
+///
+/// A value of the dialect travels with the store and its sessions: a backend keeps there what
+/// it shares between them (SQLite's in-process turn for writes).
+pub trait Dialect: Clone + Debug + Send + Sync + 'static {
+    /// The `sqlx` database.
+    type Database: Sql;
+    /// What the backend's relay writes hold while they run (`()` if they take no turn).
+    type Turn: Debug + Send + Sync + 'static;
+    /// Wake-ups on commit ([`outbox_core::store::NoWakeups`] if the backend has none).
+    type Wakeups: WakeupStream;
+
+    /// The database's name, for messages.
+    const NAME: &'static str;
+    /// The embedded migrations, in order.
+    const MIGRATIONS: &'static [EmbeddedMigration];
+    /// The relay's statements.
+    const SQL: Statements;
+    /// The statement that begins a writing transaction (`BEGIN`; SQLite's `BEGIN IMMEDIATE`
+    /// takes the write lock at once, so that the transaction never fails to upgrade).
+    const BEGIN: &'static str;
+    /// Whether the relay's writes outside a claiming transaction (acknowledgements,
+    /// releases) run in a transaction under the backend's turn, rather than one statement at
+    /// a time on a pooled connection.
+    const WRITES_IN_TRANSACTION: bool;
+
+    /// How a database error reads: connectivity, a missing outbox table, or anything else.
+    /// (Errors of the connection itself, such as I/O, are unavailability already.)
+    fn classify(error: &dyn DatabaseError) -> Fault;
+
+    /// The rows a statement affected.
+    fn rows_affected(result: &<Self::Database as Database>::QueryResult) -> u64;
+
+    /// Binds message ids as one parameter (an array, or a JSON array).
+    fn bind_ids<'q>(
+        query: Statement<'q, Self::Database>,
+        ids: Vec<i64>,
+    ) -> Statement<'q, Self::Database>;
+
+    /// Binds category ids as one parameter.
+    fn bind_categories<'q>(
+        query: Statement<'q, Self::Database>,
+        categories: Vec<i32>,
+    ) -> Statement<'q, Self::Database>;
+
+    /// Binds coalescing groups (category, object) for [`Statements::fetch_newest`].
+    fn bind_groups<'q>(
+        query: Statement<'q, Self::Database>,
+        groups: &[GroupKey],
+    ) -> Statement<'q, Self::Database>;
+
+    /// Binds messages for [`Statements::insert_messages`].
+    fn bind_messages<'q>(
+        query: Statement<'q, Self::Database>,
+        messages: &[Message],
+    ) -> Statement<'q, Self::Database>;
+
+    /// Decodes the ids column of [`Statements::fetch_newest`].
+    fn decode_ids(row: &<Self::Database as Database>::Row, index: usize)
+    -> Result<Vec<i64>, Error>;
+
+    /// The rows [`Statements::fetch`] returned, as messages in id order. By default each row
+    /// is (id, category, scope, object, payload).
+    fn read_head(
+        rows: Vec<<Self::Database as Database>::Row>,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        rows.iter()
+            .map(crate::session::stored::<Self::Database>)
+            .collect()
+    }
+
+    /// The statement for a model write: the models travel as `$1`, one JSON array of objects
+    /// keyed by column (a deletion: the keys, bound with [`Dialect::bind_ids`]).
+    fn model_sql(write: Write, table: &ModelTable) -> String;
+
+    /// The statement that reads one model's row as a JSON object keyed by column: `$1` its key.
+    fn load_model_sql(table: &ModelTable) -> String;
+
+    /// Waits for the turn of the backend's relay writes (at once, if it takes none).
+    fn take_turn(&self) -> impl Future<Output = Self::Turn> + Send;
+
+    /// Claims `shard` if it is due and nobody holds it, with a fencing token greater than any
+    /// before (S15): the backend's claim strategy.
+    fn claim(
+        &self,
+        pool: &Pool<Self::Database>,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> impl Future<Output = Result<Option<Claim<Self>>, Error>> + Send;
+
+    /// A stream of wake-ups on commit, if the backend has one.
+    fn wakeups(
+        pool: &Pool<Self::Database>,
+    ) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
+
+    /// Checks beyond the migrations, once the schema is known to be current (say, rows set
+    /// aside by a migration that an operator should look at). None by default.
+    fn check_schema(pool: &Pool<Self::Database>) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = pool;
+        async { Ok(()) }
+    }
+}

@@ -1,0 +1,434 @@
+//! A claimed shard: its reads, acknowledgements and release.
+
+use std::any::Any;
+use std::time::Duration;
+
+use outbox_core::store::{
+    Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
+    ack_then_finish,
+};
+use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId, ShardKey};
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
+
+use crate::dialect::{Ack, Claiming, Dialect};
+use crate::error::{database, on_table};
+use crate::sql::{Executes, Sql, Statement, With, get};
+
+/// Milliseconds in `duration`, as the statements take them.
+pub(crate) fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Binds a shard's key as `$1..$3` of a statement.
+pub fn shard_keyed<DB: Sql>(sql: &'static str, shard: &ShardKey) -> Statement<'static, DB> {
+    sqlx::query(sql)
+        .with(shard.scope.0)
+        .with(shard.shard_identifier)
+        .with(shard.destination_str().to_owned())
+}
+
+/// Binds a lease's shard key and fencing token as `$1..$4` of a statement: one that acts only
+/// while the lease is current.
+pub fn fenced<DB: Sql>(sql: &'static str, lease: &Lease) -> Statement<'static, DB> {
+    shard_keyed::<DB>(sql, &lease.shard).with(lease.token)
+}
+
+/// A row (id, category, scope, object, payload) as a message; a row that does not have the
+/// schema's form (written around its checks) is a typed error naming it.
+pub(crate) fn stored<DB: Sql>(row: &DB::Row) -> Result<StoredMessage, Error> {
+    let id = get::<DB, i64>(row, 0).ok();
+    let undecodable = |error: sqlx::Error| Error::Undecodable {
+        operation: "reading a shard",
+        message_id: id.map(MessageId),
+        detail: error.to_string(),
+    };
+    Ok(StoredMessage {
+        id: MessageId(get::<DB, i64>(row, 0).map_err(undecodable)?),
+        category: CategoryId(get::<DB, i32>(row, 1).map_err(undecodable)?),
+        scope: ScopeId(get::<DB, i16>(row, 2).map_err(undecodable)?),
+        object_identifier: get::<DB, i64>(row, 3).map_err(undecodable)?,
+        payload: get::<DB, String>(row, 4).map_err(undecodable)?,
+    })
+}
+
+/// The ids acknowledged, their lowest and their highest.
+fn acknowledged(acks: &[Acknowledgement]) -> (Vec<i64>, i64, i64) {
+    let ids: Vec<i64> = acks
+        .iter()
+        .flat_map(|ack| ack.ids.iter().map(|id| id.0))
+        .collect();
+    let lowest = ids.iter().copied().min().unwrap_or(0);
+    let highest = ids.iter().copied().max().unwrap_or(-1);
+    (ids, lowest, highest)
+}
+
+fn lease_lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        shard: lease.shard.clone(),
+        token: lease.token,
+    }
+}
+
+/// Where the relay's writes outside a claiming transaction run: one statement at a time on a
+/// pooled connection, or in a transaction under the backend's turn
+/// ([`Dialect::WRITES_IN_TRANSACTION`]).
+enum Writer<D: Dialect> {
+    Pooled(PoolConnection<D::Database>),
+    InTransaction(Transaction<'static, D::Database>, D::Turn),
+}
+
+impl<D: Dialect> Writer<D> {
+    async fn open(
+        dialect: &D,
+        pool: &Pool<D::Database>,
+        operation: &'static str,
+    ) -> Result<Self, Error> {
+        if D::WRITES_IN_TRANSACTION {
+            let turn = dialect.take_turn().await;
+            let tx = pool
+                .begin_with(D::BEGIN)
+                .await
+                .map_err(database::<D>(operation))?;
+            Ok(Writer::InTransaction(tx, turn))
+        } else {
+            let conn = pool.acquire().await.map_err(database::<D>(operation))?;
+            Ok(Writer::Pooled(conn))
+        }
+    }
+
+    fn conn(&mut self) -> &mut <D::Database as Database>::Connection {
+        match self {
+            Writer::Pooled(conn) => conn,
+            Writer::InTransaction(tx, _) => tx,
+        }
+    }
+
+    async fn commit(self, operation: &'static str) -> Result<(), Error> {
+        match self {
+            Writer::Pooled(_) => Ok(()),
+            Writer::InTransaction(tx, _turn) => tx.commit().await.map_err(database::<D>(operation)),
+        }
+    }
+}
+
+/// A claimed shard: under a lease, or inside the claiming transaction (which holds the shard's
+/// state row, or the database's write lock) in in-transaction handler mode.
+#[derive(Debug)]
+pub struct SqlxSession<D: Dialect> {
+    pool: Pool<D::Database>,
+    dialect: D,
+    lease: Lease,
+    lease_duration: Duration,
+    claiming: Option<Claiming<D>>,
+}
+
+/// A connection to read on: the claiming transaction's, or one from the pool.
+enum Reader<'a, DB: Database> {
+    Pooled(PoolConnection<DB>),
+    Claiming(&'a mut DB::Connection),
+}
+
+impl<DB: Database> Reader<'_, DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        match self {
+            Reader::Pooled(conn) => conn,
+            Reader::Claiming(conn) => conn,
+        }
+    }
+}
+
+impl<D: Dialect> SqlxSession<D> {
+    /// A session on a claim.
+    pub fn new(
+        pool: Pool<D::Database>,
+        dialect: D,
+        lease: Lease,
+        lease_duration: Duration,
+        claiming: Option<Claiming<D>>,
+    ) -> Self {
+        Self {
+            pool,
+            dialect,
+            lease,
+            lease_duration,
+            claiming,
+        }
+    }
+
+    async fn reader(&mut self) -> Result<Reader<'_, D::Database>, Error> {
+        match &mut self.claiming {
+            Some(claiming) => Ok(Reader::Claiming(&mut *claiming.tx)),
+            None => self
+                .pool
+                .acquire()
+                .await
+                .map(Reader::Pooled)
+                .map_err(database::<D>("reading a shard")),
+        }
+    }
+
+    fn keyed(&self, sql: &'static str) -> Statement<'static, D::Database> {
+        fenced::<D::Database>(sql, &self.lease)
+    }
+
+    fn lease_lost(&self) -> Error {
+        lease_lost(&self.lease)
+    }
+
+    async fn execute(
+        conn: &mut <D::Database as Database>::Connection,
+        query: Statement<'static, D::Database>,
+        operation: &'static str,
+    ) -> Result<u64, Error> {
+        let done = query
+            .execute(D::Database::on(conn))
+            .await
+            .map_err(database::<D>(operation))?;
+        Ok(D::rows_affected(&done))
+    }
+
+    /// Proves and extends the lease and deletes the acknowledged rows, on `conn`: the rows
+    /// deleted, or [`Error::LeaseLost`] (and nothing deleted).
+    async fn ack_on(
+        lease: &Lease,
+        lease_duration: Duration,
+        conn: &mut <D::Database as Database>::Connection,
+        acks: &[Acknowledgement],
+    ) -> Result<u64, Error> {
+        const OPERATION: &str = "acknowledging messages";
+        let (ids, lowest, highest) = acknowledged(acks);
+        let lease_ms = duration_ms(lease_duration);
+        match D::SQL.ack {
+            Ack::Combined(sql) => {
+                let query = fenced::<D::Database>(sql, lease)
+                    .with(lease_ms)
+                    .with(lowest)
+                    .with(highest);
+                let row = D::bind_ids(query, ids)
+                    .fetch_one(D::Database::on(conn))
+                    .await
+                    .map_err(database::<D>(OPERATION))?;
+                let held = get::<D::Database, i64>(&row, 0).map_err(database::<D>(OPERATION))?;
+                if held == 0 {
+                    return Err(lease_lost(lease));
+                }
+                let deleted = get::<D::Database, i64>(&row, 1).map_err(database::<D>(OPERATION))?;
+                Ok(u64::try_from(deleted).unwrap_or(0))
+            }
+            Ack::Separate {
+                lease: extend,
+                delete,
+            } => {
+                let extend = fenced::<D::Database>(extend, lease).with(lease_ms);
+                if Self::execute(conn, extend, OPERATION).await? == 0 {
+                    return Err(lease_lost(lease));
+                }
+                let query = D::bind_ids(shard_keyed::<D::Database>(delete, &lease.shard), ids);
+                Self::execute(conn, query, OPERATION).await
+            }
+        }
+    }
+
+    /// Records `outcome` on `conn`: the state rows it changed (0 if the lease was lost).
+    async fn finish_on(
+        lease: &Lease,
+        conn: &mut <D::Database as Database>::Connection,
+        outcome: &Outcome,
+    ) -> Result<u64, Error> {
+        const OPERATION: &str = "releasing a shard";
+        let sql = &D::SQL;
+        match outcome {
+            // A shard left empty keeps no state row, however its drain ended: the table holds
+            // only shards with messages, leases or failures.
+            Outcome::Drained | Outcome::Yielded | Outcome::Released => {
+                let delete = fenced::<D::Database>(sql.delete_if_empty, lease);
+                if Self::execute(conn, delete, OPERATION).await? > 0 {
+                    return Ok(1);
+                }
+                let release = if *outcome == Outcome::Released {
+                    sql.release_lease
+                } else {
+                    sql.release
+                };
+                Self::execute(conn, fenced::<D::Database>(release, lease), OPERATION).await
+            }
+            Outcome::Failed(failure) => {
+                let query = fenced::<D::Database>(sql.fail, lease)
+                    .with(i32::try_from(failure.attempts).unwrap_or(i32::MAX))
+                    .with(failure.error.clone())
+                    .with(duration_ms(failure.retry_in))
+                    .with(failure.watermark.0)
+                    .with(failure.parked_category.map(|category| category.0));
+                Self::execute(conn, query, OPERATION).await
+            }
+        }
+    }
+
+    async fn savepoint(&mut self, sql: &'static str, operation: &'static str) -> Result<(), Error> {
+        if let Some(claiming) = &mut self.claiming {
+            sqlx::query::<D::Database>(sql)
+                .execute(D::Database::on(&mut claiming.tx))
+                .await
+                .map_err(database::<D>(operation))?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: Dialect> ShardSession for SqlxSession<D> {
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
+        let query = shard_keyed::<D::Database>(D::SQL.fetch, &self.lease.shard)
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut reader = self.reader().await?;
+        let rows = query
+            .fetch_all(D::Database::on(reader.conn()))
+            .await
+            .map_err(database::<D>("reading a shard"))?;
+        D::read_head(rows)
+    }
+
+    async fn fetch_newest(
+        &mut self,
+        groups: &[GroupKey],
+        after: MessageId,
+        up_to: MessageId,
+    ) -> Result<Vec<GroupTail>, Error> {
+        let query = shard_keyed::<D::Database>(D::SQL.fetch_newest, &self.lease.shard);
+        let query = D::bind_groups(query, groups).with(after.0).with(up_to.0);
+        let mut reader = self.reader().await?;
+        let rows = query
+            .fetch_all(D::Database::on(reader.conn()))
+            .await
+            .map_err(database::<D>("reading a shard"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(GroupTail {
+                    newest: stored::<D::Database>(row)?,
+                    ids: D::decode_ids(row, 5)?.into_iter().map(MessageId).collect(),
+                })
+            })
+            .collect()
+    }
+
+    async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
+        const OPERATION: &str = "reading a replicated model";
+        let query = sqlx::query(AssertSqlSafe(D::load_model_sql(table))).with(key);
+        let mut reader = self.reader().await?;
+        let row = query
+            .fetch_optional(D::Database::on(reader.conn()))
+            .await
+            .map_err(on_table::<D>(OPERATION))?;
+        row.map(|row| get::<D::Database, String>(&row, 0))
+            .transpose()
+            .map_err(on_table::<D>(OPERATION))
+    }
+
+    fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)> {
+        let conn: &mut <D::Database as Database>::Connection = &mut self.claiming.as_mut()?.tx;
+        Some(conn)
+    }
+
+    async fn before_handler(&mut self) -> Result<(), Error> {
+        self.savepoint("SAVEPOINT outbox_handler", "opening a handler savepoint")
+            .await
+    }
+
+    async fn after_handler(&mut self, succeeded: bool) -> Result<(), Error> {
+        if !succeeded {
+            self.savepoint(
+                "ROLLBACK TO SAVEPOINT outbox_handler",
+                "rolling back a failed handler",
+            )
+            .await?;
+        }
+        self.savepoint(
+            "RELEASE SAVEPOINT outbox_handler",
+            "closing a handler savepoint",
+        )
+        .await
+    }
+
+    async fn ack(&mut self, acks: &[Acknowledgement]) -> Result<u64, Error> {
+        if let Some(mut claiming) = self.claiming.take() {
+            let result =
+                Self::ack_on(&self.lease, self.lease_duration, &mut claiming.tx, acks).await;
+            self.claiming = Some(claiming);
+            return result;
+        }
+        let mut writer = Writer::open(&self.dialect, &self.pool, "acknowledging messages").await?;
+        let deleted = Self::ack_on(&self.lease, self.lease_duration, writer.conn(), acks).await?;
+        writer.commit("acknowledging messages").await?;
+        Ok(deleted)
+    }
+
+    async fn ack_and_finish(
+        self,
+        acks: &[Acknowledgement],
+        outcome: Outcome,
+    ) -> Result<(u64, bool), Error> {
+        const OPERATION: &str = "acknowledging and releasing a shard";
+        if self.claiming.is_some() {
+            return ack_then_finish(self, acks, outcome).await;
+        }
+        if let (Some(sql), Outcome::Drained) = (D::SQL.ack_and_release, &outcome) {
+            // One round trip for both.
+            let (ids, lowest, highest) = acknowledged(acks);
+            let query = D::bind_ids(self.keyed(sql).with(lowest).with(highest), ids);
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(database::<D>(OPERATION))?;
+            let row = query
+                .fetch_one(D::Database::on(&mut conn))
+                .await
+                .map_err(database::<D>(OPERATION))?;
+            let column =
+                |index| get::<D::Database, i64>(&row, index).map_err(database::<D>(OPERATION));
+            if column(0)? == 0 {
+                return Err(self.lease_lost());
+            }
+            return Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0));
+        }
+        if !D::WRITES_IN_TRANSACTION {
+            return ack_then_finish(self, acks, outcome).await;
+        }
+        // One write transaction for both, instead of two.
+        let mut writer = Writer::open(&self.dialect, &self.pool, OPERATION).await?;
+        let deleted = Self::ack_on(&self.lease, self.lease_duration, writer.conn(), acks).await?;
+        let released = Self::finish_on(&self.lease, writer.conn(), &outcome).await?;
+        writer.commit(OPERATION).await?;
+        Ok((deleted, released > 0))
+    }
+
+    async fn finish(mut self, outcome: Outcome) -> Result<(), Error> {
+        const OPERATION: &str = "releasing a shard";
+        let updated = match self.claiming.take() {
+            // The turn, if any, goes with the transaction.
+            Some(mut claiming) => {
+                let updated = Self::finish_on(&self.lease, &mut claiming.tx, &outcome).await?;
+                claiming
+                    .tx
+                    .commit()
+                    .await
+                    .map_err(database::<D>(OPERATION))?;
+                updated
+            }
+            None => {
+                let mut writer = Writer::open(&self.dialect, &self.pool, OPERATION).await?;
+                let updated = Self::finish_on(&self.lease, writer.conn(), &outcome).await?;
+                writer.commit(OPERATION).await?;
+                updated
+            }
+        };
+        if updated == 0 {
+            return Err(self.lease_lost());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,155 @@
+//! What the shared body needs of a `sqlx` database, gathered in one bound: [`Sql`].
+//!
+//! Code generic over `sqlx::Database` would otherwise repeat, at every function, bounds that
+//! name concrete types (`i64: Encode<'_, DB> + Type<DB>`, `for<'c> &'c mut DB::Connection:
+//! Executor<'c>`): Rust does not carry such bounds from a trait to its users. Here each one is
+//! a trait of the database itself ([`Binds`], [`Decodes`], [`Executes`]) with a blanket
+//! implementation, so [`Sql`] holds them all and `D::Database: Sql` implies every one. Any
+//! `sqlx` driver whose types encode and decode the integers, strings and booleans the outbox
+//! tables hold is [`Sql`] without writing anything.
+
+use sqlx::pool::PoolConnection;
+use sqlx::query::Query;
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Transaction, Type,
+};
+
+/// A query of database `DB` with its arguments.
+pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments>;
+
+/// A database whose queries bind a `T`.
+pub trait Binds<T>: Database {
+    /// Binds `value` as the next parameter of `query`.
+    fn bind_value<'q>(query: Statement<'q, Self>, value: T) -> Statement<'q, Self>;
+}
+
+impl<DB: Database, T> Binds<T> for DB
+where
+    T: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    fn bind_value<'q>(query: Statement<'q, Self>, value: T) -> Statement<'q, Self> {
+        query.bind(value)
+    }
+}
+
+/// A database whose rows decode a `T`.
+pub trait Decodes<T>: Database {
+    /// Column `index` of `row`.
+    fn decode(row: &Self::Row, index: usize) -> Result<T, sqlx::Error>;
+}
+
+impl<DB: Database, T> Decodes<T> for DB
+where
+    T: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    fn decode(row: &DB::Row, index: usize) -> Result<T, sqlx::Error> {
+        row.try_get(index)
+    }
+}
+
+/// A database whose connections run statements.
+pub trait Executes: Database {
+    /// `conn`, as an executor.
+    fn on(conn: &mut Self::Connection) -> impl Executor<'_, Database = Self>;
+}
+
+impl<DB: Database> Executes for DB
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    fn on(conn: &mut DB::Connection) -> impl Executor<'_, Database = Self> {
+        conn
+    }
+}
+
+/// Everything the shared body asks of a `sqlx` database: implemented by every database that
+/// has what it takes (PostgreSQL's, SQLite's, MySQL's).
+pub trait Sql:
+    Database<Arguments: IntoArguments<Self>, Connection: sqlx::migrate::Migrate>
+    + Executes
+    + Binds<i16>
+    + Binds<i32>
+    + Binds<i64>
+    + Binds<String>
+    + for<'a> Binds<&'a str>
+    + Binds<Option<i32>>
+    + Decodes<i16>
+    + Decodes<i32>
+    + Decodes<i64>
+    + Decodes<bool>
+    + Decodes<String>
+    + Decodes<Option<i32>>
+    + Decodes<Option<i64>>
+    + Decodes<Option<String>>
+{
+}
+
+impl<DB> Sql for DB where
+    DB: Database<Arguments: IntoArguments<DB>, Connection: sqlx::migrate::Migrate>
+        + Executes
+        + Binds<i16>
+        + Binds<i32>
+        + Binds<i64>
+        + Binds<String>
+        + for<'a> Binds<&'a str>
+        + Binds<Option<i32>>
+        + Decodes<i16>
+        + Decodes<i32>
+        + Decodes<i64>
+        + Decodes<bool>
+        + Decodes<String>
+        + Decodes<Option<i32>>
+        + Decodes<Option<i64>>
+        + Decodes<Option<String>>
+{
+}
+
+/// `query.with(value)`: [`Binds::bind_value`] as a method.
+pub trait With<DB: Database>: Sized {
+    /// Binds `value` as the next parameter.
+    #[must_use]
+    fn with<T>(self, value: T) -> Self
+    where
+        DB: Binds<T>;
+}
+
+impl<DB: Database> With<DB> for Statement<'_, DB> {
+    fn with<T>(self, value: T) -> Self
+    where
+        DB: Binds<T>,
+    {
+        DB::bind_value(self, value)
+    }
+}
+
+/// Column `index` of `row`: `get::<DB, T>(&row, 2)`.
+pub fn get<DB: Decodes<T>, T>(row: &DB::Row, index: usize) -> Result<T, sqlx::Error> {
+    DB::decode(row, index)
+}
+
+/// Something statements run on one after another: a transaction, a pooled connection, or a
+/// wrapper of either (a test's statement counter).
+pub trait Runner: Send {
+    /// The database.
+    type Database: Database;
+
+    /// The executor for the next statement.
+    fn executor(&mut self) -> impl Executor<'_, Database = Self::Database>;
+}
+
+impl<DB: Executes> Runner for Transaction<'_, DB> {
+    type Database = DB;
+
+    fn executor(&mut self) -> impl Executor<'_, Database = DB> {
+        DB::on(self)
+    }
+}
+
+impl<DB: Executes> Runner for PoolConnection<DB> {
+    type Database = DB;
+
+    fn executor(&mut self) -> impl Executor<'_, Database = DB> {
+        DB::on(self)
+    }
+}

@@ -1,0 +1,311 @@
+//! The outbox store on a `sqlx` pool.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outbox_core::store::{
+    ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
+    check_migrations,
+};
+use outbox_core::{CategoryId, Error, MessageId, ShardKey, Store};
+use sqlx::{Database, Pool};
+
+use crate::dialect::{Claim, Dialect};
+use crate::error::database;
+use crate::session::{SqlxSession, duration_ms, fenced, shard_keyed};
+use crate::sql::{Executes, Statement, With, get};
+
+const APPLIED_MIGRATIONS: &str = "SELECT version FROM _outbox_migrations WHERE success";
+const NEWEST_MESSAGE: &str = "SELECT max(id) FROM outbox_messages";
+const PENDING_IN_SHARD: &str = "\
+    SELECT count(*) FROM outbox_messages \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND id <= $4";
+
+/// The outbox store on a database of a `sqlx` backend.
+#[derive(Debug)]
+pub struct SqlxStore<D: Dialect> {
+    pool: Pool<D::Database>,
+    dialect: D,
+}
+
+impl<D: Dialect> Clone for SqlxStore<D> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            dialect: self.dialect.clone(),
+        }
+    }
+}
+
+impl<D: Dialect + Default> SqlxStore<D> {
+    /// A store on `pool`. Apply the migrations first.
+    pub fn new(pool: Pool<D::Database>) -> Self {
+        Self::with_dialect(pool, D::default())
+    }
+}
+
+impl<D: Dialect> SqlxStore<D> {
+    /// A store on `pool` with a dialect value of the caller's.
+    pub fn with_dialect(pool: Pool<D::Database>, dialect: D) -> Self {
+        Self { pool, dialect }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool<D::Database> {
+        &self.pool
+    }
+
+    /// Runs `query` on a pooled connection: its rows.
+    async fn rows(
+        &self,
+        query: Statement<'static, D::Database>,
+        operation: &'static str,
+    ) -> Result<Vec<<D::Database as Database>::Row>, Error> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(database::<D>(operation))?;
+        query
+            .fetch_all(D::Database::on(&mut conn))
+            .await
+            .map_err(database::<D>(operation))
+    }
+
+    /// Runs `query` on a pooled connection: the rows it affected.
+    async fn execute(
+        &self,
+        query: Statement<'static, D::Database>,
+        operation: &'static str,
+    ) -> Result<u64, Error> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(database::<D>(operation))?;
+        let done = query
+            .execute(D::Database::on(&mut conn))
+            .await
+            .map_err(database::<D>(operation))?;
+        Ok(D::rows_affected(&done))
+    }
+
+    /// Runs `query` on a pooled connection: the first column of its one row.
+    async fn scalar<T>(
+        &self,
+        query: Statement<'static, D::Database>,
+        operation: &'static str,
+    ) -> Result<T, Error>
+    where
+        D::Database: crate::sql::Decodes<T>,
+    {
+        let rows = self.rows(query, operation).await?;
+        let row = rows.first().ok_or_else(|| Error::Database {
+            operation,
+            source: "the statement returned no row".into(),
+        })?;
+        get::<D::Database, T>(row, 0).map_err(database::<D>(operation))
+    }
+}
+
+fn from_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A shard key as the statements return it in columns `first..first + 3`: a key that does not
+/// have the schema's form (written around its checks) is a typed error, never a panic.
+fn shard_key<DB: crate::sql::Sql>(
+    row: &DB::Row,
+    first: usize,
+    operation: &'static str,
+) -> Result<ShardKey, Error> {
+    let undecodable = |error: sqlx::Error| Error::Undecodable {
+        operation,
+        message_id: None,
+        detail: format!("a shard key is not (SMALLINT, integer, text): {error}"),
+    };
+    Ok(ShardKey::from_stored(
+        get::<DB, i16>(row, first).map_err(undecodable)?,
+        get::<DB, i64>(row, first + 1).map_err(undecodable)?,
+        get::<DB, String>(row, first + 2).map_err(undecodable)?,
+    ))
+}
+
+impl<D: Dialect> Store for SqlxStore<D> {
+    type Session = SqlxSession<D>;
+    type Wakeups = D::Wakeups;
+
+    async fn check_schema(&self) -> Result<(), Error> {
+        const OPERATION: &str = "checking the outbox schema";
+        let exists: bool = self
+            .scalar(
+                sqlx::query(D::SQL.table_exists).with(MIGRATIONS_TABLE),
+                OPERATION,
+            )
+            .await?;
+        if !exists {
+            return Err(Error::MigrationMissing {
+                detail: format!("table `{MIGRATIONS_TABLE}` does not exist"),
+            });
+        }
+        let applied = self
+            .rows(sqlx::query(APPLIED_MIGRATIONS), OPERATION)
+            .await?
+            .iter()
+            .map(|row| get::<D::Database, i64>(row, 0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(database::<D>(OPERATION))?;
+        check_migrations(&applied, D::MIGRATIONS)?;
+        D::check_schema(&self.pool).await
+    }
+
+    async fn discover(
+        &self,
+        after: Option<&ShardKey>,
+        limit: usize,
+    ) -> Result<DiscoveryPage, Error> {
+        const OPERATION: &str = "discovering due shards";
+        // Below every SMALLINT scope, so the first page starts at the first shard.
+        let (scope, shard, destination) = match after {
+            Some(key) => (
+                i32::from(key.scope.0),
+                key.shard_identifier,
+                key.destination_str().to_owned(),
+            ),
+            None => (i32::from(i16::MIN) - 1, i64::MIN, String::new()),
+        };
+        let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
+        let query = sqlx::query(D::SQL.discover)
+            .with(scope)
+            .with(shard)
+            .with(destination)
+            .with(limit);
+        let rows = self.rows(query, OPERATION).await?;
+        let full = rows.len() == usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut page = DiscoveryPage::default();
+        let visited = rows.len();
+        for (index, row) in rows.iter().enumerate() {
+            let key = shard_key::<D::Database>(row, 0, OPERATION)?;
+            if full && index + 1 == visited {
+                page.next = Some(key.clone());
+            }
+            if get::<D::Database, bool>(row, 3).map_err(database::<D>(OPERATION))? {
+                page.due.push(key);
+            }
+        }
+        Ok(page)
+    }
+
+    async fn claim(
+        &self,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<SqlxSession<D>>, Error> {
+        let Some(Claim { lease, claiming }) =
+            self.dialect.claim(&self.pool, shard, options).await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(SqlxSession::new(
+            self.pool.clone(),
+            self.dialect.clone(),
+            lease,
+            options.lease,
+            claiming,
+        )))
+    }
+
+    async fn wakeups(&self) -> Result<Option<D::Wakeups>, Error> {
+        D::wakeups(&self.pool).await
+    }
+
+    async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
+        let _turn = self.dialect.take_turn().await;
+        let query = fenced::<D::Database>(D::SQL.extend_lease, lease).with(duration_ms(duration));
+        Ok(self.execute(query, "extending a lease").await? > 0)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        let _turn = self.dialect.take_turn().await;
+        let query = fenced::<D::Database>(D::SQL.release_interrupted, lease);
+        Ok(self.execute(query, "releasing a lease").await? > 0)
+    }
+
+    async fn unpark(&self, known: &[CategoryId]) -> Result<u64, Error> {
+        let known: Vec<i32> = known.iter().map(|category| category.0).collect();
+        let query = D::bind_categories(sqlx::query(D::SQL.unpark), known);
+        self.execute(query, "resuming parked shards").await
+    }
+
+    async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
+        let query = shard_keyed::<D::Database>(D::SQL.reschedule, shard);
+        Ok(self.execute(query, "rescheduling a shard").await? > 0)
+    }
+
+    async fn newest_message_id(&self) -> Result<Option<MessageId>, Error> {
+        let newest: Option<i64> = self
+            .scalar(sqlx::query(NEWEST_MESSAGE), "reading the newest message id")
+            .await?;
+        Ok(newest.map(MessageId))
+    }
+
+    async fn pending_in_shard(&self, shard: &ShardKey, up_to: MessageId) -> Result<u64, Error> {
+        let query = shard_keyed::<D::Database>(PENDING_IN_SHARD, shard).with(up_to.0);
+        let count: i64 = self
+            .scalar(query, "counting a shard's pending messages")
+            .await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    async fn pending_messages(&self, limit: usize) -> Result<Vec<PendingMessage>, Error> {
+        const OPERATION: &str = "listing pending messages";
+        let query =
+            sqlx::query(D::SQL.pending_messages).with(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = self.rows(query, OPERATION).await?;
+        let pending =
+            |row: &<D::Database as Database>::Row| -> Result<PendingMessage, sqlx::Error> {
+                Ok(PendingMessage::new(
+                    MessageId(get::<D::Database, _>(row, 0)?),
+                    ShardKey::from_stored(
+                        get::<D::Database, _>(row, 1)?,
+                        get::<D::Database, _>(row, 2)?,
+                        get::<D::Database, _>(row, 3)?,
+                    ),
+                    CategoryId(get::<D::Database, _>(row, 4)?),
+                    get::<D::Database, _>(row, 5)?,
+                    get::<D::Database, _>(row, 6)?,
+                    from_ms(get::<D::Database, _>(row, 7)?),
+                ))
+            };
+        rows.iter()
+            .map(|row| pending(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+
+    async fn shard_states(&self) -> Result<Vec<ShardState>, Error> {
+        const OPERATION: &str = "listing shard states";
+        let rows = self
+            .rows(sqlx::query(D::SQL.shard_states), OPERATION)
+            .await?;
+        let state = |row: &<D::Database as Database>::Row| -> Result<ShardState, sqlx::Error> {
+            let time =
+                |index| get::<D::Database, Option<i64>>(row, index).map(|ms| ms.map(from_ms));
+            Ok(ShardState::new(
+                ShardKey::from_stored(
+                    get::<D::Database, _>(row, 0)?,
+                    get::<D::Database, _>(row, 1)?,
+                    get::<D::Database, _>(row, 2)?,
+                ),
+                u32::try_from(get::<D::Database, i64>(row, 3)?).unwrap_or(u32::MAX),
+                get::<D::Database, _>(row, 4)?,
+                time(5)?,
+                get::<D::Database, _>(row, 6)?,
+                time(7)?,
+                get::<D::Database, _>(row, 8)?,
+                get::<D::Database, Option<i32>>(row, 9)?.map(CategoryId),
+            ))
+        };
+        rows.iter()
+            .map(|row| state(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+}

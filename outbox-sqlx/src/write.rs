@@ -1,0 +1,54 @@
+//! Outbox messages written with the caller's executor.
+
+use outbox_core::{Error, Message, MessageId};
+use sqlx::Executor;
+
+use crate::dialect::Dialect;
+use crate::error::database;
+use crate::sql::{With, get};
+
+/// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
+/// or a pool. It commits or rolls back with the caller's transaction (S1).
+pub async fn write<'e, D, E>(executor: E, message: &Message) -> Result<MessageId, Error>
+where
+    D: Dialect,
+    E: Executor<'e, Database = D::Database>,
+{
+    let shard = message.shard();
+    let row = sqlx::query(D::SQL.insert_message)
+        .with(shard.scope.0)
+        .with(shard.shard_identifier)
+        .with(shard.destination_str())
+        .with(message.category().0)
+        .with(message.object_identifier())
+        .with(message.payload_json())
+        .fetch_one(executor)
+        .await
+        .map_err(database::<D>("writing an outbox message"))?;
+    let id =
+        get::<D::Database, i64>(&row, 0).map_err(database::<D>("writing an outbox message"))?;
+    Ok(MessageId(id))
+}
+
+/// Writes many messages in one statement (S5), with the caller's executor. Returns their
+/// ids in ascending order.
+pub async fn write_all<'e, D, E>(executor: E, messages: &[Message]) -> Result<Vec<MessageId>, Error>
+where
+    D: Dialect,
+    E: Executor<'e, Database = D::Database>,
+{
+    if messages.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = D::bind_messages(sqlx::query(D::SQL.insert_messages), messages)
+        .fetch_all(executor)
+        .await
+        .map_err(database::<D>("writing outbox messages"))?;
+    let mut ids = rows
+        .iter()
+        .map(|row| get::<D::Database, i64>(row, 0))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(database::<D>("writing outbox messages"))?;
+    ids.sort_unstable();
+    Ok(ids.into_iter().map(MessageId).collect())
+}
