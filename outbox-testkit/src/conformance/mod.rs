@@ -92,6 +92,7 @@ macro_rules! conformance_tests {
             models_replicate_while_present_and_delete_once_gone,
             models_are_read_in_the_claiming_transaction,
             model_writes_commit_and_roll_back_with_the_transaction,
+            a_key_twice_in_one_model_write_is_refused,
             fan_out_models_reach_each_destination,
             unreadable_model_rows_are_precise_failures,
         );

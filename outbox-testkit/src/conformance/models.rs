@@ -190,6 +190,47 @@ pub async fn model_writes_commit_and_roll_back_with_the_transaction<B: TestBacke
     );
 }
 
+/// A model write that names one key twice is refused as a whole, on every backend and for
+/// every write, before anything is written: [`Error::DuplicateKey`] names the model and the
+/// key. (Which of the two should the row hold? A database would refuse one write, keep either
+/// row, or update by either.)
+pub async fn a_key_twice_in_one_model_write_is_refused<B: TestBackend>() {
+    let backend = with_tables::<B>().await;
+    let original = Project::new(1, 7, "api");
+    write(&backend, ModelWrite::Insert, ModelBatch::local(&original)).await;
+    let twice = [
+        Project::new(1, 7, "first"),
+        Project::new(2, 7, "other"),
+        Project::new(1, 7, "second"),
+    ];
+    for kind in [
+        ModelWrite::Insert,
+        ModelWrite::Update,
+        ModelWrite::Save,
+        ModelWrite::Delete,
+    ] {
+        let error = backend
+            .write_models(kind, ModelBatch::local(&twice), true)
+            .await
+            .expect_err("a key twice in one write");
+        assert!(
+            matches!(error, Error::DuplicateKey { model, key: 1 } if model == Project::NAME),
+            "{kind:?}: {error:?}"
+        );
+    }
+    assert_eq!(pending(&backend).await.len(), 1, "only the first insert's");
+    let recorder = ModelRecorder::default();
+    Relay::with_config(backend.store(), registry(&recorder), config("duplicates"))
+        .drain()
+        .await
+        .expect("drain");
+    assert_eq!(
+        recorder.take(),
+        [ModelSeen::Project(original, org_shard(7))],
+        "the row is as the first insert wrote it, and project 2 was never written"
+    );
+}
+
 /// A fan-out model's write gives each destination its own row, shard and handler call, and
 /// the deletion handler gets the tombstone saved by the write.
 pub async fn fan_out_models_reach_each_destination<B: TestBackend>() {
