@@ -36,13 +36,11 @@ mod dialect;
 mod model;
 mod wakeups;
 
-use outbox_core::{Error, Message, MessageId};
-use sqlx::migrate::Migrator;
-use sqlx::{PgExecutor, PgPool};
+use outbox_core::Error;
+use sqlx::PgPool;
 
 pub use crate::connect::connect;
 pub use crate::dialect::PgDialect;
-pub use crate::model::{delete, insert, save, update};
 pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups};
 pub use outbox_core::store::MIGRATIONS_TABLE;
 
@@ -90,34 +88,7 @@ pub async fn begin(pool: &PgPool) -> Result<OutboxTransaction<'static>, Error> {
     outbox_sqlx::begin::<PgDialect>(pool).await
 }
 
-/// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
-/// or a pool. It commits or rolls back with the caller's transaction (S1).
-pub async fn write<'e, E: PgExecutor<'e>>(
-    executor: E,
-    message: &Message,
-) -> Result<MessageId, Error> {
-    outbox_sqlx::write::<PgDialect, E>(executor, message).await
-}
-
-/// Writes many messages in one statement (S5), with the caller's executor. Returns their
-/// ids in ascending order.
-pub async fn write_all<'e, E: PgExecutor<'e>>(
-    executor: E,
-    messages: &[Message],
-) -> Result<Vec<MessageId>, Error> {
-    outbox_sqlx::write_all::<PgDialect, E>(executor, messages).await
-}
-
-/// The migrator for the outbox tables, recorded in `_outbox_migrations`.
-pub fn migrator() -> Migrator {
-    outbox_sqlx::migrator::<PgDialect>()
-}
-
-/// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
-/// from several processes at once.
-pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
-    outbox_sqlx::migrate::<PgDialect>(pool).await
-}
+outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);
 
 #[cfg(test)]
 mod explain;

@@ -4,12 +4,9 @@
 //! `json_populate_recordset` turns into rows of the table's own type, so PostgreSQL converts
 //! each value to its column's type.
 
-use outbox_core::{BoxFuture, Error, IntoModelBatch, ModelTable, ReplicatedModel};
+use outbox_core::ModelTable;
 use outbox_sqlx::Write;
-use outbox_sqlx::model::{boxed, column_list, quoted};
-use sqlx::{Postgres, Transaction};
-
-use crate::dialect::PgDialect;
+use outbox_sqlx::model::{column_list, quoted};
 
 /// The rows of parameter `$1`, typed as the table's rows.
 fn rows(table: &ModelTable) -> String {
@@ -86,48 +83,6 @@ pub(crate) fn model_sql(write: Write, table: &ModelTable) -> String {
     }
 }
 
-/// Inserts new models and writes their outboxes, in the caller's transaction: two
-/// statements however many models there are. Returns the rows inserted. Fails, writing
-/// nothing, if a key exists already, or appears twice ([`Error::DuplicateKey`]).
-pub fn insert<'t, 'a: 't, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'_, Postgres>,
-    models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed::<PgDialect, M>(tx, Write::Insert, models)
-}
-
-/// Updates existing models (matched by key) and writes their outboxes, in the caller's
-/// transaction: two statements however many models there are. Returns the rows updated; a
-/// model without a row still gets its outbox, delivered as a deletion. A key may appear only
-/// once in one call ([`Error::DuplicateKey`]).
-pub fn update<'t, 'a: 't, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'_, Postgres>,
-    models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed::<PgDialect, M>(tx, Write::Update, models)
-}
-
-/// Inserts or updates models (by key) and writes their outboxes, in the caller's
-/// transaction: two statements however many models there are. Returns the rows written.
-/// A key may appear only once in one call ([`Error::DuplicateKey`]).
-pub fn save<'t, 'a: 't, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'_, Postgres>,
-    models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed::<PgDialect, M>(tx, Write::Save, models)
-}
-
-/// Deletes the models' rows, then writes their outboxes, in the caller's transaction: two
-/// statements however many models there are. Each outbox carries the model's tombstone, for
-/// the deletion handler. Returns the rows deleted. A key may appear only once in one call
-/// ([`Error::DuplicateKey`]).
-pub fn delete<'t, 'a: 't, M: ReplicatedModel>(
-    tx: &'t mut Transaction<'_, Postgres>,
-    models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
-    boxed::<PgDialect, M>(tx, Write::Delete, models)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,46 +93,6 @@ mod tests {
         columns: &["id", "organization_id", "name"],
         bool_columns: &[],
     };
-
-    /// One statement for the table, one for the outbox, however many models.
-    #[tokio::test]
-    async fn bulk_writes_are_one_statement_per_table() {
-        use outbox_core::ModelBatch;
-        use outbox_testkit::counting::CountingExecutor;
-        use outbox_testkit::fixtures::{MODEL_TABLES, Project};
-        use outbox_testkit::postgres::PgTestDatabase;
-
-        let database = PgTestDatabase::create().await;
-        crate::migrate(database.pool()).await.expect("migrate");
-        sqlx::query(MODEL_TABLES[0])
-            .execute(database.pool())
-            .await
-            .expect("create projects");
-        let projects: Vec<_> = (1..=100).map(|id| Project::new(id, id % 7, "p")).collect();
-        let batch = ModelBatch::local(&projects);
-        let mut tx = database.pool().begin().await.expect("begin");
-        for write in [Write::Insert, Write::Update, Write::Save, Write::Delete] {
-            let mut counting = CountingExecutor::new(&mut tx);
-            let written =
-                outbox_sqlx::model::apply::<PgDialect, Project, _>(&mut counting, write, &batch)
-                    .await
-                    .unwrap_or_else(|error| panic!("{write:?}: {error}"));
-            assert_eq!(
-                (
-                    write,
-                    written.rows,
-                    written.ids.len(),
-                    counting.statements()
-                ),
-                (write, 100, 100, 2)
-            );
-        }
-        let outboxes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("count");
-        assert_eq!(outboxes, 400, "one outbox per model and write");
-    }
 
     #[test]
     fn statements_quote_identifiers_and_type_the_rows() {

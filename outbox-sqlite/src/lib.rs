@@ -38,13 +38,11 @@ mod connect;
 mod dialect;
 mod model;
 
-use outbox_core::{Error, Message, MessageId};
-use sqlx::migrate::Migrator;
-use sqlx::{SqliteExecutor, SqlitePool};
+use outbox_core::Error;
+use sqlx::SqlitePool;
 
 pub use crate::connect::{connect, connect_options};
 pub use crate::dialect::SqliteDialect;
-pub use crate::model::{delete, insert, save, update};
 pub use outbox_core::store::MIGRATIONS_TABLE;
 
 /// The outbox store on a SQLite database: `SqliteStore::new(pool)`. Apply the migrations first
@@ -96,34 +94,7 @@ pub async fn begin(pool: &SqlitePool) -> Result<OutboxTransaction<'static>, Erro
     outbox_sqlx::begin::<SqliteDialect>(pool).await
 }
 
-/// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
-/// or a pool. It commits or rolls back with the caller's transaction (S1).
-pub async fn write<'e, E: SqliteExecutor<'e>>(
-    executor: E,
-    message: &Message,
-) -> Result<MessageId, Error> {
-    outbox_sqlx::write::<SqliteDialect, E>(executor, message).await
-}
-
-/// Writes many messages in one statement (S5), with the caller's executor. Returns their
-/// ids in ascending order.
-pub async fn write_all<'e, E: SqliteExecutor<'e>>(
-    executor: E,
-    messages: &[Message],
-) -> Result<Vec<MessageId>, Error> {
-    outbox_sqlx::write_all::<SqliteDialect, E>(executor, messages).await
-}
-
-/// The migrator for the outbox tables, recorded in `_outbox_migrations`.
-pub fn migrator() -> Migrator {
-    outbox_sqlx::migrator::<SqliteDialect>()
-}
-
-/// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
-/// from several processes at once.
-pub async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
-    outbox_sqlx::migrate::<SqliteDialect>(pool).await
-}
+outbox_sqlx::backend_functions!(SqliteDialect, sqlx::Sqlite);
 
 #[cfg(test)]
 mod explain;

@@ -35,3 +35,121 @@ pub use crate::session::SqlxSession;
 pub use crate::store::SqlxStore;
 pub use crate::transaction::{OutboxTransaction, begin};
 pub use crate::write::{write, write_all};
+
+/// What [`backend_functions!`] expands to uses. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use outbox_core;
+    pub use sqlx;
+}
+
+/// Defines a backend crate's public functions over its dialect, with their documentation:
+/// `write` and `write_all` (messages), `insert`, `update`, `save` and `delete` (replicated
+/// models), `migrator` and `migrate`. Invoked once by each backend, at its crate root:
+/// `outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);`.
+#[macro_export]
+macro_rules! backend_functions {
+    ($dialect:ty, $database:ty) => {
+        /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a
+        /// connection, or a pool. It commits or rolls back with the caller's transaction (S1).
+        pub async fn write<'e, E>(
+            executor: E,
+            message: &$crate::__private::outbox_core::Message,
+        ) -> ::std::result::Result<
+            $crate::__private::outbox_core::MessageId,
+            $crate::__private::outbox_core::Error,
+        >
+        where
+            E: $crate::__private::sqlx::Executor<'e, Database = $database>,
+        {
+            $crate::write::<$dialect, E>(executor, message).await
+        }
+
+        /// Writes many messages in one statement (S5), with the caller's executor. Returns
+        /// their ids in ascending order.
+        pub async fn write_all<'e, E>(
+            executor: E,
+            messages: &[$crate::__private::outbox_core::Message],
+        ) -> ::std::result::Result<
+            ::std::vec::Vec<$crate::__private::outbox_core::MessageId>,
+            $crate::__private::outbox_core::Error,
+        >
+        where
+            E: $crate::__private::sqlx::Executor<'e, Database = $database>,
+        {
+            $crate::write_all::<$dialect, E>(executor, messages).await
+        }
+
+        /// Inserts new models and writes their outboxes, in the caller's transaction: two
+        /// statements however many models there are. Returns the rows inserted. Fails,
+        /// writing nothing, if a key exists already, or appears twice in the call
+        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
+        pub fn insert<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
+        ) -> $crate::__private::outbox_core::BoxFuture<
+            't,
+            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+        > {
+            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Insert, models)
+        }
+
+        /// Updates existing models (matched by key) and writes their outboxes, in the
+        /// caller's transaction: two statements however many models there are. Returns the
+        /// rows updated; a model without a row still gets its outbox, delivered as a
+        /// deletion. A key may appear only once in one call
+        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
+        pub fn update<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
+        ) -> $crate::__private::outbox_core::BoxFuture<
+            't,
+            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+        > {
+            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Update, models)
+        }
+
+        /// Inserts or updates models (by key) and writes their outboxes, in the caller's
+        /// transaction: two statements however many models there are. Returns the rows
+        /// written. A key may appear only once in one call
+        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)): write the newer
+        /// state in a call of its own.
+        pub fn save<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
+        ) -> $crate::__private::outbox_core::BoxFuture<
+            't,
+            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+        > {
+            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Save, models)
+        }
+
+        /// Deletes the models' rows, then writes their outboxes, in the caller's
+        /// transaction: two statements however many models there are. Each outbox carries
+        /// the model's tombstone, for the deletion handler. Returns the rows deleted. A key
+        /// may appear only once in one call
+        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
+        pub fn delete<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
+        ) -> $crate::__private::outbox_core::BoxFuture<
+            't,
+            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+        > {
+            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Delete, models)
+        }
+
+        /// The migrator for the outbox tables, recorded in `_outbox_migrations`.
+        pub fn migrator() -> $crate::__private::sqlx::migrate::Migrator {
+            $crate::migrator::<$dialect>()
+        }
+
+        /// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe
+        /// to run from several processes at once.
+        pub async fn migrate(
+            pool: &$crate::__private::sqlx::Pool<$database>,
+        ) -> ::std::result::Result<(), $crate::__private::outbox_core::Error> {
+            $crate::migrate::<$dialect>(pool).await
+        }
+    };
+}

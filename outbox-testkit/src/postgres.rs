@@ -1,4 +1,4 @@
-//! Fresh PostgreSQL databases for tests, and the PostgreSQL [`TestBackend`].
+//! Fresh PostgreSQL databases for tests, and the PostgreSQL [`TestBackend`](crate::TestBackend).
 //!
 //! The server is found through `DATABASE_URL` (a `postgres://` URL), else the local service at
 //! `postgres://postgres@127.0.0.1:5432/postgres`. If none answers, the test fails with a
@@ -6,13 +6,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use outbox_core::{Registry, Relay};
-use outbox_postgres::{PgDialect, PgStore};
+use outbox_postgres::PgDialect;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
-use crate::database::TestDatabase;
-use crate::sqlx::{SqlxBackend, SqlxTestDatabase};
+use crate::sqlx::{Provision, SqlxBackend, SqlxTestDatabase};
 
 /// The server used when `DATABASE_URL` names no PostgreSQL database.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -45,32 +43,22 @@ async fn connect_server() -> PgConnection {
         })
 }
 
-/// A database created for one test and dropped when this value is dropped.
+/// A database on the PostgreSQL server, created for one test and dropped (`WITH (FORCE)`)
+/// with the test database that holds it.
 #[derive(Debug)]
-pub struct PgTestDatabase {
+pub struct PgDatabase {
     name: String,
-    pool: PgPool,
 }
+
+/// A database created for one test and dropped when this value is dropped.
+pub type PgTestDatabase = SqlxTestDatabase<PgDatabase>;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-impl PgTestDatabase {
-    /// A relay over this database, delivering to `registry`'s handlers.
-    pub fn relay(&self, registry: Registry) -> Relay<PgStore> {
-        Relay::new(PgStore::new(self.pool().clone()), registry)
-    }
+impl Provision for PgDatabase {
+    type Dialect = PgDialect;
 
-    /// Runs statements of the test's own (creating its tables, say), failing the test if
-    /// they fail.
-    pub async fn execute(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(self.pool())
-            .await
-            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
-    }
-
-    /// Creates an empty database with a name no other test uses.
-    pub async fn create() -> Self {
+    async fn provision() -> (Self, PgPool) {
         let name = format!(
             "outbox_test_{}_{}_{:08x}",
             std::process::id(),
@@ -83,37 +71,26 @@ impl PgTestDatabase {
             .await
             .unwrap_or_else(|error| panic!("cannot create test database {name}: {error}"));
         let _ = server.close().await;
-        let pool = PgPoolOptions::new()
-            .max_connections(20)
-            .connect_with(server_options().database(&name))
-            .await
-            .unwrap_or_else(|error| panic!("cannot connect to test database {name}: {error}"));
-        Self { name, pool }
+        let database = Self { name };
+        let pool = database.connect().await;
+        (database, pool)
     }
 
-    /// Creates a database with a name no other test uses, and applies the outbox migrations
-    /// to it: what `#[outbox_testkit::test]` hands a test taking a `PgTestDatabase`.
-    pub async fn migrated() -> Self {
-        let database = Self::create().await;
-        outbox_postgres::migrate(database.pool())
+    async fn connect(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(20)
+            .connect_with(server_options().database(&self.name))
             .await
             .unwrap_or_else(|error| {
-                panic!(
-                    "cannot apply the outbox migrations to test database {}: {error}",
-                    database.name
-                )
-            });
-        database
+                panic!("cannot connect to test database {}: {error}", self.name)
+            })
     }
+}
 
+impl SqlxTestDatabase<PgDatabase> {
     /// The database's name.
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// A pool on the database.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.place().name
     }
 
     /// A `postgres://` URL of the database (the server's URL with this database's name).
@@ -126,27 +103,16 @@ impl PgTestDatabase {
         let query = server[path..]
             .find('?')
             .map_or("", |at| &server[path + at..]);
-        format!("{}/{}{query}", &server[..path], self.name)
+        format!("{}/{}{query}", &server[..path], self.name())
     }
 
     /// Options to connect to the database.
     pub fn connect_options(&self) -> PgConnectOptions {
-        server_options().database(&self.name)
-    }
-
-    /// A new pool on the database, separate from [`PgTestDatabase::pool`].
-    pub async fn connect(&self) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(20)
-            .connect_with(self.connect_options())
-            .await
-            .unwrap_or_else(|error| {
-                panic!("cannot connect to test database {}: {error}", self.name)
-            })
+        server_options().database(self.name())
     }
 }
 
-impl Drop for PgTestDatabase {
+impl Drop for PgDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
         // Dropping runs outside any runtime guarantee, so the cleanup gets a thread and a
@@ -172,31 +138,5 @@ impl Drop for PgTestDatabase {
     }
 }
 
-impl TestDatabase for PgTestDatabase {
-    fn create() -> impl Future<Output = Self> + Send {
-        PgTestDatabase::create()
-    }
-
-    fn migrated() -> impl Future<Output = Self> + Send {
-        PgTestDatabase::migrated()
-    }
-}
-
 /// The PostgreSQL backend under test: a fresh database and its store.
-pub type PgBackend = SqlxBackend<PgTestDatabase>;
-
-impl SqlxTestDatabase for PgTestDatabase {
-    type Dialect = PgDialect;
-
-    fn pool(&self) -> &PgPool {
-        PgTestDatabase::pool(self)
-    }
-
-    fn connect(&self) -> impl Future<Output = PgPool> + Send {
-        PgTestDatabase::connect(self)
-    }
-
-    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send {
-        PgTestDatabase::execute(self, sql)
-    }
-}
+pub type PgBackend = SqlxBackend<PgDatabase>;

@@ -7,70 +7,143 @@ use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
     WrittenShards,
 };
+use outbox_core::{Registry, Relay};
 use outbox_sqlx::model::apply;
 use outbox_sqlx::sql::{Executes, Runner, With, get};
 use outbox_sqlx::{Dialect, OutboxTransaction, SqlxStore, Write};
-use sqlx::{Database, Pool};
+use sqlx::{AssertSqlSafe, Database, Pool};
 
 use crate::backend::{ModelWrite, Scoped, TestBackend};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
-/// A test database of a `sqlx` backend: what [`SqlxBackend`] needs of it.
-pub trait SqlxTestDatabase: TestDatabase + Send + Sync + 'static {
+/// Where a test database of a `sqlx` backend lives, and how it is made and removed: a
+/// database on a server ([`PgDatabase`](crate::postgres::PgDatabase)), a temporary file
+/// ([`SqliteFile`](crate::sqlite::SqliteFile)).
+pub trait Provision: std::fmt::Debug + Send + Sync + Sized + 'static {
     /// The backend's dialect.
     type Dialect: Dialect + Default;
 
-    /// A pool on the database.
-    fn pool(&self) -> &Pool<<Self::Dialect as Dialect>::Database>;
+    /// Makes an empty database, and a pool on it. Removing it is `Drop`'s job.
+    fn provision() -> impl Future<Output = (Self, Pool<<Self::Dialect as Dialect>::Database>)> + Send;
 
-    /// A new pool on the database, separate from [`SqlxTestDatabase::pool`], as another
-    /// process would have.
+    /// A new pool on the database.
     fn connect(&self) -> impl Future<Output = Pool<<Self::Dialect as Dialect>::Database>> + Send;
-
-    /// Runs statements of the test's own, failing the test if they fail.
-    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send;
 }
 
-/// The backend under test for a `sqlx` backend: a fresh database of `T` and its store.
+/// A database created for one test, removed when the value is dropped:
+/// [`PgTestDatabase`](crate::postgres::PgTestDatabase) and
+/// [`SqliteTestDatabase`](crate::sqlite::SqliteTestDatabase).
 #[derive(Debug)]
-pub struct SqlxBackend<T> {
-    database: T,
+pub struct SqlxTestDatabase<P: Provision> {
+    // Declared first, dropped first: the pool closes before the database goes.
+    pool: Pool<<P::Dialect as Dialect>::Database>,
+    place: P,
 }
 
-type Db<T> = <<T as SqlxTestDatabase>::Dialect as Dialect>::Database;
+impl<P: Provision> SqlxTestDatabase<P> {
+    /// Creates an empty database.
+    pub async fn create() -> Self {
+        let (place, pool) = P::provision().await;
+        Self { pool, place }
+    }
 
-impl<T: SqlxTestDatabase> SqlxBackend<T> {
+    /// Creates a database and applies the outbox migrations to it: what
+    /// `#[outbox_testkit::test]` hands a test.
+    pub async fn migrated() -> Self {
+        let database = Self::create().await;
+        outbox_sqlx::migrate::<P::Dialect>(database.pool())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot apply the outbox migrations to test database {:?}: {error}",
+                    database.place
+                )
+            });
+        database
+    }
+
+    /// A pool on the database.
+    pub fn pool(&self) -> &Pool<<P::Dialect as Dialect>::Database> {
+        &self.pool
+    }
+
+    /// A new pool on the database, separate from [`pool`](Self::pool), as another process
+    /// would have.
+    pub async fn connect(&self) -> Pool<<P::Dialect as Dialect>::Database> {
+        self.place.connect().await
+    }
+
+    /// Where the database is.
+    pub fn place(&self) -> &P {
+        &self.place
+    }
+
+    /// A relay over this database, delivering to `registry`'s handlers.
+    pub fn relay(&self, registry: Registry) -> Relay<SqlxStore<P::Dialect>> {
+        Relay::new(SqlxStore::new(self.pool.clone()), registry)
+    }
+
+    /// Runs statements of the test's own (creating its tables, say), failing the test if
+    /// they fail.
+    pub async fn execute(&self, sql: &str) {
+        let mut conn = self.pool.acquire().await.expect("a connection");
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(Db::<P>::on(&mut conn))
+            .await
+            .unwrap_or_else(|error| panic!("run `{sql}`: {error}"));
+    }
+}
+
+impl<P: Provision> TestDatabase for SqlxTestDatabase<P> {
+    fn create() -> impl Future<Output = Self> + Send {
+        Self::create()
+    }
+
+    fn migrated() -> impl Future<Output = Self> + Send {
+        Self::migrated()
+    }
+}
+
+/// The backend under test for a `sqlx` backend: a fresh database and its store.
+#[derive(Debug)]
+pub struct SqlxBackend<P: Provision> {
+    database: SqlxTestDatabase<P>,
+}
+
+type Db<P> = <<P as Provision>::Dialect as Dialect>::Database;
+
+impl<P: Provision> SqlxBackend<P> {
     /// The test database.
-    pub fn database(&self) -> &T {
+    pub fn database(&self) -> &SqlxTestDatabase<P> {
         &self.database
     }
 
     async fn new(migrated: bool) -> Self {
-        let database = T::create().await;
+        let database = SqlxTestDatabase::<P>::create().await;
         database
             .execute("CREATE TABLE business_rows (id BIGINT PRIMARY KEY)")
             .await;
         if migrated {
-            outbox_sqlx::migrate::<T::Dialect>(database.pool())
+            outbox_sqlx::migrate::<P::Dialect>(database.pool())
                 .await
                 .expect("apply the outbox migrations");
         }
         Self { database }
     }
 
-    async fn begin(&self) -> sqlx::Transaction<'static, Db<T>> {
+    async fn begin(&self) -> sqlx::Transaction<'static, Db<P>> {
         self.database
             .pool()
-            .begin_with(T::Dialect::BEGIN)
+            .begin_with(P::Dialect::BEGIN)
             .await
             .expect("begin")
     }
 }
 
-impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
-    type Store = SqlxStore<T::Dialect>;
-    const NAME: &'static str = <T::Dialect as Dialect>::NAME;
+impl<P: Provision> TestBackend for SqlxBackend<P> {
+    type Store = SqlxStore<P::Dialect>;
+    const NAME: &'static str = <P::Dialect as Dialect>::NAME;
 
     async fn create() -> Self {
         Self::new(true).await
@@ -81,7 +154,7 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        outbox_sqlx::migrate::<T::Dialect>(self.database.pool()).await
+        outbox_sqlx::migrate::<P::Dialect>(self.database.pool()).await
     }
 
     fn store(&self) -> Self::Store {
@@ -101,12 +174,12 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
         let mut tx = self.begin().await;
         sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
             .with(business_id)
-            .execute(Db::<T>::on(&mut tx))
+            .execute(Db::<P>::on(&mut tx))
             .await
             .expect("insert a business row");
         let mut ids = Vec::with_capacity(messages.len());
         for message in messages {
-            ids.push(outbox_sqlx::write::<T::Dialect, _>(Db::<T>::on(&mut tx), message).await?);
+            ids.push(outbox_sqlx::write::<P::Dialect, _>(Db::<P>::on(&mut tx), message).await?);
         }
         if commit {
             tx.commit().await.expect("commit");
@@ -122,7 +195,7 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
     ) -> Result<(Vec<MessageId>, usize), Error> {
         let mut tx = self.begin().await;
         let mut counting = CountingExecutor::new(&mut tx);
-        let ids = outbox_sqlx::write_all::<T::Dialect, _>(counting.executor(), messages).await?;
+        let ids = outbox_sqlx::write_all::<P::Dialect, _>(counting.executor(), messages).await?;
         let statements = counting.statements();
         tx.commit().await.expect("commit");
         Ok((ids, statements))
@@ -137,22 +210,22 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
     ) -> MessageId {
         // The backend's own single-row insert, with none of the typed API's checks before it.
         let mut conn = self.database.pool().acquire().await.expect("a connection");
-        let row = sqlx::query(<T::Dialect as Dialect>::SQL.insert_message)
+        let row = sqlx::query(<P::Dialect as Dialect>::SQL.insert_message)
             .with(shard.scope.0)
             .with(shard.shard_identifier)
             .with(shard.destination_str())
             .with(category)
             .with(object)
             .with(payload)
-            .fetch_one(Db::<T>::on(&mut conn))
+            .fetch_one(Db::<P>::on(&mut conn))
             .await
             .expect("insert a raw outbox row");
-        MessageId(get::<Db<T>, i64>(&row, 0).expect("the row's id"))
+        MessageId(get::<Db<P>, i64>(&row, 0).expect("the row's id"))
     }
 
     async fn write_scoped(&self, script: Scoped<'_>, commit: bool) -> Result<WrittenShards, Error> {
-        let mut tx: OutboxTransaction<'static, T::Dialect> =
-            outbox_sqlx::begin::<T::Dialect>(self.database.pool()).await?;
+        let mut tx: OutboxTransaction<'static, P::Dialect> =
+            outbox_sqlx::begin::<P::Dialect>(self.database.pool()).await?;
         for message in script.top {
             tx.write(message).await?;
         }
@@ -196,7 +269,7 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
             ModelWrite::Delete => Write::Delete,
         };
         let mut tx = self.begin().await;
-        let written = apply::<T::Dialect, M, _>(&mut tx, write, &models).await?;
+        let written = apply::<P::Dialect, M, _>(&mut tx, write, &models).await?;
         if commit {
             tx.commit().await.expect("commit");
         } else {
@@ -209,19 +282,19 @@ impl<T: SqlxTestDatabase> TestBackend for SqlxBackend<T> {
         let mut conn = self.database.pool().acquire().await.expect("a connection");
         let row = sqlx::query("SELECT count(*) FROM business_rows WHERE id = $1")
             .with(id)
-            .fetch_one(Db::<T>::on(&mut conn))
+            .fetch_one(Db::<P>::on(&mut conn))
             .await
             .expect("read business_rows");
-        get::<Db<T>, i64>(&row, 0).expect("a count") > 0
+        get::<Db<P>, i64>(&row, 0).expect("a count") > 0
     }
 
     async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
         let conn = cx
-            .connection::<<Db<T> as Database>::Connection>()
+            .connection::<<Db<P> as Database>::Connection>()
             .ok_or("the handler is not running in the claiming transaction")?;
         sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
             .with(id)
-            .execute(Db::<T>::on(conn))
+            .execute(Db::<P>::on(conn))
             .await?;
         Ok(())
     }
