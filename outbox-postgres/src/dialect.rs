@@ -5,7 +5,7 @@ use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode,
 use outbox_core::{Error, Message, ModelTable, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
-use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
+use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
 use sqlx::{PgPool, Postgres, Row};
@@ -327,8 +327,16 @@ impl Dialect for PgDialect {
             .map_err(database::<Self>("reading a shard"))
     }
 
-    fn model_sql(write: Write, table: &ModelTable) -> String {
-        crate::model::model_sql(write, table)
+    fn model_rows(table: &ModelTable) -> String {
+        crate::model::rows(table)
+    }
+
+    fn model_value(column: &str) -> String {
+        crate::model::value(column)
+    }
+
+    fn key_in_list(key: &str) -> String {
+        crate::model::key_in_list(key)
     }
 
     fn load_model_sql(table: &ModelTable) -> String {

@@ -9,7 +9,7 @@ use outbox_core::store::{
 use outbox_core::{CategoryId, Error, Message, MessageId, ModelTable, ScopeId, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
-use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
+use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
 use sqlx::{Row, Sqlite, SqlitePool};
@@ -418,8 +418,16 @@ impl Dialect for SqliteDialect {
         Ok(messages)
     }
 
-    fn model_sql(write: Write, table: &ModelTable) -> String {
-        crate::model::model_sql(write, table)
+    fn model_rows(_table: &ModelTable) -> String {
+        crate::model::rows()
+    }
+
+    fn model_value(column: &str) -> String {
+        crate::model::value(column)
+    }
+
+    fn key_in_list(key: &str) -> String {
+        crate::model::key_in_list(key)
     }
 
     fn load_model_sql(table: &ModelTable) -> String {

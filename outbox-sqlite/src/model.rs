@@ -1,66 +1,30 @@
-//! Replicated models on SQLite: the statements that write them and read them back.
+//! Replicated models on SQLite: the pieces of the statements that write them and read them
+//! back.
 //!
 //! The models travel to the database as one JSON array parameter, as the outbox rows do:
 //! `json_each` turns it into rows, `->>` into column values.
 
 use outbox_core::ModelTable;
-use outbox_sqlx::Write;
-use outbox_sqlx::model::{column_list, quoted};
+use outbox_sqlx::model::quoted;
 
-/// `value ->> 'column'` for each column, from the `json_each` row `source`.
-fn values(table: &ModelTable, source: &str) -> Vec<String> {
-    table
-        .columns
-        .iter()
-        .map(|column| format!("{source}.value ->> '{column}'"))
-        .collect()
+/// `column` as an SQL string literal.
+fn literal(column: &str) -> String {
+    format!("'{}'", column.replace('\'', "''"))
 }
 
-fn insert_sql(table: &ModelTable) -> String {
-    format!(
-        "INSERT INTO {} ({}) SELECT {} FROM json_each(?1) AS s WHERE true ORDER BY s.key",
-        quoted(table.table),
-        column_list(table, ""),
-        values(table, "s").join(", "),
-    )
+/// The rows of parameter `?1`.
+pub(crate) fn rows() -> String {
+    "json_each(?1) AS s".to_owned()
 }
 
-fn save_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = table
-        .updated_columns()
-        .iter()
-        .map(|column| format!("{0} = excluded.{0}", quoted(column)))
-        .collect();
-    format!(
-        "{} ON CONFLICT ({}) DO UPDATE SET {}",
-        insert_sql(table),
-        quoted(table.key),
-        set.join(", "),
-    )
+/// A column of those rows.
+pub(crate) fn value(column: &str) -> String {
+    format!("s.value ->> {}", literal(column))
 }
 
-fn update_sql(table: &ModelTable) -> String {
-    let set: Vec<String> = table
-        .updated_columns()
-        .iter()
-        .map(|column| format!("{} = s.value ->> '{column}'", quoted(column)))
-        .collect();
-    format!(
-        "UPDATE {} SET {} FROM json_each(?1) AS s WHERE {}.{} = s.value ->> '{}'",
-        quoted(table.table),
-        set.join(", "),
-        quoted(table.table),
-        quoted(table.key),
-        table.key,
-    )
-}
-
-fn delete_sql(table: &ModelTable) -> String {
-    format!(
-        "DELETE FROM {} WHERE {} IN (SELECT value FROM json_each(?1))",
-        quoted(table.table),
-        quoted(table.key),
-    )
+/// The key is one of the JSON array `?1`.
+pub(crate) fn key_in_list(key: &str) -> String {
+    format!("{key} IN (SELECT value FROM json_each(?1))")
 }
 
 /// The statement the relay reads an object with: its columns as one JSON object.
@@ -68,7 +32,7 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     let fields: Vec<String> = table
         .columns
         .iter()
-        .map(|column| format!("'{column}', {}", quoted(column)))
+        .map(|column| format!("{}, {}", literal(column), quoted(column)))
         .collect();
     format!(
         "SELECT json_object({}) FROM {} WHERE {} = ?1",
@@ -78,19 +42,13 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     )
 }
 
-/// The statement for `write` of `table`'s models.
-pub(crate) fn model_sql(write: Write, table: &ModelTable) -> String {
-    match write {
-        Write::Insert => insert_sql(table),
-        Write::Update => update_sql(table),
-        Write::Save => save_sql(table),
-        Write::Delete => delete_sql(table),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use outbox_sqlx::Write;
+    use outbox_sqlx::model::model_sql;
+
     use super::*;
+    use crate::SqliteDialect;
 
     const TABLE: ModelTable = ModelTable {
         table: "app.projects",
@@ -102,18 +60,25 @@ mod tests {
     #[test]
     fn statements_quote_identifiers_and_read_json() {
         assert_eq!(
-            save_sql(&TABLE),
+            model_sql::<SqliteDialect>(Write::Save, &TABLE),
             "INSERT INTO \"app\".\"projects\" (\"id\", \"organization_id\", \"name\") \
              SELECT s.value ->> 'id', s.value ->> 'organization_id', s.value ->> 'name' \
-             FROM json_each(?1) AS s WHERE true ORDER BY s.key \
-             ON CONFLICT (\"id\") DO UPDATE SET \"organization_id\" = excluded.\"organization_id\", \
-             \"name\" = excluded.\"name\""
+             FROM json_each(?1) AS s WHERE true \
+             ON CONFLICT (\"id\") DO UPDATE SET \"organization_id\" = EXCLUDED.\"organization_id\", \
+             \"name\" = EXCLUDED.\"name\""
+        );
+        assert_eq!(
+            model_sql::<SqliteDialect>(Write::Update, &TABLE),
+            "UPDATE \"app\".\"projects\" SET \"organization_id\" = s.value ->> 'organization_id', \
+             \"name\" = s.value ->> 'name' FROM json_each(?1) AS s \
+             WHERE \"app\".\"projects\".\"id\" = s.value ->> 'id'"
         );
         assert_eq!(
             load_sql(&TABLE),
             "SELECT json_object('id', \"id\", 'organization_id', \"organization_id\", 'name', \
              \"name\") FROM \"app\".\"projects\" WHERE \"id\" = ?1"
         );
+        assert_eq!(value("it's"), "s.value ->> 'it''s'");
     }
 
     #[test]
@@ -122,6 +87,9 @@ mod tests {
             columns: &["id"],
             ..TABLE
         };
-        assert!(save_sql(&table).ends_with("DO UPDATE SET \"id\" = excluded.\"id\""));
+        assert!(
+            model_sql::<SqliteDialect>(Write::Save, &table)
+                .ends_with("DO UPDATE SET \"id\" = EXCLUDED.\"id\"")
+        );
     }
 }

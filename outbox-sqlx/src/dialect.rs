@@ -10,7 +10,6 @@ use outbox_core::{Error, Message, ModelTable, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
-use crate::model::Write;
 use crate::sql::{Sql, Statement};
 
 /// How a driver error reads, for the outbox's typed errors.
@@ -199,9 +198,16 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
             .collect()
     }
 
-    /// The statement for a model write: the models travel as `$1`, one JSON array of objects
-    /// keyed by column (a deletion: the keys, bound with [`Dialect::bind_ids`]).
-    fn model_sql(write: Write, table: &ModelTable) -> String;
+    /// The models of a write as rows aliased `s`, the `FROM` item of the model statements:
+    /// `$1` is the models, one JSON array of objects keyed by column.
+    fn model_rows(table: &ModelTable) -> String;
+
+    /// Column `column` of a row of [`Dialect::model_rows`], converted to the column's type.
+    fn model_value(column: &str) -> String;
+
+    /// The condition that column `key` (quoted) is one of the keys `$1` (bound with
+    /// [`Dialect::bind_ids`]): how a deletion finds its rows.
+    fn key_in_list(key: &str) -> String;
 
     /// The statement that reads one model's row as a JSON object keyed by column: `$1` its key.
     fn load_model_sql(table: &ModelTable) -> String;

@@ -56,6 +56,52 @@ pub fn column_list(table: &ModelTable, prefix: &str) -> String {
         .join(", ")
 }
 
+fn insert_sql<D: Dialect>(table: &ModelTable) -> String {
+    let values: Vec<String> = table.columns.iter().map(|c| D::model_value(c)).collect();
+    format!(
+        "INSERT INTO {} ({}) SELECT {} FROM {} WHERE true",
+        quoted(table.table),
+        column_list(table, ""),
+        values.join(", "),
+        D::model_rows(table),
+    )
+}
+
+/// The statement for `write` of `table`'s models, in `D`'s dialect.
+pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable) -> String {
+    let table_name = quoted(table.table);
+    let key = quoted(table.key);
+    match write {
+        Write::Insert => insert_sql::<D>(table),
+        Write::Save => {
+            let set: Vec<String> = table
+                .updated_columns()
+                .iter()
+                .map(|column| format!("{0} = EXCLUDED.{0}", quoted(column)))
+                .collect();
+            format!(
+                "{} ON CONFLICT ({key}) DO UPDATE SET {}",
+                insert_sql::<D>(table),
+                set.join(", "),
+            )
+        }
+        Write::Update => {
+            let set: Vec<String> = table
+                .updated_columns()
+                .iter()
+                .map(|column| format!("{} = {}", quoted(column), D::model_value(column)))
+                .collect();
+            format!(
+                "UPDATE {table_name} SET {} FROM {} WHERE {table_name}.{key} = {}",
+                set.join(", "),
+                D::model_rows(table),
+                D::model_value(table.key),
+            )
+        }
+        Write::Delete => format!("DELETE FROM {table_name} WHERE {}", D::key_in_list(&key)),
+    }
+}
+
 /// What a model write did.
 #[derive(Debug)]
 pub struct Written {
@@ -112,7 +158,7 @@ where
     }
     distinct_keys(batch)?;
     let messages = batch.messages()?;
-    let query = sqlx::query(AssertSqlSafe(D::model_sql(write, &M::TABLE)));
+    let query = sqlx::query(AssertSqlSafe(model_sql::<D>(write, &M::TABLE)));
     let query = match write {
         Write::Delete => D::bind_ids(query, batch.keys()),
         Write::Insert | Write::Update | Write::Save => query.with(batch.rows_json()?),
