@@ -221,6 +221,18 @@ impl MemoryStore {
         Ok(ids)
     }
 
+    /// The pending messages, in id order: [`Store::pending_messages`] without a limit, at
+    /// once and untouched by injected faults.
+    pub fn pending(&self) -> Vec<PendingMessage> {
+        self.tables(|tables| tables.pending_messages(usize::MAX))
+    }
+
+    /// The shards' recorded states: [`Store::shard_states`], at once and untouched by
+    /// injected faults.
+    pub fn states(&self) -> Vec<ShardState> {
+        self.tables(|tables| tables.shard_states())
+    }
+
     /// Makes the next `operations` calls of the [`Store`] and [`ShardSession`] methods (on
     /// this store, its clones and its sessions) fail with [`Error::Unavailable`], as calls on
     /// a lost connection would. Writes are not affected.
