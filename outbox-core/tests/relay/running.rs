@@ -122,7 +122,10 @@ async fn an_interrupted_drain_is_released_when_the_database_answers() {
     // The next drain's discovery succeeds: the lease is given up (it lapses now)...
     relay.drain().await.expect("drain");
     let state = store.states().remove(0);
-    assert!(state.lease_expires_at.is_some_and(|at| at <= store.now()), "{state:?}");
+    assert!(
+        state.lease_expires_at.is_some_and(|at| at <= store.now()),
+        "{state:?}"
+    );
     // ...so the shard is due without waiting for the lease.
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 1);

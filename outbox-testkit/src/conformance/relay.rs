@@ -8,11 +8,11 @@ use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;
 use super::{config, eventually, pending, write};
-use crate::backend::TestBackend;
+use crate::backend::StoreBackend;
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
 /// A shard drain yields after its row budget, so one hot shard cannot starve the others.
-pub async fn budget_lets_other_shards_through<B: TestBackend>() {
+pub async fn budget_lets_other_shards_through<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let mut config = config("budget");
@@ -23,10 +23,7 @@ pub async fn budget_lets_other_shards_through<B: TestBackend>() {
 
     let mut messages: Vec<_> = (0..40).map(|seq| note::<AuditEvent>(1, 1, seq)).collect();
     messages.extend((2..=6).map(|shard| note::<OrgUpdate>(shard, 1, 100)));
-    backend
-        .write_all_counted(&messages)
-        .await
-        .expect("bulk write");
+    backend.write(&messages).await.expect("write");
 
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 45);
@@ -56,7 +53,7 @@ pub async fn budget_lets_other_shards_through<B: TestBackend>() {
 
 /// A running relay delivers what is written after it started (woken by commits where the
 /// backend notifies, by polling otherwise) and stops when asked, reporting what it did.
-pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
+pub async fn run_delivers_new_writes_and_stops_gracefully<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("runner"));
@@ -102,7 +99,7 @@ pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
 
 /// Shutdown gives in-flight shards a deadline; a shard stuck past it is abandoned to its
 /// lease, and after the lease lapses another relay delivers it: nothing is lost.
-pub async fn shutdown_deadline_abandons_stuck_shards<B: TestBackend>() {
+pub async fn shutdown_deadline_abandons_stuck_shards<B: StoreBackend>() {
     let backend = B::create().await;
     let entered = Arc::new(Notify::new());
     let mut stuck_config = config("stuck");
