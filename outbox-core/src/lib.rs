@@ -99,7 +99,9 @@ pub use crate::model::{
     RawMessage, Scope, ScopeId, ShardKey,
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
-pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RunReport, ShardFailure};
+pub use crate::relay::{
+    Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport, ShardFailure,
+};
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
 };

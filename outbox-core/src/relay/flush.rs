@@ -35,14 +35,14 @@ impl<S: Store> Relay<S> {
             return Ok(DrainReport::default());
         }
         self.inner.prepare().await.map_err(FlushError::Store)?;
-        let mut pool: ShardPool<Flushed> =
-            ShardPool::new(self.inner.config.max_concurrent_shards.max(1));
+        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.max_concurrent_shards);
         for (shard, up_to) in written.iter() {
             let inner = std::sync::Arc::clone(&self.inner);
             let stopping = pool.stopping();
             let task_shard = shard.clone();
-            let work = async move { inner.flush_shard(&task_shard, up_to, &stopping).await };
-            pool.start(shard.clone(), work).await;
+            let begin =
+                move || async move { inner.flush_shard(&task_shard, up_to, &stopping).await };
+            pool.start(shard.clone(), begin).await;
         }
         let mut report = DrainReport::default();
         let mut remaining = Vec::new();

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use tokio::sync::{Notify, OnceCell, watch};
 use tracing::{Instrument, debug, info, info_span};
 
-pub use self::config::{Backoff, RelayConfig};
+pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};
 use self::pool::ShardPool;
 pub use self::report::{DrainReport, RunReport};
 use self::run::RunLoop;
@@ -85,7 +85,8 @@ impl<S: Store> Relay<S> {
         Self::with_config(store, registry, RelayConfig::default())
     }
 
-    /// A relay with the given configuration.
+    /// A relay with the given configuration (checked when it was built: see
+    /// [`RelayConfig::builder`]).
     pub fn with_config(store: S, registry: Registry, config: RelayConfig) -> Self {
         let claim = ClaimOptions {
             worker: config.worker_id.clone(),
@@ -150,7 +151,7 @@ impl<S: Store> Relay<S> {
     /// discovery, once it succeeds, releases the leases an outage interrupted.
     async fn pass(&self, mode: DrainMode, report: &mut DrainReport) -> Result<(), Error> {
         let config = &self.inner.config;
-        let mut pool = ShardPool::new(config.max_concurrent_shards.max(1));
+        let mut pool = ShardPool::new(config.max_concurrent_shards);
         let mut first_error = None;
         let mut cursor: Option<ShardKey> = None;
         loop {
@@ -189,7 +190,7 @@ impl<S: Store> Relay<S> {
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
-        let mut pool = ShardPool::new(self.inner.config.max_concurrent_shards.max(1));
+        let mut pool = ShardPool::new(self.inner.config.max_concurrent_shards);
         for shard in shards {
             self.start(&mut pool, shard.clone(), DrainMode::Relay).await;
         }
@@ -203,13 +204,11 @@ impl<S: Store> Relay<S> {
 
     /// Starts draining `shard` in `pool`, once a permit is free.
     async fn start(&self, pool: &mut ShardPool<Drained>, shard: ShardKey, mode: DrainMode) {
-        let work = Inner::drain_owned(
-            Arc::clone(&self.inner),
-            shard.clone(),
-            pool.stopping(),
-            mode,
-        );
-        pool.start(shard, work).await;
+        let (inner, stopping, key) = (Arc::clone(&self.inner), pool.stopping(), shard.clone());
+        pool.start(shard, move || {
+            Inner::drain_owned(inner, key, stopping, mode)
+        })
+        .await;
     }
 
     /// Runs until `shutdown` completes: sweeps for due shards, drains them concurrently, and
@@ -221,7 +220,9 @@ impl<S: Store> Relay<S> {
     /// Fails only if the schema is missing or outdated.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RunReport, Error> {
         tokio::pin!(shutdown);
-        RunLoop::new(&self.inner, shutdown).run().await
+        // Boxed: the loop's state lives across every await of its steps, and would make the
+        // future of every caller of `run` as large.
+        Box::pin(RunLoop::new(&self.inner, shutdown).run()).await
     }
 }
 

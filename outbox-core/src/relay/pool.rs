@@ -43,14 +43,14 @@ impl<T: Send + 'static> ShardPool<T> {
         self.in_flight.contains(shard)
     }
 
-    /// Starts `work` on `shard` once a permit is free, unless the shard is being drained
-    /// already; returns whether it started. Cancel-safe: cancelled while it waits for a
-    /// permit, it starts nothing.
-    pub(super) async fn start(
-        &mut self,
-        shard: ShardKey,
-        work: impl Future<Output = T> + Send + 'static,
-    ) -> bool {
+    /// Starts the work `begin` makes on `shard` once a permit is free, unless the shard is
+    /// being drained already; returns whether it started. Cancel-safe: cancelled while it
+    /// waits for a permit, it starts nothing. (The work is made only once it starts, so that
+    /// this future does not carry it while it waits.)
+    pub(super) async fn start<F>(&mut self, shard: ShardKey, begin: impl FnOnce() -> F) -> bool
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
         if self.in_flight.contains(&shard) {
             return false;
         }
@@ -59,6 +59,7 @@ impl<T: Send + 'static> ShardPool<T> {
             .await
             .expect("the pool never closes its semaphore");
         self.in_flight.insert(shard.clone());
+        let work = begin();
         self.tasks.spawn(async move {
             let _permit = permit;
             (shard, work.await)

@@ -47,7 +47,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         Self {
             inner,
             shutdown,
-            pool: ShardPool::new(config.max_concurrent_shards.max(1)),
+            pool: ShardPool::new(config.max_concurrent_shards),
             listener: Listener::new(config.wake_on_commit),
             sweep: Sweep::default(),
             outage: Outage::default(),
@@ -138,15 +138,11 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
 
     /// Starts draining `shard` once a permit is free, unless it is being drained already.
     async fn start(&mut self, shard: ShardKey) -> ControlFlow<()> {
-        let work = Inner::drain_owned(
-            Arc::clone(self.inner),
-            shard.clone(),
-            self.pool.stopping(),
-            DrainMode::Relay,
-        );
+        let (inner, stopping, key) = (Arc::clone(self.inner), self.pool.stopping(), shard.clone());
+        let begin = move || Inner::drain_owned(inner, key, stopping, DrainMode::Relay);
         tokio::select! {
             () = &mut self.shutdown => ControlFlow::Break(()),
-            _ = self.pool.start(shard, work) => ControlFlow::Continue(()),
+            _ = self.pool.start(shard, begin) => ControlFlow::Continue(()),
         }
     }
 

@@ -11,8 +11,11 @@ use super::{Event, Recorder, Update, config, msg, relay, shard};
 async fn groups_are_delivered_in_order_of_their_oldest_row() {
     let store = MemoryStore::new();
     let recorder = Recorder::default();
-    let mut config = config("order");
-    config.batch_size = 2;
+    let config = config("order")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = relay(&store, recorder.registry(), config);
     store.write_all(&[
         msg::<Update>(1, 100, 1),
@@ -38,8 +41,11 @@ async fn groups_are_delivered_in_order_of_their_oldest_row() {
 async fn coalescing_delivers_the_newest_payload_once() {
     let store = MemoryStore::new();
     let recorder = Recorder::default();
-    let mut config = config("coalesce");
-    config.batch_size = 2;
+    let config = config("coalesce")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = relay(&store, recorder.registry(), config);
     for seq in 1..=9 {
         store.write(&msg::<Update>(1, 1, seq));
@@ -59,10 +65,13 @@ async fn coalescing_delivers_the_newest_payload_once() {
 async fn the_row_budget_lets_other_shards_through() {
     let store = MemoryStore::new();
     let recorder = Recorder::default();
-    let mut config = config("budget");
-    config.max_concurrent_shards = 1;
-    config.shard_row_budget = 10;
-    config.batch_size = 5;
+    let config = config("budget")
+        .to_builder()
+        .max_concurrent_shards(1)
+        .shard_row_budget(10)
+        .batch_size(5)
+        .build()
+        .expect("a valid relay configuration");
     let relay = relay(&store, recorder.registry(), config);
     let mut messages: Vec<_> = (0..40).map(|seq| msg::<Event>(1, 1, seq)).collect();
     messages.extend((2..=6).map(|id| msg::<Update>(id, 1, 100)));

@@ -24,9 +24,12 @@ fn committed(store: &MemoryStore, messages: &[Message]) -> WrittenShards {
 async fn a_flush_delivers_exactly_what_was_written() {
     let store = MemoryStore::new();
     let recorder = Recorder::default();
-    let mut config = config("flush");
-    config.shard_row_budget = 5;
-    config.batch_size = 4;
+    let config = config("flush")
+        .to_builder()
+        .shard_row_budget(5)
+        .batch_size(4)
+        .build()
+        .expect("a valid relay configuration");
     let relay = relay(&store, recorder.registry(), config);
     store.write(&msg::<Update>(2, 1, 0));
     let many: Vec<_> = (1..=12).map(|seq| msg::<Event>(1, 1, seq)).collect();
@@ -95,8 +98,11 @@ async fn a_failed_flush_is_typed_and_leaves_the_schedule() {
 #[tokio::test]
 async fn a_flush_gives_up_on_a_held_shard_with_a_typed_error() {
     let store = MemoryStore::new();
-    let mut config = config("flush-held");
-    config.flush_wait = Duration::from_millis(50);
+    let config = config("flush-held")
+        .to_builder()
+        .flush_wait(Duration::from_millis(50))
+        .build()
+        .expect("a valid relay configuration");
     let relay = relay(&store, Recorder::default().registry(), config);
     let options = ClaimOptions {
         worker: "holder".into(),

@@ -22,8 +22,11 @@ async fn a_stale_worker_cannot_acknowledge() {
     let (store, clock) = clocked();
     let recorder = Recorder::default();
     let gate = Gate::new();
-    let mut config = config("stale");
-    config.lease = Duration::from_secs(30);
+    let config = config("stale")
+        .to_builder()
+        .lease(Duration::from_secs(30))
+        .build()
+        .expect("a valid relay configuration");
     let stale = relay(
         &store,
         recorder.registry_with(gate.handler(&recorder)),
@@ -69,8 +72,11 @@ async fn a_takeover_redelivers_the_first_read_as_retries() {
         .unwrap();
     drop(crashed.expect("due")); // died without releasing
     let recorder = Recorder::default();
-    let mut config = config("survivor");
-    config.shard_row_budget = 1;
+    let config = config("survivor")
+        .to_builder()
+        .shard_row_budget(1)
+        .build()
+        .expect("a valid relay configuration");
     let survivor = relay(&store, recorder.registry(), config);
     assert_eq!(
         survivor.drain().await.unwrap().shards_claimed,
@@ -103,8 +109,11 @@ async fn a_long_handler_keeps_its_lease() {
     let recorder = Recorder::default();
     let gate = Gate::new();
     let lease = Duration::from_secs(3);
-    let mut config = config("slow");
-    config.lease = lease;
+    let config = config("slow")
+        .to_builder()
+        .lease(lease)
+        .build()
+        .expect("a valid relay configuration");
     let slow = relay(
         &store,
         recorder.registry_with(gate.handler(&recorder)),

@@ -165,11 +165,15 @@ impl Gate {
 
 /// A quick configuration for tests: 2 s backoff doubling to 60 s, quick polling.
 fn config(worker: &str) -> RelayConfig {
-    let mut config = RelayConfig::default();
-    config.worker_id = worker.to_owned();
-    config.poll_interval = Duration::from_millis(20);
-    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
-    config
+    RelayConfig::builder()
+        .worker_id(worker.to_owned())
+        .poll_interval(Duration::from_millis(20))
+        .backoff(Backoff::new(
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .expect("a valid relay configuration")
 }
 
 /// A store on a clock the test moves.

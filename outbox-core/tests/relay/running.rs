@@ -39,8 +39,11 @@ async fn run_delivers_new_writes_and_stops_cleanly() {
     for wake_on_commit in [true, false] {
         let store = MemoryStore::new();
         let recorder = Recorder::default();
-        let mut config = config("runner");
-        config.wake_on_commit = wake_on_commit;
+        let config = config("runner")
+            .to_builder()
+            .wake_on_commit(wake_on_commit)
+            .build()
+            .expect("a valid relay configuration");
         let relay = relay(&store, recorder.registry(), config);
         let (stopper, task) = running(&relay);
 
@@ -65,8 +68,11 @@ async fn the_shutdown_deadline_abandons_a_stuck_shard() {
     let (store, clock) = clocked();
     let recorder = Recorder::default();
     let gate = Gate::new(); // never opened
-    let mut config = config("stuck");
-    config.shutdown_deadline = Duration::from_millis(50);
+    let config = config("stuck")
+        .to_builder()
+        .shutdown_deadline(Duration::from_millis(50))
+        .build()
+        .expect("a valid relay configuration");
     let stuck = relay(
         &store,
         recorder.registry_with(gate.handler(&recorder)),
@@ -83,7 +89,7 @@ async fn the_shutdown_deadline_abandons_a_stuck_shard() {
     let after = Recorder::default();
     let next = relay(&store, after.registry(), super::config("after"));
     assert_eq!(next.drain().await.unwrap().shards_claimed, 0, "leased");
-    clock.advance(stuck.config().lease);
+    clock.advance(stuck.config().lease());
     next.drain().await.expect("drain");
     assert_eq!(after.seen()[0].attempt, 2, "redelivered as a retry");
 }

@@ -203,8 +203,11 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: StoreBackend>() {
             async { Ok::<(), BoxError>(()) }
         }
     };
-    let mut stale_config = config("stale");
-    stale_config.lease = Duration::from_millis(400);
+    let stale_config = config("stale")
+        .to_builder()
+        .lease(Duration::from_millis(400))
+        .build()
+        .expect("a valid relay configuration");
     let stale_relay = Relay::with_config(
         backend.store(),
         stale.registry_with::<OrgUpdate>(handler),
@@ -280,8 +283,11 @@ impl<B: TestBackend> Handler<OrgUpdate> for WritesInTransaction<B> {
 /// writes commit with the acknowledgement, and a failing handler's writes roll back.
 pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: TestBackend>() {
     let backend = B::create().await;
-    let mut config = config("in-transaction");
-    config.handler_mode = HandlerMode::InTransaction;
+    let config = config("in-transaction")
+        .to_builder()
+        .handler_mode(HandlerMode::InTransaction)
+        .build()
+        .expect("a valid relay configuration");
     let registry =
         Recorder::new().registry_with::<OrgUpdate>(WritesInTransaction::<B>(PhantomData));
     let relay = Relay::with_config(backend.store(), registry, config);
@@ -347,8 +353,11 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: StoreBackend>() {
     .await;
 
     let entered = Arc::new(Notify::new());
-    let mut crashing = config("crashing");
-    crashing.lease = Duration::from_millis(400);
+    let crashing = config("crashing")
+        .to_builder()
+        .lease(Duration::from_millis(400))
+        .build()
+        .expect("a valid relay configuration");
     let doomed = Relay::with_config(
         backend.store(),
         Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),
@@ -432,8 +441,11 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
     let (gate, mut inside) = super::Gate::new();
     let slow = gate.recording::<OrgUpdate>(&recorder);
     let lease = Duration::from_millis(300);
-    let mut slow_config = config("slow");
-    slow_config.lease = lease;
+    let slow_config = config("slow")
+        .to_builder()
+        .lease(lease)
+        .build()
+        .expect("a valid relay configuration");
     let slow_relay = Relay::with_config(
         backend.store(),
         recorder.registry_with::<OrgUpdate>(slow),
@@ -446,8 +458,11 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
     inside.recv().await.expect("the slow handler runs");
 
     // Several leases pass while the handler runs; another worker finds the shard held.
-    let mut other_config = config("other");
-    other_config.lease = lease;
+    let other_config = config("other")
+        .to_builder()
+        .lease(lease)
+        .build()
+        .expect("a valid relay configuration");
     let other = Relay::with_config(
         backend.connect_store().await,
         recorder.registry(),

@@ -37,8 +37,11 @@ pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: StoreBacke
 pub async fn s10_coalescing_reaches_beyond_one_read<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s10-batches");
-    config.batch_size = 2;
+    let config = config("s10-batches")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     // A1 B1 C1 A2 D1 A3
@@ -149,8 +152,11 @@ pub async fn s13_row_written_during_delivery_survives<B: StoreBackend>() {
 pub async fn s14_non_coalescing_messages_in_write_order<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s14");
-    config.batch_size = 2;
+    let config = config("s14")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     write(

@@ -93,8 +93,11 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
             }
         }
     };
-    let mut config = config("s19");
-    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(5));
+    let config = config("s19")
+        .to_builder()
+        .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(5)))
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(
         store.clone(),
         recorder.registry_with::<OrgUpdate>(handler),

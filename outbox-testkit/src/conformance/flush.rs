@@ -309,8 +309,11 @@ pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: StoreBackend>() 
 pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s02-give-up");
-    config.flush_wait = Duration::from_millis(300);
+    let config = config("s02-give-up")
+        .to_builder()
+        .flush_wait(Duration::from_millis(300))
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
     let holder = backend
         .store()
@@ -361,8 +364,11 @@ pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: StoreBacke
 pub async fn s02_budgets_do_not_cut_a_flush_short<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s02-budget");
-    config.shard_row_budget = 10;
+    let config = config("s02-budget")
+        .to_builder()
+        .shard_row_budget(10)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
     let many: Vec<Message> = (0..25)
         .map(|seq| note::<AuditEvent>(1, seq, seq as u64))

@@ -130,12 +130,16 @@ macro_rules! store_conformance_tests {
 
 /// A relay configuration for tests: quick polling, the default 2 s backoff.
 pub(crate) fn config(worker: &str) -> RelayConfig {
-    let mut config = RelayConfig::default();
-    config.worker_id = worker.to_owned();
-    config.poll_interval = Duration::from_millis(50);
-    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(3600));
-    config.shutdown_deadline = Duration::from_secs(5);
-    config
+    RelayConfig::builder()
+        .worker_id(worker.to_owned())
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_secs(2),
+            Duration::from_secs(3600),
+        ))
+        .shutdown_deadline(Duration::from_secs(5))
+        .build()
+        .expect("a valid relay configuration")
 }
 
 /// Writes `messages` and commits them together (on a SQL backend, in one transaction with a

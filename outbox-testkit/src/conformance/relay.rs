@@ -15,10 +15,13 @@ use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 pub async fn budget_lets_other_shards_through<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("budget");
-    config.max_concurrent_shards = 1;
-    config.shard_row_budget = 10;
-    config.batch_size = 5;
+    let config = config("budget")
+        .to_builder()
+        .max_concurrent_shards(1)
+        .shard_row_budget(10)
+        .batch_size(5)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     let mut messages: Vec<_> = (0..40).map(|seq| note::<AuditEvent>(1, 1, seq)).collect();
@@ -102,9 +105,12 @@ pub async fn run_delivers_new_writes_and_stops_gracefully<B: StoreBackend>() {
 pub async fn shutdown_deadline_abandons_stuck_shards<B: StoreBackend>() {
     let backend = B::create().await;
     let entered = Arc::new(Notify::new());
-    let mut stuck_config = config("stuck");
-    stuck_config.lease = Duration::from_millis(500);
-    stuck_config.shutdown_deadline = Duration::from_millis(300);
+    let stuck_config = config("stuck")
+        .to_builder()
+        .lease(Duration::from_millis(500))
+        .shutdown_deadline(Duration::from_millis(300))
+        .build()
+        .expect("a valid relay configuration");
     let stuck_relay = Relay::with_config(
         backend.store(),
         Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),
