@@ -146,6 +146,26 @@ pub enum Error {
         detail: String,
     },
 
+    /// A relay setting cannot work (see [`RelayConfig`](crate::RelayConfig)): refused when
+    /// the configuration is built.
+    #[error("invalid relay configuration: `{setting}` {problem}")]
+    InvalidConfig {
+        /// The setting.
+        setting: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// The store cannot do what it was asked to (the in-memory store cannot run handlers in
+    /// a transaction: it has none to lend them).
+    #[error("{store} does not support {feature}")]
+    Unsupported {
+        /// Which store.
+        store: &'static str,
+        /// What it does not support.
+        feature: &'static str,
+    },
+
     /// The registry has conflicting declarations.
     #[error("invalid outbox registry: {}", DisplayList(problems))]
     Registry {

@@ -9,7 +9,8 @@
 //! payload of each group, retried with per-shard backoff until it succeeds.
 //!
 //! This crate holds the model, the [`Registry`], the [`Store`] contract and the relay; it
-//! knows no SQL. The backends are `outbox-postgres` and `outbox-sqlite`.
+//! knows no SQL. The backends are `outbox-postgres` and `outbox-sqlite`; [`memory::MemoryStore`]
+//! keeps the outbox in process, for tests and examples.
 //!
 //! - [`ReplicatedModel`]s: one category covers a domain struct's creation, updates and
 //!   deletion; at delivery the relay reads the row and calls its [`Replication`] or its
@@ -26,6 +27,7 @@
 //! ```
 //! use std::sync::{Arc, Mutex};
 //!
+//! use outbox_core::memory::MemoryStore;
 //! use outbox_core::{BoxError, Delivery, HandlerContext, Message, Registry, Relay};
 //! use outbox_core::{outbox_category, outbox_handler, outbox_scope};
 //! use serde::{Deserialize, Serialize};
@@ -55,23 +57,18 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let dir = tempfile::tempdir()?;
-//! let pool = outbox_sqlite::connect(&dir.path().join("app.db")).await?;
-//! outbox_sqlite::migrate(&pool).await?;
-//!
-//! // Write the outbox in the same transaction as the change it announces.
-//! let mut tx = pool.begin().await?;
+//! // The backends write in the caller's `sqlx` transaction (`outbox_postgres::write(&mut *tx,
+//! // ..)`); here the in-memory store stands in for the database.
+//! let store = MemoryStore::new();
 //! for name in ["Acme", "Acme Inc", "Acme Corp"] {
 //!     let renamed = OrganizationRenamed { name: name.into() };
-//!     let message = Message::new::<OrganizationRenamed>(42, 42, &renamed)?;
-//!     outbox_sqlite::write(&mut *tx, &message).await?;
+//!     store.write(&Message::new::<OrganizationRenamed>(42, 42, &renamed)?);
 //! }
-//! tx.commit().await?;
 //!
 //! // Deliver: three writes to one group coalesce into one delivery of the newest payload.
 //! let seen = Seen::default();
 //! let registry = Registry::builder().discovered().state(seen.clone()).build()?;
-//! let relay = Relay::new(outbox_sqlite::SqliteStore::new(pool), registry);
+//! let relay = Relay::new(store, registry);
 //! let report = relay.drain().await?;
 //!
 //! assert_eq!(*seen.0.lock().unwrap(), ["Acme Corp"]);
@@ -85,6 +82,7 @@ mod declare;
 mod error;
 mod flush;
 mod handler;
+pub mod memory;
 mod model;
 mod registry;
 mod relay;
@@ -101,7 +99,9 @@ pub use crate::model::{
     RawMessage, Scope, ScopeId, ShardKey,
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
-pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RunReport, ShardFailure};
+pub use crate::relay::{
+    Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport, ShardFailure,
+};
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
 };

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use outbox_core::memory::MemoryStore;
 use outbox_core::{
     BoxError, Category, CategoryId, Delivery, HandlerContext, Message, Registry, Relay, Scope,
     ScopeId, outbox_category, outbox_handler, outbox_scope,
@@ -155,11 +156,7 @@ fn a_handler_for_an_undeclared_category_is_refused() {
 
 #[tokio::test]
 async fn declared_handlers_deliver() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let pool = outbox_sqlite::connect(&dir.path().join("outbox.db"))
-        .await
-        .expect("open");
-    outbox_sqlite::migrate(&pool).await.expect("migrate");
+    let store = MemoryStore::new();
     let messages = [
         Message::new::<ProjectUpdate>(1, 7, &ProjectUpdate { name: "v1".into() }).unwrap(),
         Message::new::<ProjectUpdate>(1, 7, &ProjectUpdate { name: "v2".into() }).unwrap(),
@@ -181,9 +178,7 @@ async fn declared_handlers_deliver() {
         .unwrap(),
         Message::new::<CacheHint>(1, 7, &CacheHint).unwrap(),
     ];
-    outbox_sqlite::write_all(&pool, &messages)
-        .await
-        .expect("write");
+    store.write_all(&messages);
 
     let seen = Seen::default();
     let registry = Registry::builder()
@@ -191,10 +186,7 @@ async fn declared_handlers_deliver() {
         .state(seen.clone())
         .build()
         .expect("registry");
-    let report = Relay::new(outbox_sqlite::SqliteStore::new(pool), registry)
-        .drain()
-        .await
-        .expect("drain");
+    let report = Relay::new(store, registry).drain().await.expect("drain");
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.rows_acknowledged, 5);
     assert_eq!(seen.all(), ["project 7 v2"]);

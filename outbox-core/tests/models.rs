@@ -1,15 +1,16 @@
 //! Replicated models as a user declares them: `#[replicated_model]` on domain structs, their
 //! replication and deletion handlers with `#[outbox_handler]`, written with the backend's model
-//! writes and delivered by a relay over SQLite.
+//! writes and delivered by a relay that reads the rows back, here on the in-memory store (the
+//! same deliveries on SQLite, with its transactions, are in `outbox-sqlite/tests/models.rs`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use outbox_core::memory::MemoryStore;
 use outbox_core::{
     BoxError, Category, CategoryId, Deletion, Destination, HandlerContext, ModelBatch, Registry,
     Relay, ReplicatedModel, Replication, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
 
 #[outbox_scope(id = 1)]
 struct Organization;
@@ -131,35 +132,19 @@ async fn delete_member(
     Ok(())
 }
 
-async fn database() -> (tempfile::TempDir, SqlitePool) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let pool = outbox_sqlite::connect(&dir.path().join("app.db"))
-        .await
-        .expect("open");
-    outbox_sqlite::migrate(&pool).await.expect("migrate");
-    for ddl in [
-        "CREATE TABLE projects (id INTEGER PRIMARY KEY, organization_id INTEGER NOT NULL, \
-         name TEXT NOT NULL, archived BOOLEAN NOT NULL)",
-        "CREATE TABLE members (member_id INTEGER PRIMARY KEY, org INTEGER NOT NULL, \
-         email TEXT NOT NULL)",
-    ] {
-        sqlx::query(ddl).execute(&pool).await.expect("create table");
-    }
-    (dir, pool)
-}
-
-async fn drain(pool: &SqlitePool, seen: &Seen) -> Vec<String> {
+fn drain(store: &MemoryStore, seen: &Seen) -> impl Future<Output = Vec<String>> {
     let registry = Registry::builder()
         .discovered()
         .state(seen.clone())
         .build()
         .expect("registry");
-    let report = Relay::new(outbox_sqlite::SqliteStore::new(pool.clone()), registry)
-        .drain()
-        .await
-        .expect("drain");
-    assert!(report.is_clean(), "{report:?}");
-    seen.take()
+    let relay = Relay::new(store.clone(), registry);
+    let seen = seen.clone();
+    async move {
+        let report = relay.drain().await.expect("drain");
+        assert!(report.is_clean(), "{report:?}");
+        seen.take()
+    }
 }
 
 fn project(id: i64, name: &str) -> Project {
@@ -212,24 +197,15 @@ fn discover_knows_the_models_and_their_tables() {
 
 #[tokio::test]
 async fn present_objects_replicate_and_gone_ones_are_deleted() {
-    let (_dir, pool) = database().await;
+    let store = MemoryStore::new();
     let seen = Seen::default();
 
     // Create, then update twice: one replication of the newest state.
-    let mut tx = pool.begin().await.unwrap();
-    let created = outbox_sqlite::insert(&mut tx, &[project(1, "api"), project(2, "web")])
-        .await
-        .unwrap();
-    assert_eq!(created, 2);
-    outbox_sqlite::update(&mut tx, &project(1, "api v2"))
-        .await
-        .unwrap();
-    outbox_sqlite::save(&mut tx, &project(1, "api v3"))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    store.save(&[project(1, "api"), project(2, "web")]).unwrap();
+    store.save(&project(1, "api v2")).unwrap();
+    store.save(&project(1, "api v3")).unwrap();
     assert_eq!(
-        drain(&pool, &seen).await,
+        drain(&store, &seen).await,
         [
             "replicate project 1 \"api v3\" archived=false in org 7",
             "replicate project 2 \"web\" archived=true in org 7",
@@ -237,45 +213,18 @@ async fn present_objects_replicate_and_gone_ones_are_deleted() {
     );
 
     // Delete: the deletion handler runs with the identifiers.
-    let mut tx = pool.begin().await.unwrap();
-    let deleted = outbox_sqlite::delete(&mut tx, &project(2, "web"))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(deleted, 1);
-    assert_eq!(drain(&pool, &seen).await, ["delete project 2 in org 7"]);
+    store.delete(&project(2, "web")).unwrap();
+    assert_eq!(drain(&store, &seen).await, ["delete project 2 in org 7"]);
 
     // Saved, then deleted before delivery: only the deletion is delivered.
-    let mut tx = pool.begin().await.unwrap();
-    outbox_sqlite::save(&mut tx, &project(3, "tmp"))
-        .await
-        .unwrap();
-    outbox_sqlite::delete(&mut tx, &project(3, "tmp"))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(drain(&pool, &seen).await, ["delete project 3 in org 7"]);
-}
-
-#[tokio::test]
-async fn rolled_back_model_writes_leave_nothing() {
-    let (_dir, pool) = database().await;
-    let mut tx = pool.begin().await.unwrap();
-    outbox_sqlite::insert(&mut tx, &project(1, "api"))
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projects")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 0);
-    assert_eq!(drain(&pool, &Seen::default()).await, Vec::<String>::new());
+    store.save(&project(3, "tmp")).unwrap();
+    store.delete(&project(3, "tmp")).unwrap();
+    assert_eq!(drain(&store, &seen).await, ["delete project 3 in org 7"]);
 }
 
 #[tokio::test]
 async fn fan_out_models_reach_each_destination() {
-    let (_dir, pool) = database().await;
+    let store = MemoryStore::new();
     let seen = Seen::default();
     let regions = || ["eu", "us"].map(|name| Destination::new(name).unwrap());
     let member = Member {
@@ -284,12 +233,8 @@ async fn fan_out_models_reach_each_destination() {
         email: "ada@example.com".into(),
     };
 
-    let mut tx = pool.begin().await.unwrap();
-    outbox_sqlite::save(&mut tx, ModelBatch::to(&member, regions()))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let mut lines = drain(&pool, &seen).await;
+    store.save(ModelBatch::to(&member, regions())).unwrap();
+    let mut lines = drain(&store, &seen).await;
     lines.sort();
     assert_eq!(
         lines,
@@ -299,12 +244,8 @@ async fn fan_out_models_reach_each_destination() {
         ]
     );
 
-    let mut tx = pool.begin().await.unwrap();
-    outbox_sqlite::delete(&mut tx, ModelBatch::to(&member, regions()))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let mut lines = drain(&pool, &seen).await;
+    store.delete(ModelBatch::to(&member, regions())).unwrap();
+    let mut lines = drain(&store, &seen).await;
     lines.sort();
     assert_eq!(
         lines,

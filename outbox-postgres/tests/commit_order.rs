@@ -64,9 +64,10 @@ impl Gate {
 }
 
 fn config() -> RelayConfig {
-    let mut config = RelayConfig::default();
-    config.wake_on_commit = false;
-    config
+    RelayConfig::builder()
+        .wake_on_commit(false)
+        .build()
+        .expect("a valid relay configuration")
 }
 
 async fn pending_ids(store: &PgStore) -> Vec<i64> {
@@ -179,8 +180,11 @@ async fn a_row_between_the_read_and_the_groups_newest_row_survives() {
     let recorder = Recorder::new();
     let (gate, mut inside) = Gate::new();
     let handler = gate.recording(&recorder);
-    let mut config = config();
-    config.batch_size = 2;
+    let config = config()
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(
         PgStore::new(pool.clone()),
         recorder.registry_with::<OrgUpdate>(handler),

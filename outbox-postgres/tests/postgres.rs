@@ -12,12 +12,13 @@ use tokio::task::JoinHandle;
 
 /// A relay that only finds new work when told by a commit: it polls once an hour.
 fn config(worker: &str, wake_on_commit: bool, poll_interval: Duration) -> RelayConfig {
-    let mut config = RelayConfig::default();
-    config.worker_id = worker.to_owned();
-    config.wake_on_commit = wake_on_commit;
-    config.poll_interval = poll_interval;
-    config.max_reconnect_delay = Duration::from_millis(500);
-    config
+    RelayConfig::builder()
+        .worker_id(worker.to_owned())
+        .wake_on_commit(wake_on_commit)
+        .poll_interval(poll_interval)
+        .max_reconnect_delay(Duration::from_millis(500))
+        .build()
+        .expect("a valid relay configuration")
 }
 
 async fn migrated() -> PgTestDatabase {
@@ -213,8 +214,11 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
             }
         }
     };
-    let mut config = config("interrupted", false, Duration::from_millis(50));
-    config.lease = Duration::from_secs(600);
+    let config = config("interrupted", false, Duration::from_millis(50))
+        .to_builder()
+        .lease(Duration::from_secs(600))
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(
         PgStore::new(database.connect().await),
         recorder.registry_with::<OrgUpdate>(handler),

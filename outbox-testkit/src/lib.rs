@@ -14,7 +14,8 @@
 //! - [`inspect`]: the written, not yet delivered outboxes of a store, and assertions on them
 //!   whose failures show what was pending instead ([`inspect::Pending`]);
 //! - the backend conformance suite: [`conformance`], run for a backend with one call to
-//!   [`conformance_tests!`].
+//!   [`conformance_tests!`] (or [`store_conformance_tests!`], its store and relay part, for a
+//!   store without SQL such as [`memory::MemoryBackend`]).
 //!
 //! ## A database per test
 //!
@@ -80,6 +81,7 @@ mod database;
 pub mod faults;
 pub mod fixtures;
 pub mod inspect;
+pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod recorder;
@@ -89,7 +91,7 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod sqlx;
 
-pub use crate::backend::{ModelWrite, Scoped, TestBackend};
+pub use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend};
 pub use crate::runner::{RunnerError, outbox_runner};
 
 pub use crate::database::TestDatabase;

@@ -223,8 +223,7 @@ async fn deliver(name: &str, database: &Database, shared: &Shared) -> Result<(),
         .build()?;
     // One shard at a time, so that the lines come out in the same order on every run; a
     // service keeps the default and drains shards concurrently.
-    let mut config = RelayConfig::default();
-    config.max_concurrent_shards = 1;
+    let config = RelayConfig::builder().max_concurrent_shards(1).build()?;
     let report = database.drain(registry, config).await?;
     if !report.is_clean() {
         return Err(format!("the {name} relay failed: {report:?}").into());

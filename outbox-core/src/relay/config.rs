@@ -2,48 +2,54 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::store::HandlerMode;
 
-/// How the relay runs. Start from [`RelayConfig::default`] and change what you need.
+/// How the relay runs: a configuration checked when it was built, so that a relay never
+/// starts with settings that cannot work.
+///
+/// [`RelayConfig::default`] is the usual start; [`RelayConfig::builder`] changes what you
+/// need with chained setters and checks the result at [`RelayConfigBuilder::build`]:
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use outbox_core::{Error, RelayConfig};
+///
+/// let config = RelayConfig::builder()
+///     .max_concurrent_shards(4)
+///     .lease(Duration::from_secs(60))
+///     .handler_timeout(Some(Duration::from_secs(20)))
+///     .build()?;
+/// assert_eq!(config.max_concurrent_shards(), 4);
+///
+/// let refused = RelayConfig::builder().batch_size(0).build();
+/// assert!(matches!(refused, Err(Error::InvalidConfig { setting: "batch_size", .. })));
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// Some settings steer only [`Relay::run`](crate::Relay::run), the background relay: the poll
+/// interval, `wake_on_commit`, the shutdown deadline and the reconnection delay.
+/// [`Relay::drain`](crate::Relay::drain), [`Relay::flush`](crate::Relay::flush) and
+/// [`Relay::flush_due`](crate::Relay::flush_due) return when their work is done or fails, and
+/// do not read them; each setter says which.
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub struct RelayConfig {
-    /// Name recorded on the leases this relay takes (defaults to `outbox-<pid>-<random>`).
-    pub worker_id: String,
-    /// How many shards are drained at once (16 by default). Each holds a connection of the
-    /// store's pool while it works: give the pool a few more connections than this.
-    pub max_concurrent_shards: usize,
-    /// How many rows of a shard are read at once (500 by default).
-    pub batch_size: usize,
-    /// After delivering this many rows, a shard is released (still due) so others get a turn.
-    pub shard_row_budget: usize,
-    /// After this long, a shard is released (still due) so others get a turn.
-    pub shard_time_budget: Duration,
-    /// How long a claim lasts without an acknowledgement before another worker may take the
-    /// shard over. Each acknowledgement extends it.
-    pub lease: Duration,
-    /// Backoff of a shard whose head keeps failing (S19).
-    pub backoff: Backoff,
-    /// Whether handlers run under a lease (default) or inside the claiming transaction.
-    pub handler_mode: HandlerMode,
-    /// A handler running longer than this fails its delivery. `None`: no limit.
-    pub handler_timeout: Option<Duration>,
-    /// How often an idle relay looks for due shards when nothing wakes it.
-    pub poll_interval: Duration,
-    /// Whether to listen for commits (PostgreSQL `LISTEN/NOTIFY`). Turn off behind connection
-    /// poolers that break `LISTEN`, such as PgBouncer in transaction mode: the relay then polls.
-    pub wake_on_commit: bool,
-    /// How many shards one discovery query visits.
-    pub discovery_page: usize,
-    /// How long [`Relay::run`](crate::Relay::run) waits for in-flight shards after shutdown is
-    /// requested before abandoning them (their leases expire; nothing is lost).
-    pub shutdown_deadline: Duration,
-    /// Longest pause between reconnection attempts while the database is unreachable.
-    pub max_reconnect_delay: Duration,
-    /// How long [`Relay::flush`](crate::Relay::flush) waits for a shard that another worker
-    /// holds (5 s by default) before it gives up with
-    /// [`FlushError::Incomplete`](crate::FlushError::Incomplete), naming the rows left.
-    pub flush_wait: Duration,
+    pub(crate) worker_id: String,
+    pub(crate) max_concurrent_shards: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) shard_row_budget: usize,
+    pub(crate) shard_time_budget: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) handler_mode: HandlerMode,
+    pub(crate) handler_timeout: Option<Duration>,
+    pub(crate) poll_interval: Duration,
+    pub(crate) wake_on_commit: bool,
+    pub(crate) discovery_page: usize,
+    pub(crate) shutdown_deadline: Duration,
+    pub(crate) max_reconnect_delay: Duration,
+    pub(crate) flush_wait: Duration,
 }
 
 impl Default for RelayConfig {
@@ -69,6 +75,320 @@ impl Default for RelayConfig {
             max_reconnect_delay: Duration::from_secs(30),
             flush_wait: Duration::from_secs(5),
         }
+    }
+}
+
+impl RelayConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> RelayConfigBuilder {
+        RelayConfigBuilder {
+            config: Self::default(),
+        }
+    }
+
+    /// A builder starting from this configuration.
+    pub fn to_builder(&self) -> RelayConfigBuilder {
+        RelayConfigBuilder {
+            config: self.clone(),
+        }
+    }
+
+    /// The name recorded on the leases this relay takes.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// How many shards are drained at once.
+    pub fn max_concurrent_shards(&self) -> usize {
+        self.max_concurrent_shards
+    }
+
+    /// How many rows of a shard are read at once.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// After delivering this many rows, a relay's drain releases its shard (still due).
+    pub fn shard_row_budget(&self) -> usize {
+        self.shard_row_budget
+    }
+
+    /// After this long, a relay's drain releases its shard (still due).
+    pub fn shard_time_budget(&self) -> Duration {
+        self.shard_time_budget
+    }
+
+    /// How long a claim lasts without an acknowledgement or a heartbeat.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The backoff of a shard whose head keeps failing.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// How handlers run.
+    pub fn handler_mode(&self) -> HandlerMode {
+        self.handler_mode
+    }
+
+    /// How long a handler may run before its delivery fails; `None`: no limit.
+    pub fn handler_timeout(&self) -> Option<Duration> {
+        self.handler_timeout
+    }
+
+    /// How often an idle background relay looks for due shards.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    /// Whether the background relay listens for commits.
+    pub fn wake_on_commit(&self) -> bool {
+        self.wake_on_commit
+    }
+
+    /// How many shards one discovery query visits.
+    pub fn discovery_page(&self) -> usize {
+        self.discovery_page
+    }
+
+    /// How long a stopping background relay waits for its in-flight shards.
+    pub fn shutdown_deadline(&self) -> Duration {
+        self.shutdown_deadline
+    }
+
+    /// The longest pause between reconnection attempts of the background relay.
+    pub fn max_reconnect_delay(&self) -> Duration {
+        self.max_reconnect_delay
+    }
+
+    /// How long a flush waits for a shard another worker holds.
+    pub fn flush_wait(&self) -> Duration {
+        self.flush_wait
+    }
+
+    /// The first setting that cannot work, if any.
+    fn check(&self) -> Result<(), Error> {
+        let invalid =
+            |setting: &'static str, problem: String| Err(Error::InvalidConfig { setting, problem });
+        let at_least_one = [
+            (
+                "max_concurrent_shards",
+                self.max_concurrent_shards,
+                "a relay that drains no shard at once delivers nothing",
+            ),
+            (
+                "batch_size",
+                self.batch_size,
+                "a read of no rows never empties a shard: drains would never end",
+            ),
+            (
+                "shard_row_budget",
+                self.shard_row_budget,
+                "a budget of no rows cannot be spent",
+            ),
+            (
+                "discovery_page",
+                self.discovery_page,
+                "a page of no shards finds nothing due",
+            ),
+        ];
+        for (setting, value, why) in at_least_one {
+            if value == 0 {
+                return invalid(setting, format!("is 0, and must be at least 1: {why}"));
+            }
+        }
+        let not_zero = [
+            (
+                "shard_time_budget",
+                self.shard_time_budget,
+                "every drain would yield before its first delivery",
+            ),
+            ("lease", self.lease, "every claim would lapse at once"),
+            (
+                "poll_interval",
+                self.poll_interval,
+                "an idle relay would poll without pause",
+            ),
+            (
+                "max_reconnect_delay",
+                self.max_reconnect_delay,
+                "a relay would retry an unreachable database without pause",
+            ),
+            (
+                "backoff.initial",
+                self.backoff.initial,
+                "a failing shard would be retried without pause, and a drain would never end",
+            ),
+        ];
+        for (setting, value, why) in not_zero {
+            if value.is_zero() {
+                return invalid(setting, format!("is zero: {why}"));
+            }
+        }
+        if self.backoff.max < self.backoff.initial {
+            return invalid(
+                "backoff.max",
+                format!(
+                    "({:?}) is shorter than backoff.initial ({:?})",
+                    self.backoff.max, self.backoff.initial
+                ),
+            );
+        }
+        if self.worker_id.is_empty() {
+            return invalid(
+                "worker_id",
+                "is empty: it names the leases the relay takes".into(),
+            );
+        }
+        if let Some(timeout) = self.handler_timeout {
+            if timeout.is_zero() {
+                return invalid(
+                    "handler_timeout",
+                    "is zero: every delivery would time out".into(),
+                );
+            }
+            if self.lease <= timeout {
+                return invalid(
+                    "lease",
+                    format!(
+                        "({:?}) must outlast handler_timeout ({timeout:?}): a handler within its \
+                         timeout could lose its shard before it is acknowledged",
+                        self.lease
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Chained setters for a [`RelayConfig`], checked at [`build`](Self::build) (in the style of
+/// sqlx's `PoolOptions`). Every setting starts at its default.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until it is built"]
+pub struct RelayConfigBuilder {
+    config: RelayConfig,
+}
+
+impl RelayConfigBuilder {
+    /// The configuration, if every setting can work; else [`Error::InvalidConfig`] naming the
+    /// first that cannot, and why.
+    pub fn build(self) -> Result<RelayConfig, Error> {
+        self.config.check()?;
+        Ok(self.config)
+    }
+
+    /// Name recorded on the leases this relay takes (default `outbox-<pid>-<random>`); not
+    /// empty.
+    pub fn worker_id(mut self, worker_id: impl Into<String>) -> Self {
+        self.config.worker_id = worker_id.into();
+        self
+    }
+
+    /// How many shards are drained at once (16 by default; at least 1). Each holds a
+    /// connection of the store's pool while it works: give the pool a few more connections
+    /// than this.
+    pub fn max_concurrent_shards(mut self, shards: usize) -> Self {
+        self.config.max_concurrent_shards = shards;
+        self
+    }
+
+    /// How many rows of a shard are read at once (500 by default; at least 1).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.config.batch_size = rows;
+        self
+    }
+
+    /// After delivering this many rows (1,000 by default; at least 1), a shard is released,
+    /// still due, so others get a turn. The relay's drains only: a flush delivers every row
+    /// it is for.
+    pub fn shard_row_budget(mut self, rows: usize) -> Self {
+        self.config.shard_row_budget = rows;
+        self
+    }
+
+    /// After this long (1 s by default; not zero), a shard is released, still due, so others
+    /// get a turn. The relay's drains only: a flush delivers every row it is for.
+    pub fn shard_time_budget(mut self, budget: Duration) -> Self {
+        self.config.shard_time_budget = budget;
+        self
+    }
+
+    /// How long a claim lasts (30 s by default; not zero) before another worker may take the
+    /// shard over. Each acknowledgement extends it, and so does a heartbeat every third of it
+    /// while a handler runs. With a handler timeout, it must be longer than the timeout.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Backoff of a shard whose head keeps failing (S19; 2 s doubling to 1 h by default): its
+    /// initial delay is not zero, its cap not below it.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// Whether handlers run under a lease (default) or inside the claiming transaction.
+    pub fn handler_mode(mut self, mode: HandlerMode) -> Self {
+        self.config.handler_mode = mode;
+        self
+    }
+
+    /// A handler running longer than this fails its delivery (`None`, the default: no
+    /// limit). Not zero, and shorter than the lease.
+    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.handler_timeout = timeout;
+        self
+    }
+
+    /// How often an idle [`Relay::run`](crate::Relay::run) looks for due shards when nothing
+    /// wakes it (1 s by default; not zero). Only the background relay polls.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// Whether [`Relay::run`](crate::Relay::run) listens for commits (PostgreSQL
+    /// `LISTEN/NOTIFY`; on by default). Turn off behind connection poolers that break
+    /// `LISTEN`, such as PgBouncer in transaction mode: the relay then polls. Only the
+    /// background relay listens.
+    pub fn wake_on_commit(mut self, wake: bool) -> Self {
+        self.config.wake_on_commit = wake;
+        self
+    }
+
+    /// How many shards one discovery query visits (256 by default; at least 1).
+    pub fn discovery_page(mut self, shards: usize) -> Self {
+        self.config.discovery_page = shards;
+        self
+    }
+
+    /// How long a stopping [`Relay::run`](crate::Relay::run) waits for in-flight shards
+    /// before abandoning them (30 s by default; their leases expire, nothing is lost). Only
+    /// the background relay has a shutdown.
+    pub fn shutdown_deadline(mut self, deadline: Duration) -> Self {
+        self.config.shutdown_deadline = deadline;
+        self
+    }
+
+    /// Longest pause between reconnection attempts of [`Relay::run`](crate::Relay::run)
+    /// while the database is unreachable (30 s by default; not zero). The other ways to
+    /// deliver return the database's error instead of retrying.
+    pub fn max_reconnect_delay(mut self, delay: Duration) -> Self {
+        self.config.max_reconnect_delay = delay;
+        self
+    }
+
+    /// How long [`Relay::flush`](crate::Relay::flush) waits for a shard that another worker
+    /// holds (5 s by default) before it gives up with
+    /// [`FlushError::Incomplete`](crate::FlushError::Incomplete), naming the rows left. Only
+    /// a flush waits for a held shard: the relay's drains leave it to its holder.
+    pub fn flush_wait(mut self, wait: Duration) -> Self {
+        self.config.flush_wait = wait;
+        self
     }
 }
 
@@ -131,6 +451,102 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The setting a builder is refused for.
+    fn refused(builder: RelayConfigBuilder) -> &'static str {
+        match builder.build() {
+            Err(Error::InvalidConfig { setting, problem }) => {
+                assert!(!problem.is_empty());
+                setting
+            }
+            other => panic!("expected an invalid configuration, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        let config = RelayConfig::builder().build().expect("the defaults work");
+        assert_eq!(
+            (config.batch_size(), config.max_concurrent_shards()),
+            (500, 16)
+        );
+    }
+
+    #[test]
+    fn a_batch_size_of_zero_is_refused() {
+        assert_eq!(refused(RelayConfig::builder().batch_size(0)), "batch_size");
+    }
+
+    #[test]
+    fn zero_concurrent_shards_are_refused_not_clamped() {
+        assert_eq!(
+            refused(RelayConfig::builder().max_concurrent_shards(0)),
+            "max_concurrent_shards"
+        );
+    }
+
+    #[test]
+    fn a_lease_no_longer_than_the_handler_timeout_is_refused() {
+        let timeout = Duration::from_secs(30);
+        let builder = RelayConfig::builder().handler_timeout(Some(timeout));
+        assert_eq!(
+            refused(builder.clone().lease(Duration::from_secs(10))),
+            "lease"
+        );
+        assert_eq!(refused(builder.clone().lease(timeout)), "lease");
+        let config = builder
+            .lease(Duration::from_secs(31))
+            .build()
+            .expect("a longer lease works");
+        assert_eq!(config.handler_timeout(), Some(timeout));
+        assert_eq!(
+            refused(RelayConfig::builder().handler_timeout(Some(Duration::ZERO))),
+            "handler_timeout"
+        );
+    }
+
+    #[test]
+    fn settings_that_would_spin_or_never_deliver_are_refused() {
+        let zero = Duration::ZERO;
+        let cases = [
+            (
+                RelayConfig::builder().shard_row_budget(0),
+                "shard_row_budget",
+            ),
+            (RelayConfig::builder().discovery_page(0), "discovery_page"),
+            (
+                RelayConfig::builder().shard_time_budget(zero),
+                "shard_time_budget",
+            ),
+            (RelayConfig::builder().lease(zero), "lease"),
+            (RelayConfig::builder().poll_interval(zero), "poll_interval"),
+            (
+                RelayConfig::builder().max_reconnect_delay(zero),
+                "max_reconnect_delay",
+            ),
+            (RelayConfig::builder().worker_id(""), "worker_id"),
+            (
+                RelayConfig::builder().backoff(Backoff::new(zero, Duration::from_secs(1))),
+                "backoff.initial",
+            ),
+            (
+                RelayConfig::builder()
+                    .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(1))),
+                "backoff.max",
+            ),
+        ];
+        for (builder, setting) in cases {
+            assert_eq!(refused(builder), setting);
+        }
+    }
+
+    #[test]
+    fn a_valid_configuration_can_be_changed_and_checked_again() {
+        let config = RelayConfig::builder().worker_id("a").build().unwrap();
+        let changed = config.to_builder().batch_size(7).build().unwrap();
+        assert_eq!((changed.worker_id(), changed.batch_size()), ("a", 7));
+        assert_eq!(refused(config.to_builder().batch_size(0)), "batch_size");
+    }
 
     #[test]
     fn backoff_doubles_from_initial_and_caps() {

@@ -1,21 +1,19 @@
-//! Draining one claimed shard.
+//! Draining one claimed shard: read its head, deliver its groups in order, acknowledge what got
+//! through, and end (released, yielded, backed off) on a [`DrainEnd`].
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::config::RelayConfig;
-use super::plan::{Group, Plan};
+use super::Inner;
+use super::deliver::deliver;
+use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
-use crate::handler::{HandlerContext, RawDelivery};
 use crate::model::{MessageId, ShardKey};
-use crate::registry::Registry;
-use crate::store::{Failure, HandlerMode, Lease, Outcome, ShardSession, Store};
+use crate::store::{Acknowledgement, Failure, Lease, Outcome, ShardSession, Store};
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -31,66 +29,155 @@ pub struct ShardFailure {
     pub retry_in: Duration,
 }
 
-/// What one claim of one shard did.
-#[derive(Debug, Default)]
-pub(crate) struct ShardRun {
-    pub(crate) claimed: bool,
-    pub(crate) deliveries: u64,
-    pub(crate) rows_acknowledged: u64,
-    pub(crate) failure: Option<ShardFailure>,
-    pub(crate) lease_lost: Option<ShardKey>,
-    /// The shard, if its budget ran out with rows left (released, still due).
-    pub(crate) yielded: Option<ShardKey>,
-}
-
-/// How a claimed shard is drained.
+/// What a drain is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DrainMode {
-    /// Deliver only rows up to this id: those present when a flush began.
-    pub(crate) up_to: Option<MessageId>,
-    /// Whether a failure backs the shard off (the relay), or leaves its schedule as it was
-    /// (a flush after commit: the caller hears of the failure, the relay retries).
-    pub(crate) back_off: bool,
-    /// Whether the shard yields when its row or time budget is spent (the relay, so that one
-    /// hot shard cannot starve the others), or drains to its bound (a flush after commit,
-    /// whose caller waits for exactly these rows: S2).
-    pub(crate) budgeted: bool,
+pub(crate) enum DrainMode {
+    /// The relay's: everything due; the shard yields when its row or time budget is spent, so
+    /// one hot shard cannot starve the others; a failure backs the shard off.
+    Relay,
+    /// A flush (after commit, or a runner's pass): the rows up to `up_to`, all of them (its
+    /// caller waits for exactly these: S2); a failure is reported and leaves the shard's
+    /// schedule as it was, for the relay to retry.
+    Flush {
+        /// The newest row the flush delivers.
+        up_to: MessageId,
+    },
 }
 
 impl DrainMode {
-    /// The relay's: everything, failures back off, budgets apply.
-    pub(crate) const RELAY: Self = Self {
-        up_to: None,
-        back_off: true,
-        budgeted: true,
-    };
-
-    /// A flush after commit: rows up to `up_to`, all of them, failures reported without
-    /// backing off.
-    pub(crate) fn flush(up_to: MessageId) -> Self {
-        Self {
-            up_to: Some(up_to),
-            back_off: false,
-            budgeted: false,
+    /// The newest row this drain may deliver.
+    fn bound(self) -> MessageId {
+        match self {
+            Self::Relay => MessageId(i64::MAX),
+            Self::Flush { up_to } => up_to,
         }
     }
 }
 
+/// How a drain of a claimed shard ended.
+#[derive(Debug)]
+pub(crate) enum DrainEnd {
+    /// Nothing left that the drain saw (up to its bound): released, failures reset.
+    Drained,
+    /// The row or time budget was spent (or the relay is stopping) with rows left: released,
+    /// still due.
+    Yielded,
+    /// A delivery failed: the shard backs off (a flush releases it as it was).
+    Failed(ShardFailure),
+    /// Another worker took the shard over before the drain could acknowledge: nothing of
+    /// this drain's deliveries was acknowledged after that.
+    LeaseLost,
+    /// A flush found none of its rows left: released with its recorded state as it was.
+    ReleasedUnchanged,
+}
+
+/// What one drain of one claimed shard did.
+#[derive(Debug)]
+pub(crate) struct ShardRun {
+    pub(crate) shard: ShardKey,
+    pub(crate) end: DrainEnd,
+    /// Whether the release at the end found the lease gone (another worker owns the shard).
+    pub(crate) lost_at_release: bool,
+    pub(crate) deliveries: u64,
+    pub(crate) rows_acknowledged: u64,
+}
+
+impl ShardRun {
+    /// Whether the lease passed to another worker during the drain.
+    pub(crate) fn lost_lease(&self) -> bool {
+        self.lost_at_release || matches!(self.end, DrainEnd::LeaseLost)
+    }
+
+    pub(crate) fn failure(&self) -> Option<&ShardFailure> {
+        match &self.end {
+            DrainEnd::Failed(failure) => Some(failure),
+            _ => None,
+        }
+    }
+}
+
+/// A shard's head as one read found it.
+struct Read {
+    plan: Plan,
+    /// Whether the read was full: the shard may hold more rows than it returned.
+    full: bool,
+}
+
+/// What a read's deliveries came to.
+#[derive(Default)]
+struct Delivered {
+    acks: Vec<Acknowledgement>,
+    failure: Option<DeliveryError>,
+    out_of_budget: bool,
+}
+
+/// A claimed shard being drained: its session, and where the drain stands.
+struct ShardDrain<'a, St: Store> {
+    session: St::Session,
+    state: DrainState<'a, St>,
+}
+
+/// Where a drain stands.
+struct DrainState<'a, St: Store> {
+    lease: Lease,
+    inner: &'a Inner<St>,
+    stopping: &'a watch::Receiver<bool>,
+    mode: DrainMode,
+    started: Instant,
+    /// Whether an acknowledgement moved the shard's head during this drain.
+    progressed: bool,
+    rows_delivered: u64,
+    /// The highest message id seen.
+    watermark: MessageId,
+    deliveries: u64,
+    rows_acknowledged: u64,
+}
+
 /// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
-/// delivery fails, the budget is spent, or shutdown is requested; then records the outcome and
+/// delivery fails, the budget is spent, or the relay stops; then records the outcome and
 /// releases the shard.
 pub(crate) async fn drain<St: Store>(
-    mut session: St::Session,
-    store: &St,
-    registry: &Registry,
-    config: &RelayConfig,
-    shutdown: &watch::Receiver<bool>,
+    session: St::Session,
+    inner: &Inner<St>,
+    stopping: &watch::Receiver<bool>,
     mode: DrainMode,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
+    announce_takeover(&lease, &inner.config.worker_id);
+    let mut drain = ShardDrain {
+        session,
+        state: DrainState {
+            lease,
+            inner,
+            stopping,
+            mode,
+            started: Instant::now(),
+            progressed: false,
+            rows_delivered: 0,
+            watermark: MessageId(0),
+            deliveries: 0,
+            rows_acknowledged: 0,
+        },
+    };
+    loop {
+        let read = match drain.read().await {
+            Ok(Some(read)) => read,
+            Ok(None) => return drain.nothing_left().await,
+            Err(error @ Error::Undecodable { .. }) => return drain.undecodable(error).await,
+            Err(error) => return Err(error),
+        };
+        let delivered = drain.deliver(&read.plan).await?;
+        drain = match drain.settle(read, delivered).await? {
+            ControlFlow::Continue(drain) => drain,
+            ControlFlow::Break(run) => return Ok(run),
+        };
+    }
+}
+
+fn announce_takeover(lease: &Lease, worker_id: &str) {
     match &lease.previous_owner {
         // This relay's own drain, interrupted by the database: the outage was logged once.
-        Some(previous) if *previous == config.worker_id => {
+        Some(previous) if previous == worker_id => {
             debug!(shard = %lease.shard, attempts = lease.attempts, "resuming a shard whose drain the database interrupted");
         }
         Some(previous) => {
@@ -98,330 +185,285 @@ pub(crate) async fn drain<St: Store>(
         }
         None => {}
     }
-    let started = Instant::now();
-    let mut run = ShardRun {
-        claimed: true,
-        ..ShardRun::default()
-    };
-    let mut progressed = false;
-    let mut rows_delivered = 0u64;
-    let mut watermark = MessageId(0);
-    let budget_spent = |rows_delivered: u64| {
-        *shutdown.borrow()
-            || (mode.budgeted
-                && (rows_delivered >= config.shard_row_budget as u64
-                    || started.elapsed() >= config.shard_time_budget))
-    };
-    let up_to = mode.up_to.unwrap_or(MessageId(i64::MAX));
-    let within_bound = |id: MessageId| id <= up_to;
-    loop {
-        let mut head = match session.fetch(config.batch_size).await {
-            Ok(head) => head,
-            Err(error @ Error::Undecodable { .. }) => {
-                // A row written around the schema's checks: the shard waits on it, backing
-                // off, and nothing is deleted. Only a message written after this moment
-                // makes it due before its backoff ends.
-                let watermark = store.newest_message_id().await?.unwrap_or(watermark);
-                let error = DeliveryError::Undecodable {
-                    source: Box::new(error),
-                };
-                return fail(
-                    session, &lease, error, watermark, progressed, mode, config, run,
-                )
-                .await;
-            }
-            Err(error) => return Err(error),
+}
+
+impl<St: Store> DrainState<'_, St> {
+    /// Whether the drain should stop delivering: the relay is stopping, or (in the relay's
+    /// drains) the row or time budget is spent.
+    fn budget_spent(&self) -> bool {
+        let config = &self.inner.config;
+        self.stopping()
+            || (self.mode == DrainMode::Relay
+                && (self.rows_delivered >= config.shard_row_budget as u64
+                    || self.started.elapsed() >= config.shard_time_budget))
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// The attempt at the shard's head: 1 once a group of this drain got through, else one
+    /// more than the claim found.
+    fn head_attempt(&self) -> u32 {
+        if self.progressed {
+            1
+        } else {
+            self.lease.attempts + 1
+        }
+    }
+
+    /// The drain's result, ending on `end`.
+    fn end(self, end: DrainEnd, lost_at_release: bool) -> ShardRun {
+        ShardRun {
+            shard: self.lease.shard,
+            end,
+            lost_at_release,
+            deliveries: self.deliveries,
+            rows_acknowledged: self.rows_acknowledged,
+        }
+    }
+}
+
+impl<'a, St: Store> ShardDrain<'a, St> {
+    /// Reads the shard's head up to the bound and plans its groups; `None` if nothing is left.
+    /// A full read is extended to each coalescing group's newest row beyond it.
+    async fn read(&mut self) -> Result<Option<Read>, Error> {
+        let state = &mut self.state;
+        let batch_size = state.inner.config.batch_size;
+        let bound = state.mode.bound();
+        let mut head = self.session.fetch(batch_size).await?;
+        let full = head.len() >= batch_size;
+        head.retain(|row| row.id <= bound);
+        let Some(last) = head.last().map(|row| row.id) else {
+            return Ok(None);
         };
-        let full = head.len() >= config.batch_size;
-        head.retain(|row| within_bound(row.id));
-        let Some(last) = head.last() else {
-            // Nothing (left) to deliver. A bounded flush that delivered nothing leaves the
-            // shard's state as it found it.
-            let outcome = if progressed || mode.up_to.is_none() {
-                Outcome::Drained
-            } else {
-                Outcome::Released
-            };
-            finish(session, outcome, &mut run).await?;
-            return Ok(run);
-        };
-        watermark = watermark.max(last.id);
-        let mut plan = Plan::new(&head, &lease.shard, registry);
+        state.watermark = state.watermark.max(last);
+        let mut plan = Plan::new(&head, &state.lease.shard, &state.inner.registry);
         // A full read may not hold a group's newest row; a read the bound cut holds them all.
-        if full && head.len() >= config.batch_size {
+        if full && head.len() >= batch_size {
             let keys = plan.coalescing_keys();
             if !keys.is_empty() {
-                for tail in session.fetch_newest(&keys, last.id, up_to).await? {
-                    watermark = watermark.max(tail.newest.id);
+                for tail in self.session.fetch_newest(&keys, last, bound).await? {
+                    state.watermark = state.watermark.max(tail.newest.id);
                     plan.extend(&tail);
                 }
             }
         }
+        Ok(Some(Read { plan, full }))
+    }
 
-        // The attempt at the shard's head: once a group gets through, the next is on its first;
-        // but after a takeover, every group of the first read may have been delivered by the
-        // worker whose lease lapsed, and is a retry.
-        let retrying = !progressed && lease.previous_owner.is_some();
-        let mut attempt = if progressed { 1 } else { lease.attempts + 1 };
-        let mut acks = Vec::with_capacity(plan.groups.len());
-        let mut failure = None;
-        let mut out_of_budget = false;
+    /// Delivers the planned groups in order, until one fails or the budget is spent.
+    async fn deliver(&mut self, plan: &Plan) -> Result<Delivered, Error> {
+        let state = &mut self.state;
+        // After a takeover, every group of the first read may have been delivered by the
+        // worker whose lease lapsed: each is a retry.
+        let retrying = !state.progressed && state.lease.previous_owner.is_some();
+        let mut attempt = state.head_attempt();
+        let mut delivered = Delivered {
+            acks: Vec::with_capacity(plan.groups.len()),
+            ..Delivered::default()
+        };
         for group in &plan.groups {
             // After a takeover the whole first read is delivered before the shard yields: the
             // worker whose lease lapsed may have delivered any of it, and only this drain
             // knows to call its deliveries retries.
-            if budget_spent(rows_delivered)
-                && (progressed || !acks.is_empty())
-                && (!retrying || *shutdown.borrow())
+            if state.budget_spent()
+                && (state.progressed || !delivered.acks.is_empty())
+                && (!retrying || state.stopping())
             {
-                out_of_budget = true;
+                delivered.out_of_budget = true;
                 break;
             }
-            session.before_handler().await?;
+            self.session.before_handler().await?;
+            let inner = state.inner;
             let result = deliver(
-                &mut session,
-                store,
-                &lease,
+                &mut self.session,
+                &inner.store,
+                &state.lease,
                 group,
                 attempt,
-                config,
-                registry,
+                &inner.config,
+                &inner.registry,
             )
             .await;
-            session.after_handler(result.is_ok()).await?;
+            self.session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
+                    // Once a group gets through, the next is on its first attempt.
                     if !retrying {
                         attempt = 1;
                     }
-                    acks.push(group.acknowledgement());
-                    rows_delivered += group.rows();
-                    run.deliveries += 1;
+                    delivered.acks.push(group.acknowledgement());
+                    state.rows_delivered += group.rows();
+                    state.deliveries += 1;
                 }
                 Err(error) => {
-                    failure = Some(error);
+                    delivered.failure = Some(error);
                     break;
                 }
             }
         }
+        Ok(delivered)
+    }
 
+    /// Acknowledges what got through, then ends the drain if the read and its deliveries say
+    /// so, or continues it (to read again).
+    async fn settle(
+        mut self,
+        read: Read,
+        delivered: Delivered,
+    ) -> Result<ControlFlow<ShardRun, Self>, Error> {
+        let Delivered {
+            acks,
+            failure,
+            out_of_budget,
+        } = delivered;
+        let all_delivered = failure.is_none() && !out_of_budget;
         // The read held every row the shard had and all are delivered: acknowledge and
         // release at once (no need to read again to learn that it is empty; a row written
         // since is not lost: releasing a shard that still has rows leaves it due).
-        let drained = failure.is_none()
-            && !out_of_budget
-            && plan.blocked.is_none()
-            && !full
-            && !budget_spent(rows_delivered);
-        if drained && !acks.is_empty() {
-            match session.ack_and_finish(&acks, Outcome::Drained).await {
-                Ok((rows, released)) => {
-                    run.rows_acknowledged += rows;
-                    if !released {
-                        warn!(shard = %lease.shard, "lease lost before releasing; another worker owns the shard");
-                        run.lease_lost = Some(lease.shard);
-                    }
-                    return Ok(run);
-                }
-                Err(Error::LeaseLost { shard, token }) => {
-                    warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
-                    run.lease_lost = Some(shard);
-                    return Ok(run);
-                }
-                Err(error) => return Err(error),
-            }
+        let emptied = all_delivered
+            && read.plan.blocked.is_none()
+            && !read.full
+            && !self.state.budget_spent();
+        if emptied && !acks.is_empty() {
+            return self
+                .acknowledge_and_release(&acks)
+                .await
+                .map(ControlFlow::Break);
         }
-        if !acks.is_empty() {
-            match session.ack(&acks).await {
-                Ok(rows) => {
-                    run.rows_acknowledged += rows;
-                    progressed = true;
-                }
-                Err(Error::LeaseLost { shard, token }) => {
-                    warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
-                    run.lease_lost = Some(shard);
-                    return Ok(run);
-                }
-                Err(error) => return Err(error),
-            }
+        if !acks.is_empty() && !self.acknowledge(&acks).await? {
+            return Ok(ControlFlow::Break(
+                self.state.end(DrainEnd::LeaseLost, false),
+            ));
         }
-
-        let all_delivered = failure.is_none() && !out_of_budget;
-        let failure = failure.or(if all_delivered { plan.blocked } else { None });
-        if let Some(error) = failure {
-            return fail(
-                session, &lease, error, watermark, progressed, mode, config, run,
-            )
-            .await;
-        }
-        if out_of_budget || budget_spent(rows_delivered) {
-            debug!(shard = %lease.shard, rows_delivered, "budget spent; shard yields");
-            finish(session, Outcome::Yielded, &mut run).await?;
-            run.yielded = Some(lease.shard);
-            return Ok(run);
-        }
-    }
-}
-
-/// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it as
-/// it was and reports the failure (S2).
-#[allow(clippy::too_many_arguments)]
-async fn fail<S: ShardSession>(
-    session: S,
-    lease: &Lease,
-    error: DeliveryError,
-    watermark: MessageId,
-    progressed: bool,
-    mode: DrainMode,
-    config: &RelayConfig,
-    mut run: ShardRun,
-) -> Result<ShardRun, Error> {
-    if !mode.back_off {
-        debug!(shard = %lease.shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
-        finish(session, Outcome::Released, &mut run).await?;
-        run.failure = Some(ShardFailure {
-            shard: lease.shard.clone(),
-            error,
-            attempts: lease.attempts,
-            retry_in: Duration::ZERO,
+        let failure = failure.or(if all_delivered {
+            read.plan.blocked
+        } else {
+            None
         });
-        return Ok(run);
-    }
-    let attempts = if progressed { 1 } else { lease.attempts + 1 };
-    let retry_in = config.backoff.delay(attempts);
-    warn!(shard = %lease.shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
-    let failure = Failure {
-        error: error_chain(&error),
-        attempts,
-        retry_in,
-        watermark,
-        parked_category: error.parked_category(),
-    };
-    finish(session, Outcome::Failed(failure), &mut run).await?;
-    run.failure = Some(ShardFailure {
-        shard: lease.shard.clone(),
-        error,
-        attempts,
-        retry_in,
-    });
-    Ok(run)
-}
-
-/// Records the outcome; a lease lost meanwhile is reported, not an error: the new owner
-/// carries on.
-async fn finish<S: ShardSession>(
-    session: S,
-    outcome: Outcome,
-    run: &mut ShardRun,
-) -> Result<(), Error> {
-    match session.finish(outcome).await {
-        Err(Error::LeaseLost { shard, token }) => {
-            warn!(%shard, token, "lease lost before releasing; another worker owns the shard");
-            run.lease_lost = Some(shard);
-            Ok(())
+        if let Some(error) = failure {
+            return self.fail(error).await.map(ControlFlow::Break);
         }
-        result => result,
+        if out_of_budget || self.state.budget_spent() {
+            let state = &self.state;
+            debug!(shard = %state.lease.shard, rows_delivered = state.rows_delivered, "budget spent; shard yields");
+            return self
+                .release(Outcome::Yielded, DrainEnd::Yielded)
+                .await
+                .map(ControlFlow::Break);
+        }
+        Ok(ControlFlow::Continue(self))
     }
-}
 
-async fn deliver<S: ShardSession, St: Store>(
-    session: &mut S,
-    store: &St,
-    lease: &Lease,
-    group: &Group,
-    attempt: u32,
-    config: &RelayConfig,
-    registry: &Registry,
-) -> Result<(), DeliveryError> {
-    let row = match &group.info.model {
-        Some(table) => session
-            .load_model(table, group.newest.object_identifier)
+    /// Acknowledges `acks`, extending the lease; `false` if the lease was lost.
+    async fn acknowledge(&mut self, acks: &[Acknowledgement]) -> Result<bool, Error> {
+        match self.session.ack(acks).await {
+            Ok(rows) => {
+                self.state.rows_acknowledged += rows;
+                self.state.progressed = true;
+                Ok(true)
+            }
+            Err(Error::LeaseLost { shard, token }) => {
+                warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The last step on a shard the drain emptied: acknowledge and release at once.
+    async fn acknowledge_and_release(self, acks: &[Acknowledgement]) -> Result<ShardRun, Error> {
+        let Self { session, mut state } = self;
+        match session.ack_and_finish(acks, Outcome::Drained).await {
+            Ok((rows, released)) => {
+                state.rows_acknowledged += rows;
+                if !released {
+                    warn!(shard = %state.lease.shard, "lease lost before releasing; another worker owns the shard");
+                }
+                Ok(state.end(DrainEnd::Drained, !released))
+            }
+            Err(Error::LeaseLost { shard, token }) => {
+                warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                Ok(state.end(DrainEnd::LeaseLost, false))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Nothing (left) to deliver. A flush that delivered nothing leaves the shard's state as
+    /// it found it.
+    async fn nothing_left(self) -> Result<ShardRun, Error> {
+        if self.state.progressed || self.state.mode == DrainMode::Relay {
+            self.release(Outcome::Drained, DrainEnd::Drained).await
+        } else {
+            self.release(Outcome::Released, DrainEnd::ReleasedUnchanged)
+                .await
+        }
+    }
+
+    /// A row written around the schema's checks: the shard waits on it, backing off, and
+    /// nothing is deleted. Only a message written after this moment makes it due before its
+    /// backoff ends.
+    async fn undecodable(mut self, error: Error) -> Result<ShardRun, Error> {
+        let state = &mut self.state;
+        let newest = state.inner.store.newest_message_id().await?;
+        state.watermark = newest.unwrap_or(state.watermark);
+        let error = DeliveryError::Undecodable {
+            source: Box::new(error),
+        };
+        self.fail(error).await
+    }
+
+    /// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it
+    /// as it was and reports the failure (S2).
+    async fn fail(self, error: DeliveryError) -> Result<ShardRun, Error> {
+        let state = &self.state;
+        let shard = state.lease.shard.clone();
+        if let DrainMode::Flush { .. } = state.mode {
+            debug!(%shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
+            let failure = ShardFailure {
+                shard,
+                error,
+                attempts: state.lease.attempts,
+                retry_in: Duration::ZERO,
+            };
+            return self
+                .release(Outcome::Released, DrainEnd::Failed(failure))
+                .await;
+        }
+        let attempts = state.head_attempt();
+        let retry_in = state.inner.config.backoff.delay(attempts);
+        warn!(%shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+        let recorded = Failure {
+            error: error_chain(&error),
+            attempts,
+            retry_in,
+            watermark: state.watermark,
+            parked_category: error.parked_category(),
+        };
+        let failure = ShardFailure {
+            shard,
+            error,
+            attempts,
+            retry_in,
+        };
+        self.release(Outcome::Failed(recorded), DrainEnd::Failed(failure))
             .await
-            .map_err(|source| DeliveryError::Lookup {
-                model: group.info.name,
-                table: table.table,
-                object_identifier: group.newest.object_identifier,
-                source: Box::new(source),
-            })?,
-        None => None,
-    };
-    let mut cx = HandlerContext::new(session.handler_connection()).with_state(registry.state());
-    let call = group.info.handler.call(
-        RawDelivery {
-            shard: &lease.shard,
-            message: &group.newest,
-            attempt,
-            fencing_token: lease.token,
-            row: row.as_deref(),
-        },
-        &mut cx,
-    );
-    let call = keeping_the_lease(AssertUnwindSafe(call).catch_unwind(), store, lease, config);
-    let outcome = match config.handler_timeout {
-        Some(timeout) => match tokio::time::timeout(timeout, call).await {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                return Err(DeliveryError::TimedOut {
-                    category: group.info.name,
-                    message_id: group.newest.id,
-                    timeout,
-                });
-            }
-        },
-        None => call.await,
-    };
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => Err(DeliveryError::Panicked {
-            category: group.info.name,
-            message_id: group.newest.id,
-            panic: panic
-                .downcast_ref::<&str>()
-                .map(|text| (*text).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_owned()),
-        }),
     }
-}
 
-/// Runs `call` (a handler) while extending the lease beside it, every third of the lease: a
-/// live relay keeps its shard however long its handler takes, and only a dead one loses it
-/// (S16, S17). In transaction mode the claiming transaction holds the shard, and there is
-/// nothing to extend.
-async fn keeping_the_lease<F: Future, St: Store>(
-    call: F,
-    store: &St,
-    lease: &Lease,
-    config: &RelayConfig,
-) -> F::Output {
-    if config.handler_mode == HandlerMode::InTransaction {
-        return call.await;
-    }
-    tokio::pin!(call);
-    // A handler that finishes at its first poll needs no heartbeat: no timer for it.
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
-    if let std::task::Poll::Ready(output) = first {
-        return output;
-    }
-    let every = (config.lease / 3).max(Duration::from_millis(10));
-    let heartbeat = async {
-        let mut beats = tokio::time::interval_at(Instant::now() + every, every);
-        loop {
-            beats.tick().await;
-            match store.extend_lease(lease, config.lease).await {
-                Ok(true) => debug!(shard = %lease.shard, "lease extended while a handler runs"),
-                Ok(false) => {
-                    warn!(shard = %lease.shard, token = lease.token, "lease lost while a handler runs; another worker owns the shard");
-                    return std::future::pending::<()>().await;
-                }
-                Err(error) => {
-                    debug!(shard = %lease.shard, error = %error_chain(&error), "cannot extend the lease; trying again");
-                }
+    /// Records `outcome` and releases the shard, ending the drain on `end`; a lease lost
+    /// meanwhile is reported, not an error: the new owner carries on.
+    async fn release(self, outcome: Outcome, end: DrainEnd) -> Result<ShardRun, Error> {
+        let Self { session, state } = self;
+        let lost = match session.finish(outcome).await {
+            Ok(()) => false,
+            Err(Error::LeaseLost { shard, token }) => {
+                warn!(%shard, token, "lease lost before releasing; another worker owns the shard");
+                true
             }
-        }
-    };
-    tokio::select! {
-        output = &mut call => output,
-        () = heartbeat => unreachable!("the heartbeat never ends"),
+            Err(error) => return Err(error),
+        };
+        Ok(state.end(end, lost))
     }
 }

@@ -10,10 +10,8 @@ struct Member {
     organization_id: i64,
 }
 
-async fn add(pool: &sqlx::SqlitePool, member: &Member) -> Result<(), outbox_core::Error> {
-    let mut tx = pool.begin().await.expect("begin");
-    outbox_sqlite::save(&mut tx, member).await?;
-    tx.commit().await.expect("commit");
+fn add(store: &outbox_core::memory::MemoryStore, member: &Member) -> Result<(), outbox_core::Error> {
+    store.save(member)?;
     Ok(())
 }
 

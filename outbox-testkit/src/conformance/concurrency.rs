@@ -13,7 +13,7 @@ use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, 
 use tokio::sync::{Barrier, Notify};
 
 use super::{config, eventually, pending, pending_ids, write};
-use crate::backend::TestBackend;
+use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
 fn claim_options(worker: &str) -> ClaimOptions {
@@ -26,7 +26,7 @@ fn claim_options(worker: &str) -> ClaimOptions {
 
 /// S15: many workers claiming one shard at the same instant, each with connections of its
 /// own: exactly one gets it, and the next claim carries a greater fencing token.
-pub async fn s15_concurrent_claims_grant_one_lease<B: TestBackend>() {
+pub async fn s15_concurrent_claims_grant_one_lease<B: StoreBackend>() {
     let backend = B::create().await;
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let shard = org_shard(1);
@@ -67,7 +67,7 @@ pub async fn s15_concurrent_claims_grant_one_lease<B: TestBackend>() {
 
 /// S15: two relays with connections of their own drain 150 shards at once: no shard is ever
 /// processed by both at the same time, both do work, and every group arrives, in order.
-pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
+pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
     let backend = B::create().await;
     let shards: i64 = 150;
     let mut messages = Vec::new();
@@ -80,10 +80,7 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
             messages.push(note::<AuditEvent>(shard, 2 + round, seq));
         }
     }
-    backend
-        .write_all_counted(&messages)
-        .await
-        .expect("bulk write");
+    backend.write(&messages).await.expect("write");
 
     let in_flight: Arc<Mutex<HashSet<ShardKey>>> = Arc::default();
     let overlaps = Arc::new(AtomicUsize::new(0));
@@ -181,7 +178,7 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: TestBackend>() {
 /// and another worker claims the shard, the stale worker's acknowledgement is refused and
 /// deletes nothing. The stale worker here is one whose heartbeat cannot run: its handler
 /// blocks its task (as a paused process would).
-pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
+pub async fn s16_stale_worker_cannot_acknowledge<B: StoreBackend>() {
     let backend = B::create().await;
     let ids = write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let shard = org_shard(1);
@@ -206,8 +203,11 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: TestBackend>() {
             async { Ok::<(), BoxError>(()) }
         }
     };
-    let mut stale_config = config("stale");
-    stale_config.lease = Duration::from_millis(400);
+    let stale_config = config("stale")
+        .to_builder()
+        .lease(Duration::from_millis(400))
+        .build()
+        .expect("a valid relay configuration");
     let stale_relay = Relay::with_config(
         backend.store(),
         stale.registry_with::<OrgUpdate>(handler),
@@ -283,8 +283,11 @@ impl<B: TestBackend> Handler<OrgUpdate> for WritesInTransaction<B> {
 /// writes commit with the acknowledgement, and a failing handler's writes roll back.
 pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: TestBackend>() {
     let backend = B::create().await;
-    let mut config = config("in-transaction");
-    config.handler_mode = HandlerMode::InTransaction;
+    let config = config("in-transaction")
+        .to_builder()
+        .handler_mode(HandlerMode::InTransaction)
+        .build()
+        .expect("a valid relay configuration");
     let registry =
         Recorder::new().registry_with::<OrgUpdate>(WritesInTransaction::<B>(PhantomData));
     let relay = Relay::with_config(backend.store(), registry, config);
@@ -337,7 +340,7 @@ impl Handler<OrgUpdate> for Stuck {
 
 /// S17: a worker that dies in the middle of a handler loses nothing: once its lease lapses,
 /// another worker resumes the shard from the same group, in order.
-pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
+pub async fn s17_crashed_worker_is_resumed_in_order<B: StoreBackend>() {
     let backend = B::create().await;
     write(
         &backend,
@@ -350,8 +353,11 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
     .await;
 
     let entered = Arc::new(Notify::new());
-    let mut crashing = config("crashing");
-    crashing.lease = Duration::from_millis(400);
+    let crashing = config("crashing")
+        .to_builder()
+        .lease(Duration::from_millis(400))
+        .build()
+        .expect("a valid relay configuration");
     let doomed = Relay::with_config(
         backend.store(),
         Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),
@@ -393,7 +399,7 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: TestBackend>() {
 
 /// S17: a crash after a handler ran but before its acknowledgement means the message is
 /// delivered again (at least once), never lost.
-pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBackend>() {
+pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: StoreBackend>() {
     let backend = B::create().await;
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
 
@@ -428,15 +434,18 @@ pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: TestBa
 /// S16/S17: a handler slower than the lease keeps its shard: the relay extends the lease while
 /// the handler runs (a heartbeat), so another worker cannot take the shard over and deliver it
 /// a second time; the slow delivery is acknowledged by its own worker.
-pub async fn s16_a_long_handler_keeps_its_lease<B: TestBackend>() {
+pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
     let backend = B::create().await;
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let recorder = Recorder::new();
     let (gate, mut inside) = super::Gate::new();
     let slow = gate.recording::<OrgUpdate>(&recorder);
     let lease = Duration::from_millis(300);
-    let mut slow_config = config("slow");
-    slow_config.lease = lease;
+    let slow_config = config("slow")
+        .to_builder()
+        .lease(lease)
+        .build()
+        .expect("a valid relay configuration");
     let slow_relay = Relay::with_config(
         backend.store(),
         recorder.registry_with::<OrgUpdate>(slow),
@@ -449,8 +458,11 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: TestBackend>() {
     inside.recv().await.expect("the slow handler runs");
 
     // Several leases pass while the handler runs; another worker finds the shard held.
-    let mut other_config = config("other");
-    other_config.lease = lease;
+    let other_config = config("other")
+        .to_builder()
+        .lease(lease)
+        .build()
+        .expect("a valid relay configuration");
     let other = Relay::with_config(
         backend.connect_store().await,
         recorder.registry(),
@@ -475,7 +487,7 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: TestBackend>() {
 /// S17: a claim that lapses without a release (its worker died, perhaps after delivering)
 /// counts as an attempt: the redelivery says `attempt = 2`, then 3, so a handler can tell a
 /// retry; the new claim names the worker it took the shard over from.
-pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: TestBackend>() {
+pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
     let backend = B::create().await;
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let shard = org_shard(1);

@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use outbox_core::{BoxError, Delivery, Destination, Message, Relay};
 
 use super::{config, pending, write};
-use crate::backend::TestBackend;
+use crate::backend::StoreBackend;
 use crate::fixtures::{
     AuditEvent, Note, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
 };
 
 /// S10: within a shard, groups are delivered one at a time in the order of their oldest row,
 /// each with its newest payload: A1, B1, A2 deliver A (A2), then B (B1).
-pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: TestBackend>() {
+pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s10"));
@@ -34,11 +34,14 @@ pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: TestBacken
 
 /// S10: a group's newest row is found even when it lies beyond the rows read at once, and the
 /// order of groups is kept across reads.
-pub async fn s10_coalescing_reaches_beyond_one_read<B: TestBackend>() {
+pub async fn s10_coalescing_reaches_beyond_one_read<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s10-batches");
-    config.batch_size = 2;
+    let config = config("s10-batches")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     // A1 B1 C1 A2 D1 A3
@@ -61,7 +64,7 @@ pub async fn s10_coalescing_reaches_beyond_one_read<B: TestBackend>() {
 
 /// S11: two writes to one group, drained, are one handler call with the newer payload, and
 /// both rows are deleted.
-pub async fn s11_two_writes_to_one_group_are_one_call<B: TestBackend>() {
+pub async fn s11_two_writes_to_one_group_are_one_call<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s11"));
@@ -79,7 +82,7 @@ pub async fn s11_two_writes_to_one_group_are_one_call<B: TestBackend>() {
 
 /// S12: the same object under two categories is two groups; the same group key in two shards
 /// is one group per shard.
-pub async fn s12_categories_and_shards_are_separate_groups<B: TestBackend>() {
+pub async fn s12_categories_and_shards_are_separate_groups<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s12"));
@@ -113,7 +116,7 @@ pub async fn s12_categories_and_shards_are_separate_groups<B: TestBackend>() {
 
 /// S13: a row written to a group while that group is being delivered is not acknowledged
 /// with it: it survives and is delivered afterwards.
-pub async fn s13_row_written_during_delivery_survives<B: TestBackend>() {
+pub async fn s13_row_written_during_delivery_survives<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();
     let wrote = Arc::new(AtomicBool::new(false));
@@ -146,11 +149,14 @@ pub async fn s13_row_written_during_delivery_survives<B: TestBackend>() {
 
 /// S14: messages of a non-coalescing category are each delivered, in write order within the
 /// shard, interleaved with other groups in the order written.
-pub async fn s14_non_coalescing_messages_in_write_order<B: TestBackend>() {
+pub async fn s14_non_coalescing_messages_in_write_order<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s14");
-    config.batch_size = 2;
+    let config = config("s14")
+        .to_builder()
+        .batch_size(2)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     write(
@@ -179,7 +185,7 @@ pub async fn s14_non_coalescing_messages_in_write_order<B: TestBackend>() {
 }
 
 /// S24: handlers that write new outboxes (into their own shard and others) are drained too.
-pub async fn s24_handlers_cascade_into_new_outboxes<B: TestBackend>() {
+pub async fn s24_handlers_cascade_into_new_outboxes<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();
     let handler = {
@@ -222,7 +228,7 @@ pub async fn s24_handlers_cascade_into_new_outboxes<B: TestBackend>() {
 
 /// Fan-out: one write becomes one row per destination, each its own shard with its own
 /// handler call; a failing destination does not hold the others back.
-pub async fn fan_out_destinations_drain_independently<B: TestBackend>() {
+pub async fn fan_out_destinations_drain_independently<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let handler = {

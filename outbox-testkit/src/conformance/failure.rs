@@ -9,12 +9,12 @@ use outbox_core::{
 };
 
 use super::{assert_in, config, pending, pending_ids, state_of, write};
-use crate::backend::TestBackend;
+use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{FutureCategory, OrgUpdate, Recorder, note, org_shard};
 
 /// S18: a failed handler stops its shard only: groups before it stay acknowledged, it and the
 /// groups after it stay pending, and other shards carry on in the same pass.
-pub async fn s18_failure_stops_only_its_shard<B: TestBackend>() {
+pub async fn s18_failure_stops_only_its_shard<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let handler = {
@@ -75,7 +75,7 @@ pub async fn s18_failure_stops_only_its_shard<B: TestBackend>() {
 /// S19: backoff is per shard, exponential and capped; attempts and the last error are stored
 /// and visible; a new message makes a shard in backoff due at once without resetting the
 /// doubling; success resets it.
-pub async fn s19_backoff_doubles_caps_and_is_visible<B: TestBackend>() {
+pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
     let recorder = Recorder::new();
@@ -93,8 +93,11 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: TestBackend>() {
             }
         }
     };
-    let mut config = config("s19");
-    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(5));
+    let config = config("s19")
+        .to_builder()
+        .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(5)))
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(
         store.clone(),
         recorder.registry_with::<OrgUpdate>(handler),
@@ -174,7 +177,7 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: TestBackend>() {
 
 /// S20: a message whose category this binary does not know is never deleted; its shard is
 /// parked with a clear error until a binary that knows the category runs.
-pub async fn s20_unknown_category_parks_and_is_never_deleted<B: TestBackend>() {
+pub async fn s20_unknown_category_parks_and_is_never_deleted<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
     let shard = org_shard(1);
@@ -235,7 +238,7 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: TestBackend>() {
 
 /// S21: a payload that no longer deserializes is a handler failure with a precise error (the
 /// message, the category, the position), not a panic; the row is kept and other shards go on.
-pub async fn s21_malformed_payload_is_a_precise_failure<B: TestBackend>() {
+pub async fn s21_malformed_payload_is_a_precise_failure<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s21"));

@@ -10,7 +10,7 @@ use outbox_core::{
 };
 
 use super::{Gate, config, pending, pending_ids, state_of, write};
-use crate::backend::{Scoped, TestBackend};
+use crate::backend::{Scoped, StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
 /// The `(shard, object, seq)` of what a recorder saw.
@@ -70,20 +70,15 @@ pub async fn s02_flush_drains_exactly_the_shards_written<B: TestBackend>() {
 
 /// S2: a flush is bounded to the rows that existed at commit: a row written to the same group
 /// after the commit stays for the relay, and the flush delivers the committed payload.
-pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: TestBackend>() {
+pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s02-bound"));
-    let written = backend
-        .write_scoped(
-            Scoped {
-                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("write and commit");
+    let written = committed(
+        &backend,
+        &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(1, 11, 2)],
+    )
+    .await;
     let later = write(
         &backend,
         &[note::<OrgUpdate>(1, 10, 3), note::<AuditEvent>(1, 12, 4)],
@@ -102,7 +97,7 @@ pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: TestBackend>() {
 /// S2: a handler failing during a flush is a typed error carrying the handler's message as
 /// its cause; the data stays committed, the rows stay for the relay, and the shard's schedule
 /// is not pushed back: the relay delivers at once.
-pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: TestBackend>() {
+pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let broken = Arc::new(AtomicBool::new(true));
@@ -127,16 +122,11 @@ pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: TestBackend>()
         recorder.registry_with::<OrgUpdate>(handler),
         config("s02-fail"),
     );
-    let written = backend
-        .write_scoped(
-            Scoped {
-                top: &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(2, 20, 2)],
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("write and commit");
+    let written = committed(
+        &backend,
+        &[note::<OrgUpdate>(1, 10, 1), note::<AuditEvent>(2, 20, 2)],
+    )
+    .await;
 
     let error = relay.flush(&written).await.expect_err("the handler fails");
     let FlushError::Delivery { shard, report, .. } = &error else {
@@ -225,7 +215,7 @@ pub async fn s03_deferred_scopes_and_rollbacks_flush_nothing<B: TestBackend>() {
 
 /// What a runner repeats: one pass over the due shards, up to the newest row when the pass
 /// begins; rows handlers write meanwhile (into the same shard too) wait for the next pass.
-pub async fn flush_due_leaves_cascades_for_the_next_pass<B: TestBackend>() {
+pub async fn flush_due_leaves_cascades_for_the_next_pass<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();
     let cascade = {
@@ -266,22 +256,13 @@ pub async fn flush_due_leaves_cascades_for_the_next_pass<B: TestBackend>() {
 }
 
 /// Writes `messages` with the flushing transaction and commits: what the commit gives to flush.
-async fn committed<B: TestBackend>(backend: &B, messages: &[Message]) -> WrittenShards {
-    backend
-        .write_scoped(
-            Scoped {
-                top: messages,
-                ..Scoped::default()
-            },
-            true,
-        )
-        .await
-        .expect("write and commit")
+async fn committed<B: StoreBackend>(backend: &B, messages: &[Message]) -> WrittenShards {
+    backend.commit(messages).await.expect("write and commit")
 }
 
 /// S2: a flush whose shard another flush holds (its handler slow) waits for it, then delivers
 /// its own rows: `Ok` means delivered, never "someone else has the shard".
-pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: TestBackend>() {
+pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let (gate, mut inside) = Gate::new();
@@ -325,11 +306,14 @@ pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: TestBackend>() {
 
 /// S2: a shard held past [`RelayConfig::flush_wait`](outbox_core::RelayConfig) is a typed
 /// error naming the shard and how many of the transaction's rows remain; they stay pending.
-pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: TestBackend>() {
+pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s02-give-up");
-    config.flush_wait = Duration::from_millis(300);
+    let config = config("s02-give-up")
+        .to_builder()
+        .flush_wait(Duration::from_millis(300))
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
     let holder = backend
         .store()
@@ -377,11 +361,14 @@ pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: TestBacken
 /// (the relay's row budget does not cut it short); the relay's own drain yields at the
 /// budget and says so in its report; and a shard emptied exactly as its budget ran out keeps
 /// no state row.
-pub async fn s02_budgets_do_not_cut_a_flush_short<B: TestBackend>() {
+pub async fn s02_budgets_do_not_cut_a_flush_short<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("s02-budget");
-    config.shard_row_budget = 10;
+    let config = config("s02-budget")
+        .to_builder()
+        .shard_row_budget(10)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
     let many: Vec<Message> = (0..25)
         .map(|seq| note::<AuditEvent>(1, seq, seq as u64))

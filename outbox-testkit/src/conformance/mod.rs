@@ -1,13 +1,18 @@
 //! The behaviour suite: the semantics of SPEC §5–§7, as one set of tests any backend runs.
 //!
-//! Each test is an `async fn` generic over a [`TestBackend`]; [`conformance_tests!`] turns the
-//! whole list into `#[test]` functions for one backend:
+//! Each test is an `async fn` generic over a [`StoreBackend`] (the store and relay behaviours)
+//! or a [`TestBackend`] (those that need a SQL database); [`conformance_tests!`] turns the whole
+//! list into `#[test]` functions for one SQL backend, [`store_conformance_tests!`] the store and
+//! relay part for any store:
 //!
 //! ```ignore
 //! outbox_testkit::conformance_tests!(outbox_testkit::sqlite::SqliteBackend);
+//! outbox_testkit::store_conformance_tests!(outbox_testkit::memory::MemoryBackend);
 //! ```
 //!
 //! [`conformance_tests!`]: crate::conformance_tests
+//! [`store_conformance_tests!`]: crate::store_conformance_tests
+//! [`TestBackend`]: crate::TestBackend
 
 mod concurrency;
 mod delivery;
@@ -19,7 +24,6 @@ mod write;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use outbox_core::store::{PendingMessage, ShardState};
@@ -35,7 +39,7 @@ pub use self::flush::*;
 pub use self::models::*;
 pub use self::relay::*;
 pub use self::write::*;
-use crate::backend::TestBackend;
+use crate::backend::StoreBackend;
 use crate::fixtures::{Note, Recorder};
 
 /// Runs one conformance test on a fresh multi-threaded runtime.
@@ -48,47 +52,23 @@ pub fn run(test: impl Future<Output = ()>) {
         .block_on(test);
 }
 
-/// Generates one `#[test]` per conformance behaviour for a [`TestBackend`].
+/// Generates one `#[test]` per conformance behaviour for a [`TestBackend`]: the
+/// [store and relay behaviours](crate::store_conformance_tests), and those that need a SQL
+/// database (the caller's transactions, bulk statements, model tables, migrations, the
+/// in-transaction handler mode).
+///
+/// [`TestBackend`]: crate::TestBackend
 #[macro_export]
 macro_rules! conformance_tests {
     ($backend:ty) => {
+        $crate::store_conformance_tests!($backend);
         $crate::conformance_tests!(@each $backend;
             s01_writes_commit_and_roll_back_with_the_transaction,
             s02_flush_drains_exactly_the_shards_written,
-            s02_flush_is_bounded_to_the_rows_at_commit,
-            s02_failed_flush_is_typed_and_leaves_the_schedule,
-            s02_flush_waits_for_a_shard_another_flush_holds,
-            s02_flush_gives_up_on_a_held_shard_with_a_typed_error,
-            s02_budgets_do_not_cut_a_flush_short,
             s03_deferred_scopes_and_rollbacks_flush_nothing,
-            flush_due_leaves_cascades_for_the_next_pass,
-            s04_scope_mismatch_is_rejected_before_the_database,
-            s04_stored_row_with_a_mismatched_scope_parks_its_shard,
             s05_bulk_write_is_one_statement,
-            s10_groups_in_order_of_oldest_row_with_newest_payload,
-            s10_coalescing_reaches_beyond_one_read,
-            s11_two_writes_to_one_group_are_one_call,
-            s12_categories_and_shards_are_separate_groups,
-            s13_row_written_during_delivery_survives,
-            s14_non_coalescing_messages_in_write_order,
-            s15_concurrent_claims_grant_one_lease,
-            s15_two_relays_share_shards_without_overlap,
-            s16_stale_worker_cannot_acknowledge,
             s16_in_transaction_handler_commits_with_the_acknowledgement,
-            s16_a_long_handler_keeps_its_lease,
-            s17_a_lapsed_claim_counts_as_an_attempt,
-            s17_crashed_worker_is_resumed_in_order,
-            s17_crash_between_delivery_and_acknowledgement_redelivers,
-            s18_failure_stops_only_its_shard,
-            s19_backoff_doubles_caps_and_is_visible,
-            s20_unknown_category_parks_and_is_never_deleted,
-            s21_malformed_payload_is_a_precise_failure,
-            s24_handlers_cascade_into_new_outboxes,
-            fan_out_destinations_drain_independently,
-            budget_lets_other_shards_through,
             missing_migration_is_a_typed_error,
-            run_delivers_new_writes_and_stops_gracefully,
-            shutdown_deadline_abandons_stuck_shards,
             models_replicate_while_present_and_delete_once_gone,
             models_are_read_in_the_claiming_transaction,
             model_writes_commit_and_roll_back_with_the_transaction,
@@ -107,29 +87,73 @@ macro_rules! conformance_tests {
     };
 }
 
-/// A relay configuration for tests: quick polling, the default 2 s backoff.
-pub(crate) fn config(worker: &str) -> RelayConfig {
-    let mut config = RelayConfig::default();
-    config.worker_id = worker.to_owned();
-    config.poll_interval = Duration::from_millis(50);
-    config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(3600));
-    config.shutdown_deadline = Duration::from_secs(5);
-    config
+/// Generates one `#[test]` per store and relay behaviour for a [`StoreBackend`]: delivery
+/// order and coalescing, flushes, leases and takeovers, failures and backoff, budgets,
+/// running and shutting down. What any [`Store`] must pass, one without SQL included
+/// (`outbox_testkit::store_conformance_tests!(outbox_testkit::memory::MemoryBackend)`).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($backend:ty) => {
+        $crate::conformance_tests!(@each $backend;
+            s02_flush_is_bounded_to_the_rows_at_commit,
+            s02_failed_flush_is_typed_and_leaves_the_schedule,
+            s02_flush_waits_for_a_shard_another_flush_holds,
+            s02_flush_gives_up_on_a_held_shard_with_a_typed_error,
+            s02_budgets_do_not_cut_a_flush_short,
+            flush_due_leaves_cascades_for_the_next_pass,
+            s04_scope_mismatch_is_rejected_before_the_database,
+            s04_stored_row_with_a_mismatched_scope_parks_its_shard,
+            s10_groups_in_order_of_oldest_row_with_newest_payload,
+            s10_coalescing_reaches_beyond_one_read,
+            s11_two_writes_to_one_group_are_one_call,
+            s12_categories_and_shards_are_separate_groups,
+            s13_row_written_during_delivery_survives,
+            s14_non_coalescing_messages_in_write_order,
+            s15_concurrent_claims_grant_one_lease,
+            s15_two_relays_share_shards_without_overlap,
+            s16_stale_worker_cannot_acknowledge,
+            s16_a_long_handler_keeps_its_lease,
+            s17_a_lapsed_claim_counts_as_an_attempt,
+            s17_crashed_worker_is_resumed_in_order,
+            s17_crash_between_delivery_and_acknowledgement_redelivers,
+            s18_failure_stops_only_its_shard,
+            s19_backoff_doubles_caps_and_is_visible,
+            s20_unknown_category_parks_and_is_never_deleted,
+            s21_malformed_payload_is_a_precise_failure,
+            s24_handlers_cascade_into_new_outboxes,
+            fan_out_destinations_drain_independently,
+            budget_lets_other_shards_through,
+            run_delivers_new_writes_and_stops_gracefully,
+            shutdown_deadline_abandons_stuck_shards,
+        );
+    };
 }
 
-static BUSINESS_IDS: AtomicI64 = AtomicI64::new(1);
+/// A relay configuration for tests: quick polling, the default 2 s backoff.
+pub(crate) fn config(worker: &str) -> RelayConfig {
+    RelayConfig::builder()
+        .worker_id(worker.to_owned())
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_secs(2),
+            Duration::from_secs(3600),
+        ))
+        .shutdown_deadline(Duration::from_secs(5))
+        .build()
+        .expect("a valid relay configuration")
+}
 
-/// Writes `messages` in one committed transaction, with a business row.
-pub(crate) async fn write<B: TestBackend>(backend: &B, messages: &[Message]) -> Vec<MessageId> {
-    let business_id = BUSINESS_IDS.fetch_add(1, Ordering::Relaxed);
+/// Writes `messages` and commits them together (on a SQL backend, in one transaction with a
+/// business row).
+pub(crate) async fn write<B: StoreBackend>(backend: &B, messages: &[Message]) -> Vec<MessageId> {
     backend
-        .write_in_transaction(business_id, messages, true)
+        .write(messages)
         .await
         .expect("write outbox messages")
 }
 
 /// Every pending message.
-pub(crate) async fn pending<B: TestBackend>(backend: &B) -> Vec<PendingMessage> {
+pub(crate) async fn pending<B: StoreBackend>(backend: &B) -> Vec<PendingMessage> {
     backend
         .store()
         .pending_messages(100_000)
@@ -138,7 +162,7 @@ pub(crate) async fn pending<B: TestBackend>(backend: &B) -> Vec<PendingMessage> 
 }
 
 /// The ids of every pending message, in order.
-pub(crate) async fn pending_ids<B: TestBackend>(backend: &B) -> Vec<MessageId> {
+pub(crate) async fn pending_ids<B: StoreBackend>(backend: &B) -> Vec<MessageId> {
     pending(backend)
         .await
         .into_iter()

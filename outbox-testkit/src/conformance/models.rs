@@ -125,8 +125,11 @@ pub async fn models_replicate_while_present_and_delete_once_gone<B: TestBackend>
 pub async fn models_are_read_in_the_claiming_transaction<B: TestBackend>() {
     let backend = with_tables::<B>().await;
     let recorder = ModelRecorder::default();
-    let mut config = config("models-in-tx");
-    config.handler_mode = HandlerMode::InTransaction;
+    let config = config("models-in-tx")
+        .to_builder()
+        .handler_mode(HandlerMode::InTransaction)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), registry(&recorder), config);
     let api = Project::new(1, 7, "api");
     write(&backend, ModelWrite::Save, ModelBatch::local(&api)).await;

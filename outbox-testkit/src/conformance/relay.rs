@@ -8,25 +8,25 @@ use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;
 use super::{config, eventually, pending, write};
-use crate::backend::TestBackend;
+use crate::backend::StoreBackend;
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
 /// A shard drain yields after its row budget, so one hot shard cannot starve the others.
-pub async fn budget_lets_other_shards_through<B: TestBackend>() {
+pub async fn budget_lets_other_shards_through<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let mut config = config("budget");
-    config.max_concurrent_shards = 1;
-    config.shard_row_budget = 10;
-    config.batch_size = 5;
+    let config = config("budget")
+        .to_builder()
+        .max_concurrent_shards(1)
+        .shard_row_budget(10)
+        .batch_size(5)
+        .build()
+        .expect("a valid relay configuration");
     let relay = Relay::with_config(backend.store(), recorder.registry(), config);
 
     let mut messages: Vec<_> = (0..40).map(|seq| note::<AuditEvent>(1, 1, seq)).collect();
     messages.extend((2..=6).map(|shard| note::<OrgUpdate>(shard, 1, 100)));
-    backend
-        .write_all_counted(&messages)
-        .await
-        .expect("bulk write");
+    backend.write(&messages).await.expect("write");
 
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.deliveries, 45);
@@ -56,7 +56,7 @@ pub async fn budget_lets_other_shards_through<B: TestBackend>() {
 
 /// A running relay delivers what is written after it started (woken by commits where the
 /// backend notifies, by polling otherwise) and stops when asked, reporting what it did.
-pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
+pub async fn run_delivers_new_writes_and_stops_gracefully<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("runner"));
@@ -102,12 +102,15 @@ pub async fn run_delivers_new_writes_and_stops_gracefully<B: TestBackend>() {
 
 /// Shutdown gives in-flight shards a deadline; a shard stuck past it is abandoned to its
 /// lease, and after the lease lapses another relay delivers it: nothing is lost.
-pub async fn shutdown_deadline_abandons_stuck_shards<B: TestBackend>() {
+pub async fn shutdown_deadline_abandons_stuck_shards<B: StoreBackend>() {
     let backend = B::create().await;
     let entered = Arc::new(Notify::new());
-    let mut stuck_config = config("stuck");
-    stuck_config.lease = Duration::from_millis(500);
-    stuck_config.shutdown_deadline = Duration::from_millis(300);
+    let stuck_config = config("stuck")
+        .to_builder()
+        .lease(Duration::from_millis(500))
+        .shutdown_deadline(Duration::from_millis(300))
+        .build()
+        .expect("a valid relay configuration");
     let stuck_relay = Relay::with_config(
         backend.store(),
         Recorder::new().registry_with::<OrgUpdate>(Stuck::new(Arc::clone(&entered))),

@@ -6,7 +6,7 @@ use outbox_core::{
 use serde_json::json;
 
 use super::{config, pending, pending_ids, state_of, write};
-use crate::backend::TestBackend;
+use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgScope, OrgUpdate, Recorder, UserScope, UserUpdate, note};
 
 /// S1: an outbox written in the caller's transaction commits or rolls back with the business
@@ -56,7 +56,7 @@ pub async fn s01_writes_commit_and_roll_back_with_the_transaction<B: TestBackend
 
 /// S4: the typed API takes the scope from the category; an untyped message whose scope is not
 /// its category's, or whose category is unknown, is refused before reaching the database.
-pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: TestBackend>() {
+pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: StoreBackend>() {
     let backend = B::create().await;
     let registry = Recorder::new().registry();
 
@@ -116,7 +116,7 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: TestBackend>(
 
 /// S4: a row whose scope is not its category's (written behind the API's back) is never
 /// delivered or deleted: its shard is parked with an error naming both scopes.
-pub async fn s04_stored_row_with_a_mismatched_scope_parks_its_shard<B: TestBackend>() {
+pub async fn s04_stored_row_with_a_mismatched_scope_parks_its_shard<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s04"));

@@ -223,7 +223,7 @@ async fn sleep_times_outlasts_the_handler_timeout_then_delegates_at_once() {
             .handle::<OrgUpdate>(faulty.clone())
             .build()
             .unwrap(),
-        |config| config.handler_timeout = Some(Duration::from_millis(100)),
+        |config| config.handler_timeout(Some(Duration::from_millis(100))),
     );
     db.write(&[note::<OrgUpdate>(1, 1, 1)]).await;
 
@@ -317,7 +317,7 @@ async fn counters_are_shared_and_exact_across_concurrent_shards() {
             .handle::<OrgUpdate>(registered)
             .build()
             .unwrap(),
-        |config| config.max_concurrent_shards = 8,
+        |config| config.max_concurrent_shards(8),
     );
     let messages: Vec<_> = (1..=50)
         .map(|shard| note::<OrgUpdate>(shard, shard, 1))

@@ -12,7 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use outbox_core::{Backoff, DrainReport, Message, Registry, Relay, RelayConfig, ShardKey, Store};
+use outbox_core::{
+    Backoff, DrainReport, Message, Registry, Relay, RelayConfig, RelayConfigBuilder, ShardKey,
+    Store,
+};
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::MODEL_TABLES;
 use outbox_testkit::sqlite::SqliteTestDatabase;
@@ -51,20 +54,25 @@ impl Db {
     /// A relay on this database: quick polling, a 2 s backoff (failed shards are retried by
     /// [`Db::retry`], never by waiting).
     fn relay(&self, registry: Registry) -> Relay<SqliteStore> {
-        self.relay_with(registry, |_| {})
+        self.relay_with(registry, |config| config)
     }
 
     fn relay_with(
         &self,
         registry: Registry,
-        configure: impl FnOnce(&mut RelayConfig),
+        configure: impl FnOnce(RelayConfigBuilder) -> RelayConfigBuilder,
     ) -> Relay<SqliteStore> {
-        let mut config = RelayConfig::default();
-        config.worker_id = "testkit".to_owned();
-        config.poll_interval = Duration::from_millis(20);
-        config.backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
-        config.shutdown_deadline = Duration::from_secs(5);
-        configure(&mut config);
+        let builder = RelayConfig::builder()
+            .worker_id("testkit")
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Backoff::new(
+                Duration::from_secs(2),
+                Duration::from_secs(60),
+            ))
+            .shutdown_deadline(Duration::from_secs(5));
+        let config = configure(builder)
+            .build()
+            .expect("a valid relay configuration");
         Relay::with_config(self.store.clone(), registry, config)
     }
 

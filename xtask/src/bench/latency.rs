@@ -90,8 +90,10 @@ async fn measure(
         })
         .build()
         .map_err(failed("the registry"))?;
-    let mut config = RelayConfig::default();
-    config.wake_on_commit = wake_on_commit;
+    let config = RelayConfig::builder()
+        .wake_on_commit(wake_on_commit)
+        .build()
+        .map_err(failed("the relay configuration"))?;
     let relay = Relay::with_config(PgStore::new(database.pool.clone()), registry, config);
     let (stop, stopped) = watch::channel(false);
     let running = tokio::spawn({

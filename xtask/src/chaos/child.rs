@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_core::{Delivery, Registry, Relay, RelayConfig, Store};
+use outbox_core::{Delivery, Registry, Relay, RelayConfig, RelayConfigBuilder, Store};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -85,12 +85,21 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
         .build()
         .map_err(|error| format!("the registry: {error}"))?;
 
-    let mut config = RelayConfig::default();
-    config.worker_id = format!("chaos-relay-{}-{}", args.worker, std::process::id());
-    config.lease = Duration::from_millis(args.lease_ms);
-    config.poll_interval = Duration::from_millis(200);
-    config.shutdown_deadline = Duration::from_secs(10);
-    config.max_reconnect_delay = Duration::from_secs(1);
+    let config = RelayConfig::builder()
+        .worker_id(format!(
+            "chaos-relay-{}-{}",
+            args.worker,
+            std::process::id()
+        ))
+        .lease(Duration::from_millis(args.lease_ms))
+        .poll_interval(Duration::from_millis(200))
+        .shutdown_deadline(Duration::from_secs(10))
+        .max_reconnect_delay(Duration::from_secs(1));
+    let built = |config: RelayConfigBuilder| {
+        config
+            .build()
+            .map_err(|error| format!("the relay configuration: {error}"))
+    };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|error| format!("cannot listen for SIGTERM: {error}"))?;
     let shutdown = async move {
@@ -113,7 +122,7 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
             run(
                 outbox_postgres::PgStore::new(pool),
                 registry,
-                config,
+                built(config)?,
                 shutdown,
             )
             .await
@@ -123,11 +132,10 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
                 .await
                 .map_err(|error| format!("opening the database: {error}"))?;
             // The pool has 8 connections: fewer shards at once than that.
-            config.max_concurrent_shards = 4;
             run(
                 outbox_sqlite::SqliteStore::new(pool),
                 registry,
-                config,
+                built(config.max_concurrent_shards(4))?,
                 shutdown,
             )
             .await

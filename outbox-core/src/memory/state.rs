@@ -1,0 +1,379 @@
+//! The in-memory store's tables and the rules the SQL backends' statements apply to them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::SystemTime;
+
+use super::clock::later;
+use crate::error::Error;
+use crate::model::{CategoryId, MessageId, ShardKey};
+use crate::store::{
+    Acknowledgement, ClaimOptions, DiscoveryPage, GroupKey, GroupTail, Lease, Outcome,
+    PendingMessage, ShardState, StoredMessage,
+};
+
+/// One pending row of `outbox_messages`.
+#[derive(Debug, Clone)]
+pub(super) struct Row {
+    pub(super) shard: ShardKey,
+    pub(super) category: CategoryId,
+    pub(super) object_identifier: i64,
+    pub(super) payload: String,
+    pub(super) created_at: SystemTime,
+}
+
+impl Row {
+    fn stored(&self, id: MessageId) -> StoredMessage {
+        StoredMessage {
+            id,
+            category: self.category,
+            scope: self.shard.scope,
+            object_identifier: self.object_identifier,
+            payload: self.payload.clone(),
+        }
+    }
+
+    fn group(&self) -> GroupKey {
+        GroupKey {
+            category: self.category,
+            object_identifier: self.object_identifier,
+        }
+    }
+}
+
+/// One row of `outbox_shards`: a shard's lease and failures.
+#[derive(Debug, Clone)]
+struct Record {
+    attempts: u32,
+    last_error: Option<String>,
+    retry_at: Option<SystemTime>,
+    watermark: MessageId,
+    parked_category: Option<CategoryId>,
+    lease_owner: Option<String>,
+    lease_token: Option<i64>,
+    lease_expires_at: Option<SystemTime>,
+}
+
+impl Record {
+    fn lease_lapsed(&self, now: SystemTime) -> bool {
+        self.lease_expires_at.is_none_or(|at| at <= now)
+    }
+
+    fn release_lease(&mut self) {
+        self.lease_owner = None;
+        self.lease_expires_at = None;
+    }
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Self {
+            attempts: 0,
+            last_error: None,
+            retry_at: None,
+            watermark: MessageId(0),
+            parked_category: None,
+            lease_owner: None,
+            lease_token: None,
+            lease_expires_at: None,
+        }
+    }
+}
+
+/// The tables.
+#[derive(Debug, Default)]
+pub(super) struct Tables {
+    last_id: i64,
+    last_token: i64,
+    messages: BTreeMap<MessageId, Row>,
+    /// The pending ids of each shard that has any: what discovery walks, in key order.
+    shards: BTreeMap<ShardKey, BTreeSet<MessageId>>,
+    records: BTreeMap<ShardKey, Record>,
+    /// Replicated models' rows, as JSON objects keyed by column, by table and key.
+    models: HashMap<(&'static str, i64), String>,
+}
+
+impl Tables {
+    pub(super) fn insert(&mut self, row: Row) -> MessageId {
+        self.last_id += 1;
+        let id = MessageId(self.last_id);
+        self.shards.entry(row.shard.clone()).or_default().insert(id);
+        self.messages.insert(id, row);
+        id
+    }
+
+    pub(super) fn put_model(&mut self, table: &'static str, key: i64, row: String) {
+        self.models.insert((table, key), row);
+    }
+
+    pub(super) fn remove_model(&mut self, table: &'static str, key: i64) -> bool {
+        self.models.remove(&(table, key)).is_some()
+    }
+
+    pub(super) fn model(&self, table: &'static str, key: i64) -> Option<String> {
+        self.models.get(&(table, key)).cloned()
+    }
+
+    fn newest_in(&self, shard: &ShardKey) -> Option<MessageId> {
+        self.shards.get(shard).and_then(|ids| ids.last().copied())
+    }
+
+    /// Due: nobody holds a live lease on it, and it is not backing off or has a message newer
+    /// than its failure.
+    fn is_due(&self, shard: &ShardKey, now: SystemTime) -> bool {
+        self.records.get(shard).is_none_or(|record| {
+            record.lease_lapsed(now)
+                && (record.retry_at.is_none_or(|at| at <= now)
+                    || self
+                        .newest_in(shard)
+                        .is_some_and(|newest| newest > record.watermark))
+        })
+    }
+
+    pub(super) fn discover(
+        &self,
+        after: Option<&ShardKey>,
+        limit: usize,
+        now: SystemTime,
+    ) -> DiscoveryPage {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, |key| Bound::Excluded(key.clone()));
+        let limit = limit.max(1);
+        let visited: Vec<&ShardKey> = self
+            .shards
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(shard, _)| shard)
+            .collect();
+        DiscoveryPage {
+            due: visited
+                .iter()
+                .filter(|shard| self.is_due(shard, now))
+                .map(|shard| (*shard).clone())
+                .collect(),
+            next: (visited.len() == limit)
+                .then(|| visited.last().map(|shard| (*shard).clone()))
+                .flatten(),
+        }
+    }
+
+    /// Takes the lease if the shard is due, creating its record if it has none. A lease that
+    /// lapsed without a release counts as an attempt at the head, and names its holder.
+    pub(super) fn claim(
+        &mut self,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+        now: SystemTime,
+    ) -> Option<Lease> {
+        if !self.is_due(shard, now) {
+            return None;
+        }
+        self.last_token += 1;
+        let token = self.last_token;
+        let record = self.records.entry(shard.clone()).or_default();
+        let previous_owner = record.lease_owner.take();
+        record.attempts += u32::from(previous_owner.is_some());
+        record.lease_owner = Some(options.worker.clone());
+        record.lease_token = Some(token);
+        record.lease_expires_at = Some(later(now, options.lease));
+        Some(Lease {
+            shard: shard.clone(),
+            token,
+            attempts: record.attempts,
+            previous_owner,
+        })
+    }
+
+    /// The record of the shard `lease` holds, if the lease's token is still its latest.
+    fn current(&mut self, lease: &Lease) -> Option<&mut Record> {
+        self.records
+            .get_mut(&lease.shard)
+            .filter(|record| record.lease_token == Some(lease.token))
+    }
+
+    pub(super) fn extend_lease(&mut self, lease: &Lease, until: SystemTime) -> bool {
+        self.current(lease)
+            .map(|record| record.lease_expires_at = Some(until))
+            .is_some()
+    }
+
+    pub(super) fn fetch(&self, shard: &ShardKey, limit: usize) -> Vec<StoredMessage> {
+        self.shards
+            .get(shard)
+            .into_iter()
+            .flatten()
+            .take(limit)
+            .map(|id| self.messages[id].stored(*id))
+            .collect()
+    }
+
+    pub(super) fn fetch_newest(
+        &self,
+        shard: &ShardKey,
+        groups: &[GroupKey],
+        after: MessageId,
+        up_to: MessageId,
+    ) -> Vec<GroupTail> {
+        let Some(ids) = self.shards.get(shard) else {
+            return Vec::new();
+        };
+        let mut tails: Vec<GroupTail> = Vec::new();
+        let mut index: HashMap<GroupKey, usize> = HashMap::new();
+        for id in ids.range(MessageId(after.0.saturating_add(1))..=up_to) {
+            let row = &self.messages[id];
+            let group = row.group();
+            if !groups.contains(&group) {
+                continue;
+            }
+            match index.get(&group) {
+                Some(&at) => {
+                    tails[at].newest = row.stored(*id);
+                    tails[at].ids.push(*id);
+                }
+                None => {
+                    index.insert(group, tails.len());
+                    tails.push(GroupTail {
+                        newest: row.stored(*id),
+                        ids: vec![*id],
+                    });
+                }
+            }
+        }
+        tails
+    }
+
+    /// Proves and extends the lease, resets the head's attempts, deletes exactly the rows
+    /// acknowledged; deletes nothing if the lease is not current.
+    pub(super) fn ack(
+        &mut self,
+        lease: &Lease,
+        acknowledged: &[Acknowledgement],
+        until: SystemTime,
+    ) -> Result<u64, Error> {
+        let Some(record) = self.current(lease) else {
+            return Err(Error::LeaseLost {
+                shard: lease.shard.clone(),
+                token: lease.token,
+            });
+        };
+        record.lease_expires_at = Some(until);
+        record.attempts = 0;
+        let mut deleted = 0;
+        for id in acknowledged.iter().flat_map(|ack| &ack.ids) {
+            let in_shard = self
+                .messages
+                .get(id)
+                .is_some_and(|row| row.shard == lease.shard);
+            if in_shard {
+                self.messages.remove(id);
+                deleted += 1;
+            }
+        }
+        if let Some(ids) = self.shards.get_mut(&lease.shard) {
+            for id in acknowledged.iter().flat_map(|ack| &ack.ids) {
+                ids.remove(id);
+            }
+            if ids.is_empty() {
+                self.shards.remove(&lease.shard);
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Records the outcome and releases the shard; whether the lease was still current.
+    pub(super) fn finish(&mut self, lease: &Lease, outcome: &Outcome, now: SystemTime) -> bool {
+        let empty = !self.shards.contains_key(&lease.shard);
+        let Some(record) = self.current(lease) else {
+            return false;
+        };
+        match outcome {
+            // A shard left empty keeps no record, however its drain ended.
+            Outcome::Drained | Outcome::Yielded | Outcome::Released if empty => {
+                self.records.remove(&lease.shard);
+            }
+            Outcome::Released => record.release_lease(),
+            Outcome::Drained | Outcome::Yielded => {
+                record.release_lease();
+                record.attempts = 0;
+                record.last_error = None;
+                record.retry_at = None;
+                record.parked_category = None;
+            }
+            Outcome::Failed(failure) => {
+                record.release_lease();
+                record.attempts = failure.attempts;
+                record.last_error = Some(failure.error.clone());
+                record.retry_at = Some(later(now, failure.retry_in));
+                record.watermark = failure.watermark;
+                record.parked_category = failure.parked_category;
+            }
+        }
+        true
+    }
+
+    pub(super) fn unpark(&mut self, known: &[CategoryId], now: SystemTime) -> u64 {
+        let mut unparked = 0;
+        for record in self.records.values_mut() {
+            let parked = record.parked_category.is_some_and(|c| known.contains(&c));
+            if parked && record.retry_at.is_some_and(|at| at > now) {
+                record.retry_at = Some(now);
+                unparked += 1;
+            }
+        }
+        unparked
+    }
+
+    pub(super) fn reschedule(&mut self, shard: &ShardKey, now: SystemTime) -> bool {
+        match self.records.get_mut(shard) {
+            Some(record) if record.retry_at.is_some_and(|at| at > now) => {
+                record.retry_at = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn newest_message_id(&self) -> Option<MessageId> {
+        self.messages.keys().next_back().copied()
+    }
+
+    pub(super) fn pending_in_shard(&self, shard: &ShardKey, up_to: MessageId) -> u64 {
+        self.shards
+            .get(shard)
+            .map_or(0, |ids| ids.range(..=up_to).count() as u64)
+    }
+
+    pub(super) fn pending_messages(&self, limit: usize) -> Vec<PendingMessage> {
+        self.messages
+            .iter()
+            .take(limit)
+            .map(|(id, row)| {
+                PendingMessage::new(
+                    *id,
+                    row.shard.clone(),
+                    row.category,
+                    row.object_identifier,
+                    row.payload.clone(),
+                    row.created_at,
+                )
+            })
+            .collect()
+    }
+
+    pub(super) fn shard_states(&self) -> Vec<ShardState> {
+        self.records
+            .iter()
+            .map(|(shard, record)| {
+                ShardState::new(
+                    shard.clone(),
+                    record.attempts,
+                    record.last_error.clone(),
+                    record.retry_at,
+                    record.lease_owner.clone(),
+                    record.lease_expires_at,
+                    record.lease_token,
+                    record.parked_category,
+                )
+            })
+            .collect()
+    }
+}

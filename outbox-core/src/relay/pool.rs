@@ -1,0 +1,134 @@
+//! The shards being drained at once: their permits, tasks and stop signal.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+use tokio::task::{JoinError, JoinSet};
+
+use crate::model::ShardKey;
+
+/// Shards drained concurrently, at most `max_concurrent_shards` at once, each at most once at
+/// a time: one pool per pass, flush or run of the relay.
+///
+/// Starting a shard waits for a free permit; its task holds the permit until it ends. The
+/// pool's stop signal ([`ShardPool::stopping`]) tells the drains it started that the relay is
+/// stopping, so that they yield after their current delivery.
+pub(super) struct ShardPool<T> {
+    permits: Arc<Semaphore>,
+    tasks: JoinSet<(ShardKey, T)>,
+    in_flight: HashSet<ShardKey>,
+    stop: watch::Sender<bool>,
+}
+
+impl<T: Send + 'static> ShardPool<T> {
+    pub(super) fn new(max_concurrent_shards: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max_concurrent_shards)),
+            tasks: JoinSet::new(),
+            in_flight: HashSet::new(),
+            stop: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether the relay is stopping, for the drains this pool starts.
+    pub(super) fn stopping(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Whether `shard` is being drained.
+    pub(super) fn is_draining(&self, shard: &ShardKey) -> bool {
+        self.in_flight.contains(shard)
+    }
+
+    /// Starts the work `begin` makes on `shard` once a permit is free, unless the shard is
+    /// being drained already; returns whether it started. Cancel-safe: cancelled while it
+    /// waits for a permit, it starts nothing. (The work is made only once it starts, so that
+    /// this future does not carry it while it waits.)
+    pub(super) async fn start<F>(&mut self, shard: ShardKey, begin: impl FnOnce() -> F) -> bool
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        if self.in_flight.contains(&shard) {
+            return false;
+        }
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the pool never closes its semaphore");
+        self.in_flight.insert(shard.clone());
+        let work = begin();
+        self.tasks.spawn(async move {
+            let _permit = permit;
+            (shard, work.await)
+        });
+        true
+    }
+
+    /// A drain that has ended, if one has.
+    pub(super) fn finished(&mut self) -> Option<(ShardKey, T)> {
+        let done = self.tasks.try_join_next()?;
+        Some(self.joined(done))
+    }
+
+    /// Waits for the next drain to end; `None` if none is running.
+    pub(super) async fn next_finished(&mut self) -> Option<(ShardKey, T)> {
+        let done = self.tasks.join_next().await?;
+        Some(self.joined(done))
+    }
+
+    /// How many drains are running.
+    pub(super) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Tells the drains to stop, and waits up to `deadline` for them, handing each that ends
+    /// to `finished`. Drains still running then are abandoned (their leases expire; nothing is
+    /// lost); returns how many.
+    pub(super) async fn stop_within(
+        &mut self,
+        deadline: Duration,
+        mut finished: impl FnMut(ShardKey, T),
+    ) -> usize {
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::sleep(deadline);
+        tokio::pin!(deadline);
+        while !self.tasks.is_empty() {
+            tokio::select! {
+                () = &mut deadline => {
+                    let abandoned = self.tasks.len();
+                    self.tasks.abort_all();
+                    while self.tasks.join_next().await.is_some() {}
+                    return abandoned;
+                }
+                Some(done) = self.tasks.join_next() => {
+                    let (shard, output) = self.joined(done);
+                    finished(shard, output);
+                }
+            }
+        }
+        0
+    }
+
+    fn joined(&mut self, done: Result<(ShardKey, T), JoinError>) -> (ShardKey, T) {
+        let (shard, output) = joined(done);
+        self.in_flight.remove(&shard);
+        (shard, output)
+    }
+}
+
+/// Handler panics are caught where handlers run; a panicking task is a bug in the relay itself,
+/// so it is re-raised rather than hidden.
+fn joined<T>(done: Result<T, JoinError>) -> T {
+    match done {
+        Ok(task) => task,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => panic!("relay task was cancelled unexpectedly: {error}"),
+    }
+}

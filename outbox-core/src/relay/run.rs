@@ -1,0 +1,405 @@
+//! The background relay ([`Relay::run`](crate::Relay::run)) as a loop of small steps.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::pool::ShardPool;
+use super::report::RunReport;
+use super::shard::DrainMode;
+use super::{Drained, Inner};
+use crate::error::{Error, error_chain};
+use crate::model::ShardKey;
+use crate::store::{DiscoveryPage, Store, Wakeup, WakeupStream};
+
+/// The background relay: sweeps discovery for due shards and drains them in its pool, waits
+/// for commits (or polls) after a sweep that found nothing, rides out outages, and stops on
+/// shutdown. Each step is a method; each returns `Break` when shutdown came first.
+pub(super) struct RunLoop<'r, S: Store, F> {
+    inner: &'r Arc<Inner<S>>,
+    shutdown: Pin<&'r mut F>,
+    pool: ShardPool<Drained>,
+    listener: Listener<S::Wakeups>,
+    sweep: Sweep,
+    outage: Outage,
+    reconnect: Reconnect,
+    report: RunReport,
+}
+
+/// What an idle relay woke up for.
+enum Woken {
+    /// Time to look again: polled, or woken by [`Relay::wake`](crate::Relay::wake).
+    Look,
+    /// A drain ended.
+    Finished(ShardKey, Drained),
+    /// A commit notification, or its stream broke.
+    Wakeup(Result<Wakeup, Error>),
+}
+
+impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
+    pub(super) fn new(inner: &'r Arc<Inner<S>>, shutdown: Pin<&'r mut F>) -> Self {
+        let config = &inner.config;
+        Self {
+            inner,
+            shutdown,
+            pool: ShardPool::new(config.max_concurrent_shards),
+            listener: Listener::new(config.wake_on_commit),
+            sweep: Sweep::default(),
+            outage: Outage::default(),
+            reconnect: Reconnect::new(config.max_reconnect_delay),
+            report: RunReport::default(),
+        }
+    }
+
+    /// Runs until shutdown, then stops: the whole of [`Relay::run`](crate::Relay::run).
+    pub(super) async fn run(mut self) -> Result<RunReport, Error> {
+        if self.prepare().await?.is_break() {
+            return Ok(self.report);
+        }
+        info!(worker = %self.inner.config.worker_id, "relay running");
+        while self.turn().await.is_continue() {}
+        Ok(self.stop().await)
+    }
+
+    /// Checks the schema, retrying with backoff while the database is unavailable.
+    async fn prepare(&mut self) -> Result<ControlFlow<()>, Error> {
+        loop {
+            match self.inner.prepare().await {
+                Ok(()) => {
+                    self.reconnect.reset();
+                    return Ok(ControlFlow::Continue(()));
+                }
+                Err(error) if error.is_unavailable() => {
+                    self.report.database_errors += 1;
+                    let delay = self.reconnect.next_delay();
+                    warn!(error = %error_chain(&error), ?delay, "database unavailable at start; retrying");
+                    if self.pause(delay).await.is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// One turn: take in the drains that ended, listen for commits, read one page of the
+    /// sweep and start draining its due shards; after a sweep that found nothing due, wait.
+    async fn turn(&mut self) -> ControlFlow<()> {
+        self.take_finished();
+        self.listener.listen(&self.inner.store).await;
+        let Some(page) = self.discover().await? else {
+            return ControlFlow::Continue(());
+        };
+        for shard in page.due {
+            if self.pool.is_draining(&shard) {
+                continue;
+            }
+            self.sweep.found = true;
+            self.start(shard).await?;
+        }
+        if self.sweep.advance(page.next) {
+            return ControlFlow::Continue(());
+        }
+        self.idle().await
+    }
+
+    /// One page of the sweep; `None` after a failure (and the pause before retrying). Once
+    /// the database answers, an outage ends and the leases it interrupted are released.
+    async fn discover(&mut self) -> ControlFlow<(), Option<DiscoveryPage>> {
+        let config = &self.inner.config;
+        match (self.inner.store)
+            .discover(self.sweep.cursor.as_ref(), config.discovery_page)
+            .await
+        {
+            Ok(page) => {
+                self.reconnect.reset();
+                self.outage.end();
+                self.inner.release_interrupted().await;
+                ControlFlow::Continue(Some(page))
+            }
+            Err(error) => {
+                self.report.database_errors += 1;
+                let delay = self.reconnect.next_delay();
+                if error.is_unavailable() {
+                    self.outage.retry(&error);
+                } else {
+                    warn!(error = %error_chain(&error), ?delay, "discovery failed; retrying");
+                }
+                self.pause(delay).await?;
+                ControlFlow::Continue(None)
+            }
+        }
+    }
+
+    /// Starts draining `shard` once a permit is free, unless it is being drained already.
+    async fn start(&mut self, shard: ShardKey) -> ControlFlow<()> {
+        let (inner, stopping, key) = (Arc::clone(self.inner), self.pool.stopping(), shard.clone());
+        let begin = move || Inner::drain_owned(inner, key, stopping, DrainMode::Relay);
+        tokio::select! {
+            () = &mut self.shutdown => ControlFlow::Break(()),
+            _ = self.pool.start(shard, begin) => ControlFlow::Continue(()),
+        }
+    }
+
+    /// A whole sweep found nothing due: waits for a reason to look again (the poll interval,
+    /// a wake, a drain ending, a commit notification), then acts on it.
+    async fn idle(&mut self) -> ControlFlow<()> {
+        let poll = Instant::now() + self.inner.config.poll_interval;
+        let until = self.listener.idle_until(poll);
+        let draining = !self.pool.is_empty();
+        let woken = tokio::select! {
+            () = &mut self.shutdown => return ControlFlow::Break(()),
+            () = self.inner.wake.notified() => Woken::Look,
+            () = tokio::time::sleep_until(until) => Woken::Look,
+            Some((shard, drained)) = self.pool.next_finished(), if draining => {
+                Woken::Finished(shard, drained)
+            }
+            wakeup = self.listener.next() => Woken::Wakeup(wakeup),
+        };
+        match woken {
+            Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => {}
+            Woken::Finished(shard, drained) => {
+                finished(&mut self.report, &mut self.outage, &shard, drained);
+            }
+            Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
+                for shard in shards {
+                    self.start(shard).await?;
+                }
+            }
+            Woken::Wakeup(Err(error)) => self.listener.broke(&error),
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Sleeps for `delay`, unless shutdown comes first.
+    async fn pause(&mut self, delay: Duration) -> ControlFlow<()> {
+        tokio::select! {
+            () = &mut self.shutdown => ControlFlow::Break(()),
+            () = tokio::time::sleep(delay) => ControlFlow::Continue(()),
+        }
+    }
+
+    fn take_finished(&mut self) {
+        while let Some((shard, drained)) = self.pool.finished() {
+            finished(&mut self.report, &mut self.outage, &shard, drained);
+        }
+    }
+
+    /// Stops claiming, and gives the drains in flight until the shutdown deadline to finish
+    /// their current delivery and release; those still running then are abandoned.
+    async fn stop(self) -> RunReport {
+        let Self {
+            inner,
+            mut pool,
+            mut report,
+            mut outage,
+            ..
+        } = self;
+        info!(in_flight = pool.len(), "relay stopping");
+        let abandoned = pool
+            .stop_within(inner.config.shutdown_deadline, |shard, drained| {
+                finished(&mut report, &mut outage, &shard, drained);
+            })
+            .await;
+        if abandoned > 0 {
+            report.abandoned = abandoned;
+            warn!(
+                abandoned,
+                "shutdown deadline passed; abandoning in-flight shards to their leases"
+            );
+        }
+        report
+    }
+}
+
+/// Takes in a drain that ended: its counts, or the error that interrupted it.
+fn finished(report: &mut RunReport, outage: &mut Outage, shard: &ShardKey, drained: Drained) {
+    match drained {
+        Ok(run) => report.absorb(run.as_ref()),
+        Err(error) => {
+            report.database_errors += 1;
+            if error.is_unavailable() {
+                outage.interrupted(shard, &error);
+            } else {
+                warn!(%shard, error = %error_chain(&error), "draining the shard failed; it is released once the database answers");
+            }
+        }
+    }
+}
+
+/// Where the sweep stands: the next page, and whether it found a due shard so far.
+#[derive(Debug, Default)]
+struct Sweep {
+    cursor: Option<ShardKey>,
+    found: bool,
+}
+
+impl Sweep {
+    /// Moves to the page after this one; whether to go on at once (to that page, or to a new
+    /// sweep after one that found due shards) rather than wait.
+    fn advance(&mut self, next: Option<ShardKey>) -> bool {
+        self.cursor = next;
+        self.cursor.is_some() || std::mem::take(&mut self.found)
+    }
+}
+
+/// The stream of commit notifications, when the store has one and it is wanted.
+struct Listener<W> {
+    stream: Option<W>,
+    /// Whether to listen: configured, and not found unsupported by the store.
+    enabled: bool,
+    /// When to try to listen again after a failure.
+    retry_at: Instant,
+}
+
+impl<W: WakeupStream> Listener<W> {
+    /// How long a broken stream waits before the relay listens again.
+    const RETRY: Duration = Duration::from_secs(1);
+
+    fn new(enabled: bool) -> Self {
+        Self {
+            stream: None,
+            enabled,
+            retry_at: Instant::now(),
+        }
+    }
+
+    /// Opens the stream if it is wanted, missing, and due for another try.
+    async fn listen<S: Store<Wakeups = W>>(&mut self, store: &S) {
+        if !self.enabled || self.stream.is_some() || Instant::now() < self.retry_at {
+            return;
+        }
+        match store.wakeups().await {
+            Ok(Some(stream)) => self.stream = Some(stream),
+            Ok(None) => self.enabled = false,
+            Err(error) => {
+                debug!(error = %error_chain(&error), "cannot listen for commits; polling");
+                self.retry_at = Instant::now() + Self::RETRY;
+            }
+        }
+    }
+
+    /// When an idle relay looks again: at `poll`, or sooner to listen again if commit
+    /// notifications that should be there are missing.
+    fn idle_until(&self, poll: Instant) -> Instant {
+        if self.enabled && self.stream.is_none() {
+            poll.min(self.retry_at)
+        } else {
+            poll
+        }
+    }
+
+    /// The next notification; never, without a stream.
+    async fn next(&mut self) -> Result<Wakeup, Error> {
+        match &mut self.stream {
+            Some(stream) => stream.next().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The stream broke: poll until it can be opened again.
+    fn broke(&mut self, error: &Error) {
+        warn!(error = %error_chain(error), "commit notifications broke; polling until they come back");
+        self.stream = None;
+        self.retry_at = Instant::now() + Self::RETRY;
+    }
+}
+
+/// The relay's view of the database's availability, so that an outage is logged once when it
+/// begins and once when it ends, however many shards and retries it touches (drains on
+/// connections that died in it may fail a moment after it ended: they are the same event).
+#[derive(Debug, Default)]
+struct Outage {
+    since: Option<Instant>,
+    ended: Option<Instant>,
+    announced: bool,
+    shards: u64,
+    retries: u64,
+}
+
+impl Outage {
+    /// Failures this soon after an outage ended belong to it.
+    const AFTERMATH: Duration = Duration::from_secs(10);
+
+    fn begin(&mut self, error: &Error, what: &str) {
+        if self.since.is_some() {
+            debug!(error = %error_chain(error), "database still unavailable ({what})");
+            return;
+        }
+        self.since = Some(Instant::now());
+        if self
+            .ended
+            .is_some_and(|ended| ended.elapsed() < Self::AFTERMATH)
+        {
+            debug!(error = %error_chain(error), "database unavailable again, just after an outage ({what})");
+        } else {
+            self.announced = true;
+            warn!(error = %error_chain(error), "database unavailable ({what}); retrying with backoff");
+        }
+    }
+
+    /// A shard's drain stopped on the outage.
+    fn interrupted(&mut self, shard: &ShardKey, error: &Error) {
+        self.shards += 1;
+        debug!(%shard, "a shard's drain was interrupted by the database");
+        self.begin(error, "a shard's drain was interrupted");
+    }
+
+    /// A discovery failed on the outage.
+    fn retry(&mut self, error: &Error) {
+        self.retries += 1;
+        self.begin(error, "looking for due shards");
+    }
+
+    /// The database answered.
+    fn end(&mut self) {
+        let Some(since) = self.since.take() else {
+            return;
+        };
+        self.ended = Some(Instant::now());
+        let (shards, retries) = (
+            std::mem::take(&mut self.shards),
+            std::mem::take(&mut self.retries),
+        );
+        if std::mem::take(&mut self.announced) {
+            info!(
+                after = ?since.elapsed(),
+                interrupted_shards = shards,
+                retries,
+                "database reachable again"
+            );
+        }
+    }
+}
+
+/// Exponential delay between reconnection attempts.
+struct Reconnect {
+    next: Duration,
+    max: Duration,
+}
+
+impl Reconnect {
+    const FIRST: Duration = Duration::from_millis(100);
+
+    fn new(max: Duration) -> Self {
+        Self {
+            next: Self::FIRST,
+            max,
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}

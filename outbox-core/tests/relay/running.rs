@@ -1,0 +1,180 @@
+//! The background relay: running, waking, outages and shutdown.
+
+use std::time::Duration;
+
+use outbox_core::memory::MemoryStore;
+use outbox_core::{BoxError, Delivery, Relay, RunReport, Store};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::{Gate, Recorder, Update, clocked, config, eventually, msg, relay, shard};
+
+/// Runs `relay` until the returned sender fires.
+fn running(relay: &Relay<MemoryStore>) -> (oneshot::Sender<()>, JoinHandle<RunReport>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let relay = relay.clone();
+    let task = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("run")
+    });
+    (stop, task)
+}
+
+async fn stop(stop: oneshot::Sender<()>, task: JoinHandle<RunReport>) -> RunReport {
+    stop.send(()).expect("the relay is running");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the relay stops promptly")
+        .expect("relay task")
+}
+
+/// A running relay delivers what is written after it starts, woken by the store's commits
+/// or by polling, and stops cleanly when asked, reporting what it did.
+#[tokio::test]
+async fn run_delivers_new_writes_and_stops_cleanly() {
+    for wake_on_commit in [true, false] {
+        let store = MemoryStore::new();
+        let recorder = Recorder::default();
+        let config = config("runner")
+            .to_builder()
+            .wake_on_commit(wake_on_commit)
+            .build()
+            .expect("a valid relay configuration");
+        let relay = relay(&store, recorder.registry(), config);
+        let (stopper, task) = running(&relay);
+
+        store.write(&msg::<Update>(1, 1, 1));
+        eventually("the first write is delivered", || {
+            recorder.seen().len() == 1
+        })
+        .await;
+        store.write_all(&[msg::<Update>(2, 2, 2), msg::<Update>(3, 3, 3)]);
+        eventually("later writes are delivered", || recorder.seen().len() == 3).await;
+
+        let report = stop(stopper, task).await;
+        assert_eq!((report.deliveries, report.abandoned), (3, 0), "{report:?}");
+        assert!(store.pending_messages(10).await.unwrap().is_empty());
+    }
+}
+
+/// Shutdown gives in-flight shards a deadline; a shard stuck past it is abandoned to its
+/// lease, and delivered once the lease lapses: nothing is lost.
+#[tokio::test]
+async fn the_shutdown_deadline_abandons_a_stuck_shard() {
+    let (store, clock) = clocked();
+    let recorder = Recorder::default();
+    let gate = Gate::new(); // never opened
+    let config = config("stuck")
+        .to_builder()
+        .shutdown_deadline(Duration::from_millis(50))
+        .build()
+        .expect("a valid relay configuration");
+    let stuck = relay(
+        &store,
+        recorder.registry_with(gate.handler(&recorder)),
+        config,
+    );
+    let (stopper, task) = running(&stuck);
+    store.write(&msg::<Update>(1, 1, 1));
+    gate.entered().await;
+
+    let report = stop(stopper, task).await;
+    assert_eq!(report.abandoned, 1);
+    assert_eq!(store.pending_messages(10).await.unwrap().len(), 1, "kept");
+
+    let after = Recorder::default();
+    let next = relay(&store, after.registry(), super::config("after"));
+    assert_eq!(next.drain().await.unwrap().shards_claimed, 0, "leased");
+    clock.advance(stuck.config().lease());
+    next.drain().await.expect("drain");
+    assert_eq!(after.seen()[0].attempt, 2, "redelivered as a retry");
+}
+
+/// A drain the database interrupts fails with the error and loses nothing; its lease is
+/// released at the next successful discovery, so the shard is redelivered at once (as a
+/// retry) rather than after the lease lapses.
+#[tokio::test]
+async fn an_interrupted_drain_is_released_when_the_database_answers() {
+    let (store, _clock) = clocked(); // leases never lapse by themselves here
+    let recorder = Recorder::default();
+    let handler = {
+        let (store, recorder) = (store.clone(), recorder.clone());
+        move |delivery: Delivery<Update>| {
+            recorder.record(&delivery);
+            if delivery.attempt == 1 {
+                store.fail_next(1); // the acknowledgement
+            }
+            async { Ok::<(), BoxError>(()) }
+        }
+    };
+    let relay = relay(
+        &store,
+        recorder.registry_with(handler),
+        config("interrupted"),
+    );
+    store.write(&msg::<Update>(1, 1, 1));
+
+    let error = relay.drain().await.expect_err("the acknowledgement failed");
+    assert!(error.is_unavailable(), "{error:?}");
+    assert_eq!(
+        store.pending_messages(10).await.unwrap().len(),
+        1,
+        "nothing lost"
+    );
+    // The next drain's discovery succeeds: the lease is given up (it lapses now)...
+    relay.drain().await.expect("drain");
+    let state = store.states().remove(0);
+    assert!(
+        state.lease_expires_at.is_some_and(|at| at <= store.now()),
+        "{state:?}"
+    );
+    // ...so the shard is due without waiting for the lease.
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.deliveries, 1);
+    let attempts: Vec<u32> = recorder.seen().iter().map(|seen| seen.attempt).collect();
+    assert_eq!(attempts, [1, 2], "released at once, redelivered as a retry");
+}
+
+/// The background relay rides out an outage: drains it interrupts are released once the
+/// database answers again, and their shards are redelivered without waiting for the lease.
+#[tokio::test]
+async fn run_rides_out_an_outage() {
+    let (store, _clock) = clocked();
+    let recorder = Recorder::default();
+    let gate = Gate::new();
+    let relay = relay(
+        &store,
+        recorder.registry_with(gate.handler(&recorder)),
+        config("outage"),
+    );
+    let (stopper, task) = running(&relay);
+    store.write(&msg::<Update>(1, 1, 1));
+    gate.entered().await;
+
+    store.set_unavailable(true);
+    gate.open();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        recorder.seen().len(),
+        1,
+        "nothing delivered during the outage"
+    );
+    store.set_unavailable(false);
+    eventually("the interrupted shard is redelivered", || {
+        recorder.seen().len() == 2
+    })
+    .await;
+    eventually("and acknowledged", || {
+        store.pending().is_empty() && store.states().is_empty()
+    })
+    .await;
+
+    let report = stop(stopper, task).await;
+    assert!(report.database_errors >= 2, "{report:?}");
+    assert_eq!(recorder.seen()[1].attempt, 2);
+    assert_eq!(recorder.seen()[1].shard, shard(1).shard_identifier);
+}
