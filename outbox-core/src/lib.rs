@@ -106,7 +106,7 @@ pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
 };
 pub use crate::replication::{Deletion, DeletionHandler, Replication, ReplicationHandler};
-pub use crate::store::{HandlerMode, Store};
+pub use crate::store::{Admin, HandlerMode, Store};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope, replicated_model};

@@ -45,7 +45,7 @@ pub enum ModelWrite {
 /// [`TestBackend`] (through a blanket implementation: its writes are transactions of its own).
 pub trait StoreBackend: Send + Sync + Sized + 'static {
     /// The backend's store.
-    type Store: Store;
+    type Store: Store + outbox_core::Admin;
 
     /// The backend's name, for messages.
     const NAME: &'static str;
@@ -142,7 +142,7 @@ impl<B: TestBackend> StoreBackend for B {
 /// run [`conformance_tests!`](crate::conformance_tests) (and is a [`StoreBackend`] with it).
 pub trait TestBackend: Send + Sync + Sized + 'static {
     /// The backend's store.
-    type Store: Store;
+    type Store: Store + outbox_core::Admin;
 
     /// The backend's name, for messages.
     const NAME: &'static str;

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Deletion, Delivery, HandlerContext, Message, Registry, Relay, Replication, Store,
+    Admin, BoxError, Deletion, Delivery, HandlerContext, Message, Registry, Relay, Replication,
     outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use outbox_sqlite::SqliteStore;
