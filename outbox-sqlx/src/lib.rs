@@ -49,6 +49,18 @@ pub mod __private {
 /// `outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);`.
 #[macro_export]
 macro_rules! backend_functions {
+    (@model $dialect:ty, $database:ty, $name:ident, $write:ident, $doc:literal) => {
+        #[doc = $doc]
+        pub fn $name<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
+        ) -> $crate::__private::outbox_core::BoxFuture<
+            't,
+            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+        > {
+            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::$write, models)
+        }
+    };
     ($dialect:ty, $database:ty) => {
         /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a
         /// connection, or a pool. It commits or rolls back with the caller's transaction (S1).
@@ -80,64 +92,29 @@ macro_rules! backend_functions {
             $crate::write_all::<$dialect, E>(executor, messages).await
         }
 
-        /// Inserts new models and writes their outboxes, in the caller's transaction: two
-        /// statements however many models there are. Returns the rows inserted. Fails,
-        /// writing nothing, if a key exists already, or appears twice in the call
-        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
-        pub fn insert<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
-            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
-            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
-        ) -> $crate::__private::outbox_core::BoxFuture<
-            't,
-            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-        > {
-            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Insert, models)
-        }
-
-        /// Updates existing models (matched by key) and writes their outboxes, in the
-        /// caller's transaction: two statements however many models there are. Returns the
-        /// rows updated; a model without a row still gets its outbox, delivered as a
-        /// deletion. A key may appear only once in one call
-        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
-        pub fn update<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
-            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
-            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
-        ) -> $crate::__private::outbox_core::BoxFuture<
-            't,
-            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-        > {
-            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Update, models)
-        }
-
-        /// Inserts or updates models (by key) and writes their outboxes, in the caller's
-        /// transaction: two statements however many models there are. Returns the rows
-        /// written. A key may appear only once in one call
-        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)): write the newer
-        /// state in a call of its own.
-        pub fn save<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
-            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
-            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
-        ) -> $crate::__private::outbox_core::BoxFuture<
-            't,
-            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-        > {
-            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Save, models)
-        }
-
-        /// Deletes the models' rows, then writes their outboxes, in the caller's
-        /// transaction: two statements however many models there are. Each outbox carries
-        /// the model's tombstone, for the deletion handler. Returns the rows deleted. A key
-        /// may appear only once in one call
-        /// ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).
-        pub fn delete<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
-            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
-            models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
-        ) -> $crate::__private::outbox_core::BoxFuture<
-            't,
-            ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-        > {
-            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::Delete, models)
-        }
+        $crate::backend_functions!(@model $dialect, $database, insert, Insert,
+            "Inserts new models and writes their outboxes, in the caller's transaction: two \
+             statements however many models there are. Returns the rows inserted. Fails, \
+             writing nothing, if a key exists already, or appears twice in the call \
+             ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
+        $crate::backend_functions!(@model $dialect, $database, update, Update,
+            "Updates existing models (matched by key) and writes their outboxes, in the \
+             caller's transaction: two statements however many models there are. Returns the \
+             rows updated; a model without a row still gets its outbox, delivered as a \
+             deletion. A key may appear only once in one call \
+             ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
+        $crate::backend_functions!(@model $dialect, $database, save, Save,
+            "Inserts or updates models (by key) and writes their outboxes, in the caller's \
+             transaction: two statements however many models there are. Returns the rows \
+             written. A key may appear only once in one call \
+             ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)): write the newer \
+             state in a call of its own.");
+        $crate::backend_functions!(@model $dialect, $database, delete, Delete,
+            "Deletes the models' rows, then writes their outboxes, in the caller's \
+             transaction: two statements however many models there are. Each outbox carries \
+             the model's tombstone, for the deletion handler. Returns the rows deleted. A key \
+             may appear only once in one call \
+             ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
 
         /// The migrator for the outbox tables, recorded in `_outbox_migrations`.
         pub fn migrator() -> $crate::__private::sqlx::migrate::Migrator {

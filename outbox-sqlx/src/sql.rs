@@ -63,30 +63,20 @@ where
     }
 }
 
-/// Everything the shared body asks of a `sqlx` database: implemented by every database that
-/// has what it takes (PostgreSQL's, SQLite's, MySQL's).
-pub trait Sql:
-    Database<Arguments: IntoArguments<Self>, Connection: sqlx::migrate::Migrate>
-    + Executes
-    + Binds<i16>
-    + Binds<i32>
-    + Binds<i64>
-    + Binds<String>
-    + for<'a> Binds<&'a str>
-    + Binds<Option<i32>>
-    + Decodes<i16>
-    + Decodes<i32>
-    + Decodes<i64>
-    + Decodes<bool>
-    + Decodes<String>
-    + Decodes<Option<i32>>
-    + Decodes<Option<i64>>
-    + Decodes<Option<String>>
-{
+/// Declares [`Sql`] as the bounds given, and implements it for every database that has them:
+/// the list is written once.
+macro_rules! all_of {
+    ($($bound:tt)+) => {
+        /// Everything the shared body asks of a `sqlx` database: implemented by every database
+        /// that has what it takes (PostgreSQL's and SQLite's among them).
+        pub trait Sql: $($bound)+ {}
+
+        impl<DB> Sql for DB where DB: $($bound)+ {}
+    };
 }
 
-impl<DB> Sql for DB where
-    DB: Database<Arguments: IntoArguments<DB>, Connection: sqlx::migrate::Migrate>
+all_of!(
+    Database<Arguments: IntoArguments<Self>, Connection: sqlx::migrate::Migrate>
         + Executes
         + Binds<i16>
         + Binds<i32>
@@ -102,8 +92,7 @@ impl<DB> Sql for DB where
         + Decodes<Option<i32>>
         + Decodes<Option<i64>>
         + Decodes<Option<String>>
-{
-}
+);
 
 /// `query.with(value)`: [`Binds::bind_value`] as a method.
 pub trait With<DB: Database>: Sized {
