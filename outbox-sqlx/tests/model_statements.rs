@@ -37,11 +37,10 @@ async fn bulk_model_writes_are_one_statement_per_table<P: Provision>() {
         );
     }
     let row = sqlx::query("SELECT count(*) FROM outbox_messages")
-        .fetch_one(<P::Dialect as outbox_sqlx::Dialect>::Database::on(&mut tx))
+        .fetch_one(<P::Dialect as Dialect>::Database::on(&mut tx))
         .await
         .expect("count");
-    let outboxes: i64 =
-        get::<<P::Dialect as outbox_sqlx::Dialect>::Database, _>(&row, 0).expect("a count");
+    let outboxes: i64 = get::<<P::Dialect as Dialect>::Database, _>(&row, 0).expect("a count");
     assert_eq!(outboxes, 400, "one outbox per model and write");
 }
 
