@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
 use crate::error::{Error, RegistryProblem, Site};
-use crate::handler::{ErasedHandler, Handler, NoOp, NoOpErased, Typed};
+use crate::handler::{
+    Delivery, ErasedHandler, FromRaw, Handler, NoOp, NoOpErased, Requirements, erase,
+};
 use crate::model::{Category, CategoryId, Scope, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
-use crate::replication::{
-    DeletionHandler, ModelDispatch, ReplicationHandler, TypedDeletion, TypedReplication,
-};
+use crate::replication::{Deletion, ModelDispatch, Replication};
 
 /// What the registry knows of one category.
 #[derive(Clone)]
@@ -50,8 +50,7 @@ impl fmt::Debug for CategoryInfo {
     }
 }
 
-/// Values handlers reach through [`HandlerContext::state`](crate::HandlerContext::state),
-/// one per type.
+/// The values handlers take as [`State<T>`](crate::State), one per type.
 #[derive(Clone, Default)]
 pub(crate) struct StateMap(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
 
@@ -175,6 +174,8 @@ struct HandlerEntry {
     category: Declared,
     role: Role,
     handler: Arc<dyn ErasedHandler>,
+    /// What the handler takes from the registry.
+    requirements: Requirements,
 }
 
 /// Builds a [`Registry`]; [`RegistryBuilder::build`] reports every conflict at once.
@@ -205,7 +206,7 @@ impl fmt::Debug for RegistryBuilder {
 impl RegistryBuilder {
     /// Registers the handler of category `C`.
     #[track_caller]
-    pub fn handle<C: Category>(self, handler: impl Handler<C>) -> Self {
+    pub fn handle<C: Category>(self, handler: impl Handler<Delivery<C>>) -> Self {
         self.handle_declared(handler, SourceLocation::caller())
     }
 
@@ -215,24 +216,20 @@ impl RegistryBuilder {
     #[track_caller]
     pub fn no_op<C: Category>(self) -> Self {
         let at = SourceLocation::caller();
-        self.push(
-            Declared::of::<C>(true, Some(at)),
-            Role::Delivery,
-            Arc::new(Typed::<C, _>::new(NoOp)),
-        )
+        self.push::<Delivery<C>, _>(Declared::of::<C>(true, Some(at)), Role::Delivery, NoOp)
     }
 
     /// Registers the replication handler of model `M`: it runs for each object whose row
     /// the relay finds at delivery.
     #[track_caller]
-    pub fn replication<M: ReplicatedModel>(self, handler: impl ReplicationHandler<M>) -> Self {
+    pub fn replication<M: ReplicatedModel>(self, handler: impl Handler<Replication<M>>) -> Self {
         self.replication_declared(handler, SourceLocation::caller())
     }
 
     /// Registers the deletion handler of model `M`: it runs for each object whose row is
     /// gone at delivery.
     #[track_caller]
-    pub fn deletion<M: ReplicatedModel>(self, handler: impl DeletionHandler<M>) -> Self {
+    pub fn deletion<M: ReplicatedModel>(self, handler: impl Handler<Deletion<M>>) -> Self {
         self.deletion_declared(handler, SourceLocation::caller())
     }
 
@@ -240,27 +237,23 @@ impl RegistryBuilder {
     #[doc(hidden)]
     pub fn handle_declared<C: Category>(
         self,
-        handler: impl Handler<C>,
+        handler: impl Handler<Delivery<C>>,
         at: SourceLocation,
     ) -> Self {
-        self.push(
-            Declared::of::<C>(false, Some(at)),
-            Role::Delivery,
-            Arc::new(Typed::<C, _>::new(handler)),
-        )
+        self.push(Declared::of::<C>(false, Some(at)), Role::Delivery, handler)
     }
 
     /// Registers a replication handler declared at `at`.
     #[doc(hidden)]
     pub fn replication_declared<M: ReplicatedModel>(
         self,
-        handler: impl ReplicationHandler<M>,
+        handler: impl Handler<Replication<M>>,
         at: SourceLocation,
     ) -> Self {
         self.push(
             Declared::of_model::<M>(Some(at)),
             Role::Replication,
-            Arc::new(TypedReplication::<M, _>::new(handler)),
+            handler,
         )
     }
 
@@ -268,21 +261,24 @@ impl RegistryBuilder {
     #[doc(hidden)]
     pub fn deletion_declared<M: ReplicatedModel>(
         self,
-        handler: impl DeletionHandler<M>,
+        handler: impl Handler<Deletion<M>>,
         at: SourceLocation,
     ) -> Self {
-        self.push(
-            Declared::of_model::<M>(Some(at)),
-            Role::Deletion,
-            Arc::new(TypedDeletion::<M, _>::new(handler)),
-        )
+        self.push(Declared::of_model::<M>(Some(at)), Role::Deletion, handler)
     }
 
-    fn push(mut self, category: Declared, role: Role, handler: Arc<dyn ErasedHandler>) -> Self {
+    fn push<D, H>(mut self, category: Declared, role: Role, handler: H) -> Self
+    where
+        D: FromRaw + 'static,
+        H: Handler<D>,
+    {
+        let mut requirements = Requirements::default();
+        handler.requires(&mut requirements);
         self.handlers.push(HandlerEntry {
             category,
             role,
-            handler,
+            handler: Arc::new(erase::<D, H>(handler)),
+            requirements,
         });
         self
     }
@@ -315,9 +311,9 @@ impl RegistryBuilder {
         self
     }
 
-    /// Makes `value` available to every handler through
-    /// [`HandlerContext::state`](crate::HandlerContext::state), by its type (a second value of
-    /// the same type replaces the first).
+    /// Gives `value` to every handler that takes [`State<T>`](crate::State) of its type (a
+    /// second value of the same type replaces the first). A handler taking a state nobody
+    /// gave is refused by [`RegistryBuilder::build`].
     pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
         self.state.0.insert(TypeId::of::<T>(), Arc::new(value));
         self
@@ -325,9 +321,20 @@ impl RegistryBuilder {
 
     /// Checks the registrations and reports every problem at once: duplicate category ids or
     /// names, scope ids used by two scopes, categories with no handler or two, handlers for
-    /// undeclared categories.
+    /// undeclared categories, handlers taking a [`State<T>`](crate::State) nobody gave.
     pub fn build(self) -> Result<Registry, Error> {
         let mut problems = Vec::new();
+        for entry in &self.handlers {
+            for (type_id, state_type) in entry.requirements.states() {
+                if !self.state.0.contains_key(&type_id) {
+                    problems.push(RegistryProblem::MissingState {
+                        category: entry.category.site(),
+                        handler: entry.category.at,
+                        state_type,
+                    });
+                }
+            }
+        }
         let declarations = if self.discovered {
             self.declarations
         } else {
@@ -607,6 +614,11 @@ mod tests {
                 RegistryProblem::DeliveryHandlerForModel { category, .. } => {
                     ("delivery for model", category.name, category.id, "", 0)
                 }
+                RegistryProblem::MissingState {
+                    category,
+                    state_type,
+                    ..
+                } => ("state", category.name, category.id, *state_type, 0),
             })
             .collect()
     }
@@ -690,16 +702,16 @@ mod tests {
     #[test]
     fn a_model_needs_one_replication_and_one_deletion_handler() {
         let registry = Registry::builder()
-            .replication::<Thing>(ok::<crate::Replication<Thing>>)
-            .deletion::<Thing>(ok::<crate::Deletion<Thing>>)
+            .replication::<Thing>(ok::<Replication<Thing>>)
+            .deletion::<Thing>(ok::<Deletion<Thing>>)
             .build()
             .unwrap();
         let info = registry.category(Thing::ID).unwrap();
         assert_eq!(info.model, Some(Thing::TABLE));
 
         let error = Registry::builder()
-            .replication::<Thing>(ok::<crate::Replication<Thing>>)
-            .replication::<Thing>(ok::<crate::Replication<Thing>>)
+            .replication::<Thing>(ok::<Replication<Thing>>)
+            .replication::<Thing>(ok::<Replication<Thing>>)
             .handle::<Thing>(NoOp)
             .build()
             .unwrap_err();
@@ -719,6 +731,50 @@ mod tests {
             ) && text.contains("is a replicated model: its handlers take `Replication<_>`"),
             "{text}"
         );
+    }
+
+    #[derive(Clone)]
+    struct Pool;
+    #[derive(Clone)]
+    struct Client;
+
+    async fn takes_states(
+        _: Delivery<First>,
+        _: crate::State<Pool>,
+        _: crate::State<Client>,
+    ) -> Result<(), BoxErrorAlias> {
+        Ok(())
+    }
+
+    #[test]
+    fn a_state_a_handler_takes_and_nobody_gave_is_refused_naming_both() {
+        let error = Registry::builder()
+            .state(Client)
+            .handle::<First>(crate::handler_fn(takes_states))
+            .build()
+            .unwrap_err();
+        let pool = std::any::type_name::<Pool>();
+        assert_eq!(summary(&error), [("state", "first", 1, pool, 0)]);
+        let Error::Registry { problems } = &error else {
+            unreachable!()
+        };
+        let RegistryProblem::MissingState { handler, .. } = &problems[0] else {
+            unreachable!()
+        };
+        assert_eq!(handler.map(|at| at.file), Some(file!()));
+        let text = error.to_string();
+        assert!(
+            text.contains("the handler of category `first` (id 1")
+                && text.contains(&format!("takes `State<{pool}>`, but no `{pool}` was given")),
+            "{text}"
+        );
+
+        let both = Registry::builder()
+            .state(Pool)
+            .state(Client)
+            .handle::<First>(crate::handler_fn(takes_states))
+            .build();
+        assert!(both.is_ok(), "{both:?}");
     }
 
     #[test]

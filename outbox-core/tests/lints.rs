@@ -19,9 +19,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, HandlerContext, LocalModel,
-    ModelTable, Registry, ReplicatedModel, Replication, Scope, ScopeId, outbox_category,
-    outbox_handler, outbox_scope, replicated_model,
+    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, LocalModel, ModelTable,
+    Registry, ReplicatedModel, Replication, Scope, ScopeId, State, outbox_category, outbox_handler,
+    outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
 
@@ -125,17 +125,16 @@ pub struct Member {
     pub r#type: String,
 }
 
-/// Handles project updates, with the handler context.
+/// Handles project updates, with a state.
 ///
 /// # Errors
 ///
-/// When the context holds no `String` state.
+/// Never, but the type says it could.
 #[outbox_handler]
 pub async fn project_updated(
     delivery: Delivery<ProjectUpdate>,
-    cx: &mut HandlerContext<'_>,
+    State(prefix): State<String>,
 ) -> Result<(), BoxError> {
-    let prefix = cx.state::<String>().ok_or("no prefix")?;
     see(format!("{prefix} {}", delivery.payload.name));
     tokio::task::yield_now().await;
     Ok(())
@@ -174,8 +173,8 @@ pub async fn replicate_project(replication: Replication<Project>) -> Result<(), 
 }
 
 #[outbox_handler]
-async fn cx(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
-    let _ = cx.state::<String>();
+async fn cx(deletion: Deletion<Project>, cx: State<String>) -> Result<(), BoxError> {
+    let _ = cx;
     see(format!("delete {}", deletion.object_identifier));
     tokio::task::yield_now().await;
     Ok(())
@@ -184,9 +183,9 @@ async fn cx(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<
 #[outbox_handler]
 async fn replicate_member(
     replication: Replication<Member>,
-    cx: &mut HandlerContext<'_>,
+    requirements: State<String>,
 ) -> Result<(), BoxError> {
-    let _ = cx.state::<String>();
+    let _ = requirements;
     see(format!("replicate {}", replication.object.email));
     tokio::task::yield_now().await;
     Ok(())
@@ -220,9 +219,18 @@ fn declarations_in_a_function_body_are_lint_clean() {
     assert_eq!(InAFunction::ID, ScopeId(9));
 }
 
+/// Everything declared here, with the `String` the handlers take.
+fn registry() -> Registry {
+    Registry::builder()
+        .discovered()
+        .state(String::from("prefix"))
+        .build()
+        .expect("the declarations are consistent")
+}
+
 #[test]
 fn the_declarations_are_discovered() {
-    let registry = Registry::discover().expect("the declarations are consistent");
+    let registry = registry();
     let categories: Vec<_> = registry
         .categories()
         .iter()

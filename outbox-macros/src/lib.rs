@@ -8,10 +8,11 @@
 //! - `#[replicated_model(scope = Organization, id = 3, table = "projects", shard =
 //!   organization_id)]` on a domain struct declares a model replicated through one category
 //!   covering its creation, updates and deletion.
-//! - `#[outbox_handler]` on `async fn f(delivery: Delivery<C>) -> Result<(), E>` (optionally
-//!   taking `cx: &mut HandlerContext<'_>` second) registers the handler of category `C`; on
-//!   `async fn f(r: Replication<M>)` or `async fn f(d: Deletion<M>)`, the replication or
-//!   deletion handler of model `M`.
+//! - `#[outbox_handler]` on `async fn f(delivery: Delivery<C>) -> Result<(), E>` registers the
+//!   handler of category `C`; on `async fn f(r: Replication<M>)` or `async fn f(d:
+//!   Deletion<M>)`, the replication or deletion handler of model `M`. Arguments after the
+//!   delivery are made from each call (`State<T>`, `Connection<'_, T>`: any `FromContext`
+//!   type), and the states they take are checked when the registry is built.
 //! - `#[outbox_test]`, re-exported by `outbox-testkit` as `#[outbox_testkit::test]`, on
 //!   `async fn t(db: PgTestDatabase)` (or `SqliteTestDatabase`) makes a `#[test]` running the
 //!   function with a fresh database, dropped afterwards.
@@ -71,7 +72,8 @@ pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
 
 /// Registers an `async fn` as a handler: of the category its `Delivery<C>` argument names, or
 /// of the replications or deletions of the model its `Replication<M>` or `Deletion<M>`
-/// argument names.
+/// argument names. Its other arguments (`State<T>`, `Connection<'_, T>`, any `FromContext`
+/// type) are made from each call's context.
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &handler::MACRO).into()

@@ -337,21 +337,41 @@ fn handler_of_a_category() {
 }
 
 #[test]
-fn handler_of_a_category_with_context() {
+fn handler_of_a_category_with_arguments() {
     check_ok(
-        "handler_of_a_category_with_context",
+        "handler_of_a_category_with_arguments",
         "outbox_handler",
         &handler::MACRO,
         "",
         &quote! {
             pub async fn replicate_project(
                 update: Delivery<crate::ProjectUpdate>,
+                State(seen): State<Seen>,
+                mut conn: Connection<'_, PgConnection>,
+            ) -> Result<(), BoxError> {
+                seen.push(update.payload.name);
+                insert(&mut conn).await
+            }
+        },
+    );
+}
+
+#[test]
+fn error_handler_taking_the_context() {
+    check_error(
+        "error_handler_taking_the_context",
+        "outbox_handler",
+        &handler::MACRO,
+        "",
+        &quote! {
+            async fn replicate_project(
+                update: Delivery<ProjectUpdate>,
                 cx: &mut HandlerContext<'_>,
             ) -> Result<(), BoxError> {
-                cx.state::<Seen>().ok_or("no Seen state")?.push(update.payload.name);
                 Ok(())
             }
         },
+        "not `&mut HandlerContext<'_>`",
     );
 }
 
@@ -380,9 +400,9 @@ fn handler_of_deletions() {
         &quote! {
             async fn delete_member(
                 deletion: Deletion<Member>,
-                cx: &mut HandlerContext<'_>,
+                State(regions): State<Regions>,
             ) -> Result<(), BoxError> {
-                remove(cx, deletion.object_identifier).await
+                regions.remove(deletion.object_identifier).await
             }
         },
     );
