@@ -79,6 +79,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+mod categories;
 mod declare;
 mod error;
 mod flush;
@@ -91,6 +92,7 @@ mod replicated;
 mod replication;
 pub mod store;
 
+pub use crate::categories::Deliverable;
 pub use crate::declare::SourceLocation;
 pub use crate::error::{
     BoxError, DeliveryError, Error, ExtractError, RegistryProblem, Site, error_chain,
@@ -115,7 +117,9 @@ pub use crate::replication::{Deletion, Replication};
 pub use crate::store::{HandlerMode, Store};
 
 #[cfg(feature = "macros")]
-pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope, replicated_model};
+pub use outbox_macros::{
+    outbox_categories, outbox_category, outbox_handler, outbox_scope, replicated_model,
+};
 
 /// What the macros' expansions use. Not public API.
 #[doc(hidden)]

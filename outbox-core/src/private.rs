@@ -1,13 +1,17 @@
 //! What the macros' expansions name, through `::outbox_core::__private`. Not public API.
 
+pub use crate::categories::{CategorySpec, not_in_enum};
 pub use crate::declare::{
     CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation,
 };
+
+/// What a category enum's payloads fail to read with.
+pub type JsonError = serde_json::Error;
 pub use inventory;
 
+use crate::categories::Deliverable;
 pub use crate::handler::HandlerOutput;
 use crate::handler::{Delivery, Handler};
-use crate::model::Category;
 use crate::registry::RegistryBuilder;
 use crate::replicated::ReplicatedModel;
 use crate::replication::{Deletion, Replication};
@@ -23,7 +27,7 @@ pub trait HandlerKind: Sized {
     ) -> RegistryBuilder;
 }
 
-impl<C: Category> HandlerKind for Delivery<C> {
+impl<C: Deliverable> HandlerKind for Delivery<C> {
     fn register<H: Handler<Self>>(
         builder: RegistryBuilder,
         handler: H,

@@ -20,8 +20,8 @@ use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
     BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, LocalModel, ModelTable,
-    Registry, ReplicatedModel, Replication, Scope, ScopeId, State, outbox_category, outbox_handler,
-    outbox_scope, replicated_model,
+    Registry, ReplicatedModel, Replication, Scope, ScopeId, State, outbox_categories,
+    outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,54 @@ pub struct AuditLog;
 pub struct ProjectUpdate {
     /// The project's new name.
     pub name: String,
+}
+
+/// A team was renamed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TeamRenamed {
+    /// The new name.
+    pub name: String,
+}
+
+/// A team was archived.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TeamArchived;
+
+/// The team categories, declared together.
+#[outbox_categories(scope = Organization)]
+#[derive(Debug)]
+pub enum TeamEvent {
+    /// A rename.
+    #[category(id = 20)]
+    Renamed(TeamRenamed),
+    /// An archival, every one delivered.
+    #[category(id = 21, name = "team.archived", coalesce = false)]
+    Archived(TeamArchived),
+}
+
+impl TeamEvent {
+    /// The ids of the enum's categories.
+    fn categories() -> [CategoryId; 2] {
+        [
+            <TeamRenamed as Category>::ID,
+            <TeamArchived as Category>::ID,
+        ]
+    }
+}
+
+/// Handles every team event.
+///
+/// # Errors
+///
+/// Never.
+#[outbox_handler]
+pub async fn team_event(event: Delivery<TeamEvent>) -> Result<(), BoxError> {
+    match event.payload {
+        TeamEvent::Renamed(renamed) => see(renamed.name),
+        TeamEvent::Archived(TeamArchived) => see("archived".to_owned()),
+    }
+    tokio::task::yield_now().await;
+    Ok(())
 }
 
 /// An event-style category with its own name: every entry is delivered, in order.
@@ -234,6 +282,8 @@ fn the_declarations_are_discovered() {
     let categories: Vec<_> = registry
         .categories()
         .iter()
+        // The category enum's, checked by `the_category_enum_is_discovered`.
+        .filter(|info| !TeamEvent::categories().contains(&info.id))
         .map(|info| {
             (
                 info.id,
@@ -326,5 +376,24 @@ fn the_declarations_are_discovered() {
         SEEN.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_empty()
+    );
+}
+
+#[test]
+fn the_category_enum_is_discovered() {
+    let registry = registry();
+    let categories: Vec<_> = TeamEvent::categories()
+        .iter()
+        .map(|id| {
+            let info = registry.category(*id).expect("declared");
+            (info.id.0, info.name, info.scope_name, info.coalesce)
+        })
+        .collect();
+    assert_eq!(
+        categories,
+        [
+            (20, "renamed", Organization::NAME, true),
+            (21, "team.archived", Organization::NAME, false)
+        ]
     );
 }

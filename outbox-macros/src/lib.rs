@@ -5,6 +5,9 @@
 //! - `#[outbox_category(scope = Organization, id = 2)]` on a payload type declares a category
 //!   carrying that payload (`coalesce = false` for event-style categories, `no_op` for one that
 //!   needs no handler, `name = "..."` to override the snake-case name).
+//! - `#[outbox_categories(scope = Organization)]` on an enum declares a scope's categories
+//!   together: each variant holds one category's payload (`#[category(id = 1)] Renamed(Renamed)`),
+//!   and one handler taking `Delivery<TheEnum>` handles them all.
 //! - `#[replicated_model(scope = Organization, id = 3, table = "projects", shard =
 //!   organization_id)]` on a domain struct declares a model replicated through one category
 //!   covering its creation, updates and deletion.
@@ -25,6 +28,7 @@
 //! Each macro parses its arguments, validates them against the item, and expands, in a module
 //! of its own; the functions work on `proc_macro2` tokens so that tests can call them.
 
+mod categories;
 mod category;
 mod common;
 mod handler;
@@ -54,6 +58,30 @@ pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &category::MACRO).into()
+}
+
+/// Declares a scope's categories together on an enum, each variant holding one category's
+/// payload:
+///
+/// ```ignore
+/// #[outbox_categories(scope = Organization)]
+/// enum OrgEvent {
+///     #[category(id = 1)]
+///     Renamed(Renamed),
+///     #[category(id = 2, name = "member_added", coalesce = false)]
+///     MemberAdded(MemberAdded),
+/// }
+/// ```
+///
+/// Each payload type becomes a category of the scope, as if declared with
+/// `#[outbox_category]` (`id` required; `name` defaults to the variant's name in snake case;
+/// `coalesce = false` for event-style categories). A handler taking `Delivery<OrgEvent>` is
+/// the handler of every one of them, and receives the variant of each message's category.
+/// Ids and names are checked unique in the enum (a compile error naming both variants) and in
+/// the crate.
+#[proc_macro_attribute]
+pub fn outbox_categories(args: TokenStream, item: TokenStream) -> TokenStream {
+    categories::expand(args.into(), &item.into()).into()
 }
 
 /// Declares a replicated model on a struct with named fields:

@@ -5,8 +5,9 @@ use std::marker::PhantomData;
 
 use super::extract::HandlerContext;
 use super::{BoxFuture, Delivery, Handler};
+use crate::categories::Deliverable;
 use crate::error::{BoxError, DeliveryError, ExtractError};
-use crate::model::{Category, MessageId, Payload, ShardKey};
+use crate::model::{MessageId, ShardKey};
 use crate::replicated::{ReplicatedModel, model_from_row};
 use crate::replication::{Deletion, Replication};
 use crate::store::StoredMessage;
@@ -30,17 +31,16 @@ pub(crate) trait FromRaw: Sized {
     fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError>;
 }
 
-impl<C: Category> FromRaw for Delivery<C> {
+impl<C: Deliverable> FromRaw for Delivery<C> {
     fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError> {
         let message_id = raw.message.id;
-        let payload =
-            <C::Payload as Payload>::from_json_str(&raw.message.payload).map_err(|source| {
-                DeliveryError::Payload {
-                    category: raw.category,
-                    message_id,
-                    source,
-                }
-            })?;
+        let payload = C::decode(raw.message.category, &raw.message.payload).map_err(|source| {
+            DeliveryError::Payload {
+                category: raw.category,
+                message_id,
+                source,
+            }
+        })?;
         Ok(Delivery {
             shard: raw.shard.clone(),
             object_identifier: raw.message.object_identifier,

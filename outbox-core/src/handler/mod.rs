@@ -15,8 +15,9 @@ mod function;
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::categories::Deliverable;
 use crate::error::BoxError;
-use crate::model::{Category, Destination, MessageId, ShardKey};
+use crate::model::{Destination, MessageId, ShardKey};
 
 pub(crate) use self::erased::{ErasedHandler, FromRaw, NoOpErased, RawDelivery, erase};
 pub use self::extract::{Connection, FromContext, HandlerContext, Requirements, State};
@@ -30,7 +31,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Delivery is at-least-once: a handler must be idempotent.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Delivery<C: Category> {
+pub struct Delivery<C: Deliverable> {
     /// The shard the message belongs to.
     pub shard: ShardKey,
     /// The object the message is about.
@@ -46,7 +47,7 @@ pub struct Delivery<C: Category> {
     pub fencing_token: i64,
 }
 
-impl<C: Category> Delivery<C> {
+impl<C: Deliverable> Delivery<C> {
     /// The shard identifier (an organization id, a user id...).
     pub fn shard_identifier(&self) -> i64 {
         self.shard.shard_identifier
@@ -74,7 +75,7 @@ pub trait DeliveryKind: Send + Sized + 'static {
     fn fencing_token(&self) -> i64;
 }
 
-impl<C: Category> DeliveryKind for Delivery<C> {
+impl<C: Deliverable> DeliveryKind for Delivery<C> {
     fn shard(&self) -> &ShardKey {
         &self.shard
     }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use super::lookup::Registry;
 use super::state::StateMap;
 use super::validate::{self, Registrations};
+use crate::categories::{CategorySpec, Deliverable};
 use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
 use crate::error::{Error, Site};
 use crate::handler::{Delivery, ErasedHandler, FromRaw, Handler, NoOp, Requirements, erase};
-use crate::model::{Category, CategoryId, Scope, ScopeId};
+use crate::model::{Category, CategoryId, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
 use crate::replication::{Deletion, Replication};
 
@@ -29,16 +30,27 @@ pub(super) struct Declared {
 
 impl Declared {
     fn of<C: Category>(no_op: bool, at: Option<SourceLocation>) -> Self {
-        let type_name = std::any::type_name::<C>();
+        Self::of_spec(CategorySpec::of::<C>(), no_op, at)
+    }
+
+    fn of_spec(spec: CategorySpec, no_op: bool, at: Option<SourceLocation>) -> Self {
+        let CategorySpec {
+            id,
+            name,
+            scope,
+            scope_name,
+            coalesce,
+            type_name,
+        } = spec;
         Self {
-            id: C::ID,
-            name: C::NAME,
-            scope: <C::Scope as Scope>::ID,
-            scope_name: <C::Scope as Scope>::NAME,
-            coalesce: C::COALESCE,
+            id,
+            name,
+            scope,
+            scope_name,
+            coalesce,
             no_op,
             model: None,
-            type_name: type_name.rsplit("::").next().unwrap_or(type_name),
+            type_name,
             at,
         }
     }
@@ -112,7 +124,10 @@ impl fmt::Debug for RegistryBuilder {
 impl RegistryBuilder {
     /// Registers the handler of category `C`.
     #[track_caller]
-    pub fn handle<C: Category>(self, handler: impl Handler<Delivery<C>>) -> Self {
+    ///
+    /// `C` is a category, or an enum of a scope's categories declared with
+    /// `#[outbox_categories]`: the handler then handles each of them.
+    pub fn handle<C: Deliverable>(self, handler: impl Handler<Delivery<C>>) -> Self {
         self.handle_declared(handler, SourceLocation::caller())
     }
 
@@ -141,12 +156,15 @@ impl RegistryBuilder {
 
     /// Registers a handler declared at `at` (what `#[outbox_handler]` generates).
     #[doc(hidden)]
-    pub fn handle_declared<C: Category>(
+    pub fn handle_declared<C: Deliverable>(
         self,
         handler: impl Handler<Delivery<C>>,
         at: SourceLocation,
     ) -> Self {
-        self.push(Declared::of::<C>(false, Some(at)), Role::Delivery, handler)
+        let categories = C::categories()
+            .into_iter()
+            .map(|spec| Declared::of_spec(spec, false, Some(at)));
+        self.push_each(categories, Role::Delivery, handler)
     }
 
     /// Registers a replication handler declared at `at`.
@@ -173,19 +191,37 @@ impl RegistryBuilder {
         self.push(Declared::of_model::<M>(Some(at)), Role::Deletion, handler)
     }
 
-    fn push<D, H>(mut self, category: Declared, role: Role, handler: H) -> Self
+    fn push<D, H>(self, category: Declared, role: Role, handler: H) -> Self
+    where
+        D: FromRaw + 'static,
+        H: Handler<D>,
+    {
+        self.push_each(std::iter::once(category), role, handler)
+    }
+
+    /// Registers `handler` as the handler of each of `categories` (those of a category enum).
+    /// What it requires is checked once, with the first.
+    fn push_each<D, H>(
+        mut self,
+        categories: impl IntoIterator<Item = Declared>,
+        role: Role,
+        handler: H,
+    ) -> Self
     where
         D: FromRaw + 'static,
         H: Handler<D>,
     {
         let mut requirements = Requirements::default();
         handler.requires(&mut requirements);
-        self.handlers.push(HandlerEntry {
-            category,
-            role,
-            handler: Arc::new(erase::<D, H>(handler)),
-            requirements,
-        });
+        let handler: Arc<dyn ErasedHandler> = Arc::new(erase::<D, H>(handler));
+        for category in categories {
+            self.handlers.push(HandlerEntry {
+                category,
+                role,
+                handler: Arc::clone(&handler),
+                requirements: std::mem::take(&mut requirements),
+            });
+        }
         self
     }
 

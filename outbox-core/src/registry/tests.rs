@@ -93,8 +93,9 @@ fn every_conflict_is_reported_at_once() {
     );
     let text = error.to_string();
     assert!(
-        text.contains("two categories use id 1: `first` (id 1, at outbox-core/src/registry/tests.rs:")
-            && text.contains("`org` (id 1) and `impostor` (id 1)"),
+        text.contains(
+            "two categories use id 1: `first` (id 1, at outbox-core/src/registry/tests.rs:"
+        ) && text.contains("`org` (id 1) and `impostor` (id 1)"),
         "{text}"
     );
 }
