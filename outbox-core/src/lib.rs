@@ -114,7 +114,7 @@ pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
 };
 pub use crate::replication::{Deletion, Replication};
-pub use crate::store::{HandlerMode, Store};
+pub use crate::store::{Admin, HandlerMode, Store};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::{

@@ -240,7 +240,8 @@ impl PendingMessage {
     }
 }
 
-/// The storage contract: discovery, claims, inspection.
+/// The storage contract of the relay: discovery, claims, leases. What operators and tests
+/// read and change besides is [`Admin`].
 pub trait Store: Clone + Send + Sync + 'static {
     /// A claimed shard.
     type Session: ShardSession;
@@ -291,9 +292,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Makes shards parked on one of `known` categories due now; returns how many.
     fn unpark(&self, known: &[CategoryId]) -> impl Future<Output = Result<u64, Error>> + Send;
 
-    /// Makes a shard in backoff due now, keeping its attempt count; returns whether it was.
-    fn reschedule(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
-
     /// The id of the newest message in the outbox, if there is any: the bound of a pass that
     /// leaves later writes for the next one.
     fn newest_message_id(&self) -> impl Future<Output = Result<Option<MessageId>, Error>> + Send;
@@ -305,6 +303,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         shard: &ShardKey,
         up_to: MessageId,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
+}
+
+/// The operator's side of a store: what is pending, each shard's state, and a shard made due
+/// now. Tools (the test kit's inspection, an operator command) need only this; the relay never
+/// calls it.
+pub trait Admin: Send + Sync {
+    /// Makes a shard in backoff due now, keeping its attempt count; returns whether it was.
+    fn reschedule(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// Pending messages in id order, at most `limit`.
     fn pending_messages(

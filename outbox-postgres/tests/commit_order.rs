@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::{
-    BoxError, Deletion, Delivery, Handler, Registry, Relay, RelayConfig, Replication, Store,
+    Admin, BoxError, Deletion, Delivery, Handler, Registry, Relay, RelayConfig, Replication,
 };
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
-    ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
+    Admin, ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
     check_migrations,
 };
 use outbox_core::{CategoryId, Error, MessageId, ShardKey, Store};
@@ -236,11 +236,6 @@ impl<D: Dialect> Store for SqlxStore<D> {
         self.execute(query, "resuming parked shards").await
     }
 
-    async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
-        let query = shard_keyed::<D::Database>(D::SQL.reschedule, shard);
-        Ok(self.execute(query, "rescheduling a shard").await? > 0)
-    }
-
     async fn newest_message_id(&self) -> Result<Option<MessageId>, Error> {
         let newest: Option<i64> = self
             .scalar(sqlx::query(NEWEST_MESSAGE), "reading the newest message id")
@@ -254,6 +249,13 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .scalar(query, "counting a shard's pending messages")
             .await?;
         Ok(u64::try_from(count).unwrap_or(0))
+    }
+}
+
+impl<D: Dialect> Admin for SqlxStore<D> {
+    async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
+        let query = shard_keyed::<D::Database>(D::SQL.reschedule, shard);
+        Ok(self.execute(query, "rescheduling a shard").await? > 0)
     }
 
     async fn pending_messages(&self, limit: usize) -> Result<Vec<PendingMessage>, Error> {

@@ -1,10 +1,9 @@
 //! What a backend provides so the conformance suite can run against it: [`StoreBackend`] for
 //! the relay and store behaviours (what any [`Store`] can pass, the in-memory one included),
 //! [`TestBackend`] for the rest, which needs a SQL database (the caller's transactions, model
-//! tables, migrations). Every `TestBackend` is a `StoreBackend`.
+//! tables, migrations), of which `StoreBackend` is the part without SQL.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
@@ -42,10 +41,10 @@ pub enum ModelWrite {
 /// [`store_conformance_tests!`](crate::store_conformance_tests).
 ///
 /// Implemented by [`MemoryBackend`](crate::memory::MemoryBackend), and by every
-/// [`TestBackend`] (through a blanket implementation: its writes are transactions of its own).
+/// [`TestBackend`], of which it is the part without SQL.
 pub trait StoreBackend: Send + Sync + Sized + 'static {
     /// The backend's store.
-    type Store: Store;
+    type Store: Store + outbox_core::Admin;
 
     /// The backend's name, for messages.
     const NAME: &'static str;
@@ -83,85 +82,19 @@ pub trait StoreBackend: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = MessageId> + Send;
 }
 
-/// The business rows that [`StoreBackend::write`] inserts beside its messages, on a
-/// [`TestBackend`]: distinct across a test binary.
-static BUSINESS_IDS: AtomicI64 = AtomicI64::new(1);
-
-impl<B: TestBackend> StoreBackend for B {
-    type Store = <B as TestBackend>::Store;
-
-    const NAME: &'static str = <B as TestBackend>::NAME;
-
-    fn create() -> impl Future<Output = Self> + Send {
-        <B as TestBackend>::create()
-    }
-
-    fn store(&self) -> Self::Store {
-        TestBackend::store(self)
-    }
-
-    fn connect_store(&self) -> impl Future<Output = Self::Store> + Send {
-        TestBackend::connect_store(self)
-    }
-
-    /// In one transaction with a business row, each message with its own write.
-    fn write(
-        &self,
-        messages: &[Message],
-    ) -> impl Future<Output = Result<Vec<MessageId>, Error>> + Send {
-        let business_id = BUSINESS_IDS.fetch_add(1, Ordering::Relaxed);
-        self.write_in_transaction(business_id, messages, true)
-    }
-
-    /// With the backend's flushing outbox transaction, at its top level.
-    fn commit(
-        &self,
-        messages: &[Message],
-    ) -> impl Future<Output = Result<WrittenShards, Error>> + Send {
-        let script = Scoped {
-            top: messages,
-            ..Scoped::default()
-        };
-        self.write_scoped(script, true)
-    }
-
-    fn insert_raw(
-        &self,
-        shard: &ShardKey,
-        category: i32,
-        object_identifier: i64,
-        payload_json: &str,
-    ) -> impl Future<Output = MessageId> + Send {
-        TestBackend::insert_raw(self, shard, category, object_identifier, payload_json)
-    }
-}
-
 /// A fresh database of one backend, with what the conformance suite needs to drive it.
 ///
 /// Implemented for PostgreSQL and SQLite in this crate; a third-party backend implements it to
 /// run [`conformance_tests!`](crate::conformance_tests) (and is a [`StoreBackend`] with it).
-pub trait TestBackend: Send + Sync + Sized + 'static {
-    /// The backend's store.
-    type Store: Store;
-
-    /// The backend's name, for messages.
-    const NAME: &'static str;
-
-    /// A fresh, empty database with the outbox migrations applied and a `business_rows`
-    /// table (`id` primary key) standing for the application's own data.
-    fn create() -> impl Future<Output = Self> + Send;
+pub trait TestBackend: StoreBackend {
+    // `StoreBackend::create` makes a fresh, empty database with the outbox migrations applied
+    // and a `business_rows` table (`id` primary key) standing for the application's own data.
 
     /// A fresh database without the outbox migrations (but with `business_rows`).
     fn create_unmigrated() -> impl Future<Output = Self> + Send;
 
     /// Applies the outbox migrations.
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// A store on this database.
-    fn store(&self) -> Self::Store;
-
-    /// A store on this database with connections of its own, as another process would have.
-    fn connect_store(&self) -> impl Future<Output = Self::Store> + Send;
 
     /// In one transaction: inserts business row `business_id`, writes `messages` one at a time,
     /// then commits, or rolls back if `commit` is false.
@@ -178,15 +111,6 @@ pub trait TestBackend: Send + Sync + Sized + 'static {
         &self,
         messages: &[Message],
     ) -> impl Future<Output = Result<(Vec<MessageId>, usize), Error>> + Send;
-
-    /// Inserts an outbox row directly, bypassing every check of the typed API.
-    fn insert_raw(
-        &self,
-        shard: &ShardKey,
-        category: i32,
-        object_identifier: i64,
-        payload_json: &str,
-    ) -> impl Future<Output = MessageId> + Send;
 
     /// With the backend's flushing outbox transaction: writes `script` (each message with its
     /// own write), then commits, or rolls back if `commit` is false. Returns what the commit

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 
 use outbox_core::store::PendingMessage;
-use outbox_core::{FlushError, Relay, Store};
+use outbox_core::{Admin, FlushError, Relay, Store};
 
 /// How many rounds of delivery [`outbox_runner`] makes before it decides that the handlers'
 /// cascade does not end.
@@ -115,7 +115,7 @@ pub async fn outbox_runner<S, T, E>(
     code: impl Future<Output = Result<T, E>>,
 ) -> Result<T, RunnerError<E>>
 where
-    S: Store,
+    S: Store + Admin,
 {
     let value = code.await.map_err(RunnerError::Code)?;
     for _ in 0..MAX_ROUNDS {

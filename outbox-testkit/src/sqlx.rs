@@ -2,6 +2,7 @@
 //! once over the test database of each ([`SqlxTestDatabase`]).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
     BoxError, Connection, Error, FromContext, HandlerContext, Message, MessageId, ModelBatch,
@@ -13,7 +14,7 @@ use outbox_sqlx::sql::{Executes, Runner, With, get};
 use outbox_sqlx::{Dialect, OutboxTransaction, SqlxStore, Write};
 use sqlx::{AssertSqlSafe, Database, Pool};
 
-use crate::backend::{ModelWrite, Scoped, TestBackend};
+use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
@@ -141,20 +142,16 @@ impl<P: Provision> SqlxBackend<P> {
     }
 }
 
-impl<P: Provision> TestBackend for SqlxBackend<P> {
+/// The business rows that [`StoreBackend::write`] inserts beside its messages: distinct
+/// across a test binary.
+static BUSINESS_IDS: AtomicI64 = AtomicI64::new(1);
+
+impl<P: Provision> StoreBackend for SqlxBackend<P> {
     type Store = SqlxStore<P::Dialect>;
     const NAME: &'static str = <P::Dialect as Dialect>::NAME;
 
     async fn create() -> Self {
         Self::new(true).await
-    }
-
-    async fn create_unmigrated() -> Self {
-        Self::new(false).await
-    }
-
-    async fn migrate(&self) -> Result<(), Error> {
-        outbox_sqlx::migrate::<P::Dialect>(self.database.pool()).await
     }
 
     fn store(&self) -> Self::Store {
@@ -163,6 +160,53 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
 
     async fn connect_store(&self) -> Self::Store {
         SqlxStore::new(self.database.connect().await)
+    }
+
+    /// In one transaction with a business row, each message with its own write.
+    async fn write(&self, messages: &[Message]) -> Result<Vec<MessageId>, Error> {
+        let business_id = BUSINESS_IDS.fetch_add(1, Ordering::Relaxed);
+        self.write_in_transaction(business_id, messages, true).await
+    }
+
+    /// With the backend's flushing outbox transaction, at its top level.
+    async fn commit(&self, messages: &[Message]) -> Result<WrittenShards, Error> {
+        let script = Scoped {
+            top: messages,
+            ..Scoped::default()
+        };
+        self.write_scoped(script, true).await
+    }
+
+    async fn insert_raw(
+        &self,
+        shard: &ShardKey,
+        category: i32,
+        object: i64,
+        payload: &str,
+    ) -> MessageId {
+        // The backend's own single-row insert, with none of the typed API's checks before it.
+        let mut conn = self.database.pool().acquire().await.expect("a connection");
+        let row = sqlx::query(<P::Dialect as Dialect>::SQL.insert_message)
+            .with(shard.scope.0)
+            .with(shard.shard_identifier)
+            .with(shard.destination_str())
+            .with(category)
+            .with(object)
+            .with(payload)
+            .fetch_one(Db::<P>::on(&mut conn))
+            .await
+            .expect("insert a raw outbox row");
+        MessageId(get::<Db<P>, i64>(&row, 0).expect("the row's id"))
+    }
+}
+
+impl<P: Provision> TestBackend for SqlxBackend<P> {
+    async fn create_unmigrated() -> Self {
+        Self::new(false).await
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        outbox_sqlx::migrate::<P::Dialect>(self.database.pool()).await
     }
 
     async fn write_in_transaction(
@@ -199,28 +243,6 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
         let statements = counting.statements();
         tx.commit().await.expect("commit");
         Ok((ids, statements))
-    }
-
-    async fn insert_raw(
-        &self,
-        shard: &ShardKey,
-        category: i32,
-        object: i64,
-        payload: &str,
-    ) -> MessageId {
-        // The backend's own single-row insert, with none of the typed API's checks before it.
-        let mut conn = self.database.pool().acquire().await.expect("a connection");
-        let row = sqlx::query(<P::Dialect as Dialect>::SQL.insert_message)
-            .with(shard.scope.0)
-            .with(shard.shard_identifier)
-            .with(shard.destination_str())
-            .with(category)
-            .with(object)
-            .with(payload)
-            .fetch_one(Db::<P>::on(&mut conn))
-            .await
-            .expect("insert a raw outbox row");
-        MessageId(get::<Db<P>, i64>(&row, 0).expect("the row's id"))
     }
 
     async fn write_scoped(&self, script: Scoped<'_>, commit: bool) -> Result<WrittenShards, Error> {

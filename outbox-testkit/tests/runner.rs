@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Delivery, FlushError, Message, Registry, Relay, RelayConfig, Store, error_chain,
+    Admin, BoxError, Delivery, FlushError, Message, Registry, Relay, RelayConfig, error_chain,
 };
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::{OrgUpdate, note, org_shard};

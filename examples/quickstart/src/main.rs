@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State, Store,
+    Admin, BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State,
     outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use outbox_sqlite::SqliteStore;

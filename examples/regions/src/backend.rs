@@ -8,8 +8,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::{
-    BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig,
-    ReplicatedModel, Store,
+    Admin, BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig,
+    ReplicatedModel,
 };
 use outbox_postgres::PgStore;
 use outbox_sqlite::SqliteStore;

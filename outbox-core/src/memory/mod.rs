@@ -77,8 +77,8 @@ use crate::error::Error;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ReplicatedModel};
 use crate::store::{
-    ClaimOptions, DiscoveryPage, HandlerMode, Lease, PendingMessage, ShardState, Store, Wakeup,
-    WakeupStream,
+    Admin, ClaimOptions, DiscoveryPage, HandlerMode, Lease, PendingMessage, ShardState, Store,
+    Wakeup, WakeupStream,
 };
 
 /// The outbox in memory: a [`Store`] without a database (see [the module](self)).
@@ -221,13 +221,13 @@ impl MemoryStore {
         Ok(ids)
     }
 
-    /// The pending messages, in id order: [`Store::pending_messages`] without a limit, at
+    /// The pending messages, in id order: [`Admin::pending_messages`] without a limit, at
     /// once and untouched by injected faults.
     pub fn pending(&self) -> Vec<PendingMessage> {
         self.tables(|tables| tables.pending_messages(usize::MAX))
     }
 
-    /// The shards' recorded states: [`Store::shard_states`], at once and untouched by
+    /// The shards' recorded states: [`Admin::shard_states`], at once and untouched by
     /// injected faults.
     pub fn states(&self) -> Vec<ShardState> {
         self.tables(|tables| tables.shard_states())
@@ -370,12 +370,6 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
-        self.operation("rescheduling a shard", |tables, now| {
-            tables.reschedule(shard, now)
-        })
-    }
-
     async fn newest_message_id(&self) -> Result<Option<MessageId>, Error> {
         self.operation("reading the newest message id", |tables, _| {
             tables.newest_message_id()
@@ -385,6 +379,14 @@ impl Store for MemoryStore {
     async fn pending_in_shard(&self, shard: &ShardKey, up_to: MessageId) -> Result<u64, Error> {
         self.operation("counting a shard's pending messages", |tables, _| {
             tables.pending_in_shard(shard, up_to)
+        })
+    }
+}
+
+impl Admin for MemoryStore {
+    async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
+        self.operation("rescheduling a shard", |tables, now| {
+            tables.reschedule(shard, now)
         })
     }
 

@@ -7,7 +7,8 @@ use super::{ManualClock, MemoryStore};
 use crate::error::Error;
 use crate::model::{CategoryId, MessageId, ScopeId, ShardKey};
 use crate::store::{
-    Acknowledgement, ClaimOptions, Failure, GroupKey, HandlerMode, Outcome, ShardSession, Store,
+    Acknowledgement, Admin, ClaimOptions, Failure, GroupKey, HandlerMode, Outcome, ShardSession,
+    Store,
 };
 
 fn shard(id: i64) -> ShardKey {

@@ -1,6 +1,6 @@
 //! Order, coalescing and budgets.
 
-use outbox_core::Store;
+use outbox_core::Admin;
 use outbox_core::memory::MemoryStore;
 
 use super::{Event, Recorder, Update, config, msg, relay, shard};

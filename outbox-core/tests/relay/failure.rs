@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use outbox_core::memory::MemoryStore;
-use outbox_core::{BoxError, Category, CategoryId, Delivery, DeliveryError, Store};
+use outbox_core::{Admin, BoxError, Category, CategoryId, Delivery, DeliveryError};
 
 use super::{Recorder, Update, clocked, config, msg, relay, shard};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::memory::MemoryStore;
 use outbox_core::store::{ClaimOptions, HandlerMode};
-use outbox_core::{BoxError, Delivery, FlushError, Message, Store, WrittenShards};
+use outbox_core::{Admin, BoxError, Delivery, FlushError, Message, Store, WrittenShards};
 
 use super::{Event, Recorder, Update, config, msg, relay, shard};
 

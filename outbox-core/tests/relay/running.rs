@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use outbox_core::memory::MemoryStore;
-use outbox_core::{BoxError, Delivery, Relay, RunReport, Store};
+use outbox_core::{Admin, BoxError, Delivery, Relay, RunReport};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

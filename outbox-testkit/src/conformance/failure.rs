@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::{
-    Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, Store, error_chain,
+    Admin, Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, Store, error_chain,
 };
 
 use super::{assert_in, config, pending, pending_ids, state_of, write};

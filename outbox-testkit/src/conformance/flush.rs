@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::store::{ClaimOptions, HandlerMode};
 use outbox_core::{
-    BoxError, Delivery, FlushError, Message, Relay, Store, WrittenShards, error_chain,
+    Admin, BoxError, Delivery, FlushError, Message, Relay, Store, WrittenShards, error_chain,
 };
 
 use super::{Gate, config, pending, pending_ids, state_of, write};

@@ -28,8 +28,8 @@ use std::time::{Duration, SystemTime};
 
 use outbox_core::store::{PendingMessage, ShardState};
 use outbox_core::{
-    Backoff, BoxError, Category, Delivery, Handler, Message, MessageId, RelayConfig, ShardKey,
-    Store,
+    Admin, Backoff, BoxError, Category, Delivery, Handler, Message, MessageId, RelayConfig,
+    ShardKey,
 };
 
 pub use self::concurrency::*;
@@ -89,7 +89,7 @@ macro_rules! conformance_tests {
 
 /// Generates one `#[test]` per store and relay behaviour for a [`StoreBackend`]: delivery
 /// order and coalescing, flushes, leases and takeovers, failures and backoff, budgets,
-/// running and shutting down. What any [`Store`] must pass, one without SQL included
+/// running and shutting down. What any [`Store`](outbox_core::Store) must pass, one without SQL included
 /// (`outbox_testkit::store_conformance_tests!(outbox_testkit::memory::MemoryBackend)`).
 #[macro_export]
 macro_rules! store_conformance_tests {
@@ -171,7 +171,7 @@ pub(crate) async fn pending_ids<B: StoreBackend>(backend: &B) -> Vec<MessageId> 
 }
 
 /// The recorded state of one shard.
-pub(crate) async fn state_of<S: Store>(store: &S, shard: &ShardKey) -> Option<ShardState> {
+pub(crate) async fn state_of<S: Admin>(store: &S, shard: &ShardKey) -> Option<ShardState> {
     store
         .shard_states()
         .await

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Relay, Store};
+use outbox_core::{Admin, Relay};
 use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use outbox_core::{
-    Backoff, DrainReport, Message, Registry, Relay, RelayConfig, RelayConfigBuilder, ShardKey,
-    Store,
+    Admin, Backoff, DrainReport, Message, Registry, Relay, RelayConfig, RelayConfigBuilder,
+    ShardKey,
 };
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::MODEL_TABLES;
