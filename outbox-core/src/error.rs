@@ -304,6 +304,21 @@ pub enum RegistryProblem {
         /// The handler's category, located at the handler.
         category: Site,
     },
+    /// A handler takes `State<T>`, and no value of type `T` was given to
+    /// [`RegistryBuilder::state`](crate::RegistryBuilder::state).
+    #[error(
+        "the handler of category {category} (at {}) takes `State<{state_type}>`, but no \
+         `{state_type}` was given: call `Registry::builder().state(value)` with one",
+        At(*handler)
+    )]
+    MissingState {
+        /// The handler's category.
+        category: Site,
+        /// Where the handler was registered.
+        handler: Option<SourceLocation>,
+        /// The state's type, as `std::any::type_name` gives it.
+        state_type: &'static str,
+    },
 }
 
 struct DisplayList<'a, T>(&'a [T]);
@@ -382,6 +397,19 @@ pub enum DeliveryError {
         source: serde_json::Error,
     },
 
+    /// The handler could not be given one of its arguments (its connection outside
+    /// [`HandlerMode::InTransaction`](crate::HandlerMode::InTransaction), for example).
+    #[error("handler for category `{category}` could not be called on message {message_id}")]
+    Extract {
+        /// The category's name.
+        category: &'static str,
+        /// The newest message of the delivered group.
+        message_id: MessageId,
+        /// Which argument, and why.
+        #[source]
+        source: ExtractError,
+    },
+
     /// The handler panicked.
     #[error("handler for category `{category}` panicked on message {message_id}: {panic}")]
     Panicked {
@@ -455,6 +483,44 @@ impl DeliveryError {
             _ => None,
         }
     }
+}
+
+/// Why a handler could not be given one of its arguments ([`FromContext`](crate::FromContext)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtractError {
+    /// No state of the type was given to the registry. [`Registry`](crate::Registry) refuses
+    /// to build in that case, so this is only seen from handlers that do not declare what they
+    /// take ([`Handler::requires`](crate::Handler::requires)).
+    #[error("no `{type_name}` was given to `Registry::builder().state(..)`")]
+    MissingState {
+        /// The state's type.
+        type_name: &'static str,
+    },
+    /// The handler takes the claiming transaction's connection, and there is none of that
+    /// type: the relay does not run handlers in [`HandlerMode::InTransaction`](crate::HandlerMode::InTransaction),
+    /// or its store's connection is of another type.
+    #[error(
+        "the handler takes `Connection<'_, {type_name}>`, but {}",
+        if *.in_transaction {
+            "the claiming transaction's connection is of another type"
+        } else {
+            "the relay does not run handlers in the claiming transaction \
+             (`RelayConfig::builder().handler_mode(HandlerMode::InTransaction)`)"
+        }
+    )]
+    NoConnection {
+        /// The connection type the handler asked for.
+        type_name: &'static str,
+        /// Whether the handler runs in the claiming transaction at all.
+        in_transaction: bool,
+    },
+    /// The connection was already taken by another of the handler's arguments.
+    #[error("the handler takes the claiming transaction's connection twice (`{type_name}`)")]
+    ConnectionTaken {
+        /// The connection type asked for the second time.
+        type_name: &'static str,
+    },
 }
 
 /// Renders an error with all of its causes: `outer: inner: innermost`.

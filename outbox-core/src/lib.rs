@@ -28,7 +28,7 @@
 //! use std::sync::{Arc, Mutex};
 //!
 //! use outbox_core::memory::MemoryStore;
-//! use outbox_core::{BoxError, Delivery, HandlerContext, Message, Registry, Relay};
+//! use outbox_core::{BoxError, Delivery, Message, Registry, Relay, State};
 //! use outbox_core::{outbox_category, outbox_handler, outbox_scope};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -45,12 +45,13 @@
 //! #[derive(Clone, Default)]
 //! struct Seen(Arc<Mutex<Vec<String>>>);
 //!
+//! // A handler takes its delivery, then what it needs: here a clone of the `Seen` given to
+//! // the registry (a registry without one refuses to build, naming the handler and `Seen`).
 //! #[outbox_handler]
 //! async fn record(
 //!     delivery: Delivery<OrganizationRenamed>,
-//!     cx: &mut HandlerContext<'_>,
+//!     State(seen): State<Seen>,
 //! ) -> Result<(), BoxError> {
-//!     let seen = cx.state::<Seen>().ok_or("no Seen state")?;
 //!     seen.0.lock().unwrap().push(delivery.payload.name);
 //!     Ok(())
 //! }
@@ -78,6 +79,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+mod categories;
 mod declare;
 mod error;
 mod flush;
@@ -90,10 +92,16 @@ mod replicated;
 mod replication;
 pub mod store;
 
+pub use crate::categories::Deliverable;
 pub use crate::declare::SourceLocation;
-pub use crate::error::{BoxError, DeliveryError, Error, RegistryProblem, Site, error_chain};
+pub use crate::error::{
+    BoxError, DeliveryError, Error, ExtractError, RegistryProblem, Site, error_chain,
+};
 pub use crate::flush::{FlushError, Undelivered, WrittenShards};
-pub use crate::handler::{BoxFuture, Delivery, Handler, HandlerContext, NoOp};
+pub use crate::handler::{
+    BoxFuture, Connection, Delivery, DeliveryKind, FnHandler, FromContext, Handler, HandlerContext,
+    HandlerFn, HandlerOutput, NoOp, Requirements, State, handler_fn,
+};
 pub use crate::model::{
     Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,
     RawMessage, Scope, ScopeId, ShardKey,
@@ -105,11 +113,13 @@ pub use crate::relay::{
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
 };
-pub use crate::replication::{Deletion, DeletionHandler, Replication, ReplicationHandler};
+pub use crate::replication::{Deletion, Replication};
 pub use crate::store::{Admin, HandlerMode, Store};
 
 #[cfg(feature = "macros")]
-pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope, replicated_model};
+pub use outbox_macros::{
+    outbox_categories, outbox_category, outbox_handler, outbox_scope, replicated_model,
+};
 
 /// What the macros' expansions use. Not public API.
 #[doc(hidden)]

@@ -1,16 +1,12 @@
 //! Delivering replicated models: the relay reads the object's row, then runs the model's
 //! replication handler if it is there, or its deletion handler if it is gone.
 
-use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::error::{BoxError, DeliveryError};
-use crate::handler::{
-    BoxFuture, Delivery, ErasedHandler, HandlerContext, RawDelivery, handler_failed,
-};
+use crate::error::DeliveryError;
+use crate::handler::{BoxFuture, DeliveryKind, ErasedHandler, HandlerContext, RawDelivery};
 use crate::model::{Category, Destination, MessageId, ShardKey};
-use crate::replicated::{ReplicatedModel, model_from_row};
+use crate::replicated::ReplicatedModel;
 
 /// A replicated model that exists at delivery: its row as it is now.
 ///
@@ -68,153 +64,39 @@ macro_rules! shard_accessors {
 
 shard_accessors!(Replication, Deletion);
 
-/// Handles the [`Replication`]s of model `M`: create or update its copy elsewhere.
-///
-/// Closures `Fn(Replication<M>) -> impl Future<Output = Result<(), E>>` are replication
-/// handlers; implement the trait to reach the [`HandlerContext`].
-pub trait ReplicationHandler<M>: Send + Sync + 'static {
-    /// Handles one replication. An error leaves the object pending and backs the shard off.
-    fn replicate(
-        &self,
-        replication: Replication<M>,
-        cx: &mut HandlerContext<'_>,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send;
-}
-
-/// Handles the [`Deletion`]s of model `M`: remove its copy elsewhere.
-///
-/// Closures `Fn(Deletion<M>) -> impl Future<Output = Result<(), E>>` are deletion handlers;
-/// implement the trait to reach the [`HandlerContext`].
-pub trait DeletionHandler<M: Category>: Send + Sync + 'static {
-    /// Handles one deletion. An error leaves the object pending and backs the shard off.
-    fn delete(
-        &self,
-        deletion: Deletion<M>,
-        cx: &mut HandlerContext<'_>,
-    ) -> impl Future<Output = Result<(), BoxError>> + Send;
-}
-
-impl<M, F, Fut, E> ReplicationHandler<M> for F
-where
-    M: Send + 'static,
-    F: Fn(Replication<M>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send,
-    E: Into<BoxError>,
-{
-    async fn replicate(
-        &self,
-        replication: Replication<M>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        self(replication).await.map_err(Into::into)
+impl<M: ReplicatedModel> DeliveryKind for Replication<M> {
+    fn shard(&self) -> &ShardKey {
+        &self.shard
+    }
+    fn object_identifier(&self) -> i64 {
+        self.object.object_identifier()
+    }
+    fn message_id(&self) -> MessageId {
+        self.message_id
+    }
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    fn fencing_token(&self) -> i64 {
+        self.fencing_token
     }
 }
 
-impl<M, F, Fut, E> DeletionHandler<M> for F
-where
-    M: Category,
-    F: Fn(Deletion<M>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send,
-    E: Into<BoxError>,
-{
-    async fn delete(
-        &self,
-        deletion: Deletion<M>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        self(deletion).await.map_err(Into::into)
+impl<M: ReplicatedModel> DeliveryKind for Deletion<M> {
+    fn shard(&self) -> &ShardKey {
+        &self.shard
     }
-}
-
-/// A replication handler with its model erased: it runs when the relay found the row.
-pub(crate) struct TypedReplication<M, H> {
-    handler: H,
-    model: PhantomData<fn() -> M>,
-}
-
-impl<M, H> TypedReplication<M, H> {
-    pub(crate) fn new(handler: H) -> Self {
-        Self {
-            handler,
-            model: PhantomData,
-        }
+    fn object_identifier(&self) -> i64 {
+        self.object_identifier
     }
-}
-
-impl<M: ReplicatedModel, H: ReplicationHandler<M>> ErasedHandler for TypedReplication<M, H> {
-    fn call<'a>(
-        &'a self,
-        delivery: RawDelivery<'a>,
-        cx: &'a mut HandlerContext<'_>,
-    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
-        Box::pin(async move {
-            let message_id = delivery.message.id;
-            let object_identifier = delivery.message.object_identifier;
-            let row = delivery.row.unwrap_or_default();
-            let object = model_from_row::<M>(row).map_err(|source| DeliveryError::Row {
-                model: M::NAME,
-                table: M::TABLE.table,
-                object_identifier,
-                source,
-            })?;
-            let replication = Replication {
-                object,
-                shard: delivery.shard.clone(),
-                message_id,
-                attempt: delivery.attempt,
-                fencing_token: delivery.fencing_token,
-            };
-            self.handler
-                .replicate(replication, cx)
-                .await
-                .map_err(handler_failed::<M>(message_id))
-        })
+    fn message_id(&self) -> MessageId {
+        self.message_id
     }
-}
-
-/// A deletion handler with its model erased: it runs when the row is gone.
-pub(crate) struct TypedDeletion<M, H> {
-    handler: H,
-    model: PhantomData<fn() -> M>,
-}
-
-impl<M, H> TypedDeletion<M, H> {
-    pub(crate) fn new(handler: H) -> Self {
-        Self {
-            handler,
-            model: PhantomData,
-        }
+    fn attempt(&self) -> u32 {
+        self.attempt
     }
-}
-
-impl<M: ReplicatedModel, H: DeletionHandler<M>> ErasedHandler for TypedDeletion<M, H> {
-    fn call<'a>(
-        &'a self,
-        delivery: RawDelivery<'a>,
-        cx: &'a mut HandlerContext<'_>,
-    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
-        Box::pin(async move {
-            let Delivery {
-                shard,
-                object_identifier,
-                payload,
-                message_id,
-                attempt,
-                fencing_token,
-            } = delivery.typed::<M>()?;
-            let deletion = Deletion {
-                object_identifier,
-                shard,
-                payload,
-                message_id,
-                attempt,
-                fencing_token,
-            };
-            self.handler
-                .delete(deletion, cx)
-                .await
-                .map_err(handler_failed::<M>(message_id))
-        })
+    fn fencing_token(&self) -> i64 {
+        self.fencing_token
     }
 }
 

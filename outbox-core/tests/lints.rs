@@ -19,9 +19,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, HandlerContext, LocalModel,
-    ModelTable, Registry, ReplicatedModel, Replication, Scope, ScopeId, outbox_category,
-    outbox_handler, outbox_scope, replicated_model,
+    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, LocalModel, ModelTable,
+    Registry, ReplicatedModel, Replication, Scope, ScopeId, State, outbox_categories,
+    outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,54 @@ pub struct AuditLog;
 pub struct ProjectUpdate {
     /// The project's new name.
     pub name: String,
+}
+
+/// A team was renamed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TeamRenamed {
+    /// The new name.
+    pub name: String,
+}
+
+/// A team was archived.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TeamArchived;
+
+/// The team categories, declared together.
+#[outbox_categories(scope = Organization)]
+#[derive(Debug)]
+pub enum TeamEvent {
+    /// A rename.
+    #[category(id = 20)]
+    Renamed(TeamRenamed),
+    /// An archival, every one delivered.
+    #[category(id = 21, name = "team.archived", coalesce = false)]
+    Archived(TeamArchived),
+}
+
+impl TeamEvent {
+    /// The ids of the enum's categories.
+    fn categories() -> [CategoryId; 2] {
+        [
+            <TeamRenamed as Category>::ID,
+            <TeamArchived as Category>::ID,
+        ]
+    }
+}
+
+/// Handles every team event.
+///
+/// # Errors
+///
+/// Never.
+#[outbox_handler]
+pub async fn team_event(event: Delivery<TeamEvent>) -> Result<(), BoxError> {
+    match event.payload {
+        TeamEvent::Renamed(renamed) => see(renamed.name),
+        TeamEvent::Archived(TeamArchived) => see("archived".to_owned()),
+    }
+    tokio::task::yield_now().await;
+    Ok(())
 }
 
 /// An event-style category with its own name: every entry is delivered, in order.
@@ -125,17 +173,16 @@ pub struct Member {
     pub r#type: String,
 }
 
-/// Handles project updates, with the handler context.
+/// Handles project updates, with a state.
 ///
 /// # Errors
 ///
-/// When the context holds no `String` state.
+/// Never, but the type says it could.
 #[outbox_handler]
 pub async fn project_updated(
     delivery: Delivery<ProjectUpdate>,
-    cx: &mut HandlerContext<'_>,
+    State(prefix): State<String>,
 ) -> Result<(), BoxError> {
-    let prefix = cx.state::<String>().ok_or("no prefix")?;
     see(format!("{prefix} {}", delivery.payload.name));
     tokio::task::yield_now().await;
     Ok(())
@@ -174,8 +221,8 @@ pub async fn replicate_project(replication: Replication<Project>) -> Result<(), 
 }
 
 #[outbox_handler]
-async fn cx(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
-    let _ = cx.state::<String>();
+async fn cx(deletion: Deletion<Project>, cx: State<String>) -> Result<(), BoxError> {
+    let _ = cx;
     see(format!("delete {}", deletion.object_identifier));
     tokio::task::yield_now().await;
     Ok(())
@@ -184,9 +231,9 @@ async fn cx(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<
 #[outbox_handler]
 async fn replicate_member(
     replication: Replication<Member>,
-    cx: &mut HandlerContext<'_>,
+    requirements: State<String>,
 ) -> Result<(), BoxError> {
-    let _ = cx.state::<String>();
+    let _ = requirements;
     see(format!("replicate {}", replication.object.email));
     tokio::task::yield_now().await;
     Ok(())
@@ -220,12 +267,23 @@ fn declarations_in_a_function_body_are_lint_clean() {
     assert_eq!(InAFunction::ID, ScopeId(9));
 }
 
+/// Everything declared here, with the `String` the handlers take.
+fn registry() -> Registry {
+    Registry::builder()
+        .discovered()
+        .state(String::from("prefix"))
+        .build()
+        .expect("the declarations are consistent")
+}
+
 #[test]
 fn the_declarations_are_discovered() {
-    let registry = Registry::discover().expect("the declarations are consistent");
+    let registry = registry();
     let categories: Vec<_> = registry
         .categories()
         .iter()
+        // The category enum's, checked by `the_category_enum_is_discovered`.
+        .filter(|info| !TeamEvent::categories().contains(&info.id))
         .map(|info| {
             (
                 info.id,
@@ -318,5 +376,24 @@ fn the_declarations_are_discovered() {
         SEEN.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_empty()
+    );
+}
+
+#[test]
+fn the_category_enum_is_discovered() {
+    let registry = registry();
+    let categories: Vec<_> = TeamEvent::categories()
+        .iter()
+        .map(|id| {
+            let info = registry.category(*id).expect("declared");
+            (info.id.0, info.name, info.scope_name, info.coalesce)
+        })
+        .collect();
+    assert_eq!(
+        categories,
+        [
+            (20, "renamed", Organization::NAME, true),
+            (21, "team.archived", Organization::NAME, false)
+        ]
     );
 }

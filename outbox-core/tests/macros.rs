@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Delivery, HandlerContext, Message, Registry, Relay, Scope,
-    ScopeId, outbox_category, outbox_handler, outbox_scope,
+    BoxError, Category, CategoryId, Delivery, Error, Message, Registry, RegistryProblem, Relay,
+    Scope, ScopeId, State, outbox_category, outbox_handler, outbox_scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,9 +55,8 @@ impl Seen {
 #[outbox_handler]
 async fn replicate_project(
     delivery: Delivery<ProjectUpdate>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
-    let seen = cx.state::<Seen>().ok_or("no Seen state")?;
     seen.push(format!(
         "project {} {}",
         delivery.object_identifier, delivery.payload.name
@@ -91,9 +90,40 @@ fn declarations_implement_the_traits() {
     assert_eq!(<AuditEntry as Category>::Scope::ID, ScopeId(2));
 }
 
+/// `replicate_project` takes `State<Seen>`: without a `Seen`, the binary does not start, and the
+/// refusal names the handler's category, its place and the state's type.
+#[test]
+fn an_attribute_handler_taking_a_state_nobody_gave_is_refused() {
+    let error = Registry::discover().expect_err("no Seen was given");
+    let Error::Registry { problems } = &error else {
+        panic!("{error:?}")
+    };
+    let [
+        RegistryProblem::MissingState {
+            category,
+            handler,
+            state_type,
+        },
+    ] = problems.as_slice()
+    else {
+        panic!("expected one MissingState problem, got {problems:?}");
+    };
+    assert_eq!(category.name, ProjectUpdate::NAME);
+    assert_eq!(*state_type, std::any::type_name::<Seen>());
+    assert_eq!(handler.map(|at| at.file), Some(file!()));
+    assert!(
+        error.to_string().contains("takes `State<macros::Seen>`"),
+        "{error}"
+    );
+}
+
 #[test]
 fn discover_finds_every_declaration_with_its_handler() {
-    let registry = Registry::discover().expect("the declarations are consistent");
+    let registry = Registry::builder()
+        .discovered()
+        .state(Seen::default())
+        .build()
+        .expect("the declarations are consistent");
     let summary: Vec<_> = registry
         .categories()
         .iter()

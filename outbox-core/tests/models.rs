@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Deletion, Destination, HandlerContext, ModelBatch, Registry,
-    Relay, ReplicatedModel, Replication, outbox_handler, outbox_scope, replicated_model,
+    BoxError, Category, CategoryId, Deletion, Destination, ModelBatch, Registry, Relay,
+    ReplicatedModel, Replication, State, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
 
@@ -73,17 +73,13 @@ impl Seen {
     }
 }
 
-fn seen<'a>(cx: &'a HandlerContext<'_>) -> Result<&'a Seen, BoxError> {
-    Ok(cx.state::<Seen>().ok_or("no Seen state")?)
-}
-
 #[outbox_handler]
 async fn replicate_project(
     replication: Replication<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let project = &replication.object;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "replicate project {} {:?} archived={} in org {}",
         project.id,
         project.name,
@@ -96,9 +92,9 @@ async fn replicate_project(
 #[outbox_handler]
 async fn delete_project(
     deletion: Deletion<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "delete project {} in org {}",
         deletion.object_identifier,
         deletion.shard_identifier()
@@ -109,10 +105,10 @@ async fn delete_project(
 #[outbox_handler]
 async fn replicate_member(
     replication: Replication<Member>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let destination = replication.destination().ok_or("no destination")?;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "replicate member {} {} to {destination}",
         replication.object.member_id, replication.object.email
     ));
@@ -122,10 +118,10 @@ async fn replicate_member(
 #[outbox_handler]
 async fn delete_member(
     deletion: Deletion<Member>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let destination = deletion.destination().ok_or("no destination")?;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "delete member {} {} from {destination}",
         deletion.object_identifier, deletion.payload.email
     ));
@@ -185,7 +181,11 @@ fn the_model_is_its_own_category() {
 
 #[test]
 fn discover_knows_the_models_and_their_tables() {
-    let registry = Registry::discover().expect("consistent declarations");
+    let registry = Registry::builder()
+        .discovered()
+        .state(Seen::default())
+        .build()
+        .expect("consistent declarations");
     let info = registry.category(CategoryId(20)).expect("project");
     assert_eq!(info.model, Some(Project::TABLE));
     assert!(

@@ -67,6 +67,11 @@ impl CategoryArgs {
         Ok(true)
     }
 
+    /// The scope, if given.
+    pub(crate) fn scope(self) -> Option<Path> {
+        self.scope
+    }
+
     /// Checks that `scope` and `id` were given; `example` shows the attribute written right.
     /// Reports every mistake at once: each missing key, and those `errors` gathered before.
     pub(crate) fn finish(
@@ -120,6 +125,9 @@ pub(crate) struct CategoryItems {
     pub(crate) model: TokenStream,
     /// More items to generate beside the `Category` impl.
     pub(crate) extra: TokenStream,
+    /// The type the `Category` is implemented for, when it is not the identity's own name
+    /// (a path, in a category enum's variant).
+    pub(crate) target: Option<TokenStream>,
 }
 
 impl CategoryIdentity {
@@ -139,14 +147,16 @@ impl CategoryIdentity {
             no_op,
             model,
             extra,
+            target,
         } = items;
+        let target = target.unwrap_or_else(|| quote!(#ident));
         let at = location(ident.span());
         let id_marker = unique_in_crate("outbox_category_id", &id.to_string(), *id_span);
         let name_marker = unique_in_crate("outbox_category_name", &name.value(), name.span());
         let scope_assoc = quote_spanned!(scope.span()=> type Scope = #scope;);
         let type_name = ident.to_string();
         let items = hidden(&quote! {
-            impl ::outbox_core::Category for #ident {
+            impl ::outbox_core::Category for #target {
                 #scope_assoc
                 #payload
                 const ID: ::outbox_core::CategoryId = ::outbox_core::CategoryId(#id);
@@ -157,8 +167,8 @@ impl CategoryIdentity {
                 ::outbox_core::__private::CategoryDeclaration {
                     id: ::outbox_core::CategoryId(#id),
                     name: #name,
-                    scope: <#ident as ::outbox_core::Category>::SCOPE_ID,
-                    scope_name: <#ident as ::outbox_core::Category>::SCOPE_NAME,
+                    scope: <#target as ::outbox_core::Category>::SCOPE_ID,
+                    scope_name: <#target as ::outbox_core::Category>::SCOPE_NAME,
                     coalesce: #coalesce,
                     no_op: #no_op,
                     model: #model,
@@ -213,6 +223,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         no_op,
         model: quote!(::core::option::Option::None),
         extra: TokenStream::new(),
+        target: None,
     }))
 }
 

@@ -1,4 +1,5 @@
-//! `#[outbox_handler]` on an `async fn`: a handler type calling the function, registered with
+//! `#[outbox_handler]` on an `async fn`: a handler type making the function's arguments from
+//! each call's context and calling it, registered with
 //! `inventory` under the category or model its first argument names.
 
 use heck::ToUpperCamelCase;
@@ -10,9 +11,15 @@ use syn::{FnArg, GenericArgument, Ident, Item, ItemFn, PathArguments, ReturnType
 
 use crate::common::{self, Macro, hidden};
 
-const USAGE: &str = "an outbox handler takes `delivery: Delivery<YourCategory>` (or \
-                     `Replication<YourModel>` or `Deletion<YourModel>` for a replicated model), \
-                     optionally followed by `cx: &mut HandlerContext<'_>`";
+const USAGE: &str = "an outbox handler takes its delivery first, `delivery: \
+                     Delivery<YourCategory>` (or `Replication<YourModel>` or \
+                     `Deletion<YourModel>` for a replicated model), then any of `State<T>` and \
+                     `Connection<'_, T>`";
+
+const CONTEXT_MOVED: &str = "an outbox handler takes what it needs as arguments, not \
+                             `&mut HandlerContext<'_>`: `State(value): State<T>` for a value \
+                             given to `Registry::builder().state(..)`, `Connection<'_, T>` for \
+                             the claiming transaction's connection";
 
 /// Whether `ty` is `Delivery<C>`, `Replication<M>` or `Deletion<M>`.
 fn is_delivery(ty: &Type) -> bool {
@@ -90,51 +97,76 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }
         None => return Err(syn::Error::new(sig.paren_token.span.join(), USAGE)),
     };
-    let takes_context = match inputs.next() {
-        None => false,
-        Some(FnArg::Typed(second)) if is_handler_context(&second.ty) => true,
-        Some(other) => return Err(syn::Error::new(other.span(), USAGE)),
-    };
-    if let Some(extra) = inputs.next() {
-        return Err(syn::Error::new(extra.span(), USAGE));
+    // Every later argument is made from the call's context: its type implements
+    // `FromContext` (checked by the compiler, at the argument's type).
+    let mut arguments = Vec::new();
+    for input in inputs {
+        match input {
+            FnArg::Typed(argument) if is_handler_context(&argument.ty) => {
+                return Err(syn::Error::new_spanned(&argument.ty, CONTEXT_MOVED));
+            }
+            FnArg::Typed(argument) => arguments.push(&*argument.ty),
+            FnArg::Receiver(receiver) => return Err(syn::Error::new(receiver.span(), USAGE)),
+        }
     }
 
     // The expansion's own names, out of reach of the user's (a handler may be named `cx`).
     let delivery = Ident::new("delivery", Span::mixed_site());
     let cx = Ident::new("cx", Span::mixed_site());
+    let requirements = Ident::new("requirements", Span::mixed_site());
+    let names: Vec<Ident> = (0..arguments.len())
+        .map(|index| Ident::new(&format!("argument{index}"), Span::mixed_site()))
+        .collect();
+    let requires = arguments.iter().map(|ty| {
+        quote_spanned! {ty.span()=>
+            <#ty as ::outbox_core::FromContext<'_>>::requires(#requirements);
+        }
+    });
+    let extract = arguments.iter().zip(&names).map(|(ty, name)| {
+        quote_spanned! {ty.span()=>
+            let #name = match <#ty as ::outbox_core::FromContext<'_>>::from_context(#cx) {
+                ::core::result::Result::Ok(argument) => argument,
+                ::core::result::Result::Err(error) => {
+                    return ::core::result::Result::Err(::core::convert::Into::into(error));
+                }
+            };
+        }
+    });
     let function = &sig.ident;
     // The function is taken as a value, as a handler is: lints that judge an `async fn` by
     // its body alone (`clippy::unused_async`) leave it alone.
     let handler = Ident::new("handler", Span::mixed_site());
-    let call = if takes_context {
-        quote!({
-            let #handler = #function;
-            #handler(#delivery, #cx)
-        })
-    } else {
-        quote!({
-            let #handler = #function;
-            #handler(#delivery)
-        })
-    };
+    let call = quote!({
+        let #handler = #function;
+        #handler(#delivery #(, #names)*)
+    });
     let output_span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => sig.paren_token.span.join(),
     };
     let into_result = quote_spanned! {output_span=>
-        ::outbox_core::__private::HandlerOutput::into_result(#call.await)
+        ::outbox_core::HandlerOutput::into_result(#call.await)
     };
     let handler_type = format_ident!(
         "OutboxHandler{}",
         function.unraw().to_string().to_upper_camel_case()
     );
     let at = common::location(function.span());
-    let unused_cx = (!takes_context).then(|| quote!(let _ = #cx;));
+    let (unused_requirements, unused_cx) = if arguments.is_empty() {
+        (quote!(let _ = #requirements;), quote!(let _ = #cx;))
+    } else {
+        (TokenStream::new(), TokenStream::new())
+    };
     Ok(hidden(&quote! {
         struct #handler_type;
 
-        impl ::outbox_core::__private::DeclaredHandler<#delivery_type> for #handler_type {
-            fn handle(
+        impl ::outbox_core::Handler<#delivery_type> for #handler_type {
+            fn requires(&self, #requirements: &mut ::outbox_core::Requirements) {
+                #unused_requirements
+                #(#requires)*
+            }
+
+            fn call(
                 &self,
                 #delivery: #delivery_type,
                 #cx: &mut ::outbox_core::HandlerContext<'_>,
@@ -142,7 +174,10 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
                 Output = ::core::result::Result<(), ::outbox_core::BoxError>,
             > + ::core::marker::Send {
                 #unused_cx
-                async move { #into_result }
+                async move {
+                    #(#extract)*
+                    #into_result
+                }
             }
         }
 

@@ -5,13 +5,17 @@
 //! - `#[outbox_category(scope = Organization, id = 2)]` on a payload type declares a category
 //!   carrying that payload (`coalesce = false` for event-style categories, `no_op` for one that
 //!   needs no handler, `name = "..."` to override the snake-case name).
+//! - `#[outbox_categories(scope = Organization)]` on an enum declares a scope's categories
+//!   together: each variant holds one category's payload (`#[category(id = 1)] Renamed(Renamed)`),
+//!   and one handler taking `Delivery<TheEnum>` handles them all.
 //! - `#[replicated_model(scope = Organization, id = 3, table = "projects", shard =
 //!   organization_id)]` on a domain struct declares a model replicated through one category
 //!   covering its creation, updates and deletion.
-//! - `#[outbox_handler]` on `async fn f(delivery: Delivery<C>) -> Result<(), E>` (optionally
-//!   taking `cx: &mut HandlerContext<'_>` second) registers the handler of category `C`; on
-//!   `async fn f(r: Replication<M>)` or `async fn f(d: Deletion<M>)`, the replication or
-//!   deletion handler of model `M`.
+//! - `#[outbox_handler]` on `async fn f(delivery: Delivery<C>) -> Result<(), E>` registers the
+//!   handler of category `C`; on `async fn f(r: Replication<M>)` or `async fn f(d:
+//!   Deletion<M>)`, the replication or deletion handler of model `M`. Arguments after the
+//!   delivery are made from each call (`State<T>`, `Connection<'_, T>`: any `FromContext`
+//!   type), and the states they take are checked when the registry is built.
 //! - `#[outbox_test]`, re-exported by `outbox-testkit` as `#[outbox_testkit::test]`, on
 //!   `async fn t(db: PgTestDatabase)` (or `SqliteTestDatabase`) makes a `#[test]` running the
 //!   function with a fresh database, dropped afterwards.
@@ -24,6 +28,7 @@
 //! Each macro parses its arguments, validates them against the item, and expands, in a module
 //! of its own; the functions work on `proc_macro2` tokens so that tests can call them.
 
+mod categories;
 mod category;
 mod common;
 mod handler;
@@ -55,6 +60,30 @@ pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &category::MACRO).into()
 }
 
+/// Declares a scope's categories together on an enum, each variant holding one category's
+/// payload:
+///
+/// ```ignore
+/// #[outbox_categories(scope = Organization)]
+/// enum OrgEvent {
+///     #[category(id = 1)]
+///     Renamed(Renamed),
+///     #[category(id = 2, name = "member_added", coalesce = false)]
+///     MemberAdded(MemberAdded),
+/// }
+/// ```
+///
+/// Each payload type becomes a category of the scope, as if declared with
+/// `#[outbox_category]` (`id` required; `name` defaults to the variant's name in snake case;
+/// `coalesce = false` for event-style categories). A handler taking `Delivery<OrgEvent>` is
+/// the handler of every one of them, and receives the variant of each message's category.
+/// Ids and names are checked unique in the enum (a compile error naming both variants) and in
+/// the crate.
+#[proc_macro_attribute]
+pub fn outbox_categories(args: TokenStream, item: TokenStream) -> TokenStream {
+    categories::expand(args.into(), &item.into()).into()
+}
+
 /// Declares a replicated model on a struct with named fields:
 /// `#[replicated_model(scope = Organization, id = 3, table = "projects", shard = organization_id)]`.
 ///
@@ -71,7 +100,8 @@ pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
 
 /// Registers an `async fn` as a handler: of the category its `Delivery<C>` argument names, or
 /// of the replications or deletions of the model its `Replication<M>` or `Deletion<M>`
-/// argument names.
+/// argument names. Its other arguments (`State<T>`, `Connection<'_, T>`, any `FromContext`
+/// type) are made from each call's context.
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &handler::MACRO).into()

@@ -267,6 +267,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         no_op: false,
         model: quote!(::core::option::Option::Some(TABLE)),
         extra: model,
+        target: None,
     }))
 }
 

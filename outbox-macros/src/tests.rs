@@ -337,21 +337,41 @@ fn handler_of_a_category() {
 }
 
 #[test]
-fn handler_of_a_category_with_context() {
+fn handler_of_a_category_with_arguments() {
     check_ok(
-        "handler_of_a_category_with_context",
+        "handler_of_a_category_with_arguments",
         "outbox_handler",
         &handler::MACRO,
         "",
         &quote! {
             pub async fn replicate_project(
                 update: Delivery<crate::ProjectUpdate>,
+                State(seen): State<Seen>,
+                mut conn: Connection<'_, PgConnection>,
+            ) -> Result<(), BoxError> {
+                seen.push(update.payload.name);
+                insert(&mut conn).await
+            }
+        },
+    );
+}
+
+#[test]
+fn error_handler_taking_the_context() {
+    check_error(
+        "error_handler_taking_the_context",
+        "outbox_handler",
+        &handler::MACRO,
+        "",
+        &quote! {
+            async fn replicate_project(
+                update: Delivery<ProjectUpdate>,
                 cx: &mut HandlerContext<'_>,
             ) -> Result<(), BoxError> {
-                cx.state::<Seen>().ok_or("no Seen state")?.push(update.payload.name);
                 Ok(())
             }
         },
+        "not `&mut HandlerContext<'_>`",
     );
 }
 
@@ -380,9 +400,9 @@ fn handler_of_deletions() {
         &quote! {
             async fn delete_member(
                 deletion: Deletion<Member>,
-                cx: &mut HandlerContext<'_>,
+                State(regions): State<Regions>,
             ) -> Result<(), BoxError> {
-                remove(cx, deletion.object_identifier).await
+                regions.remove(deletion.object_identifier).await
             }
         },
     );
@@ -612,5 +632,72 @@ fn error_test_mistakes_reported_together() {
             "`#[outbox_testkit::test]` makes the function a `#[test]` already",
             "take one argument, `db: PgTestDatabase` or `db: SqliteTestDatabase`",
         ],
+    );
+}
+
+/// `#[outbox_categories(args)] item`, pretty-printed.
+fn expand_categories(args: &str, item: &TokenStream) -> String {
+    let output = crate::categories::expand(tokens(args), item);
+    let file: syn::File = syn::parse2(output.clone()).unwrap_or_else(|error| {
+        panic!("the expansion is not a list of items ({error}):\n{output}")
+    });
+    unparse(file)
+}
+
+#[test]
+fn category_enum() {
+    let item = quote! {
+        enum OrgEvent {
+            #[category(id = 1)]
+            Renamed(Renamed),
+            /// Kept.
+            #[category(id = 2, name = "member_added", coalesce = false)]
+            MemberAdded(events::MemberAdded),
+        }
+    };
+    let expanded = expand_categories("scope = Organization", &item);
+    let file: syn::File = syn::parse_str(&expanded).expect("the expansion parses");
+    let syn::Item::Enum(enumeration) = &file.items[0] else {
+        panic!("the enum comes first:\n{expanded}")
+    };
+    assert!(
+        enumeration
+            .variants
+            .iter()
+            .all(|variant| variant.attrs.iter().all(|a| !a.path().is_ident("category"))),
+        "the `#[category]` attributes are consumed, the others kept:\n{expanded}"
+    );
+    assert!(!expanded.contains("compile_error"), "{expanded}");
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.set_description(input("outbox_categories", "scope = Organization", &item));
+    settings.bind(|| insta::assert_snapshot!("category_enum", expanded));
+}
+
+#[test]
+fn category_enum_mistakes_are_reported_together() {
+    let item = quote! {
+        enum OrgEvent {
+            #[category(id = 1)]
+            Renamed(Renamed),
+            #[category(id = 1, colour = "red")]
+            MemberAdded(MemberAdded),
+            Archived,
+            Deleted(Deleted),
+        }
+    };
+    let output = crate::categories::expand(tokens(""), &item).to_string();
+    for message in [
+        "missing `scope = ...`",
+        "unknown key `colour`",
+        "variant `Archived` holds no payload",
+        "variant `Deleted` has no category id",
+    ] {
+        assert!(output.contains(message), "{message}: {output}");
+    }
+    assert!(
+        output.contains("impl :: outbox_core :: Deliverable for OrgEvent"),
+        "a stand-in keeps the enum's handlers quiet: {output}"
     );
 }

@@ -45,7 +45,7 @@ impl Gate {
     }
 
     /// A handler that records each delivery with `recorder`, then waits at the gate.
-    fn recording(&self, recorder: &Recorder) -> impl Handler<OrgUpdate> + use<> {
+    fn recording(&self, recorder: &Recorder) -> impl Handler<Delivery<OrgUpdate>> + use<> {
         let (recorder, gate) = (recorder.clone(), self.clone());
         move |delivery: Delivery<OrgUpdate>| {
             let (recorder, gate) = (recorder.clone(), gate.clone());

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Deletion, Destination, HandlerContext, ModelBatch, Registry, Relay, Replication,
+    BoxError, Deletion, Destination, ModelBatch, Registry, Relay, Replication, State,
     outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
@@ -74,17 +74,13 @@ impl Seen {
     }
 }
 
-fn seen<'a>(cx: &'a HandlerContext<'_>) -> Result<&'a Seen, BoxError> {
-    Ok(cx.state::<Seen>().ok_or("no Seen state")?)
-}
-
 #[outbox_handler]
 async fn replicate_project(
     replication: Replication<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let project = &replication.object;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "replicate project {} {:?} archived={} in org {}",
         project.id,
         project.name,
@@ -97,9 +93,9 @@ async fn replicate_project(
 #[outbox_handler]
 async fn delete_project(
     deletion: Deletion<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "delete project {} in org {}",
         deletion.object_identifier,
         deletion.shard_identifier()
@@ -110,10 +106,10 @@ async fn delete_project(
 #[outbox_handler]
 async fn replicate_member(
     replication: Replication<Member>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let destination = replication.destination().ok_or("no destination")?;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "replicate member {} {} to {destination}",
         replication.object.member_id, replication.object.email
     ));
@@ -123,10 +119,10 @@ async fn replicate_member(
 #[outbox_handler]
 async fn delete_member(
     deletion: Deletion<Member>,
-    cx: &mut HandlerContext<'_>,
+    State(seen): State<Seen>,
 ) -> Result<(), BoxError> {
     let destination = deletion.destination().ok_or("no destination")?;
-    seen(cx)?.push(format!(
+    seen.push(format!(
         "delete member {} {} from {destination}",
         deletion.object_identifier, deletion.payload.email
     ));

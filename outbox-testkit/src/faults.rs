@@ -2,9 +2,9 @@
 //! the code around it) does when a handler misbehaves.
 //!
 //! A [`Faulty`] wraps a handler, or stands alone in place of one ([`Succeed`] is then what it
-//! delegates to). It is a [`Handler`] of any category the wrapped handler handles, and a
-//! [`ReplicationHandler`] and [`DeletionHandler`] of any replicated model the wrapped handler
-//! handles. On the calls its fault applies to it:
+//! delegates to). It is a [`Handler`] of whatever the wrapped handler handles: the deliveries
+//! of a category, or the replications or deletions of a replicated model, and it takes what
+//! the wrapped handler takes. On the calls its fault applies to it:
 //!
 //! - [`Fault::Fail`]: returns an [`InjectedFault`] error (the relay reports it as the source
 //!   of a [`DeliveryError::Handler`](outbox_core::DeliveryError::Handler));
@@ -35,10 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use outbox_core::{
-    BoxError, Category, Deletion, DeletionHandler, Delivery, Handler, HandlerContext,
-    ReplicatedModel, Replication, ReplicationHandler, ShardKey,
-};
+use outbox_core::{BoxError, DeliveryKind, Handler, HandlerContext, Requirements, ShardKey};
 
 /// What a [`Faulty`] handler does on the calls its fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,32 +124,8 @@ pub struct Call<'a> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Succeed;
 
-impl<C: Category> Handler<C> for Succeed {
-    async fn handle(
-        &self,
-        _delivery: Delivery<C>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
-
-impl<M: Send + 'static> ReplicationHandler<M> for Succeed {
-    async fn replicate(
-        &self,
-        _replication: Replication<M>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
-
-impl<M: Category> DeletionHandler<M> for Succeed {
-    async fn delete(
-        &self,
-        _deletion: Deletion<M>,
-        _cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
+impl<D: DeliveryKind> Handler<D> for Succeed {
+    async fn call(&self, _delivery: D, _cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
         Ok(())
     }
 }
@@ -326,50 +299,18 @@ impl<H> Faulty<H> {
     }
 }
 
-impl<C: Category, H: Handler<C>> Handler<C> for Faulty<H> {
-    async fn handle(
-        &self,
-        delivery: Delivery<C>,
-        cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        self.inject(Call {
-            shard: &delivery.shard,
-            object_identifier: delivery.object_identifier,
-            attempt: delivery.attempt,
-        })
-        .await?;
-        self.inner.handle(delivery, cx).await
+impl<D: DeliveryKind, H: Handler<D>> Handler<D> for Faulty<H> {
+    fn requires(&self, requirements: &mut Requirements) {
+        self.inner.requires(requirements);
     }
-}
 
-impl<M: ReplicatedModel, H: ReplicationHandler<M>> ReplicationHandler<M> for Faulty<H> {
-    async fn replicate(
-        &self,
-        replication: Replication<M>,
-        cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
+    async fn call(&self, delivery: D, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
         self.inject(Call {
-            shard: &replication.shard,
-            object_identifier: replication.object.object_identifier(),
-            attempt: replication.attempt,
+            shard: delivery.shard(),
+            object_identifier: delivery.object_identifier(),
+            attempt: delivery.attempt(),
         })
         .await?;
-        self.inner.replicate(replication, cx).await
-    }
-}
-
-impl<M: ReplicatedModel, H: DeletionHandler<M>> DeletionHandler<M> for Faulty<H> {
-    async fn delete(
-        &self,
-        deletion: Deletion<M>,
-        cx: &mut HandlerContext<'_>,
-    ) -> Result<(), BoxError> {
-        self.inject(Call {
-            shard: &deletion.shard,
-            object_identifier: deletion.object_identifier,
-            attempt: deletion.attempt,
-        })
-        .await?;
-        self.inner.delete(deletion, cx).await
+        self.inner.call(delivery, cx).await
     }
 }

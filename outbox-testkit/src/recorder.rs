@@ -1,8 +1,8 @@
 //! Recording handlers: they acknowledge every delivery and remember it, in order, so a test
 //! can check what was delivered.
 //!
-//! [`Recording<C>`] is a [`Handler`] of any category `C`; [`ModelRecording<M>`] is both the
-//! [`ReplicationHandler`] and the [`DeletionHandler`] of a replicated model `M`, and records
+//! [`Recording<C>`] is a [`Handler`] of the deliveries of any category `C`; [`ModelRecording<M>`]
+//! is both the replication and the deletion handler of a replicated model `M`, and records
 //! both kinds of call in one sequence. Clones share what they record, safely across the tasks
 //! the relay runs handlers on: register a clone and read the original.
 //!
@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox_core::{
-    BoxError, Category, Deletion, DeletionHandler, Delivery, Handler, HandlerContext, MessageId,
-    RegistryBuilder, ReplicatedModel, Replication, ReplicationHandler, ShardKey,
+    BoxError, Category, Deletion, Delivery, Handler, HandlerContext, MessageId, RegistryBuilder,
+    ReplicatedModel, Replication, ShardKey,
 };
 use tokio::sync::watch;
 
@@ -252,8 +252,8 @@ where
     }
 }
 
-impl<C: Category> Handler<C> for Recording<C> {
-    async fn handle(
+impl<C: Category> Handler<Delivery<C>> for Recording<C> {
+    async fn call(
         &self,
         delivery: Delivery<C>,
         _cx: &mut HandlerContext<'_>,
@@ -389,8 +389,8 @@ where
     }
 }
 
-impl<M: ReplicatedModel> ReplicationHandler<M> for ModelRecording<M> {
-    async fn replicate(
+impl<M: ReplicatedModel> Handler<Replication<M>> for ModelRecording<M> {
+    async fn call(
         &self,
         replication: Replication<M>,
         _cx: &mut HandlerContext<'_>,
@@ -406,8 +406,8 @@ impl<M: ReplicatedModel> ReplicationHandler<M> for ModelRecording<M> {
     }
 }
 
-impl<M: ReplicatedModel> DeletionHandler<M> for ModelRecording<M> {
-    async fn delete(
+impl<M: ReplicatedModel> Handler<Deletion<M>> for ModelRecording<M> {
+    async fn call(
         &self,
         deletion: Deletion<M>,
         _cx: &mut HandlerContext<'_>,

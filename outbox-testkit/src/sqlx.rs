@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
-    WrittenShards,
+    BoxError, Connection, Error, FromContext, HandlerContext, Message, MessageId, ModelBatch,
+    ReplicatedModel, ShardKey, WrittenShards,
 };
 use outbox_core::{Registry, Relay};
 use outbox_sqlx::model::apply;
@@ -311,12 +311,10 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
     }
 
     async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
-        let conn = cx
-            .connection::<<Db<P> as Database>::Connection>()
-            .ok_or("the handler is not running in the claiming transaction")?;
+        let mut conn = Connection::<<Db<P> as Database>::Connection>::from_context(cx)?;
         sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
             .with(id)
-            .execute(Db::<P>::on(conn))
+            .execute(Db::<P>::on(&mut conn))
             .await?;
         Ok(())
     }

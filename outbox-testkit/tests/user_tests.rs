@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Deletion, HandlerContext, Registry, Replication, outbox_handler, outbox_scope,
+    BoxError, Deletion, Registry, Replication, State, outbox_handler, outbox_scope,
     replicated_model,
 };
 use outbox_testkit::outbox_runner;
@@ -54,10 +54,9 @@ impl Copies {
 #[outbox_handler]
 async fn replicate(
     replication: Replication<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(copies): State<Copies>,
 ) -> Result<(), BoxError> {
     let project = replication.object;
-    let copies = cx.state::<Copies>().ok_or("no copies")?;
     copies.edit(|copies| {
         copies.retain(|(id, _)| *id != project.id);
         copies.push((project.id, project.name));
@@ -66,8 +65,7 @@ async fn replicate(
 }
 
 #[outbox_handler]
-async fn delete(deletion: Deletion<Project>, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
-    let copies = cx.state::<Copies>().ok_or("no copies")?;
+async fn delete(deletion: Deletion<Project>, State(copies): State<Copies>) -> Result<(), BoxError> {
     copies.edit(|copies| copies.retain(|(id, _)| *id != deletion.object_identifier));
     Ok(())
 }

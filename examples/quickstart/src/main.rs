@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
-    Admin, BoxError, Deletion, Delivery, HandlerContext, Message, Registry, Relay, Replication,
+    Admin, BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State,
     outbox_category, outbox_handler, outbox_scope, replicated_model,
 };
 use outbox_sqlite::SqliteStore;
@@ -67,17 +67,12 @@ impl Control {
     }
 }
 
-fn control<'a>(cx: &'a HandlerContext<'_>) -> Result<&'a Control, BoxError> {
-    Ok(cx.state::<Control>().ok_or("no control database")?)
-}
-
 /// A project exists in the cell: copy its current state to control.
 #[outbox_handler]
 async fn replicate_project(
     replication: Replication<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(control): State<Control>,
 ) -> Result<(), BoxError> {
-    let control = control(cx)?;
     let project = replication.object;
     sqlx::query(
         "INSERT INTO projects (id, organization_id, name) VALUES (?, ?, ?) \
@@ -99,9 +94,8 @@ async fn replicate_project(
 #[outbox_handler]
 async fn delete_project(
     deletion: Deletion<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(control): State<Control>,
 ) -> Result<(), BoxError> {
-    let control = control(cx)?;
     sqlx::query("DELETE FROM projects WHERE id = ?")
         .bind(deletion.object_identifier)
         .execute(&control.pool)
@@ -114,9 +108,8 @@ async fn delete_project(
 #[outbox_handler]
 async fn rename_organization(
     delivery: Delivery<OrganizationRenamed>,
-    cx: &mut HandlerContext<'_>,
+    State(control): State<Control>,
 ) -> Result<(), BoxError> {
-    let control = control(cx)?;
     sqlx::query(
         "INSERT INTO organizations (id, name) VALUES (?, ?) \
          ON CONFLICT (id) DO UPDATE SET name = excluded.name",
@@ -179,7 +172,8 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
     };
     create_schema(&control.pool).await?;
 
-    // Every declaration in this binary, checked: each category has its handlers.
+    // Every declaration in this binary, checked: each category has its handlers, and each
+    // handler's `State<Control>` is given.
     let registry = Registry::builder()
         .discovered()
         .state(control.clone())

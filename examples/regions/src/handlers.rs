@@ -1,18 +1,20 @@
 //! The handlers of the five categories, declared with `#[outbox_handler]` and found by
 //! `Registry::builder().discovered()`. Shared by both backends: what they need (the control
-//! database, the record of deliveries) comes from the registry's state, [`Shared`].
+//! database, the record of deliveries) they take as arguments, `State<Database>` and
+//! `State<Deliveries>`: clones of the values given to `Registry::builder().state(..)`, checked
+//! when the registry is built.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_core::{BoxError, Deletion, Delivery, HandlerContext, Replication, outbox_handler};
+use outbox_core::{BoxError, Deletion, Delivery, Replication, State, outbox_handler};
 
 use crate::backend::{Database, Value};
 use crate::declarations::{
     AuditLogEvent, OrganizationMember, OrganizationRenamed, Project, UserEmailChanged,
 };
 
-/// What every handler is given, through `Registry::builder().state(shared)` and
-/// `cx.state::<Shared>()`.
+/// What the handlers are given, each part through `Registry::builder().state(..)` and taken as
+/// `State<Database>` or `State<Deliveries>`.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     /// The control database, where projects are replicated to.
@@ -44,21 +46,14 @@ impl Deliveries {
     }
 }
 
-/// The state given to the registry.
-fn shared<'a>(cx: &'a HandlerContext<'_>) -> Result<&'a Shared, BoxError> {
-    Ok(cx
-        .state::<Shared>()
-        .ok_or("the registry was built without the Shared state")?)
-}
-
 /// A renamed organization: in a real service, the new name goes to the control database's
 /// organization directory.
 #[outbox_handler]
 async fn organization_renamed(
     delivery: Delivery<OrganizationRenamed>,
-    cx: &mut HandlerContext<'_>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
-    shared(cx)?.delivered.record(format!(
+    delivered.record(format!(
         "organization {} is now called {:?}",
         delivery.object_identifier, delivery.payload.name
     ));
@@ -69,9 +64,9 @@ async fn organization_renamed(
 #[outbox_handler]
 async fn audit_log_event(
     delivery: Delivery<AuditLogEvent>,
-    cx: &mut HandlerContext<'_>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
-    shared(cx)?.delivered.record(format!(
+    delivered.record(format!(
         "audit event {} in organization {}: user {} {}",
         delivery.object_identifier,
         delivery.shard_identifier(),
@@ -85,9 +80,9 @@ async fn audit_log_event(
 #[outbox_handler]
 async fn user_email_changed(
     delivery: Delivery<UserEmailChanged>,
-    cx: &mut HandlerContext<'_>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
-    shared(cx)?.delivered.record(format!(
+    delivered.record(format!(
         "user {}'s email is now {:?}",
         delivery.object_identifier, delivery.payload.email
     ));
@@ -98,12 +93,11 @@ async fn user_email_changed(
 #[outbox_handler]
 async fn replicate_project(
     replication: Replication<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(control): State<Database>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
-    let shared = shared(cx)?;
     let project = &replication.object;
-    shared
-        .control
+    control
         .execute(
             "INSERT INTO projects (id, organization_id, name) VALUES ($1, $2, $3) \
              ON CONFLICT (id) DO UPDATE \
@@ -115,7 +109,7 @@ async fn replicate_project(
             ],
         )
         .await?;
-    shared.delivered.record(format!(
+    delivered.record(format!(
         "project {} {:?} of organization {} copied to control",
         project.id,
         project.name,
@@ -129,17 +123,16 @@ async fn replicate_project(
 #[outbox_handler]
 async fn delete_project(
     deletion: Deletion<Project>,
-    cx: &mut HandlerContext<'_>,
+    State(control): State<Database>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
-    let shared = shared(cx)?;
-    shared
-        .control
+    control
         .execute(
             "DELETE FROM projects WHERE id = $1",
             &[Value::Int(deletion.object_identifier)],
         )
         .await?;
-    shared.delivered.record(format!(
+    delivered.record(format!(
         "project {} {:?} of organization {} is gone: deleted from control",
         deletion.object_identifier,
         deletion.payload.name,
@@ -153,13 +146,13 @@ async fn delete_project(
 #[outbox_handler]
 async fn replicate_member(
     replication: Replication<OrganizationMember>,
-    cx: &mut HandlerContext<'_>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
     let region = replication
         .destination()
         .ok_or("a fan-out delivery without a destination")?;
     let member = &replication.object;
-    shared(cx)?.delivered.record(format!(
+    delivered.record(format!(
         "member {} (user {}, {}) of organization {} to region {region}",
         member.id,
         member.user_id,
@@ -174,12 +167,12 @@ async fn replicate_member(
 #[outbox_handler]
 async fn delete_member(
     deletion: Deletion<OrganizationMember>,
-    cx: &mut HandlerContext<'_>,
+    State(delivered): State<Deliveries>,
 ) -> Result<(), BoxError> {
     let region = deletion
         .destination()
         .ok_or("a fan-out delivery without a destination")?;
-    shared(cx)?.delivered.record(format!(
+    delivered.record(format!(
         "member {} (user {}) of organization {} is gone: removed from region {region}",
         deletion.object_identifier,
         deletion.payload.user_id,

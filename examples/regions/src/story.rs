@@ -219,7 +219,8 @@ async fn deliver(name: &str, database: &Database, shared: &Shared) -> Result<(),
     println!("relay:   {name} outbox, {pending} messages pending");
     let registry = Registry::builder()
         .discovered()
-        .state(shared.clone())
+        .state(shared.control.clone())
+        .state(shared.delivered.clone())
         .build()?;
     // One shard at a time, so that the lines come out in the same order on every run; a
     // service keeps the default and drains shards concurrently.

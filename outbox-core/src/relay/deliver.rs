@@ -38,9 +38,10 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
             })?,
         None => None,
     };
-    let mut cx = HandlerContext::new(session.handler_connection()).with_state(registry.state());
+    let mut cx = HandlerContext::new(session.handler_connection(), registry.state());
     let call = group.info.handler.call(
         RawDelivery {
+            category: group.info.name,
             shard: &lease.shard,
             message: &group.newest,
             attempt,

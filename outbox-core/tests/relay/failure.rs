@@ -11,7 +11,10 @@ use super::{Recorder, Update, clocked, config, msg, relay, shard};
 
 /// A handler of `Update` that records, and fails while `failures` is above zero (counting it
 /// down) for object 1.
-fn failing(recorder: &Recorder, failures: &Arc<AtomicU32>) -> impl outbox_core::Handler<Update> {
+fn failing(
+    recorder: &Recorder,
+    failures: &Arc<AtomicU32>,
+) -> impl outbox_core::Handler<Delivery<Update>> {
     let (recorder, failures) = (recorder.clone(), Arc::clone(failures));
     move |delivery: Delivery<Update>| {
         recorder.record(&delivery);

@@ -92,7 +92,7 @@ impl Recorder {
             .collect()
     }
 
-    fn handler<C: Category<Payload = u64>>(&self) -> impl Handler<C> + use<C> {
+    fn handler<C: Category<Payload = u64>>(&self) -> impl Handler<Delivery<C>> + use<C> {
         let recorder = self.clone();
         move |delivery: Delivery<C>| {
             recorder.record(&delivery);
@@ -112,7 +112,7 @@ impl Recorder {
     }
 
     /// `Update` handled by `handler`, `Event` recorded.
-    fn registry_with(&self, handler: impl Handler<Update>) -> Registry {
+    fn registry_with(&self, handler: impl Handler<Delivery<Update>>) -> Registry {
         Registry::builder()
             .handle::<Update>(handler)
             .handle::<Event>(self.handler())
@@ -138,7 +138,7 @@ impl Gate {
     }
 
     /// A handler of `Update` that records, then waits at the gate.
-    fn handler(&self, recorder: &Recorder) -> impl Handler<Update> + use<> {
+    fn handler(&self, recorder: &Recorder) -> impl Handler<Delivery<Update>> + use<> {
         let (gate, recorder) = (self.clone(), recorder.clone());
         move |delivery: Delivery<Update>| {
             recorder.record(&delivery);

@@ -265,8 +265,8 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: StoreBackend>() {
 
 struct WritesInTransaction<B>(PhantomData<fn() -> B>);
 
-impl<B: TestBackend> Handler<OrgUpdate> for WritesInTransaction<B> {
-    async fn handle(
+impl<B: TestBackend> Handler<Delivery<OrgUpdate>> for WritesInTransaction<B> {
+    async fn call(
         &self,
         delivery: Delivery<OrgUpdate>,
         cx: &mut HandlerContext<'_>,
@@ -327,8 +327,8 @@ impl Stuck {
     }
 }
 
-impl Handler<OrgUpdate> for Stuck {
-    async fn handle(
+impl Handler<Delivery<OrgUpdate>> for Stuck {
+    async fn call(
         &self,
         _delivery: Delivery<OrgUpdate>,
         _cx: &mut HandlerContext<'_>,

@@ -228,7 +228,7 @@ impl Gate {
     pub(crate) fn recording<C: Category<Payload = Note>>(
         &self,
         recorder: &Recorder,
-    ) -> impl Handler<C> + use<C> {
+    ) -> impl Handler<Delivery<C>> + use<C> {
         let (recorder, gate) = (recorder.clone(), self.clone());
         move |delivery: Delivery<C>| {
             recorder.record(&delivery);

@@ -6,17 +6,57 @@ use std::sync::mpsc;
 use linking_categories::ProjectRenamed;
 // The whole point of this file: naming the crate links it, and with it its `#[outbox_handler]`.
 use linking_handlers as _;
-use outbox_core::{Category, Message, Registry, Relay};
+use outbox_core::{Category, Error, Message, Registry, RegistryProblem, Relay};
 
 #[test]
 fn discover_finds_the_handler() {
-    let registry = Registry::discover().expect("the handler crate is linked");
+    let (sender, _receiver) = mpsc::channel::<ProjectRenamed>();
+    let registry = Registry::builder()
+        .discovered()
+        .state(sender)
+        .build()
+        .expect("the handler crate is linked");
     let info = registry
         .category(ProjectRenamed::ID)
         .expect("the category is declared");
     assert_eq!(info.name, ProjectRenamed::NAME);
     assert!(!info.no_op, "{info:?}");
     assert_eq!(registry.category_ids(), [ProjectRenamed::ID]);
+}
+
+/// The handler in the other crate takes `State<Sender<ProjectRenamed>>`: a binary that gives
+/// none does not start, and the refusal names the category, the handler and the state's type.
+#[test]
+fn a_state_the_linked_handler_takes_must_be_given() {
+    let error = Registry::discover().expect_err("no Sender was given");
+    let Error::Registry { problems } = &error else {
+        panic!("expected a registry error, got {error:?}");
+    };
+    let [
+        RegistryProblem::MissingState {
+            category,
+            handler,
+            state_type,
+        },
+    ] = problems.as_slice()
+    else {
+        panic!("expected exactly one MissingState problem, got {problems:?}");
+    };
+    assert_eq!(category.name, ProjectRenamed::NAME);
+    assert_eq!(
+        *state_type,
+        std::any::type_name::<mpsc::Sender<ProjectRenamed>>()
+    );
+    assert_eq!(
+        handler.expect("the handler's place").file,
+        "tests/linking/handlers/src/lib.rs"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("takes `State<std::sync::mpsc::Sender<")
+            && text.contains("`project_renamed`"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

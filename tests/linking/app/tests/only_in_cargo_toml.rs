@@ -21,7 +21,9 @@ const CATEGORIES_FILE: &str = "tests/linking/categories/src/lib.rs";
 
 #[test]
 fn the_handler_is_found_or_reported_never_silently_dropped() {
-    match Registry::discover() {
+    // The handler, if linked, takes the sender: give it, so only a missing handler can fail.
+    let (sender, _receiver) = std::sync::mpsc::channel::<ProjectRenamed>();
+    match Registry::builder().discovered().state(sender).build() {
         Ok(registry) => {
             // Found: the handler crate was linked, so its handler must be there.
             let info = registry

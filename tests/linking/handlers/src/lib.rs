@@ -6,18 +6,15 @@
 use std::sync::mpsc::Sender;
 
 use linking_categories::ProjectRenamed;
-use outbox_core::{BoxError, Delivery, HandlerContext, outbox_handler};
+use outbox_core::{BoxError, Delivery, State, outbox_handler};
 
-/// Sends each delivered payload to the `Sender<ProjectRenamed>` in the registry's state, so
+/// Sends each delivered payload to the `Sender<ProjectRenamed>` given as the registry's state, so
 /// that a test can see the handler ran without naming anything in this crate.
 #[outbox_handler]
 async fn forward_project_renamed(
     delivery: Delivery<ProjectRenamed>,
-    cx: &mut HandlerContext<'_>,
+    State(sender): State<Sender<ProjectRenamed>>,
 ) -> Result<(), BoxError> {
-    let sender = cx
-        .state::<Sender<ProjectRenamed>>()
-        .ok_or("no Sender<ProjectRenamed> in the registry's state")?;
     sender.send(delivery.payload)?;
     Ok(())
 }

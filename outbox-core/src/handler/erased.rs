@@ -1,0 +1,172 @@
+//! Handlers as the registry stores them: their delivery kind erased behind one call taking the
+//! message as the relay read it.
+
+use std::marker::PhantomData;
+
+use super::extract::HandlerContext;
+use super::{BoxFuture, Delivery, Handler};
+use crate::categories::Deliverable;
+use crate::error::{BoxError, DeliveryError, ExtractError};
+use crate::model::{MessageId, ShardKey};
+use crate::replicated::{ReplicatedModel, model_from_row};
+use crate::replication::{Deletion, Replication};
+use crate::store::StoredMessage;
+
+/// What the relay hands a type-erased handler.
+#[derive(Debug)]
+pub(crate) struct RawDelivery<'a> {
+    /// The category's name, as the registry knows it.
+    pub(crate) category: &'static str,
+    pub(crate) shard: &'a ShardKey,
+    pub(crate) message: &'a StoredMessage,
+    pub(crate) attempt: u32,
+    pub(crate) fencing_token: i64,
+    /// For a replicated model: its row as JSON, if the relay found it.
+    pub(crate) row: Option<&'a str>,
+}
+
+/// A delivery kind made from what the relay read.
+pub(crate) trait FromRaw: Sized {
+    /// The delivery (S21: a payload or row that no longer reads is a precise failure).
+    fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError>;
+}
+
+impl<C: Deliverable> FromRaw for Delivery<C> {
+    fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError> {
+        let message_id = raw.message.id;
+        let payload = C::decode(raw.message.category, &raw.message.payload).map_err(|source| {
+            DeliveryError::Payload {
+                category: raw.category,
+                message_id,
+                source,
+            }
+        })?;
+        Ok(Delivery {
+            shard: raw.shard.clone(),
+            object_identifier: raw.message.object_identifier,
+            payload,
+            message_id,
+            attempt: raw.attempt,
+            fencing_token: raw.fencing_token,
+        })
+    }
+}
+
+impl<M: ReplicatedModel> FromRaw for Replication<M> {
+    fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError> {
+        let object_identifier = raw.message.object_identifier;
+        let object = model_from_row::<M>(raw.row.unwrap_or_default()).map_err(|source| {
+            DeliveryError::Row {
+                model: raw.category,
+                table: M::TABLE.table,
+                object_identifier,
+                source,
+            }
+        })?;
+        Ok(Replication {
+            object,
+            shard: raw.shard.clone(),
+            message_id: raw.message.id,
+            attempt: raw.attempt,
+            fencing_token: raw.fencing_token,
+        })
+    }
+}
+
+impl<M: ReplicatedModel> FromRaw for Deletion<M> {
+    fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError> {
+        let Delivery {
+            shard,
+            object_identifier,
+            payload,
+            message_id,
+            attempt,
+            fencing_token,
+        } = Delivery::<M>::from_raw(raw)?;
+        Ok(Deletion {
+            object_identifier,
+            shard,
+            payload,
+            message_id,
+            attempt,
+            fencing_token,
+        })
+    }
+}
+
+/// A handler with its delivery kind erased, as the registry stores it.
+pub(crate) trait ErasedHandler: Send + Sync {
+    fn call<'a>(
+        &'a self,
+        delivery: RawDelivery<'a>,
+        cx: &'a mut HandlerContext<'_>,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>>;
+}
+
+/// `H`, a handler of `D`, erased.
+struct Erased<D, H> {
+    handler: H,
+    kind: PhantomData<fn() -> D>,
+}
+
+/// Erases `handler`'s delivery kind.
+pub(crate) fn erase<D, H>(handler: H) -> impl ErasedHandler
+where
+    D: FromRaw + 'static,
+    H: Handler<D>,
+{
+    Erased {
+        handler,
+        kind: PhantomData,
+    }
+}
+
+impl<D: FromRaw + 'static, H: Handler<D>> ErasedHandler for Erased<D, H> {
+    fn call<'a>(
+        &'a self,
+        raw: RawDelivery<'a>,
+        cx: &'a mut HandlerContext<'_>,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let delivery = D::from_raw(&raw)?;
+            self.handler
+                .call(delivery, cx)
+                .await
+                .map_err(|source| handler_failed(raw.category, raw.message.id, source))
+        })
+    }
+}
+
+/// A handler's error as the failure of a delivery: an argument it could not be given, or its
+/// own error.
+fn handler_failed(
+    category: &'static str,
+    message_id: MessageId,
+    source: BoxError,
+) -> DeliveryError {
+    match source.downcast::<ExtractError>() {
+        Ok(extract) => DeliveryError::Extract {
+            category,
+            message_id,
+            source: *extract,
+        },
+        Err(source) => DeliveryError::Handler {
+            category,
+            message_id,
+            source,
+        },
+    }
+}
+
+/// The handler of a category declared `no_op` that nobody registered a handler for.
+pub(crate) struct NoOpErased;
+
+impl ErasedHandler for NoOpErased {
+    fn call<'a>(
+        &'a self,
+        _delivery: RawDelivery<'a>,
+        _cx: &'a mut HandlerContext<'_>,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async { Ok(()) })
+    }
+}

@@ -1,0 +1,286 @@
+//! Building a registry: handlers, declarations and states given to a [`RegistryBuilder`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::lookup::Registry;
+use super::state::StateMap;
+use super::validate::{self, Registrations};
+use crate::categories::{CategorySpec, Deliverable};
+use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
+use crate::error::{Error, Site};
+use crate::handler::{Delivery, ErasedHandler, FromRaw, Handler, NoOp, Requirements, erase};
+use crate::model::{Category, CategoryId, ScopeId};
+use crate::replicated::{ModelTable, ReplicatedModel};
+use crate::replication::{Deletion, Replication};
+
+/// A category as declared (or, without declarations, as a handler names it).
+#[derive(Clone, Copy)]
+pub(super) struct Declared {
+    pub(super) id: CategoryId,
+    pub(super) name: &'static str,
+    pub(super) scope: ScopeId,
+    pub(super) scope_name: &'static str,
+    pub(super) coalesce: bool,
+    pub(super) no_op: bool,
+    pub(super) model: Option<ModelTable>,
+    pub(super) type_name: &'static str,
+    pub(super) at: Option<SourceLocation>,
+}
+
+impl Declared {
+    fn of<C: Category>(no_op: bool, at: Option<SourceLocation>) -> Self {
+        Self::of_spec(CategorySpec::of::<C>(), no_op, at)
+    }
+
+    fn of_spec(spec: CategorySpec, no_op: bool, at: Option<SourceLocation>) -> Self {
+        let CategorySpec {
+            id,
+            name,
+            scope,
+            scope_name,
+            coalesce,
+            type_name,
+        } = spec;
+        Self {
+            id,
+            name,
+            scope,
+            scope_name,
+            coalesce,
+            no_op,
+            model: None,
+            type_name,
+            at,
+        }
+    }
+
+    fn of_model<M: ReplicatedModel>(at: Option<SourceLocation>) -> Self {
+        Self {
+            model: Some(M::TABLE),
+            ..Self::of::<M>(false, at)
+        }
+    }
+
+    pub(super) fn site(&self) -> Site {
+        Site {
+            name: self.name,
+            id: i64::from(self.id.0),
+            at: self.at,
+        }
+    }
+
+    pub(super) fn same_category(&self, other: &Self) -> bool {
+        (self.id, self.name, self.scope) == (other.id, other.name, other.scope)
+    }
+}
+
+/// What a registered handler receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// `Delivery<C>`: every message of a category.
+    Delivery,
+    /// `Replication<M>`: a replicated model whose row exists.
+    Replication,
+    /// `Deletion<M>`: a replicated model whose row is gone.
+    Deletion,
+}
+
+/// A registered handler, its kind erased.
+pub(super) struct HandlerEntry {
+    /// Its category, as the handler names it, located at the registration.
+    pub(super) category: Declared,
+    pub(super) role: Role,
+    pub(super) handler: Arc<dyn ErasedHandler>,
+    /// What the handler takes from the registry.
+    pub(super) requirements: Requirements,
+}
+
+/// Builds a [`Registry`]; [`RegistryBuilder::build`] reports every conflict at once.
+///
+/// Without [`RegistryBuilder::discovered`], the categories are those the handlers name. With
+/// it, the categories are those declared with `#[outbox_category]` anywhere in the binary:
+/// each needs exactly one handler (or a `no_op` declaration), and a handler for a category
+/// nobody declared is refused.
+#[derive(Default)]
+pub struct RegistryBuilder {
+    declarations: Vec<Declared>,
+    scopes: Vec<(ScopeId, &'static str, Option<SourceLocation>)>,
+    handlers: Vec<HandlerEntry>,
+    discovered: bool,
+    state: StateMap,
+}
+
+impl fmt::Debug for RegistryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder")
+            .field("declarations", &self.declarations.len())
+            .field("handlers", &self.handlers.len())
+            .field("discovered", &self.discovered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegistryBuilder {
+    /// Registers the handler of category `C`.
+    #[track_caller]
+    ///
+    /// `C` is a category, or an enum of a scope's categories declared with
+    /// `#[outbox_categories]`: the handler then handles each of them.
+    pub fn handle<C: Deliverable>(self, handler: impl Handler<Delivery<C>>) -> Self {
+        self.handle_declared(handler, SourceLocation::caller())
+    }
+
+    /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
+    /// come. Without this (or `no_op` in its declaration), a category without a handler is
+    /// refused.
+    #[track_caller]
+    pub fn no_op<C: Category>(self) -> Self {
+        let at = SourceLocation::caller();
+        self.push::<Delivery<C>, _>(Declared::of::<C>(true, Some(at)), Role::Delivery, NoOp)
+    }
+
+    /// Registers the replication handler of model `M`: it runs for each object whose row
+    /// the relay finds at delivery.
+    #[track_caller]
+    pub fn replication<M: ReplicatedModel>(self, handler: impl Handler<Replication<M>>) -> Self {
+        self.replication_declared(handler, SourceLocation::caller())
+    }
+
+    /// Registers the deletion handler of model `M`: it runs for each object whose row is
+    /// gone at delivery.
+    #[track_caller]
+    pub fn deletion<M: ReplicatedModel>(self, handler: impl Handler<Deletion<M>>) -> Self {
+        self.deletion_declared(handler, SourceLocation::caller())
+    }
+
+    /// Registers a handler declared at `at` (what `#[outbox_handler]` generates).
+    #[doc(hidden)]
+    pub fn handle_declared<C: Deliverable>(
+        self,
+        handler: impl Handler<Delivery<C>>,
+        at: SourceLocation,
+    ) -> Self {
+        let categories = C::categories()
+            .into_iter()
+            .map(|spec| Declared::of_spec(spec, false, Some(at)));
+        self.push_each(categories, Role::Delivery, handler)
+    }
+
+    /// Registers a replication handler declared at `at`.
+    #[doc(hidden)]
+    pub fn replication_declared<M: ReplicatedModel>(
+        self,
+        handler: impl Handler<Replication<M>>,
+        at: SourceLocation,
+    ) -> Self {
+        self.push(
+            Declared::of_model::<M>(Some(at)),
+            Role::Replication,
+            handler,
+        )
+    }
+
+    /// Registers a deletion handler declared at `at`.
+    #[doc(hidden)]
+    pub fn deletion_declared<M: ReplicatedModel>(
+        self,
+        handler: impl Handler<Deletion<M>>,
+        at: SourceLocation,
+    ) -> Self {
+        self.push(Declared::of_model::<M>(Some(at)), Role::Deletion, handler)
+    }
+
+    fn push<D, H>(self, category: Declared, role: Role, handler: H) -> Self
+    where
+        D: FromRaw + 'static,
+        H: Handler<D>,
+    {
+        self.push_each(std::iter::once(category), role, handler)
+    }
+
+    /// Registers `handler` as the handler of each of `categories` (those of a category enum).
+    /// What it requires is checked once, with the first.
+    fn push_each<D, H>(
+        mut self,
+        categories: impl IntoIterator<Item = Declared>,
+        role: Role,
+        handler: H,
+    ) -> Self
+    where
+        D: FromRaw + 'static,
+        H: Handler<D>,
+    {
+        let mut requirements = Requirements::default();
+        handler.requires(&mut requirements);
+        let handler: Arc<dyn ErasedHandler> = Arc::new(erase::<D, H>(handler));
+        for category in categories {
+            self.handlers.push(HandlerEntry {
+                category,
+                role,
+                handler: Arc::clone(&handler),
+                requirements: std::mem::take(&mut requirements),
+            });
+        }
+        self
+    }
+
+    /// Adds everything declared with `#[outbox_scope]`, `#[outbox_category]` and
+    /// `#[outbox_handler]` in this binary (in any crate it links), and makes those declarations
+    /// the list of categories: each must have exactly one handler, from `#[outbox_handler]` or
+    /// from [`RegistryBuilder::handle`], unless declared `no_op`.
+    pub fn discovered(mut self) -> Self {
+        self.discovered = true;
+        for scope in inventory::iter::<ScopeDeclaration> {
+            self.scopes.push((scope.id, scope.name, Some(scope.at)));
+        }
+        for category in inventory::iter::<CategoryDeclaration> {
+            self.declarations.push(Declared {
+                id: category.id,
+                name: category.name,
+                scope: category.scope,
+                scope_name: category.scope_name,
+                coalesce: category.coalesce,
+                no_op: category.no_op,
+                model: category.model,
+                type_name: category.type_name,
+                at: Some(category.at),
+            });
+        }
+        for handler in inventory::iter::<HandlerDeclaration> {
+            self = (handler.register)(self, handler.at);
+        }
+        self
+    }
+
+    /// Gives `value` to every handler that takes [`State<T>`](crate::State) of its type (a
+    /// second value of the same type replaces the first). A handler taking a state nobody
+    /// gave is refused by [`RegistryBuilder::build`].
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// Checks the registrations and reports every problem at once: duplicate category ids or
+    /// names, scope ids used by two scopes, categories with no handler or two, handlers for
+    /// undeclared categories, handlers taking a [`State<T>`](crate::State) nobody gave.
+    pub fn build(self) -> Result<Registry, Error> {
+        let Self {
+            declarations,
+            scopes,
+            handlers,
+            discovered,
+            state,
+        } = self;
+        let registrations = Registrations {
+            declarations,
+            scopes,
+            handlers,
+            discovered,
+        };
+        match validate::validate(registrations, &state) {
+            Ok(categories) => Ok(Registry::new(categories, state)),
+            Err(problems) => Err(Error::Registry { problems }),
+        }
+    }
+}

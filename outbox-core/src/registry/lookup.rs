@@ -1,0 +1,104 @@
+//! The built registry: every category by id, with its handler, and the handlers' states.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::builder::RegistryBuilder;
+use super::state::StateMap;
+use crate::error::Error;
+use crate::handler::ErasedHandler;
+use crate::model::{CategoryId, ScopeId};
+use crate::replicated::ModelTable;
+
+/// What the registry knows of one category.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct CategoryInfo {
+    /// The category's stable id.
+    pub id: CategoryId,
+    /// The category's name.
+    pub name: &'static str,
+    /// The scope the category belongs to.
+    pub scope: ScopeId,
+    /// The scope's name.
+    pub scope_name: &'static str,
+    /// Whether the category's groups coalesce to their newest message.
+    pub coalesce: bool,
+    /// Whether the handler was declared as a no-op.
+    pub no_op: bool,
+    /// For a replicated model: its table, where the relay looks each object up.
+    pub model: Option<ModelTable>,
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+}
+
+impl fmt::Debug for CategoryInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CategoryInfo")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("scope", &self.scope)
+            .field("scope_name", &self.scope_name)
+            .field("coalesce", &self.coalesce)
+            .field("no_op", &self.no_op)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every category this binary can deliver, keyed by id. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Registry {
+    categories: Arc<HashMap<CategoryId, CategoryInfo>>,
+    state: Arc<StateMap>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("categories", &self.categories())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// Starts a registry.
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    /// The registry of everything declared with the macros in this binary:
+    /// `Registry::builder().discovered().build()`.
+    pub fn discover() -> Result<Self, Error> {
+        Self::builder().discovered().build()
+    }
+
+    /// What the registry knows of a category.
+    pub fn category(&self, id: CategoryId) -> Option<&CategoryInfo> {
+        self.categories.get(&id)
+    }
+
+    /// All known categories, in id order.
+    pub fn categories(&self) -> Vec<&CategoryInfo> {
+        let mut all: Vec<_> = self.categories.values().collect();
+        all.sort_by_key(|info| info.id);
+        all
+    }
+
+    /// The ids of all known categories.
+    pub fn category_ids(&self) -> Vec<CategoryId> {
+        self.categories().into_iter().map(|info| info.id).collect()
+    }
+
+    /// A registry of `categories` whose handlers take their states from `state`.
+    pub(super) fn new(categories: HashMap<CategoryId, CategoryInfo>, state: StateMap) -> Self {
+        Self {
+            categories: Arc::new(categories),
+            state: Arc::new(state),
+        }
+    }
+
+    pub(crate) fn state(&self) -> &StateMap {
+        &self.state
+    }
+}
