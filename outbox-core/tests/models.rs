@@ -1,7 +1,9 @@
 //! Replicated models as a user declares them: `#[replicated_model]` on domain structs, their
 //! replication and deletion handlers with `#[outbox_handler]`, written with the backend's model
-//! writes and delivered by a relay that reads the rows back, here on the in-memory store (the
-//! same deliveries on SQLite, with its transactions, are in `outbox-sqlite/tests/models.rs`).
+//! writes and delivered by a relay that reads the rows back, here on the in-memory store. The
+//! same deliveries through SQL are the conformance suite's `models_*` and
+//! `fan_out_models_reach_each_destination` (both backends), and macro-declared models on SQL
+//! are the `regions` and `quickstart` examples' tests.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
