@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::error::DeliveryError;
-use crate::handler::{BoxFuture, DeliveryKind, ErasedHandler, HandlerContext, RawDelivery};
+use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
 use crate::model::{Category, Destination, MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
 
@@ -64,41 +64,10 @@ macro_rules! shard_accessors {
 
 shard_accessors!(Replication, Deletion);
 
-impl<M: ReplicatedModel> DeliveryKind for Replication<M> {
-    fn shard(&self) -> &ShardKey {
-        &self.shard
-    }
-    fn object_identifier(&self) -> i64 {
-        self.object.object_identifier()
-    }
-    fn message_id(&self) -> MessageId {
-        self.message_id
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    fn fencing_token(&self) -> i64 {
-        self.fencing_token
-    }
-}
-
-impl<M: ReplicatedModel> DeliveryKind for Deletion<M> {
-    fn shard(&self) -> &ShardKey {
-        &self.shard
-    }
-    fn object_identifier(&self) -> i64 {
-        self.object_identifier
-    }
-    fn message_id(&self) -> MessageId {
-        self.message_id
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    fn fencing_token(&self) -> i64 {
-        self.fencing_token
-    }
-}
+delivery_kind!(Replication<M: ReplicatedModel>, |replication| replication
+    .object
+    .object_identifier());
+delivery_kind!(Deletion<M: ReplicatedModel>, |deletion| deletion.object_identifier);
 
 /// The handler of a replicated model's category: replication if the relay found the row,
 /// deletion if it did not.

@@ -75,23 +75,33 @@ pub trait DeliveryKind: Send + Sized + 'static {
     fn fencing_token(&self) -> i64;
 }
 
-impl<C: Deliverable> DeliveryKind for Delivery<C> {
-    fn shard(&self) -> &ShardKey {
-        &self.shard
-    }
-    fn object_identifier(&self) -> i64 {
-        self.object_identifier
-    }
-    fn message_id(&self) -> MessageId {
-        self.message_id
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    fn fencing_token(&self) -> i64 {
-        self.fencing_token
-    }
+/// Implements [`DeliveryKind`] for a delivery type whose fields are named alike; `$object`
+/// reads its object's identifier from `$this`.
+macro_rules! delivery_kind {
+    ($delivery:ident<$param:ident: $bound:path>, |$this:ident| $object:expr) => {
+        impl<$param: $bound> $crate::handler::DeliveryKind for $delivery<$param> {
+            fn shard(&self) -> &$crate::model::ShardKey {
+                &self.shard
+            }
+            fn object_identifier(&self) -> i64 {
+                let $this = self;
+                $object
+            }
+            fn message_id(&self) -> $crate::model::MessageId {
+                self.message_id
+            }
+            fn attempt(&self) -> u32 {
+                self.attempt
+            }
+            fn fencing_token(&self) -> i64 {
+                self.fencing_token
+            }
+        }
+    };
 }
+pub(crate) use delivery_kind;
+
+delivery_kind!(Delivery<C: Deliverable>, |delivery| delivery.object_identifier);
 
 /// Handles deliveries of kind `D`: every [`Delivery<C>`] of a category, or the
 /// [`Replication<M>`](crate::Replication)s or [`Deletion<M>`](crate::Deletion)s of a
