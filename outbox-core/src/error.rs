@@ -307,12 +307,11 @@ pub enum RegistryProblem {
     /// A handler takes `State<T>`, and no value of type `T` was given to
     /// [`RegistryBuilder::state`](crate::RegistryBuilder::state).
     #[error(
-        "the handler of category {category} (at {}) takes `State<{state_type}>`, but no \
-         `{state_type}` was given: call `Registry::builder().state(value)` with one",
-        At(*handler)
+        "the handler of category {category} takes `State<{state_type}>`, but no \
+         `{state_type}` was given: call `Registry::builder().state(value)` with one"
     )]
     MissingState {
-        /// The handler's category.
+        /// The handler's category, located at the handler.
         category: Site,
         /// Where the handler was registered.
         handler: Option<SourceLocation>,

@@ -2,14 +2,15 @@
 //! payload type is a category, and one handler taking `Delivery<TheEnum>` receives every
 //! variant, in the shard's order, and `match`es them exhaustively.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
     BoxError, Category, CategoryId, Delivery, Error, Message, Registry, RegistryProblem, Relay,
     State, outbox_categories, outbox_handler, outbox_scope,
 };
 use serde::{Deserialize, Serialize};
+
+mod common;
+use common::Seen;
 
 #[outbox_scope(id = 1)]
 struct Organization;
@@ -38,26 +39,6 @@ enum OrgEvent {
     /// Other attributes of a variant are kept.
     #[category(id = 3, name = "organization_archived")]
     Archived(Archived),
-}
-
-/// What the handler saw, in order.
-#[derive(Debug, Clone, Default)]
-struct Seen(Arc<Mutex<Vec<String>>>);
-
-impl Seen {
-    fn push(&self, line: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
 }
 
 /// One handler for the whole scope: a `match` the compiler checks is exhaustive.

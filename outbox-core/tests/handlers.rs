@@ -1,13 +1,14 @@
 //! Handlers take what they need as arguments: closures through `handler_fn` and hand-written
 //! handler types, delivered by a relay on the in-memory store.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
     BoxError, Category, CategoryId, Connection, Delivery, DeliveryError, ExtractError, Handler,
     HandlerContext, Message, Registry, Relay, Requirements, Scope, ScopeId, State, handler_fn,
 };
+
+mod common;
+use common::Seen;
 
 struct Org;
 impl Scope for Org {
@@ -21,26 +22,6 @@ impl Category for Renamed {
     type Payload = String;
     const ID: CategoryId = CategoryId(1);
     const NAME: &'static str = "renamed";
-}
-
-/// What the handlers saw.
-#[derive(Debug, Clone, Default)]
-struct Seen(Arc<Mutex<Vec<String>>>);
-
-impl Seen {
-    fn push(&self, line: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
 }
 
 /// A second state, to see that each argument gets its own.

@@ -1,7 +1,7 @@
 //! The declaration macros as a user writes them: scopes, categories and handlers declared with
 //! attributes, found by `Registry::discover()`, and delivered by a relay.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
@@ -9,6 +9,9 @@ use outbox_core::{
     Scope, ScopeId, State, outbox_category, outbox_handler, outbox_scope,
 };
 use serde::{Deserialize, Serialize};
+
+mod common;
+use common::Seen;
 
 #[outbox_scope(id = 1)]
 struct Organization;
@@ -31,26 +34,6 @@ struct AuditEntry {
 #[outbox_category(scope = Organization, id = 12, no_op)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct CacheHint;
-
-/// What the handlers saw, shared through the registry's state.
-#[derive(Debug, Default, Clone)]
-struct Seen(Arc<Mutex<Vec<String>>>);
-
-impl Seen {
-    fn push(&self, line: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-    }
-
-    fn all(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
 
 #[outbox_handler]
 async fn replicate_project(
@@ -112,8 +95,15 @@ fn an_attribute_handler_taking_a_state_nobody_gave_is_refused() {
     assert_eq!(*state_type, std::any::type_name::<Seen>());
     assert_eq!(handler.map(|at| at.file), Some(file!()));
     assert!(
-        error.to_string().contains("takes `State<macros::Seen>`"),
+        error
+            .to_string()
+            .contains("takes `State<macros::common::Seen>`"),
         "{error}"
+    );
+    assert_eq!(
+        error.to_string().matches("tests/macros.rs:").count(),
+        1,
+        "the handler's place, once: {error}"
     );
 }
 
@@ -219,7 +209,7 @@ async fn declared_handlers_deliver() {
     let report = Relay::new(store, registry).drain().await.expect("drain");
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.rows_acknowledged, 5);
-    assert_eq!(seen.all(), ["project 7 v2"]);
+    assert_eq!(seen.lines(), ["project 7 v2"]);
     assert_eq!(
         *AUDITED.lock().unwrap_or_else(PoisonError::into_inner),
         ["create", "rename"]

@@ -5,14 +5,15 @@
 //! `fan_out_models_reach_each_destination` (both backends), and macro-declared models on SQL
 //! are the `regions` and `quickstart` examples' tests.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
     BoxError, Category, CategoryId, Deletion, Destination, ModelBatch, Registry, Relay,
     ReplicatedModel, Replication, State, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
+
+mod common;
+use common::Seen;
 
 #[outbox_scope(id = 1)]
 struct Organization;
@@ -56,23 +57,6 @@ struct Member {
     member_id: i32,
     org: i32,
     email: String,
-}
-
-/// What the handlers saw, in order.
-#[derive(Debug, Default, Clone)]
-struct Seen(Arc<Mutex<Vec<String>>>);
-
-impl Seen {
-    fn push(&self, line: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-    }
-
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
 }
 
 #[outbox_handler]
