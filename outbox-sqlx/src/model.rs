@@ -117,6 +117,9 @@ pub struct Written {
 /// otherwise refuse it, or keep one of the two rows, or update by either), and one outbox per
 /// object and write.
 fn distinct_keys<M: ReplicatedModel>(batch: &ModelBatch<'_, M>) -> Result<(), Error> {
+    if batch.models().len() < 2 {
+        return Ok(());
+    }
     let mut seen = HashSet::with_capacity(batch.models().len());
     for model in batch.models() {
         let key = model.object_identifier();
