@@ -110,6 +110,19 @@ pub enum Error {
         detail: String,
     },
 
+    /// A replicated model does not match its table: found before the model's first write
+    /// (and by the backends' `check_model`), so that no row is written that would not read
+    /// back.
+    #[error("replicated model `{model}` does not match its table `{table}`: {mismatch}")]
+    ModelMismatch {
+        /// The model's category name.
+        model: &'static str,
+        /// The model's table.
+        table: &'static str,
+        /// What does not match.
+        mismatch: ColumnMismatch,
+    },
+
     /// A model write names one key more than once. Nothing is written: which of the models
     /// should the row hold, and which outbox announce it? Write them in separate calls, in
     /// the order they should apply.
@@ -211,6 +224,38 @@ impl fmt::Display for At {
             None => f.write_str("an unknown place"),
         }
     }
+}
+
+/// How a replicated model and its table differ ([`Error::ModelMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ColumnMismatch {
+    /// The table does not exist.
+    #[error("the table does not exist")]
+    NoTable,
+    /// A field has no column.
+    #[error("field `{field}` has no column `{column}`")]
+    MissingColumn {
+        /// The model's field.
+        field: &'static str,
+        /// The column it needs.
+        column: &'static str,
+    },
+    /// A field's type cannot be stored in its column's type and read back as it was.
+    #[error(
+        "field `{field}` is a `{field_type}`, which column `{column}` of type `{column_type}` \
+         does not hold as it is"
+    )]
+    IncompatibleType {
+        /// The model's field.
+        field: &'static str,
+        /// Its column.
+        column: &'static str,
+        /// The field's Rust type.
+        field_type: &'static str,
+        /// The column's database type.
+        column_type: String,
+    },
 }
 
 /// One conflict found while building a [`Registry`](crate::Registry).

@@ -80,6 +80,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod categories;
+pub mod columns;
 mod declare;
 mod error;
 mod flush;
@@ -93,9 +94,11 @@ mod replication;
 pub mod store;
 
 pub use crate::categories::Deliverable;
+pub use crate::columns::{ColumnValue, ColumnVisitor, ModelColumns, ModelRow};
 pub use crate::declare::SourceLocation;
 pub use crate::error::{
-    BoxError, DeliveryError, Error, ExtractError, RegistryProblem, Site, error_chain,
+    BoxError, ColumnMismatch, DeliveryError, Error, ExtractError, RegistryProblem, Site,
+    error_chain,
 };
 pub use crate::flush::{FlushError, Undelivered, WrittenShards};
 pub use crate::handler::{
@@ -112,6 +115,7 @@ pub use crate::relay::{
 };
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
+    check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
 pub use crate::store::{Admin, HandlerMode, Store};

@@ -131,6 +131,11 @@ pub trait Payload: Send + 'static {
     fn from_json_value(json: serde_json::Value) -> Result<Self, serde_json::Error>
     where
         Self: Sized;
+
+    /// A payload read from any serde deserializer (a replicated model from its row).
+    fn from_deserializer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>
+    where
+        Self: Sized;
 }
 
 #[diagnostic::do_not_recommend]
@@ -145,6 +150,12 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {
 
     fn from_json_str(json: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(json)
+    }
+
+    fn from_deserializer<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Self, D::Error> {
+        T::deserialize(deserializer)
     }
 
     fn from_json_value(json: serde_json::Value) -> Result<Self, serde_json::Error> {

@@ -8,7 +8,8 @@ use crate::model::{Category, Destination, Message, Payload};
 
 /// Where a replicated model's rows live: what a backend needs to read and write them.
 ///
-/// Columns are named like the model's fields and hold what serde makes of them.
+/// Columns are named like the model's fields; each holds its field's value, written with the
+/// field's own type ([`ModelColumns`](crate::ModelColumns)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ModelTable {
     /// The table, optionally qualified by its schema (`app.projects`).
@@ -17,8 +18,6 @@ pub struct ModelTable {
     pub key: &'static str,
     /// Every column the model maps, the key included, in field order.
     pub columns: &'static [&'static str],
-    /// The columns the model reads as booleans, which SQLite stores as `0` and `1`.
-    pub bool_columns: &'static [&'static str],
 }
 
 impl ModelTable {
@@ -162,22 +161,23 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
         Ok(messages)
     }
 
-    /// The models as a JSON array of objects keyed by column, the form in which the backends
-    /// hand them to the database. Fails if a model does not serialize to exactly the table's
-    /// columns (a `#[serde(rename)]`, `skip` or `flatten` on a field), so that no column is
-    /// silently written as `NULL`.
-    pub fn rows_json(&self) -> Result<String, Error> {
-        let mut rows = Vec::with_capacity(self.models.len());
-        for model in self.models {
-            let row = model.to_json_value().map_err(|source| Error::Serialize {
-                category: M::NAME,
-                source,
-            })?;
-            check_columns::<M>(&row)?;
-            rows.push(row);
-        }
-        Ok(serde_json::Value::Array(rows).to_string())
+    /// The models as JSON objects keyed by column (each checked with [`check_model_shape`]).
+    pub(crate) fn rows_json(&self) -> Result<Vec<serde_json::Value>, Error> {
+        self.models.iter().map(check_model_shape).collect()
     }
+}
+
+/// The model as a JSON object keyed by column, checked to serialize to exactly its table's
+/// columns: a `#[serde(rename)]`, `skip` or `flatten` on a field would make its row read back
+/// (by column name) as something else, or not at all. The backends check the first model of a
+/// type they write.
+pub fn check_model_shape<M: ReplicatedModel>(model: &M) -> Result<serde_json::Value, Error> {
+    let row = model.to_json_value().map_err(|source| Error::Serialize {
+        category: M::NAME,
+        source,
+    })?;
+    check_columns::<M>(&row)?;
+    Ok(row)
 }
 
 fn check_columns<M: ReplicatedModel>(row: &serde_json::Value) -> Result<(), Error> {
@@ -203,21 +203,6 @@ fn check_columns<M: ReplicatedModel>(row: &serde_json::Value) -> Result<(), Erro
         )));
     }
     Ok(())
-}
-
-/// Reads a row, as a backend returns it (a JSON object keyed by column), into the model.
-pub(crate) fn model_from_row<M: ReplicatedModel>(row: &str) -> Result<M, serde_json::Error> {
-    let mut value: serde_json::Value = serde_json::from_str(row)?;
-    if let serde_json::Value::Object(fields) = &mut value {
-        for column in M::TABLE.bool_columns {
-            if let Some(field) = fields.get_mut(*column)
-                && let Some(number) = field.as_i64()
-            {
-                *field = serde_json::Value::Bool(number != 0);
-            }
-        }
-    }
-    M::from_json_value(value)
 }
 
 /// References to replicated models: one, or a slice, array or vector of them.

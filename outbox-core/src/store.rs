@@ -8,6 +8,7 @@ use std::any::Any;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::replicated::ModelTable;
@@ -343,14 +344,14 @@ pub trait ShardSession: Send + 'static {
         up_to: MessageId,
     ) -> impl Future<Output = Result<Vec<GroupTail>, Error>> + Send;
 
-    /// Reads the row of a replicated model's object whose key column holds `key`, as a JSON
-    /// object keyed by the table's columns; `None` if there is no such row. In transaction
+    /// Reads the row of a replicated model's object whose key column holds `key`, each of
+    /// the table's columns with its value; `None` if there is no such row. In transaction
     /// mode, reads within the claiming transaction.
     fn load_model(
         &mut self,
         table: &ModelTable,
         key: i64,
-    ) -> impl Future<Output = Result<Option<String>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<ModelRow>, Error>> + Send;
 
     /// The connection a handler may use: the claiming transaction's, in transaction mode.
     fn handler_connection(&mut self) -> Option<&mut (dyn Any + Send)>;

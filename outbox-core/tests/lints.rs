@@ -370,7 +370,6 @@ fn the_declarations_are_discovered() {
     );
     assert_eq!(member.tombstone().email, "ada@example.com");
     assert_eq!(Member::TABLE.columns, ["member_id", "org", "email", "type"]);
-    assert_eq!(Project::TABLE.bool_columns, ["archived", "hidden"]);
     let _ = (Ping::Once, Ping::Twice(2), CacheHint);
     assert!(
         SEEN.lock()

@@ -144,12 +144,11 @@ fn the_model_is_its_own_category() {
     assert_eq!(Project::NAME, "project");
     let table = Project::TABLE;
     assert_eq!(
-        (table.table, table.key, table.columns, table.bool_columns),
+        (table.table, table.key, table.columns),
         (
             "projects",
             "id",
             &["id", "organization_id", "name", "archived"][..],
-            &["archived"][..]
         )
     );
     assert_eq!(Member::TABLE.key, "member_id");

@@ -6,7 +6,7 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::Parser;
 use syn::spanned::Spanned;
-use syn::{Field, Fields, GenericArgument, Ident, Item, LitStr, PathArguments, Type, TypePath};
+use syn::{Field, Fields, Ident, Item, LitStr, Type};
 
 use crate::category::{CategoryArgs, CategoryItems};
 use crate::common::{Errors, Macro, hidden, plain_type, set_flag, set_once, unknown_key};
@@ -88,26 +88,6 @@ fn field<'a>(fields: &'a [&'a Field], name: &Ident) -> Option<&'a Field> {
             .as_ref()
             .is_some_and(|ident| ident.unraw() == name.unraw())
     })
-}
-
-/// Whether a field's type is `bool` or `Option<bool>`.
-fn is_bool(ty: &Type) -> bool {
-    let Type::Path(TypePath { qself: None, path }) = ty else {
-        return false;
-    };
-    let Some(last) = path.segments.last() else {
-        return false;
-    };
-    if last.ident == "bool" {
-        return true;
-    }
-    if last.ident != "Option" {
-        return false;
-    }
-    let PathArguments::AngleBracketed(args) = &last.arguments else {
-        return false;
-    };
-    matches!(args.args.first(), Some(GenericArgument::Type(inner)) if is_bool(inner))
 }
 
 /// `field` as the `i64` identifier the outbox stores, type-checked at the field's type.
@@ -209,11 +189,20 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             .unwrap_or_default()
     };
     let columns: Vec<String> = fields.iter().map(|f| column(f)).collect();
-    let bool_columns: Vec<String> = fields
-        .iter()
-        .filter(|f| is_bool(&f.ty))
-        .map(|f| column(f))
-        .collect();
+    // Each column visited with its field's own type: what the backends bind and check.
+    let field_types: Vec<&Type> = fields.iter().map(|f| &f.ty).collect();
+    let visit_values = fields.iter().zip(&columns).map(|(field, column)| {
+        let (ty, ident) = (&field.ty, &field.ident);
+        quote_spanned! {ty.span()=>
+            ::outbox_core::ColumnVisitor::<#ty>::value(visitor, #column, &self.#ident);
+        }
+    });
+    let visit_columns = fields.iter().zip(&columns).map(|(field, column)| {
+        let ty = &field.ty;
+        quote_spanned! {ty.span()=>
+            ::outbox_core::ColumnVisitor::<#ty>::column(visitor, #column);
+        }
+    });
     let key_column = column(key_field);
     let object_identifier = identifier(key_field);
     let shard_identifier = identifier(shard_field);
@@ -241,8 +230,19 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             table: #table,
             key: #key_column,
             columns: &[#(#columns),*],
-            bool_columns: &[#(#bool_columns),*],
         };
+
+        impl<V: ?::core::marker::Sized #(+ ::outbox_core::ColumnVisitor<#field_types>)*>
+            ::outbox_core::ModelColumns<V> for #ident
+        {
+            fn visit_values(&self, visitor: &mut V) {
+                #(#visit_values)*
+            }
+
+            fn visit_columns(visitor: &mut V) {
+                #(#visit_columns)*
+            }
+        }
 
         impl ::outbox_core::ReplicatedModel for #ident {
             const TABLE: ::outbox_core::ModelTable = TABLE;
@@ -284,7 +284,6 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
                 table: "",
                 key: "",
                 columns: &[],
-                bool_columns: &[],
             };
 
             fn object_identifier(&self) -> i64 {
@@ -299,6 +298,10 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
         }
         impl ::outbox_core::LocalModel for #ident {}
         impl ::outbox_core::FanOutModel for #ident {}
+        impl<V: ?::core::marker::Sized> ::outbox_core::ModelColumns<V> for #ident {
+            fn visit_values(&self, _: &mut V) {}
+            fn visit_columns(_: &mut V) {}
+        }
     });
     quote!(#category #model)
 }

@@ -2,13 +2,13 @@
 //! wake-ups (`LISTEN`) and its error codes.
 
 use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease};
-use outbox_core::{Error, Message, ModelTable, ShardKey};
+use outbox_core::{Error, Message, ModelRow, ModelTable, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{Database, PgPool, Postgres, Row};
 
 use crate::wakeups::PgWakeups;
 
@@ -235,6 +235,7 @@ impl Dialect for PgDialect {
     const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
     const BEGIN: &'static str = "BEGIN";
     const WRITES_IN_TRANSACTION: bool = false;
+    const MAX_PARAMETERS: usize = 65535;
     const SQL: Statements = Statements {
         insert_message: INSERT_MESSAGE,
         insert_messages: INSERT_MESSAGES,
@@ -327,20 +328,28 @@ impl Dialect for PgDialect {
             .map_err(database::<Self>("reading a shard"))
     }
 
-    fn model_rows(table: &ModelTable) -> String {
-        crate::model::rows(table)
-    }
-
-    fn model_value(column: &str) -> String {
-        crate::model::value(column)
-    }
-
     fn key_in_list(key: &str) -> String {
         crate::model::key_in_list(key)
     }
 
     fn load_model_sql(table: &ModelTable) -> String {
         crate::model::load_sql(table)
+    }
+
+    fn read_model(row: &<Self::Database as Database>::Row) -> Result<ModelRow, sqlx::Error> {
+        crate::model::read(row)
+    }
+
+    fn placeholder(index: usize) -> String {
+        format!("${index}")
+    }
+
+    fn column_accepts(
+        field: &<Self::Database as Database>::TypeInfo,
+        column: &<Self::Database as Database>::TypeInfo,
+        compatible: bool,
+    ) -> bool {
+        crate::model::accepts(field, column, compatible)
     }
 
     async fn take_turn(&self) {}

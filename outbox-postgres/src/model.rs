@@ -1,37 +1,59 @@
 //! Replicated models on PostgreSQL: the pieces of the statements that write them and read
 //! them back.
 //!
-//! The models travel to the database as one JSON array parameter, which
-//! `json_populate_recordset` turns into rows of the table's own type, so PostgreSQL converts
-//! each value to its column's type.
+//! Each model's fields are parameters of their own types (`bytea` bytes, `uuid`s, timestamps
+//! as themselves); a row is read back as JSON (`to_json`, which renders timestamps, numerics,
+//! UUIDs and arrays as serde reads them), its `bytea` columns beside it as bytes.
 
-use outbox_core::ModelTable;
+use outbox_core::{ColumnValue, ModelRow, ModelTable};
 use outbox_sqlx::model::{column_list, quoted};
-
-/// The rows of parameter `$1`, typed as the table's rows.
-pub(crate) fn rows(table: &ModelTable) -> String {
-    format!(
-        "json_populate_recordset(NULL::{}, $1::text::json) AS s",
-        quoted(table.table)
-    )
-}
-
-/// A column of those rows.
-pub(crate) fn value(column: &str) -> String {
-    format!("s.{}", quoted(column))
-}
+use sqlx::postgres::{PgRow, PgTypeInfo};
+use sqlx::{Column, Row, TypeInfo};
 
 /// The key is one of the array `$1`.
 pub(crate) fn key_in_list(key: &str) -> String {
     format!("{key} = ANY($1)")
 }
 
-/// The statement the relay reads an object with: its columns as one JSON object.
+/// The statement the relay reads an object with: its columns as one JSON object, then the
+/// columns themselves (whose `bytea`s are read as bytes).
 pub(crate) fn load_sql(table: &ModelTable) -> String {
     format!(
-        "SELECT to_json(s)::text FROM (SELECT {} FROM {} WHERE {} = $1) AS s",
+        "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {} WHERE {} = $1) AS s",
         column_list(table, ""),
         quoted(table.table),
         quoted(table.key),
     )
+}
+
+/// A row of [`load_sql`].
+pub(crate) fn read(row: &PgRow) -> Result<ModelRow, sqlx::Error> {
+    let json: String = row.try_get(0)?;
+    let json = serde_json::from_str(&json).map_err(|error| sqlx::Error::Decode(error.into()))?;
+    let mut model = ModelRow::from_json(json)
+        .ok_or_else(|| sqlx::Error::Decode("a model's row is not a JSON object".into()))?;
+    for column in row.columns().iter().skip(1) {
+        if column.type_info().name() == "BYTEA" {
+            let bytes: Option<Vec<u8>> = row.try_get(column.ordinal())?;
+            let value = bytes.map_or(ColumnValue::Null, ColumnValue::Bytes);
+            model.set(column.name(), value);
+        }
+    }
+    Ok(model)
+}
+
+/// Integer types, narrowest first.
+const INTEGERS: [&str; 3] = ["INT2", "INT4", "INT8"];
+
+/// Whether a column of type `column` holds `field`'s values as they are: the driver's answer,
+/// or a wider number (an `i32` in a `BIGINT`, an `f32` in a `DOUBLE PRECISION`, any number in
+/// a `NUMERIC`).
+pub(crate) fn accepts(field: &PgTypeInfo, column: &PgTypeInfo, compatible: bool) -> bool {
+    let (field, column) = (field.name(), column.name());
+    let rank = |name| INTEGERS.iter().position(|integer| *integer == name);
+    let number = |name| rank(name).is_some() || matches!(name, "FLOAT4" | "FLOAT8");
+    compatible
+        || matches!((rank(field), rank(column)), (Some(field), Some(column)) if field <= column)
+        || (field == "FLOAT4" && column == "FLOAT8")
+        || (number(field) && column == "NUMERIC")
 }

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
 };
-use outbox_core::{CategoryId, Error, Message, MessageId, ModelTable, ScopeId, ShardKey};
+use outbox_core::{
+    CategoryId, Error, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey,
+};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
-use sqlx::{Row, Sqlite, SqlitePool};
+use sqlx::{Database, Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// SQLite, for the shared body of the `sqlx` backends.
@@ -318,6 +320,7 @@ impl Dialect for SqliteDialect {
     const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_TRANSACTION: bool = true;
+    const MAX_PARAMETERS: usize = 32766;
     const SQL: Statements = Statements {
         insert_message: INSERT_MESSAGE,
         insert_messages: INSERT_MESSAGES,
@@ -418,20 +421,28 @@ impl Dialect for SqliteDialect {
         Ok(messages)
     }
 
-    fn model_rows(_table: &ModelTable) -> String {
-        crate::model::rows()
-    }
-
-    fn model_value(column: &str) -> String {
-        crate::model::value(column)
-    }
-
     fn key_in_list(key: &str) -> String {
         crate::model::key_in_list(key)
     }
 
     fn load_model_sql(table: &ModelTable) -> String {
         crate::model::load_sql(table)
+    }
+
+    fn read_model(row: &<Self::Database as Database>::Row) -> Result<ModelRow, sqlx::Error> {
+        crate::model::read(row)
+    }
+
+    fn placeholder(index: usize) -> String {
+        format!("?{index}")
+    }
+
+    fn column_accepts(
+        field: &<Self::Database as Database>::TypeInfo,
+        column: &<Self::Database as Database>::TypeInfo,
+        compatible: bool,
+    ) -> bool {
+        crate::model::accepts(field, column, compatible)
     }
 
     async fn take_turn(&self) -> OwnedMutexGuard<()> {

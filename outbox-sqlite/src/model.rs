@@ -1,43 +1,59 @@
 //! Replicated models on SQLite: the pieces of the statements that write them and read them
 //! back.
 //!
-//! The models travel to the database as one JSON array parameter, as the outbox rows do:
-//! `json_each` turns it into rows, `->>` into column values.
+//! Each model's fields are parameters of their own types; a row is read back by each value's
+//! own storage class (a blob as bytes, an integer as an integer).
 
-use outbox_core::ModelTable;
-use outbox_sqlx::model::quoted;
-
-/// `column` as an SQL string literal.
-fn literal(column: &str) -> String {
-    format!("'{}'", column.replace('\'', "''"))
-}
-
-/// The rows of parameter `?1`.
-pub(crate) fn rows() -> String {
-    "json_each(?1) AS s".to_owned()
-}
-
-/// A column of those rows.
-pub(crate) fn value(column: &str) -> String {
-    format!("s.value ->> {}", literal(column))
-}
+use outbox_core::{ColumnValue, ModelRow, ModelTable};
+use outbox_sqlx::model::{column_list, quoted};
+use sqlx::sqlite::{SqliteRow, SqliteTypeInfo};
+use sqlx::{Column, Row, TypeInfo, ValueRef};
 
 /// The key is one of the JSON array `?1`.
 pub(crate) fn key_in_list(key: &str) -> String {
     format!("{key} IN (SELECT value FROM json_each(?1))")
 }
 
-/// The statement the relay reads an object with: its columns as one JSON object.
+/// The statement the relay reads an object with: its columns.
 pub(crate) fn load_sql(table: &ModelTable) -> String {
-    let fields: Vec<String> = table
-        .columns
-        .iter()
-        .map(|column| format!("{}, {}", literal(column), quoted(column)))
-        .collect();
     format!(
-        "SELECT json_object({}) FROM {} WHERE {} = ?1",
-        fields.join(", "),
+        "SELECT {} FROM {} WHERE {} = ?1",
+        column_list(table, ""),
         quoted(table.table),
         quoted(table.key),
     )
+}
+
+/// A row of [`load_sql`], each value by its storage class.
+pub(crate) fn read(row: &SqliteRow) -> Result<ModelRow, sqlx::Error> {
+    let mut model = ModelRow::new();
+    for column in row.columns() {
+        let index = column.ordinal();
+        let raw = row.try_get_raw(index)?;
+        let value = if raw.is_null() {
+            ColumnValue::Null
+        } else {
+            let class = raw.type_info().name().to_owned();
+            match class.as_str() {
+                "INTEGER" | "BOOLEAN" => ColumnValue::Integer(row.try_get_unchecked(index)?),
+                "REAL" => ColumnValue::Real(row.try_get_unchecked(index)?),
+                "BLOB" => ColumnValue::Bytes(row.try_get_unchecked(index)?),
+                _ => ColumnValue::Text(row.try_get_unchecked(index)?),
+            }
+        };
+        model.push(column.name(), value);
+    }
+    Ok(model)
+}
+
+/// Whether a column of type `column` holds `field`'s values as they are. SQLite's declared
+/// types are affinities: one that says nothing of the values (`NUMERIC`, dates and times, a
+/// name SQLite does not know) holds what it is given; the others (integer, real, text, blob)
+/// convert values of another kind, so the driver's answer stands.
+pub(crate) fn accepts(_field: &SqliteTypeInfo, column: &SqliteTypeInfo, compatible: bool) -> bool {
+    compatible
+        || matches!(
+            column.name(),
+            "NULL" | "NUMERIC" | "DATE" | "TIME" | "DATETIME"
+        )
 }

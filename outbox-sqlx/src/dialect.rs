@@ -6,7 +6,7 @@ use std::future::Future;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
 };
-use outbox_core::{Error, Message, ModelTable, ShardKey};
+use outbox_core::{Error, Message, ModelRow, ModelTable, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
@@ -198,19 +198,37 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
             .collect()
     }
 
-    /// The models of a write as rows aliased `s`, the `FROM` item of the model statements:
-    /// `$1` is the models, one JSON array of objects keyed by column.
-    fn model_rows(table: &ModelTable) -> String;
+    /// The most parameters one statement takes: a model write binds as many rows per
+    /// statement as fit.
+    const MAX_PARAMETERS: usize;
 
-    /// Column `column` of a row of [`Dialect::model_rows`], converted to the column's type.
-    fn model_value(column: &str) -> String;
+    /// Parameter `index` (from 1) in the model statements: `$1`, `?1`.
+    fn placeholder(index: usize) -> String;
+
+    /// Whether a column of type `column` holds a field whose values encode as `field`, and
+    /// reads them back as they were; `compatible` is the driver's own answer (the field type's
+    /// `sqlx::Type::compatible`), which a dialect may widen (an `i32` field in a `BIGINT`
+    /// column) or excuse where the database's types say little.
+    fn column_accepts(
+        field: &<Self::Database as Database>::TypeInfo,
+        column: &<Self::Database as Database>::TypeInfo,
+        compatible: bool,
+    ) -> bool {
+        let _ = (field, column);
+        compatible
+    }
 
     /// The condition that column `key` (quoted) is one of the keys `$1` (bound with
     /// [`Dialect::bind_ids`]): how a deletion finds its rows.
     fn key_in_list(key: &str) -> String;
 
-    /// The statement that reads one model's row as a JSON object keyed by column: `$1` its key.
+    /// The statement that reads one model's row (`$1` its key), decoded by
+    /// [`Dialect::read_model`].
     fn load_model_sql(table: &ModelTable) -> String;
+
+    /// A row of [`Dialect::load_model_sql`]: each column with its value, in the form its
+    /// type has in serde's data model (bytes as bytes, not text).
+    fn read_model(row: &<Self::Database as Database>::Row) -> Result<ModelRow, sqlx::Error>;
 
     /// Waits for the turn of the backend's relay writes (at once, if it takes none).
     fn take_turn(&self) -> impl Future<Output = Self::Turn> + Send;

@@ -30,7 +30,7 @@ pub mod write;
 
 pub use crate::dialect::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 pub use crate::migrate::{migrate, migrator};
-pub use crate::model::Write;
+pub use crate::model::{Columns, Writable, Write};
 pub use crate::session::SqlxSession;
 pub use crate::store::SqlxStore;
 pub use crate::transaction::{OutboxTransaction, begin};
@@ -51,7 +51,7 @@ pub mod __private {
 macro_rules! backend_functions {
     (@model $dialect:ty, $database:ty, $name:ident, $write:ident, $doc:literal) => {
         #[doc = $doc]
-        pub fn $name<'t, 'a: 't, M: $crate::__private::outbox_core::ReplicatedModel>(
+        pub fn $name<'t, 'a: 't, M: $crate::model::Writable<$dialect>>(
             tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
             models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
         ) -> $crate::__private::outbox_core::BoxFuture<
@@ -115,6 +115,17 @@ macro_rules! backend_functions {
              the model's tombstone, for the deletion handler. Returns the rows deleted. A key \
              may appear only once in one call \
              ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
+
+        /// Compares replicated model `M` with its table: every field has its column, of a
+        /// type that holds the field's values as they are. Fails with
+        /// [`Error::ModelMismatch`](outbox_core::Error::ModelMismatch) naming the model, the
+        /// field, the column and both types. The model writes run this check before a model's
+        /// first write in the process; call it at start-up to fail before anything else.
+        pub async fn check_model<M: $crate::model::Writable<$dialect>>(
+            pool: &$crate::__private::sqlx::Pool<$database>,
+        ) -> ::std::result::Result<(), $crate::__private::outbox_core::Error> {
+            $crate::model::check_pooled::<$dialect, M>(pool).await
+        }
 
         /// The migrator for the outbox tables, recorded in `_outbox_migrations`.
         pub fn migrator() -> $crate::__private::sqlx::migrate::Migrator {

@@ -1,15 +1,23 @@
-//! Replicated models: rows written together with their outboxes, one statement per table.
+//! Replicated models: rows written together with their outboxes, each field bound as its own
+//! type, one statement per table (per as many rows as the database takes parameters).
 
+use std::any::TypeId;
 use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
-    BoxFuture, Error, IntoModelBatch, Message, MessageId, ModelBatch, ModelTable, ReplicatedModel,
+    BoxFuture, ColumnMismatch, ColumnVisitor, Error, IntoModelBatch, Message, MessageId,
+    ModelBatch, ModelColumns, ModelTable, ReplicatedModel, check_model_shape,
 };
-use sqlx::{AssertSqlSafe, Transaction};
+use sqlx::error::BoxDynError;
+use sqlx::{
+    Arguments, AssertSqlSafe, Column, Database, Encode, Executor, SqlSafeStr, Statement,
+    Transaction, Type, TypeInfo,
+};
 
-use crate::dialect::Dialect;
-use crate::error::on_table;
-use crate::sql::{Runner, With};
+use crate::dialect::{Dialect, Fault};
+use crate::error::{database, on_table};
+use crate::sql::Runner;
 use crate::write::write_all;
 
 /// One of the model writes.
@@ -56,23 +64,37 @@ pub fn column_list(table: &ModelTable, prefix: &str) -> String {
         .join(", ")
 }
 
-fn insert_sql<D: Dialect>(table: &ModelTable) -> String {
-    let values: Vec<String> = table.columns.iter().map(|c| D::model_value(c)).collect();
+/// `rows` rows of `table`'s columns as parameters, numbered from 1 in row order:
+/// `($1, $2), ($3, $4)`.
+fn values<D: Dialect>(table: &ModelTable, rows: usize) -> String {
+    let width = table.columns.len();
+    (0..rows)
+        .map(|row| {
+            let row: Vec<String> = (1..=width)
+                .map(|column| D::placeholder(row * width + column))
+                .collect();
+            format!("({})", row.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn insert_sql<D: Dialect>(table: &ModelTable, rows: usize) -> String {
     format!(
-        "INSERT INTO {} ({}) SELECT {} FROM {} WHERE true",
+        "INSERT INTO {} ({}) VALUES {}",
         quoted(table.table),
         column_list(table, ""),
-        values.join(", "),
-        D::model_rows(table),
+        values::<D>(table, rows),
     )
 }
 
-/// The statement for `write` of `table`'s models, in `D`'s dialect.
-pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable) -> String {
+/// The statement for `write` of `rows` of `table`'s models, in `D`'s dialect: each model's
+/// columns are parameters of their own types (a deletion's keys are one list parameter).
+pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> String {
     let table_name = quoted(table.table);
     let key = quoted(table.key);
     match write {
-        Write::Insert => insert_sql::<D>(table),
+        Write::Insert => insert_sql::<D>(table, rows),
         Write::Save => {
             let set: Vec<String> = table
                 .updated_columns()
@@ -81,7 +103,7 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable) -> String {
                 .collect();
             format!(
                 "{} ON CONFLICT ({key}) DO UPDATE SET {}",
-                insert_sql::<D>(table),
+                insert_sql::<D>(table, rows),
                 set.join(", "),
             )
         }
@@ -89,17 +111,202 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable) -> String {
             let set: Vec<String> = table
                 .updated_columns()
                 .iter()
-                .map(|column| format!("{} = {}", quoted(column), D::model_value(column)))
+                .map(|column| format!("{0} = s.{0}", quoted(column)))
                 .collect();
             format!(
-                "UPDATE {table_name} SET {} FROM {} WHERE {table_name}.{key} = {}",
+                "WITH s ({}) AS (VALUES {}) UPDATE {table_name} SET {} FROM s \
+                 WHERE {table_name}.{key} = s.{key}",
+                column_list(table, ""),
+                values::<D>(table, rows),
                 set.join(", "),
-                D::model_rows(table),
-                D::model_value(table.key),
             )
         }
         Write::Delete => format!("DELETE FROM {table_name} WHERE {}", D::key_in_list(&key)),
     }
+}
+
+/// The statement that reads the table's columns, every one of them, and no row: what
+/// [`check_model`] compares a model with.
+fn columns_sql(table: &ModelTable) -> String {
+    format!("SELECT * FROM {} WHERE 1 = 0", quoted(table.table))
+}
+
+/// What a model's columns are visited for: binding a write's values, or checking the model's
+/// field types against its table's column types.
+enum Work<D: Dialect> {
+    Bind {
+        arguments: <D::Database as Database>::Arguments,
+        error: Option<BoxDynError>,
+    },
+    Check {
+        columns: Vec<(String, <D::Database as Database>::TypeInfo)>,
+        mismatch: Option<ColumnMismatch>,
+    },
+}
+
+/// The visitor of a model's columns for backend `D` (see [`ModelColumns`]): binds each
+/// field's value as its own type, or checks each field's type against its column's. A
+/// model is written by a backend if this visitor takes every field's type: if the driver
+/// encodes it.
+pub struct Columns<D: Dialect> {
+    work: Work<D>,
+}
+
+impl<D: Dialect> Columns<D> {
+    fn binder() -> Self {
+        Self {
+            work: Work::Bind {
+                arguments: Default::default(),
+                error: None,
+            },
+        }
+    }
+
+    fn into_arguments(self) -> Result<<D::Database as Database>::Arguments, BoxDynError> {
+        match self.work {
+            Work::Bind { error: Some(error), .. } => Err(error),
+            Work::Bind { arguments, .. } => Ok(arguments),
+            Work::Check { .. } => Ok(Default::default()),
+        }
+    }
+}
+
+impl<D, T> ColumnVisitor<T> for Columns<D>
+where
+    D: Dialect,
+    T: for<'t> Encode<'t, D::Database> + Type<D::Database>,
+{
+    fn value(&mut self, _column: &'static str, value: &T) {
+        if let Work::Bind {
+            arguments,
+            error: error @ None,
+        } = &mut self.work
+            && let Err(failed) = arguments.add(value)
+        {
+            *error = Some(failed);
+        }
+    }
+
+    fn column(&mut self, column: &'static str) {
+        let Work::Check {
+            columns,
+            mismatch: mismatch @ None,
+        } = &mut self.work
+        else {
+            return;
+        };
+        match columns.iter().find(|(name, _)| name == column) {
+            None => {
+                *mismatch = Some(ColumnMismatch::MissingColumn {
+                    field: column,
+                    column,
+                });
+            }
+            Some((_, found)) => {
+                if !D::column_accepts(&T::type_info(), found, T::compatible(found)) {
+                    *mismatch = Some(ColumnMismatch::IncompatibleType {
+                        field: column,
+                        column,
+                        field_type: std::any::type_name::<T>(),
+                        column_type: found.name().to_owned(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A replicated model that backend `D` writes: every field of a type the driver encodes.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be written by this backend: a field's type is not one its \
+               database driver encodes",
+    label = "a model with a field the database cannot hold",
+    note = "the error on `ColumnVisitor` names the field's type; enable the `sqlx` feature \
+            that encodes it, or implement `sqlx::Type` and `sqlx::Encode` for it"
+)]
+pub trait Writable<D: Dialect>: ReplicatedModel + ModelColumns<Columns<D>> {}
+
+impl<D: Dialect, M: ReplicatedModel + ModelColumns<Columns<D>>> Writable<D> for M {}
+
+/// Compares model `M` with its table: every field has its column, of a type that holds the
+/// field's values as they are. Fails with [`Error::ModelMismatch`] naming the model, the
+/// field, the column and both types.
+pub async fn check_model<D, M, R>(runner: &mut R) -> Result<(), Error>
+where
+    D: Dialect,
+    M: Writable<D>,
+    R: Runner<Database = D::Database>,
+{
+    let mismatch = |mismatch| Error::ModelMismatch {
+        model: M::NAME,
+        table: M::TABLE.table,
+        mismatch,
+    };
+    let statement = match runner
+        .executor()
+        .prepare(AssertSqlSafe(columns_sql(&M::TABLE)).into_sql_str())
+        .await
+    {
+        Ok(statement) => statement,
+        Err(sqlx::Error::Database(error)) if D::classify(&*error) == Fault::SchemaMissing => {
+            return Err(mismatch(ColumnMismatch::NoTable));
+        }
+        Err(error) => return Err(database::<D>("checking a replicated model's table")(error)),
+    };
+    let mut columns = Columns::<D> {
+        work: Work::Check {
+            columns: statement
+                .columns()
+                .iter()
+                .map(|column| (column.name().to_owned(), column.type_info().clone()))
+                .collect(),
+            mismatch: None,
+        },
+    };
+    M::visit_columns(&mut columns);
+    match columns.work {
+        Work::Check {
+            mismatch: Some(found),
+            ..
+        } => Err(mismatch(found)),
+        _ => Ok(()),
+    }
+}
+
+/// [`check_model`] on a connection of `pool`.
+pub async fn check_pooled<D: Dialect, M: Writable<D>>(
+    pool: &sqlx::Pool<D::Database>,
+) -> Result<(), Error> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(database::<D>("checking a replicated model's table"))?;
+    check_model::<D, M, _>(&mut conn).await
+}
+
+/// The models checked in this process (by type and backend): each is checked once, before
+/// its first write.
+static CHECKED: Mutex<Vec<(TypeId, &'static str)>> = Mutex::new(Vec::new());
+
+/// Checks `M` against its table and the shape of `first` (its serde form has exactly the
+/// table's columns), unless this process has already.
+async fn check_once<D, M, R>(runner: &mut R, first: &M) -> Result<(), Error>
+where
+    D: Dialect,
+    M: Writable<D>,
+    R: Runner<Database = D::Database>,
+{
+    let key = (TypeId::of::<M>(), D::NAME);
+    if CHECKED.lock().unwrap_or_else(PoisonError::into_inner).contains(&key) {
+        return Ok(());
+    }
+    check_model_shape(first)?;
+    check_model::<D, M, R>(runner).await?;
+    CHECKED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(key);
+    Ok(())
 }
 
 /// What a model write did.
@@ -149,28 +356,49 @@ pub async fn apply<D, M, R>(
 ) -> Result<Written, Error>
 where
     D: Dialect,
-    M: ReplicatedModel,
+    M: Writable<D>,
     R: Runner<Database = D::Database>,
 {
-    if batch.models().is_empty() {
+    let Some(first) = batch.models().first() else {
         return Ok(Written {
             rows: 0,
             messages: Vec::new(),
             ids: Vec::new(),
         });
-    }
-    distinct_keys(batch)?;
-    let messages = batch.messages()?;
-    let query = sqlx::query(AssertSqlSafe(model_sql::<D>(write, &M::TABLE)));
-    let query = match write {
-        Write::Delete => D::bind_ids(query, batch.keys()),
-        Write::Insert | Write::Update | Write::Save => query.with(batch.rows_json()?),
     };
-    let done = query
-        .execute(runner.executor())
-        .await
-        .map_err(on_table::<D>(write.operation()))?;
-    let rows = D::rows_affected(&done);
+    distinct_keys(batch)?;
+    check_once::<D, M, R>(runner, first).await?;
+    let messages = batch.messages()?;
+    let mut rows = 0;
+    if write == Write::Delete {
+        let query = D::bind_ids(
+            sqlx::query(AssertSqlSafe(model_sql::<D>(write, &M::TABLE, 0))),
+            batch.keys(),
+        );
+        let done = query
+            .execute(runner.executor())
+            .await
+            .map_err(on_table::<D>(write.operation()))?;
+        rows = D::rows_affected(&done);
+    } else {
+        // As many rows per statement as the database takes parameters.
+        let per_statement = (D::MAX_PARAMETERS / M::TABLE.columns.len().max(1)).max(1);
+        for chunk in batch.models().chunks(per_statement) {
+            let mut columns = Columns::<D>::binder();
+            for model in chunk {
+                model.visit_values(&mut columns);
+            }
+            let sql = AssertSqlSafe(model_sql::<D>(write, &M::TABLE, chunk.len()));
+            let arguments = columns
+                .into_arguments()
+                .map_err(|error| on_table::<D>(write.operation())(sqlx::Error::Encode(error)))?;
+            let done = sqlx::query_with(sql, arguments)
+                .execute(runner.executor())
+                .await
+                .map_err(on_table::<D>(write.operation()))?;
+            rows += D::rows_affected(&done);
+        }
+    }
     let ids = write_all::<D, _>(runner.executor(), &messages).await?;
     Ok(Written {
         rows,
@@ -181,7 +409,7 @@ where
 
 /// `write` on the caller's transaction, the models converted at the call (so that a mistake
 /// there is one error).
-pub fn boxed<'t, 'a: 't, D: Dialect, M: ReplicatedModel>(
+pub fn boxed<'t, 'a: 't, D: Dialect, M: Writable<D>>(
     tx: &'t mut Transaction<'_, D::Database>,
     write: Write,
     models: impl IntoModelBatch<'a, M>,
@@ -205,7 +433,6 @@ mod tests {
             table: "projects",
             key: "id",
             columns: &["id", "name"],
-            bool_columns: &[],
         };
         assert_eq!(column_list(&table, "s."), "s.\"id\", s.\"name\"");
     }

@@ -7,7 +7,7 @@ use outbox_core::store::{
     Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
     ack_then_finish,
 };
-use outbox_core::{CategoryId, Error, MessageId, ModelTable, ScopeId, ShardKey};
+use outbox_core::{CategoryId, Error, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
@@ -315,7 +315,11 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
             .collect()
     }
 
-    async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
+    async fn load_model(
+        &mut self,
+        table: &ModelTable,
+        key: i64,
+    ) -> Result<Option<ModelRow>, Error> {
         const OPERATION: &str = "reading a replicated model";
         let query = sqlx::query(AssertSqlSafe(D::load_model_sql(table))).with(key);
         let mut reader = self.reader().await?;
@@ -323,7 +327,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
             .fetch_optional(D::Database::on(reader.conn()))
             .await
             .map_err(on_table::<D>(OPERATION))?;
-        row.map(|row| get::<D::Database, String>(&row, 0))
+        row.map(|row| D::read_model(&row))
             .transpose()
             .map_err(on_table::<D>(OPERATION))
     }

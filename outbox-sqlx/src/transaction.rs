@@ -4,13 +4,13 @@
 use std::ops::{Deref, DerefMut};
 
 use outbox_core::{
-    Error, IntoModelBatch, Message, MessageId, ReplicatedModel, ShardKey, WrittenShards,
+    Error, IntoModelBatch, Message, MessageId, ShardKey, WrittenShards,
 };
 use sqlx::{Acquire, Database, Pool, Transaction};
 
 use crate::dialect::Dialect;
 use crate::error::database;
-use crate::model::{Write, Written, apply};
+use crate::model::{Writable, Write, Written, apply};
 use crate::sql::Executes;
 use crate::write::{write, write_all};
 
@@ -113,7 +113,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
         Ok(ids)
     }
 
-    async fn models<'a, M: ReplicatedModel>(
+    async fn models<'a, M: Writable<D>>(
         &mut self,
         write: Write,
         models: impl IntoModelBatch<'a, M>,
@@ -131,7 +131,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     }
 
     /// an insert ([`Write::Insert`]) in this transaction.
-    pub async fn insert<'a, M: ReplicatedModel>(
+    pub async fn insert<'a, M: Writable<D>>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -139,7 +139,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     }
 
     /// an update ([`Write::Update`]) in this transaction.
-    pub async fn update<'a, M: ReplicatedModel>(
+    pub async fn update<'a, M: Writable<D>>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -147,7 +147,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     }
 
     /// a save ([`Write::Save`]) in this transaction.
-    pub async fn save<'a, M: ReplicatedModel>(
+    pub async fn save<'a, M: Writable<D>>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -155,7 +155,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     }
 
     /// a deletion ([`Write::Delete`]) in this transaction.
-    pub async fn delete<'a, M: ReplicatedModel>(
+    pub async fn delete<'a, M: Writable<D>>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {

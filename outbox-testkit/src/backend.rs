@@ -5,6 +5,9 @@
 
 use std::future::Future;
 
+use outbox_postgres::PgDialect;
+use outbox_sqlite::SqliteDialect;
+use outbox_sqlx::Writable;
 use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
     Store, WrittenShards,
@@ -127,7 +130,7 @@ pub trait TestBackend: StoreBackend {
 
     /// In one transaction, applies the backend's model write `write` to `models`, then commits,
     /// or rolls back if `commit` is false. Returns the rows the write affected.
-    fn write_models<M: ReplicatedModel>(
+    fn write_models<M: TestModel>(
         &self,
         write: ModelWrite,
         models: ModelBatch<'_, M>,
@@ -144,3 +147,11 @@ pub trait TestBackend: StoreBackend {
         id: i64,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
 }
+
+/// A replicated model the test kit writes: one that every backend writes.
+pub trait TestModel:
+    ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect>
+{
+}
+
+impl<M: ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect>> TestModel for M {}

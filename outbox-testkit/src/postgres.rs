@@ -10,6 +10,14 @@ use outbox_postgres::PgDialect;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
+use std::future::Future;
+
+use outbox_core::{Error, ModelBatch};
+use outbox_sqlx::model::Written;
+use outbox_sqlx::{Dialect, Write};
+use sqlx::Transaction;
+
+use crate::backend::TestModel;
 use crate::sqlx::{Provision, SqlxBackend, SqlxTestDatabase};
 
 /// The server used when `DATABASE_URL` names no PostgreSQL database.
@@ -84,6 +92,14 @@ impl Provision for PgDatabase {
             .unwrap_or_else(|error| {
                 panic!("cannot connect to test database {}: {error}", self.name)
             })
+    }
+
+    fn apply<'t, M: TestModel>(
+        tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
+        write: Write,
+        batch: &'t ModelBatch<'_, M>,
+    ) -> impl Future<Output = Result<Written, Error>> + Send + 't {
+        outbox_sqlx::model::apply::<PgDialect, M, _>(tx, write, batch)
     }
 }
 

@@ -6,6 +6,14 @@ use outbox_sqlite::SqliteDialect;
 use sqlx::SqlitePool;
 use tempfile::TempDir;
 
+use std::future::Future;
+
+use outbox_core::{Error, ModelBatch};
+use outbox_sqlx::model::Written;
+use outbox_sqlx::{Dialect, Write};
+use sqlx::Transaction;
+
+use crate::backend::TestModel;
 use crate::sqlx::{Provision, SqlxBackend, SqlxTestDatabase};
 
 /// A database file in a temporary directory of its own, removed with the test database that
@@ -36,6 +44,14 @@ impl Provision for SqliteFile {
         outbox_sqlite::connect(&self.path)
             .await
             .expect("open the test database")
+    }
+
+    fn apply<'t, M: TestModel>(
+        tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
+        write: Write,
+        batch: &'t ModelBatch<'_, M>,
+    ) -> impl Future<Output = Result<Written, Error>> + Send + 't {
+        outbox_sqlx::model::apply::<SqliteDialect, M, _>(tx, write, batch)
     }
 }
 

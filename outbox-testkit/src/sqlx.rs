@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
     BoxError, Connection, Error, FromContext, HandlerContext, Message, MessageId, ModelBatch,
-    ReplicatedModel, ShardKey, WrittenShards,
+    ShardKey, WrittenShards,
 };
 use outbox_core::{Registry, Relay};
-use outbox_sqlx::model::apply;
+use outbox_sqlx::model::Written;
 use outbox_sqlx::sql::{Executes, Runner, With, get};
 use outbox_sqlx::{Dialect, OutboxTransaction, SqlxStore, Write};
-use sqlx::{AssertSqlSafe, Database, Pool};
+use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
-use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend};
+use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend, TestModel};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
@@ -30,6 +30,13 @@ pub trait Provision: std::fmt::Debug + Send + Sync + Sized + 'static {
 
     /// A new pool on the database.
     fn connect(&self) -> impl Future<Output = Pool<<Self::Dialect as Dialect>::Database>> + Send;
+
+    /// The backend's model write `write` of `batch` in `tx`.
+    fn apply<'t, M: TestModel>(
+        tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
+        write: Write,
+        batch: &'t ModelBatch<'_, M>,
+    ) -> impl Future<Output = Result<Written, Error>> + Send + 't;
 }
 
 /// A database created for one test, removed when the value is dropped:
@@ -133,7 +140,7 @@ impl<P: Provision> SqlxBackend<P> {
         Self { database }
     }
 
-    async fn begin(&self) -> sqlx::Transaction<'static, Db<P>> {
+    async fn begin(&self) -> Transaction<'static, Db<P>> {
         self.database
             .pool()
             .begin_with(P::Dialect::BEGIN)
@@ -278,7 +285,7 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
         self.database.execute(sql).await;
     }
 
-    async fn write_models<M: ReplicatedModel>(
+    async fn write_models<M: TestModel>(
         &self,
         write: ModelWrite,
         models: ModelBatch<'_, M>,
@@ -291,7 +298,7 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
             ModelWrite::Delete => Write::Delete,
         };
         let mut tx = self.begin().await;
-        let written = apply::<P::Dialect, M, _>(&mut tx, write, &models).await?;
+        let written = P::apply(&mut tx, write, &models).await?;
         if commit {
             tx.commit().await.expect("commit");
         } else {

@@ -9,10 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::{
     Admin, BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig,
-    ReplicatedModel,
 };
-use outbox_postgres::PgStore;
-use outbox_sqlite::SqliteStore;
+use outbox_postgres::{PgDialect, PgStore};
+use outbox_sqlite::{SqliteDialect, SqliteStore, Writable};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{
@@ -307,7 +306,7 @@ impl Tx {
     }
 
     /// Inserts models, with their outboxes.
-    pub(crate) async fn insert<'a, M: ReplicatedModel>(
+    pub(crate) async fn insert<'a, M: Model>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -318,7 +317,7 @@ impl Tx {
     }
 
     /// Updates models, with their outboxes.
-    pub(crate) async fn update<'a, M: ReplicatedModel>(
+    pub(crate) async fn update<'a, M: Model>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -329,7 +328,7 @@ impl Tx {
     }
 
     /// Deletes models, with their outboxes (carrying their tombstones).
-    pub(crate) async fn delete<'a, M: ReplicatedModel>(
+    pub(crate) async fn delete<'a, M: Model>(
         &mut self,
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
@@ -355,3 +354,8 @@ impl Tx {
         }
     }
 }
+
+/// A replicated model both backends write.
+pub(crate) trait Model: Writable<SqliteDialect> + Writable<PgDialect> {}
+
+impl<M: Writable<SqliteDialect> + Writable<PgDialect>> Model for M {}

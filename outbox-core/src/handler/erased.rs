@@ -8,7 +8,8 @@ use super::{BoxFuture, Delivery, Handler};
 use crate::categories::Deliverable;
 use crate::error::{BoxError, DeliveryError, ExtractError};
 use crate::model::{MessageId, ShardKey};
-use crate::replicated::{ReplicatedModel, model_from_row};
+use crate::columns::ModelRow;
+use crate::replicated::ReplicatedModel;
 use crate::replication::{Deletion, Replication};
 use crate::store::StoredMessage;
 
@@ -21,8 +22,8 @@ pub(crate) struct RawDelivery<'a> {
     pub(crate) message: &'a StoredMessage,
     pub(crate) attempt: u32,
     pub(crate) fencing_token: i64,
-    /// For a replicated model: its row as JSON, if the relay found it.
-    pub(crate) row: Option<&'a str>,
+    /// For a replicated model: its row, if the relay found it.
+    pub(crate) row: Option<&'a ModelRow>,
 }
 
 /// A delivery kind made from what the relay read.
@@ -55,7 +56,11 @@ impl<C: Deliverable> FromRaw for Delivery<C> {
 impl<M: ReplicatedModel> FromRaw for Replication<M> {
     fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError> {
         let object_identifier = raw.message.object_identifier;
-        let object = model_from_row::<M>(raw.row.unwrap_or_default()).map_err(|source| {
+        let object = match raw.row {
+            Some(row) => row.deserialize::<M>(),
+            None => ModelRow::new().deserialize::<M>(),
+        };
+        let object = object.map_err(|source| {
             DeliveryError::Row {
                 model: raw.category,
                 table: M::TABLE.table,

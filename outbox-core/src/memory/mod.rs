@@ -179,15 +179,11 @@ impl MemoryStore {
     ) -> Result<Vec<MessageId>, Error> {
         let batch = models.into_batch();
         let messages = batch.messages()?;
-        let rows: Vec<serde_json::Value> =
-            serde_json::from_str(&batch.rows_json()?).map_err(|source| Error::Serialize {
-                category: M::NAME,
-                source,
-            })?;
+        let rows = batch.rows_json()?;
         let now = self.now();
         let ids = self.tables(|tables| {
             for (model, row) in batch.models().iter().zip(rows) {
-                tables.put_model(M::TABLE.table, model.object_identifier(), row.to_string());
+                tables.put_model(M::TABLE.table, model.object_identifier(), row);
             }
             messages
                 .iter()

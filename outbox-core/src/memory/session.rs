@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use super::clock::later;
+use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::model::MessageId;
 use crate::replicated::ModelTable;
@@ -59,7 +60,11 @@ impl ShardSession for MemorySession {
         })
     }
 
-    async fn load_model(&mut self, table: &ModelTable, key: i64) -> Result<Option<String>, Error> {
+    async fn load_model(
+        &mut self,
+        table: &ModelTable,
+        key: i64,
+    ) -> Result<Option<ModelRow>, Error> {
         self.store
             .operation("reading a replicated model", |tables, _| {
                 tables.model(table.table, key)

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use super::clock::later;
+use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
@@ -89,7 +90,7 @@ pub(super) struct Tables {
     shards: BTreeMap<ShardKey, BTreeSet<MessageId>>,
     records: BTreeMap<ShardKey, Record>,
     /// Replicated models' rows, as JSON objects keyed by column, by table and key.
-    models: HashMap<(&'static str, i64), String>,
+    models: HashMap<(&'static str, i64), serde_json::Value>,
 }
 
 impl Tables {
@@ -101,7 +102,7 @@ impl Tables {
         id
     }
 
-    pub(super) fn put_model(&mut self, table: &'static str, key: i64, row: String) {
+    pub(super) fn put_model(&mut self, table: &'static str, key: i64, row: serde_json::Value) {
         self.models.insert((table, key), row);
     }
 
@@ -109,8 +110,11 @@ impl Tables {
         self.models.remove(&(table, key)).is_some()
     }
 
-    pub(super) fn model(&self, table: &'static str, key: i64) -> Option<String> {
-        self.models.get(&(table, key)).cloned()
+    pub(super) fn model(&self, table: &'static str, key: i64) -> Option<ModelRow> {
+        self.models
+            .get(&(table, key))
+            .cloned()
+            .and_then(ModelRow::from_json)
     }
 
     fn newest_in(&self, shard: &ShardKey) -> Option<MessageId> {

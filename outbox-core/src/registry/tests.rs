@@ -134,7 +134,6 @@ impl ReplicatedModel for Thing {
         table: "things",
         key: "id",
         columns: &["id"],
-        bool_columns: &[],
     };
     fn object_identifier(&self) -> i64 {
         self.id

@@ -46,7 +46,7 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
             message: &group.newest,
             attempt,
             fencing_token: lease.token,
-            row: row.as_deref(),
+            row: row.as_ref(),
         },
         &mut cx,
     );
