@@ -118,7 +118,9 @@ impl ModelRow {
     /// The row as `T`, each column the field of its name.
     pub fn deserialize<T: Payload>(&self) -> Result<T, serde_json::Error> {
         T::from_deserializer(MapDeserializer::new(
-            self.columns.iter().map(|(name, value)| (name.as_str(), value)),
+            self.columns
+                .iter()
+                .map(|(name, value)| (name.as_str(), value)),
         ))
     }
 }
@@ -198,7 +200,9 @@ impl<'de> de::Deserializer<'de> for &'de ColumnValue {
                 seq.end()?;
                 Ok(value)
             }
-            ColumnValue::Text(text) => de::Deserializer::deserialize_seq(parse_json(text)?, visitor),
+            ColumnValue::Text(text) => {
+                de::Deserializer::deserialize_seq(parse_json(text)?, visitor)
+            }
             ColumnValue::Json(json) => de::Deserializer::deserialize_seq(json, visitor),
             _ => self.deserialize_any(visitor),
         }
@@ -223,7 +227,9 @@ impl<'de> de::Deserializer<'de> for &'de ColumnValue {
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self {
-            ColumnValue::Text(text) => de::Deserializer::deserialize_map(parse_json(text)?, visitor),
+            ColumnValue::Text(text) => {
+                de::Deserializer::deserialize_map(parse_json(text)?, visitor)
+            }
             ColumnValue::Json(json) => de::Deserializer::deserialize_map(json, visitor),
             _ => self.deserialize_any(visitor),
         }
@@ -256,9 +262,12 @@ impl<'de> de::Deserializer<'de> for &'de ColumnValue {
             ColumnValue::Text(text) if text.starts_with('{') => {
                 de::Deserializer::deserialize_enum(parse_json(text)?, name, variants, visitor)
             }
-            ColumnValue::Text(text) => {
-                de::Deserializer::deserialize_enum(text.as_str().into_deserializer(), name, variants, visitor)
-            }
+            ColumnValue::Text(text) => de::Deserializer::deserialize_enum(
+                text.as_str().into_deserializer(),
+                name,
+                variants,
+                visitor,
+            ),
             ColumnValue::Json(json) => {
                 de::Deserializer::deserialize_enum(json, name, variants, visitor)
             }
@@ -329,7 +338,10 @@ mod tests {
         row.push("kind", ColumnValue::Text(r#"{"level":3}"#.into()));
         row.push("tags", ColumnValue::Json(serde_json::json!(["a", "b"])));
         row.push("colour", ColumnValue::Text("Green".into()));
-        row.push("at", ColumnValue::Json(serde_json::json!("2026-01-02T03:04:05+00:00")));
+        row.push(
+            "at",
+            ColumnValue::Json(serde_json::json!("2026-01-02T03:04:05+00:00")),
+        );
         let wide: Wide = row.deserialize().unwrap();
         assert_eq!(
             wide,

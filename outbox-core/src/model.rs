@@ -133,7 +133,9 @@ pub trait Payload: Send + 'static {
         Self: Sized;
 
     /// A payload read from any serde deserializer (a replicated model from its row).
-    fn from_deserializer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>
+    fn from_deserializer<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Self, D::Error>
     where
         Self: Sized;
 }

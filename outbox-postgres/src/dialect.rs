@@ -271,6 +271,11 @@ impl Dialect for PgDialect {
         }
     }
 
+    fn is_missing_table(error: &dyn DatabaseError) -> bool {
+        // undefined_table
+        error.code().as_deref() == Some("42P01")
+    }
+
     fn rows_affected(result: &PgQueryResult) -> u64 {
         result.rows_affected()
     }

@@ -41,11 +41,11 @@ use sqlx::PgPool;
 
 pub use crate::connect::connect;
 pub use crate::dialect::PgDialect;
+pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups};
+pub use outbox_core::store::MIGRATIONS_TABLE;
 /// A replicated model this backend writes (`M: Writable<PgDialect>`): every field of a type
 /// the driver encodes. The bound for code generic over models.
 pub use outbox_sqlx::Writable;
-pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups};
-pub use outbox_core::store::MIGRATIONS_TABLE;
 
 /// The outbox store on a PostgreSQL database: `PgStore::new(pool)`. Apply the migrations
 /// first ([`migrate`]).

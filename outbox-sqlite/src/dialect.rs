@@ -6,9 +6,7 @@ use std::sync::Arc;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
 };
-use outbox_core::{
-    CategoryId, Error, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey,
-};
+use outbox_core::{CategoryId, Error, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
@@ -321,6 +319,7 @@ impl Dialect for SqliteDialect {
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_TRANSACTION: bool = true;
     const MAX_PARAMETERS: usize = 32766;
+    const REFRESH_SCHEMA: Option<&'static str> = Some("SELECT count(*) FROM sqlite_schema");
     const SQL: Statements = Statements {
         insert_message: INSERT_MESSAGE,
         insert_messages: INSERT_MESSAGES,
@@ -352,6 +351,10 @@ impl Dialect for SqliteDialect {
         } else {
             Fault::Other
         }
+    }
+
+    fn is_missing_table(error: &dyn DatabaseError) -> bool {
+        error.message().starts_with("no such table")
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {

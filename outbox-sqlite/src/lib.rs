@@ -43,10 +43,10 @@ use sqlx::SqlitePool;
 
 pub use crate::connect::{connect, connect_options};
 pub use crate::dialect::SqliteDialect;
+pub use outbox_core::store::MIGRATIONS_TABLE;
 /// A replicated model this backend writes (`M: Writable<SqliteDialect>`): every field of a
 /// type the driver encodes. The bound for code generic over models.
 pub use outbox_sqlx::Writable;
-pub use outbox_core::store::MIGRATIONS_TABLE;
 
 /// The outbox store on a SQLite database: `SqliteStore::new(pool)`. Apply the migrations first
 /// ([`migrate`]).

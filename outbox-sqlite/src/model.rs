@@ -14,20 +14,40 @@ pub(crate) fn key_in_list(key: &str) -> String {
     format!("{key} IN (SELECT value FROM json_each(?1))")
 }
 
-/// The statement the relay reads an object with: its columns.
+/// `text` as an SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// The statement the relay reads an object with: its columns, then the names of those
+/// declared `JSON` (whose text is a document, not a string) as a JSON array.
 pub(crate) fn load_sql(table: &ModelTable) -> String {
+    let info = match table.table.split_once('.') {
+        Some((schema, name)) => {
+            format!("pragma_table_info({}, {})", literal(name), literal(schema))
+        }
+        None => format!("pragma_table_info({})", literal(table.table)),
+    };
     format!(
-        "SELECT {} FROM {} WHERE {} = ?1",
+        "SELECT {}, (SELECT json_group_array(name) FROM {info} \
+         WHERE lower(type) IN ('json', 'jsonb')) FROM {} WHERE {} = ?1",
         column_list(table, ""),
         quoted(table.table),
         quoted(table.key),
     )
 }
 
-/// A row of [`load_sql`], each value by its storage class.
+/// A row of [`load_sql`], each value by its storage class (the text of a `JSON` column as the
+/// document it holds).
 pub(crate) fn read(row: &SqliteRow) -> Result<ModelRow, sqlx::Error> {
+    let Some((json_columns, columns)) = row.columns().split_last() else {
+        return Ok(ModelRow::new());
+    };
+    let json_columns: String = row.try_get(json_columns.ordinal())?;
+    let json_columns: Vec<String> =
+        serde_json::from_str(&json_columns).map_err(|error| sqlx::Error::Decode(error.into()))?;
     let mut model = ModelRow::new();
-    for column in row.columns() {
+    for column in columns {
         let index = column.ordinal();
         let raw = row.try_get_raw(index)?;
         let value = if raw.is_null() {
@@ -38,7 +58,14 @@ pub(crate) fn read(row: &SqliteRow) -> Result<ModelRow, sqlx::Error> {
                 "INTEGER" | "BOOLEAN" => ColumnValue::Integer(row.try_get_unchecked(index)?),
                 "REAL" => ColumnValue::Real(row.try_get_unchecked(index)?),
                 "BLOB" => ColumnValue::Bytes(row.try_get_unchecked(index)?),
-                _ => ColumnValue::Text(row.try_get_unchecked(index)?),
+                _ => {
+                    let text: String = row.try_get_unchecked(index)?;
+                    match json_columns.iter().any(|name| name == column.name()) {
+                        true => serde_json::from_str(&text)
+                            .map_or(ColumnValue::Text(text), ColumnValue::Json),
+                        false => ColumnValue::Text(text),
+                    }
+                }
             }
         };
         model.push(column.name(), value);

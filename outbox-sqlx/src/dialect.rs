@@ -157,6 +157,14 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// (Errors of the connection itself, such as I/O, are unavailability already.)
     fn classify(error: &dyn DatabaseError) -> Fault;
 
+    /// A statement that brings the connection's view of the schema up to date, run before a
+    /// model's table is described (SQLite describes a statement with the schema it last
+    /// read, which another connection may have changed since). None by default.
+    const REFRESH_SCHEMA: Option<&'static str> = None;
+
+    /// Whether `error` says that a table does not exist (any table: a replicated model's).
+    fn is_missing_table(error: &dyn DatabaseError) -> bool;
+
     /// The rows a statement affected.
     fn rows_affected(result: &<Self::Database as Database>::QueryResult) -> u64;
 

@@ -10,12 +10,9 @@ use outbox_core::{
     ModelBatch, ModelColumns, ModelTable, ReplicatedModel, check_model_shape,
 };
 use sqlx::error::BoxDynError;
-use sqlx::{
-    Arguments, AssertSqlSafe, Column, Database, Encode, Executor, SqlSafeStr, Statement,
-    Transaction, Type, TypeInfo,
-};
+use sqlx::{Arguments, AssertSqlSafe, Column, Database, Encode, Row, Transaction, Type, TypeInfo};
 
-use crate::dialect::{Dialect, Fault};
+use crate::dialect::Dialect;
 use crate::error::{database, on_table};
 use crate::sql::Runner;
 use crate::write::write_all;
@@ -125,10 +122,13 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> S
     }
 }
 
-/// The statement that reads the table's columns, every one of them, and no row: what
-/// [`check_model`] compares a model with.
+/// The statement that reads the table's columns, every one of them, as one row of `NULL`s:
+/// what [`check_model`] compares a model with (the row's columns carry their types).
 fn columns_sql(table: &ModelTable) -> String {
-    format!("SELECT * FROM {} WHERE 1 = 0", quoted(table.table))
+    format!(
+        "SELECT t.* FROM (SELECT 1) AS one LEFT JOIN {} AS t ON 1 = 0",
+        quoted(table.table)
+    )
 }
 
 /// What a model's columns are visited for: binding a write's values, or checking the model's
@@ -164,7 +164,9 @@ impl<D: Dialect> Columns<D> {
 
     fn into_arguments(self) -> Result<<D::Database as Database>::Arguments, BoxDynError> {
         match self.work {
-            Work::Bind { error: Some(error), .. } => Err(error),
+            Work::Bind {
+                error: Some(error), ..
+            } => Err(error),
             Work::Bind { arguments, .. } => Ok(arguments),
             Work::Check { .. } => Ok(Default::default()),
         }
@@ -230,7 +232,8 @@ impl<D: Dialect, M: ReplicatedModel + ModelColumns<Columns<D>>> Writable<D> for 
 
 /// Compares model `M` with its table: every field has its column, of a type that holds the
 /// field's values as they are. Fails with [`Error::ModelMismatch`] naming the model, the
-/// field, the column and both types.
+/// field, the column and both types. One statement; once it has passed, the model's writes in
+/// this process do not check again.
 pub async fn check_model<D, M, R>(runner: &mut R) -> Result<(), Error>
 where
     D: Dialect,
@@ -242,20 +245,27 @@ where
         table: M::TABLE.table,
         mismatch,
     };
-    let statement = match runner
-        .executor()
-        .prepare(AssertSqlSafe(columns_sql(&M::TABLE)).into_sql_str())
-        .await
-    {
-        Ok(statement) => statement,
-        Err(sqlx::Error::Database(error)) if D::classify(&*error) == Fault::SchemaMissing => {
+    if let Some(refresh) = D::REFRESH_SCHEMA {
+        sqlx::query(refresh)
+            .execute(runner.executor())
+            .await
+            .map_err(database::<D>("checking a replicated model's table"))?;
+    }
+    // Not kept as a prepared statement: the table may change between two checks.
+    let row = sqlx::query(AssertSqlSafe(columns_sql(&M::TABLE)))
+        .persistent(false)
+        .fetch_one(runner.executor())
+        .await;
+    let row = match row {
+        Ok(row) => row,
+        Err(sqlx::Error::Database(error)) if D::is_missing_table(&*error) => {
             return Err(mismatch(ColumnMismatch::NoTable));
         }
         Err(error) => return Err(database::<D>("checking a replicated model's table")(error)),
     };
     let mut columns = Columns::<D> {
         work: Work::Check {
-            columns: statement
+            columns: row
                 .columns()
                 .iter()
                 .map(|column| (column.name().to_owned(), column.type_info().clone()))
@@ -269,8 +279,19 @@ where
             mismatch: Some(found),
             ..
         } => Err(mismatch(found)),
-        _ => Ok(()),
+        _ => {
+            CHECKED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(checked::<D, M>());
+            Ok(())
+        }
     }
+}
+
+/// What [`CHECKED`] records of a model checked for a backend.
+fn checked<D: Dialect, M: 'static>() -> (TypeId, &'static str) {
+    (TypeId::of::<M>(), D::NAME)
 }
 
 /// [`check_model`] on a connection of `pool`.
@@ -284,8 +305,8 @@ pub async fn check_pooled<D: Dialect, M: Writable<D>>(
     check_model::<D, M, _>(&mut conn).await
 }
 
-/// The models checked in this process (by type and backend): each is checked once, before
-/// its first write.
+/// The models checked in this process (by type and backend), by [`check_model`] or before
+/// their first write: a model is checked before its first write unless it has been.
 static CHECKED: Mutex<Vec<(TypeId, &'static str)>> = Mutex::new(Vec::new());
 
 /// Checks `M` against its table and the shape of `first` (its serde form has exactly the
@@ -296,17 +317,15 @@ where
     M: Writable<D>,
     R: Runner<Database = D::Database>,
 {
-    let key = (TypeId::of::<M>(), D::NAME);
-    if CHECKED.lock().unwrap_or_else(PoisonError::into_inner).contains(&key) {
+    if CHECKED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&checked::<D, M>())
+    {
         return Ok(());
     }
     check_model_shape(first)?;
-    check_model::<D, M, R>(runner).await?;
-    CHECKED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(key);
-    Ok(())
+    check_model::<D, M, R>(runner).await
 }
 
 /// What a model write did.

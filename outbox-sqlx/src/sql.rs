@@ -77,6 +77,7 @@ macro_rules! all_of {
 
 all_of!(
     Database<Arguments: IntoArguments<Self>, Connection: sqlx::migrate::Migrate>
+        + sqlx::database::HasStatementCache
         + Executes
         + Binds<i16>
         + Binds<i32>

@@ -3,9 +3,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use outbox_core::{
-    Error, IntoModelBatch, Message, MessageId, ShardKey, WrittenShards,
-};
+use outbox_core::{Error, IntoModelBatch, Message, MessageId, ShardKey, WrittenShards};
 use sqlx::{Acquire, Database, Pool, Transaction};
 
 use crate::dialect::Dialect;

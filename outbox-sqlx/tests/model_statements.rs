@@ -4,7 +4,7 @@
 use outbox_core::{ModelBatch, ModelTable, ReplicatedModel};
 use outbox_postgres::PgDialect;
 use outbox_sqlite::SqliteDialect;
-use outbox_sqlx::model::{apply, model_sql};
+use outbox_sqlx::model::{apply, check_pooled, model_sql};
 use outbox_sqlx::sql::{Executes, get};
 use outbox_sqlx::{Dialect, Writable, Write};
 use outbox_testkit::counting::CountingExecutor;
@@ -23,6 +23,10 @@ where
     database.execute(MODEL_TABLES[0]).await;
     let projects: Vec<_> = (1..=100).map(|id| Project::new(id, id % 7, "p")).collect();
     let batch = ModelBatch::local(&projects);
+    // The model's check against its table, otherwise one more statement on its first write.
+    check_pooled::<P::Dialect, Project>(database.pool())
+        .await
+        .expect("the model matches");
     let mut tx = database.pool().begin().await.expect("begin");
     for write in [Write::Insert, Write::Update, Write::Save, Write::Delete] {
         let mut counting = CountingExecutor::new(&mut tx);
@@ -60,6 +64,9 @@ where
     let projects: Vec<_> = (1..=i64::try_from(count).expect("a count"))
         .map(|id| Project::new(id, id % 7, "p"))
         .collect();
+    check_pooled::<P::Dialect, Project>(database.pool())
+        .await
+        .expect("the model matches");
     let mut tx = database.pool().begin().await.expect("begin");
     let mut counting = CountingExecutor::new(&mut tx);
     let written = apply::<P::Dialect, Project, _>(
@@ -150,7 +157,9 @@ fn sqlite_statements_quote_identifiers_and_bind_each_column() {
     );
     assert_eq!(
         SqliteDialect::load_model_sql(&TABLE),
-        "SELECT \"id\", \"organization_id\", \"name\" FROM \"app\".\"projects\" WHERE \"id\" = ?1"
+        "SELECT \"id\", \"organization_id\", \"name\", (SELECT json_group_array(name) \
+         FROM pragma_table_info('projects', 'app') WHERE lower(type) IN ('json', 'jsonb')) \
+         FROM \"app\".\"projects\" WHERE \"id\" = ?1"
     );
 }
 

@@ -5,13 +5,13 @@
 
 use std::future::Future;
 
-use outbox_postgres::PgDialect;
-use outbox_sqlite::SqliteDialect;
-use outbox_sqlx::Writable;
 use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
     Store, WrittenShards,
 };
+use outbox_postgres::PgDialect;
+use outbox_sqlite::SqliteDialect;
+use outbox_sqlx::Writable;
 
 /// What a scripted outbox transaction ([`TestBackend::write_scoped`]) writes, and where.
 #[derive(Debug, Clone, Copy, Default)]
@@ -149,9 +149,6 @@ pub trait TestBackend: StoreBackend {
 }
 
 /// A replicated model the test kit writes: one that every backend writes.
-pub trait TestModel:
-    ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect>
-{
-}
+pub trait TestModel: ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect> {}
 
 impl<M: ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect>> TestModel for M {}

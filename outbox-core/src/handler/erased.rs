@@ -6,9 +6,9 @@ use std::marker::PhantomData;
 use super::extract::HandlerContext;
 use super::{BoxFuture, Delivery, Handler};
 use crate::categories::Deliverable;
+use crate::columns::ModelRow;
 use crate::error::{BoxError, DeliveryError, ExtractError};
 use crate::model::{MessageId, ShardKey};
-use crate::columns::ModelRow;
 use crate::replicated::ReplicatedModel;
 use crate::replication::{Deletion, Replication};
 use crate::store::StoredMessage;
@@ -60,13 +60,11 @@ impl<M: ReplicatedModel> FromRaw for Replication<M> {
             Some(row) => row.deserialize::<M>(),
             None => ModelRow::new().deserialize::<M>(),
         };
-        let object = object.map_err(|source| {
-            DeliveryError::Row {
-                model: raw.category,
-                table: M::TABLE.table,
-                object_identifier,
-                source,
-            }
+        let object = object.map_err(|source| DeliveryError::Row {
+            model: raw.category,
+            table: M::TABLE.table,
+            object_identifier,
+            source,
         })?;
         Ok(Replication {
             object,
