@@ -264,9 +264,11 @@ async fn main() -> Result<(), BoxError> {
         summary.log.len()
     );
     if serve {
-        // What a service does: the background relay, until the process is asked to stop.
+        // What a service does: the background relay, until the process is asked to stop
+        // (from this call on, SIGTERM and Ctrl-C are the relay's, and no longer kill it).
+        let stop = shutdown_signal();
         println!("relay:   running until SIGTERM or Ctrl-C");
-        let report = relay.run(shutdown_signal()).await?;
+        let report = relay.run(stop).await?;
         println!(
             "relay:   stopped gracefully after {} deliveries",
             report.deliveries
