@@ -18,6 +18,8 @@
 //! - [`Relay::flush`]: deliver what a committed transaction wrote before answering its caller
 //!   (the backends' `OutboxTransaction` collects the [`WrittenShards`]); [`Relay::run`] is the
 //!   background relay, [`Relay::drain`] delivers everything due and returns.
+//! - [`shutdown_signal`]: `relay.run(shutdown_signal())` stops gracefully on SIGTERM (what
+//!   Kubernetes and systemd send) or Ctrl-C.
 //!
 //! Scopes, categories, replicated models and handlers are declared with attribute macros
 //! ([`outbox_scope`], [`outbox_category`], [`replicated_model`], [`outbox_handler`]); the
@@ -91,6 +93,7 @@ mod registry;
 mod relay;
 mod replicated;
 mod replication;
+mod shutdown;
 pub mod store;
 
 pub use crate::categories::Deliverable;
@@ -118,6 +121,7 @@ pub use crate::replicated::{
     check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
+pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{Admin, HandlerMode, Store};
 
 #[cfg(feature = "macros")]

@@ -18,6 +18,24 @@
 //!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn
 //!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
 //!
+//! ## TLS
+//!
+//! No TLS stack is built by default. To connect with `sslmode=require` (or `verify-ca`,
+//! `verify-full`), turn on one of this crate's features, passed through to sqlx:
+//!
+//! - `tls-rustls`: rustls with the *ring* backend and the webpki root certificates (sqlx's
+//!   `tls-rustls-ring-webpki`): pure Rust, no system library;
+//! - `tls-native-tls`: the platform's TLS (sqlx's `tls-native-tls`: OpenSSL on Linux,
+//!   Secure Transport on macOS, SChannel on Windows), with the system's root certificates.
+//!
+//! ```toml
+//! outbox-postgres = { version = "0.1", features = ["tls-rustls"] }
+//! ```
+//!
+//! Without either, a URL that requires TLS cannot connect, and the default
+//! `sslmode=prefer` connects without TLS. Cargo unifies features: if your application already
+//! turns on one of sqlx's TLS features, the relay's connections use it too.
+//!
 //! The body of the backend (transactions, writes, sessions, the store) is `outbox-sqlx`'s,
 //! shared with `outbox-sqlite`; this crate supplies PostgreSQL's SQL, claims, wake-ups and
 //! error codes ([`PgDialect`]).

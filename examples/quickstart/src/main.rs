@@ -12,7 +12,12 @@
 //!
 //! ```text
 //! cargo run -p quickstart
+//! cargo run -p quickstart -- --serve   # then keeps the relay running until SIGTERM or Ctrl-C
 //! ```
+//!
+//! The story delivers with `relay.drain()`, which returns once nothing is due; a service runs
+//! the relay in the background with `relay.run(shutdown_signal())`, as `--serve` does at the
+//! end, and stops it gracefully on SIGTERM (what Kubernetes and systemd send) or Ctrl-C.
 
 // An example program reports what it does on stdout.
 #![allow(clippy::print_stdout)]
@@ -22,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_core::{
     Admin, BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State,
-    outbox_category, outbox_handler, outbox_scope, replicated_model,
+    outbox_category, outbox_handler, outbox_scope, replicated_model, shutdown_signal,
 };
 use outbox_sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
@@ -158,7 +163,8 @@ struct Summary {
     control_projects: Vec<(i64, String)>,
 }
 
-async fn run(dir: &Path) -> Result<Summary, BoxError> {
+/// Runs the story in `dir`; also returns its relay.
+async fn run(dir: &Path) -> Result<(Summary, Relay<SqliteStore>), BoxError> {
     println!(
         "outbox quickstart: cell and control databases in {}",
         dir.display()
@@ -232,18 +238,20 @@ async fn run(dir: &Path) -> Result<Summary, BoxError> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    Ok(Summary {
+    let summary = Summary {
         log,
         pending: [pending_first, pending_second],
         deliveries: [first.deliveries, second.deliveries],
         control_projects,
-    })
+    };
+    Ok((summary, relay))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), BoxError> {
+    let serve = std::env::args().skip(1).any(|arg| arg == "--serve");
     let dir = tempfile::tempdir()?;
-    let summary = run(dir.path()).await?;
+    let (summary, relay) = run(dir.path()).await?;
     for (run, (pending, deliveries)) in summary.pending.iter().zip(summary.deliveries).enumerate() {
         println!(
             "relay:   run {}: {deliveries} deliveries for {pending} messages",
@@ -255,6 +263,17 @@ async fn main() -> Result<(), BoxError> {
         summary.control_projects,
         summary.log.len()
     );
+    if serve {
+        // What a service does: the background relay, until the process is asked to stop
+        // (from this call on, SIGTERM and Ctrl-C are the relay's, and no longer kill it).
+        let stop = shutdown_signal();
+        println!("relay:   running until SIGTERM or Ctrl-C");
+        let report = relay.run(stop).await?;
+        println!(
+            "relay:   stopped gracefully after {} deliveries",
+            report.deliveries
+        );
+    }
     Ok(())
 }
 
@@ -265,7 +284,7 @@ mod tests {
     #[tokio::test]
     async fn replicates_coalesces_renames_and_deletes() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let summary = run(dir.path()).await.expect("the quickstart runs");
+        let (summary, _relay) = run(dir.path()).await.expect("the quickstart runs");
 
         assert_eq!(
             summary.pending,

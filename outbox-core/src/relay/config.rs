@@ -324,8 +324,10 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// Backoff of a shard whose head keeps failing (S19; 2 s doubling to 1 h by default): its
-    /// initial delay is not zero, its cap not below it.
+    /// Backoff of a shard whose head keeps failing (S19; 2 s doubling to 1 h, with jitter, by
+    /// default): its initial delay is not zero, its cap not below it. Its jitter setting
+    /// also applies to the pauses between reconnection attempts of
+    /// [`Relay::run`](crate::Relay::run).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.config.backoff = backoff;
         self
@@ -375,8 +377,10 @@ impl RelayConfigBuilder {
     }
 
     /// Longest pause between reconnection attempts of [`Relay::run`](crate::Relay::run)
-    /// while the database is unreachable (30 s by default; not zero). The other ways to
-    /// deliver return the database's error instead of retrying.
+    /// while the database is unreachable (30 s by default; not zero). The pauses double from
+    /// 100 ms up to it, jittered as the [`backoff`](Self::backoff) is (on by default: relays
+    /// that lost the same database do not come back in lockstep). The other ways to deliver
+    /// return the database's error instead of retrying.
     pub fn max_reconnect_delay(mut self, delay: Duration) -> Self {
         self.config.max_reconnect_delay = delay;
         self
@@ -392,35 +396,66 @@ impl RelayConfigBuilder {
     }
 }
 
-/// Exponential, capped backoff per shard, with optional jitter.
+/// Exponential, capped backoff: the delay after a shard's `n`-th consecutive failure, and the
+/// pause between the background relay's reconnection attempts.
+///
+/// The nominal delay doubles from [`initial`](Self::initial) and is capped at
+/// [`max`](Self::max). With [`jitter`](Self::jitter) (on by default), each delay is drawn at
+/// random between half and all of the nominal one, the "equal jitter" of the AWS
+/// Architecture Blog's *Exponential Backoff And Jitter*: shards that fail together (a
+/// downstream service went away) spread their retries instead of retrying in lockstep, and
+/// a delay is never shorter than half its nominal value nor longer than `max`. Turn jitter
+/// off ([`Backoff::with_jitter`]) for exact, reproducible delays, as tests that assert them
+/// do:
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use outbox_core::Backoff;
+///
+/// let backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
+/// let delay = backoff.delay(3); // nominal 8 s
+/// assert!(delay >= Duration::from_secs(4) && delay <= Duration::from_secs(8));
+///
+/// let exact = backoff.with_jitter(false);
+/// assert_eq!(exact.delay(3), Duration::from_secs(8));
+/// assert_eq!(exact.delay(10), Duration::from_secs(60), "capped");
+/// ```
+///
+/// Computed here rather than with a backoff crate: the delay is a function of an attempt
+/// count that the store keeps per shard (it survives restarts and moves between workers),
+/// while `backon`, the maintained backoff crate, gives delays from an iterator held in
+/// memory, one step per retry (reaching the `n`-th delay means stepping `n` times); its
+/// jitter also adds up to the initial delay on top of the capped one, so its delays may
+/// exceed the cap. One small function serves both the shards' backoff and the relay's
+/// reconnections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Backoff {
-    /// The delay after the first failure (default 2 s).
+    /// The delay after the first failure (default 2 s), before jitter.
     pub initial: Duration,
-    /// The longest delay (default 1 h).
+    /// The longest delay (default 1 h); jitter never exceeds it.
     pub max: Duration,
-    /// Whether to pick each delay at random between half and all of its value.
+    /// Whether to draw each delay at random between half and all of its nominal value
+    /// (default `true`).
     pub jitter: bool,
 }
 
 impl Default for Backoff {
+    /// 2 s doubling to 1 h, with jitter.
     fn default() -> Self {
-        Self {
-            initial: Duration::from_secs(2),
-            max: Duration::from_secs(3600),
-            jitter: false,
-        }
+        Self::new(Duration::from_secs(2), Duration::from_secs(3600))
     }
 }
 
 impl Backoff {
-    /// A backoff from `initial` doubling up to `max`, without jitter.
+    /// A backoff from `initial` doubling up to `max`, with jitter (turn it off with
+    /// [`with_jitter(false)`](Self::with_jitter)).
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
-            jitter: false,
+            jitter: true,
         }
     }
 
@@ -430,21 +465,28 @@ impl Backoff {
         self
     }
 
-    /// The delay after the `attempts`-th consecutive failure (1 for the first).
+    /// The delay after the `attempts`-th consecutive failure (1 for the first; 0 counts as
+    /// 1): `initial` doubled `attempts - 1` times, capped at `max`, then jittered if jitter
+    /// is on. Never overflows, and never exceeds `max`.
     pub fn delay(&self, attempts: u32) -> Duration {
+        let nominal = self.nominal(attempts);
+        if self.jitter {
+            let half = nominal / 2;
+            (half + (nominal - half).mul_f64(rand::random::<f64>())).min(nominal)
+        } else {
+            nominal
+        }
+    }
+
+    /// The delay after the `attempts`-th failure without jitter.
+    fn nominal(&self, attempts: u32) -> Duration {
         let doublings = attempts.saturating_sub(1).min(63);
         let factor = 1u64.checked_shl(doublings).unwrap_or(u64::MAX);
-        let full = u32::try_from(factor)
+        u32::try_from(factor)
             .ok()
             .and_then(|factor| self.initial.checked_mul(factor))
             .unwrap_or(self.max)
-            .min(self.max);
-        if self.jitter {
-            let half = full / 2;
-            half + full.saturating_sub(half).mul_f64(rand::random::<f64>())
-        } else {
-            full
-        }
+            .min(self.max)
     }
 }
 
@@ -549,8 +591,8 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_from_initial_and_caps() {
-        let backoff = Backoff::default();
+    fn backoff_without_jitter_doubles_from_initial_and_caps() {
+        let backoff = Backoff::default().with_jitter(false);
         let delays: Vec<u64> = (1..=13)
             .map(|attempt| backoff.delay(attempt).as_secs())
             .collect();
@@ -560,11 +602,43 @@ mod tests {
             "the seeds' schedule: 2 s doubling to 1 h"
         );
         assert_eq!(
+            (1..=13).map(|_| backoff.delay(5)).collect::<Vec<_>>(),
+            vec![Duration::from_secs(32); 13],
+            "without jitter, a delay is exact and the same every time"
+        );
+        assert_eq!(
             backoff.delay(u32::MAX),
             Duration::from_secs(3600),
             "no overflow"
         );
         assert_eq!(backoff.delay(0), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_default_backoff_is_jittered_within_its_bounds_and_never_above_max() {
+        let backoff = Backoff::default();
+        assert!(backoff.jitter, "jitter is on by default");
+        assert_eq!(RelayConfig::default().backoff(), backoff);
+        assert!(Backoff::new(Duration::from_secs(1), Duration::from_secs(2)).jitter);
+        for (attempts, nominal) in [(1, 2), (6, 64), (12, 3600), (u32::MAX, 3600)] {
+            let nominal = Duration::from_secs(nominal);
+            let delays: Vec<Duration> = (0..200).map(|_| backoff.delay(attempts)).collect();
+            assert!(
+                delays
+                    .iter()
+                    .all(|delay| *delay >= nominal / 2 && *delay <= nominal),
+                "attempt {attempts}: every delay within [{:?}, {nominal:?}]",
+                nominal / 2
+            );
+            assert!(
+                delays.windows(2).any(|pair| pair[0] != pair[1]),
+                "attempt {attempts}: the delays vary"
+            );
+        }
+        assert!(
+            (0..1000).all(|_| backoff.delay(100) <= backoff.max),
+            "never above max"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::config::Backoff;
 use super::pool::ShardPool;
 use super::report::RunReport;
 use super::shard::DrainMode;
@@ -51,7 +52,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             listener: Listener::new(config.wake_on_commit),
             sweep: Sweep::default(),
             outage: Outage::default(),
-            reconnect: Reconnect::new(config.max_reconnect_delay),
+            reconnect: Reconnect::new(config.max_reconnect_delay, config.backoff.jitter),
             report: RunReport::default(),
         }
     }
@@ -377,29 +378,81 @@ impl Outage {
     }
 }
 
-/// Exponential delay between reconnection attempts.
+/// The pauses between reconnection attempts: the relay's [`Backoff`] from
+/// [`Reconnect::FIRST`] up to `max_reconnect_delay`, jittered as the shards' backoff is, over
+/// a count of consecutive failures that a success resets.
+#[derive(Debug)]
 struct Reconnect {
-    next: Duration,
-    max: Duration,
+    backoff: Backoff,
+    failures: u32,
 }
 
 impl Reconnect {
+    /// The nominal pause after the first failure.
     const FIRST: Duration = Duration::from_millis(100);
 
-    fn new(max: Duration) -> Self {
+    fn new(max: Duration, jitter: bool) -> Self {
         Self {
-            next: Self::FIRST,
-            max,
+            backoff: Backoff::new(Self::FIRST.min(max), max).with_jitter(jitter),
+            failures: 0,
         }
     }
 
+    /// The pause after one more consecutive failure.
     fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
-        delay
+        self.failures = self.failures.saturating_add(1);
+        self.backoff.delay(self.failures)
     }
 
     fn reset(&mut self) {
-        self.next = Self::FIRST;
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_pauses_double_to_the_cap_and_reset() {
+        let mut reconnect = Reconnect::new(Duration::from_secs(1), false);
+        let millis: Vec<u128> = (0..7).map(|_| reconnect.next_delay().as_millis()).collect();
+        assert_eq!(millis, [100, 200, 400, 800, 1000, 1000, 1000]);
+        reconnect.reset();
+        assert_eq!(reconnect.next_delay(), Duration::from_millis(100));
+        let mut short = Reconnect::new(Duration::from_millis(30), false);
+        assert_eq!(
+            short.next_delay(),
+            Duration::from_millis(30),
+            "a cap below 100 ms"
+        );
+    }
+
+    #[test]
+    fn reconnect_pauses_are_jittered_within_their_bounds_and_capped() {
+        let max = Duration::from_secs(30);
+        let config = crate::RelayConfig::builder()
+            .max_reconnect_delay(max)
+            .build()
+            .unwrap();
+        let mut reconnect = Reconnect::new(config.max_reconnect_delay, config.backoff.jitter);
+        let mut capped = Vec::new();
+        for failure in 1..=40u32 {
+            let delay = reconnect.next_delay();
+            let nominal = (Reconnect::FIRST * 2u32.pow(failure.min(20) - 1)).min(max);
+            assert!(
+                delay >= nominal / 2 && delay <= nominal,
+                "failure {failure}: {delay:?} outside [{:?}, {nominal:?}]",
+                nominal / 2
+            );
+            if nominal == max {
+                capped.push(delay);
+            }
+        }
+        assert!(capped.len() > 20);
+        assert!(
+            capped.windows(2).any(|pair| pair[0] != pair[1]),
+            "by default, reconnection pauses are jittered: {capped:?}"
+        );
     }
 }

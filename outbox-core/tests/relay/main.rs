@@ -163,15 +163,13 @@ impl Gate {
     }
 }
 
-/// A quick configuration for tests: 2 s backoff doubling to 60 s, quick polling.
+/// A quick configuration for tests: 2 s backoff doubling to 60 s without jitter (the tests
+/// move the clock by exact delays), quick polling.
 fn config(worker: &str) -> RelayConfig {
     RelayConfig::builder()
         .worker_id(worker.to_owned())
         .poll_interval(Duration::from_millis(20))
-        .backoff(Backoff::new(
-            Duration::from_secs(2),
-            Duration::from_secs(60),
-        ))
+        .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).with_jitter(false))
         .build()
         .expect("a valid relay configuration")
 }

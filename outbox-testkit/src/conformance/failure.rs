@@ -95,7 +95,8 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
     };
     let config = config("s19")
         .to_builder()
-        .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(5)))
+        // Without jitter: the test checks each delay of the schedule.
+        .backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(5)).with_jitter(false))
         .build()
         .expect("a valid relay configuration");
     let relay = Relay::with_config(

@@ -129,15 +129,13 @@ macro_rules! store_conformance_tests {
     };
 }
 
-/// A relay configuration for tests: quick polling, the default 2 s backoff.
+/// A relay configuration for tests: quick polling, the default backoff (2 s doubling to 1 h,
+/// jittered).
 pub(crate) fn config(worker: &str) -> RelayConfig {
     RelayConfig::builder()
         .worker_id(worker.to_owned())
         .poll_interval(Duration::from_millis(50))
-        .backoff(Backoff::new(
-            Duration::from_secs(2),
-            Duration::from_secs(3600),
-        ))
+        .backoff(Backoff::default())
         .shutdown_deadline(Duration::from_secs(5))
         .build()
         .expect("a valid relay configuration")
