@@ -40,10 +40,14 @@ pub enum Error {
         reason: String,
     },
 
-    /// The outbox tables are missing or older than this binary expects.
+    /// The outbox tables are missing or older than this binary expects. (A schema newer than
+    /// the binary is fine: outbox migrations are additive.)
     #[error(
-        "the outbox schema is not migrated: {detail}; apply the migrations by calling the \
-         backend's `migrate(&pool)` (`outbox_postgres::migrate`, `outbox_sqlite::migrate`)"
+        "the outbox schema is not migrated: {detail}; apply this binary's outbox migrations \
+         before the relay starts: call `outbox_postgres::migrate(&pool)` or \
+         `outbox_sqlite::migrate(&pool)` at start-up, or, if a migration tool of your own runs \
+         them, give it the backend's `migrator()` (or the SQL files of the backend crate's \
+         `migrations/` directory, recorded in `_outbox_migrations`)"
     )]
     MigrationMissing {
         /// What is missing.
@@ -159,9 +163,12 @@ pub enum Error {
         detail: String,
     },
 
-    /// A relay setting cannot work (see [`RelayConfig`](crate::RelayConfig)): refused when
-    /// the configuration is built.
-    #[error("invalid relay configuration: `{setting}` {problem}")]
+    /// A setting cannot work, and retrying will not change that: a relay setting (see
+    /// [`RelayConfig`](crate::RelayConfig)), refused when the configuration is built, or the
+    /// database connection's (TLS asked for on a build without TLS, a certificate that does
+    /// not verify, options the driver refuses), refused when connecting. A relay meeting it
+    /// at start-up stops with it instead of retrying.
+    #[error("invalid configuration: `{setting}` {problem}")]
     InvalidConfig {
         /// The setting.
         setting: &'static str,
@@ -500,10 +507,13 @@ pub enum DeliveryError {
         category: CategoryId,
     },
 
-    /// The message's scope is not its category's scope: the shard is parked, nothing deleted.
+    /// The message's scope is not its category's scope (the row was written around the typed
+    /// API): nothing is delivered or deleted, and the shard backs off and retries the row, as
+    /// after any failure, until it is repaired or removed.
     #[error(
         "message {message_id} has scope {found}, but its category `{category}` belongs to \
-         scope {expected} (`{expected_name}`); the shard is parked"
+         scope {expected} (`{expected_name}`); the row is kept and its shard backs off, retrying \
+         it, until the row is repaired or removed"
     )]
     ScopeMismatch {
         /// The message.
@@ -567,14 +577,91 @@ pub enum ExtractError {
     },
 }
 
-/// Renders an error with all of its causes: `outer: inner: innermost`.
+/// Renders an error with all of its causes: `outer: inner: innermost`, each cause once.
+///
+/// Many errors (`sqlx`'s among them) print their cause in their own message and return it
+/// from [`source`](std::error::Error::source) as well; a cause whose text the message printed
+/// last holds already is not printed again.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
+    let mut last = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !cause_text.is_empty() && !last.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+            last = cause_text;
+        }
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+
+    use super::{Error, error_chain};
+
+    /// An error with a cause, which its message prints (as `sqlx`'s errors do) or not.
+    #[derive(Debug)]
+    struct Cause {
+        text: &'static str,
+        prints_cause: bool,
+        cause: Option<Box<Cause>>,
+    }
+
+    impl Cause {
+        fn new(text: &'static str, prints_cause: bool, cause: Option<Cause>) -> Self {
+            Self {
+                text,
+                prints_cause,
+                cause: cause.map(Box::new),
+            }
+        }
+    }
+
+    impl fmt::Display for Cause {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.text)?;
+            match &self.cause {
+                Some(cause) if self.prints_cause => write!(f, ": {cause}"),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    impl std::error::Error for Cause {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.cause.as_deref().map(|cause| cause as _)
+        }
+    }
+
+    #[test]
+    fn error_chains_print_each_cause_once() {
+        let innermost = Cause::new("expected `,` at line 1 column 768", false, None);
+        let middle = Cause::new("error decoding column 0", true, Some(innermost));
+        let error = Error::Database {
+            operation: "reading a model",
+            source: Box::new(middle),
+        };
+        assert_eq!(
+            error_chain(&error),
+            "database error while reading a model: error decoding column 0: expected `,` at \
+             line 1 column 768"
+        );
+    }
+
+    #[test]
+    fn error_chains_print_causes_their_errors_do_not() {
+        let inner = Cause::new("connection refused", false, None);
+        let error = Error::Unavailable {
+            source: Box::new(Cause::new("cannot connect", false, Some(inner))),
+        };
+        assert_eq!(
+            error_chain(&error),
+            "database unavailable: cannot connect: connection refused"
+        );
+    }
 }

@@ -10,14 +10,19 @@ use crate::dialect::PgDialect;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`).
+/// Opens a pool on the PostgreSQL database at `url` (`postgres://user@host:port/database`, or
+/// `postgresql://`).
 ///
-/// A URL that does not parse is an [`Error::InvalidDatabaseUrl`]; a server that does not
-/// answer within five seconds is an [`Error::Unavailable`]. The pool has 20 connections: the
-/// relay drains 16 shards at once by default, each on a connection of its own. For other pool
+/// A URL of another scheme (`postgress://`, `mysql://`, `sqlite:`) or one that does not parse
+/// is an [`Error::InvalidDatabaseUrl`] naming what is wrong (never the password); a URL asking
+/// for TLS (`sslmode=require`) on a build of sqlx without TLS, or a TLS set-up that fails, is
+/// an [`Error::InvalidConfig`]; neither is worth retrying. A server that does not answer
+/// within five seconds is an [`Error::Unavailable`]. The pool has 20 connections: the relay
+/// drains 16 shards at once by default, each on a connection of its own. For other pool
 /// settings, build the pool with `sqlx`'s `PgPoolOptions` yourself: the outbox needs nothing
 /// special of it.
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
+    check_scheme(url)?;
     let options: PgConnectOptions =
         url.parse()
             .map_err(|error: sqlx::Error| Error::InvalidDatabaseUrl {
@@ -41,6 +46,44 @@ pub async fn connect(url: &str) -> Result<PgPool, Error> {
         .map_err(database::<PgDialect>("connecting to PostgreSQL"))
 }
 
+/// Refuses a URL that is not PostgreSQL's: sqlx would read `postgress://` or `mysql://` as a
+/// PostgreSQL address, and fail (or connect) far from the typo.
+fn check_scheme(url: &str) -> Result<(), Error> {
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme)
+        .filter(|scheme| {
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        });
+    match scheme {
+        Some(scheme)
+            if scheme.eq_ignore_ascii_case("postgres")
+                || scheme.eq_ignore_ascii_case("postgresql") =>
+        {
+            Ok(())
+        }
+        Some(scheme) => Err(Error::InvalidDatabaseUrl {
+            url: redact(url),
+            reason: format!(
+                "the scheme `{scheme}:` is not PostgreSQL's: expected `postgres://` or \
+                 `postgresql://`{}",
+                if scheme.eq_ignore_ascii_case("sqlite") {
+                    " (a SQLite database opens with `outbox_sqlite::connect`)"
+                } else {
+                    ""
+                }
+            ),
+        }),
+        None => Err(Error::InvalidDatabaseUrl {
+            url: redact(url),
+            reason: "expected a URL beginning `postgres://` or `postgresql://`".to_owned(),
+        }),
+    }
+}
+
 /// The URL without its password, for error messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -62,7 +105,31 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{check_scheme, redact};
+
+    #[test]
+    fn only_postgres_schemes_are_accepted() {
+        for url in [
+            "postgres://app@db/x",
+            "postgresql://app@db/x",
+            "POSTGRES://app@db/x",
+        ] {
+            assert!(check_scheme(url).is_ok(), "{url}");
+        }
+        for (url, scheme) in [
+            ("postgress://app:secret@db/x", "postgress:"),
+            ("mysql://app:secret@db/x", "mysql:"),
+            ("sqlite://outbox.db", "sqlite:"),
+        ] {
+            let error = check_scheme(url).expect_err(url).to_string();
+            assert!(
+                error.contains(&format!("`{scheme}`")) && error.contains("`postgres://`"),
+                "{error}"
+            );
+            assert!(!error.contains("secret"), "{error}");
+        }
+        assert!(check_scheme("not a url").is_err());
+    }
 
     #[test]
     fn redacts_passwords() {

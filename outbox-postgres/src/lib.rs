@@ -4,7 +4,9 @@
 //! transactions, and let an [`outbox_core::Relay`] over a [`PgStore`] deliver them.
 //!
 //! - [`migrate`] applies the embedded migrations, recorded in the library's own
-//!   `_outbox_migrations` table (never the application's `_sqlx_migrations`).
+//!   `_outbox_migrations` table (never the application's `_sqlx_migrations`). Run it (or give
+//!   [`migrator`] to a migration tool of your own) before the relay starts; see
+//!   [Upgrades](#upgrades) for rolling deploys.
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or connection;
 //!   [`write_all`] uses one statement however many messages there are.
 //! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
@@ -35,6 +37,17 @@
 //! Without either, a URL that requires TLS cannot connect, and the default
 //! `sslmode=prefer` connects without TLS. Cargo unifies features: if your application already
 //! turns on one of sqlx's TLS features, the relay's connections use it too.
+//!
+//! ## Upgrades
+//!
+//! The outbox migrations are additive: each adds tables, columns, indexes or constraints and
+//! never takes away what an older binary reads or writes. A binary of version N runs against a
+//! schema at N or newer: in a rolling deploy, the first new binary migrates and the old ones
+//! keep running beside it. An old binary's [`migrate`] on the newer schema applies nothing and
+//! succeeds, and it and the relay's start-up check each log one `warn` line naming the
+//! versions the binary knows and those the database has. A schema older than the binary is
+//! not enough: the relay refuses to start ([`Error::MigrationMissing`]) until [`migrate`] has
+//! run. So: migrate first (from the new binary, or a job before the rollout), then roll out.
 //!
 //! The body of the backend (transactions, writes, sessions, the store) is `outbox-sqlx`'s,
 //! shared with `outbox-sqlite`; this crate supplies PostgreSQL's SQL, claims, wake-ups and

@@ -6,6 +6,7 @@ use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
 use outbox_testkit::postgres::{PgTestDatabase, server_url};
+use sqlx::postgres::{PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -188,6 +189,76 @@ async fn connecting_reports_bad_urls_and_absent_servers() {
     assert!(
         !error.to_string().contains("secret"),
         "the password is not shown: {error}"
+    );
+}
+
+/// A URL of another scheme is refused before anything connects, naming the scheme and what is
+/// expected: a `postgress://` typo does not reach the (real, answering) server, a `mysql://`
+/// URL is not looked up as a PostgreSQL host.
+#[tokio::test]
+async fn connecting_refuses_urls_of_other_schemes() {
+    let database = PgTestDatabase::create().await;
+    let url = database.url();
+    outbox_postgres::connect(&url)
+        .await
+        .expect("the database's own URL connects")
+        .close()
+        .await;
+    let authority = url.split_once("://").expect("a URL").1;
+    for scheme in ["postgress", "mysql", "sqlite"] {
+        let wrong = format!("{scheme}://{authority}");
+        let error = outbox_postgres::connect(&wrong)
+            .await
+            .expect_err("another scheme is refused");
+        assert!(
+            matches!(error, Error::InvalidDatabaseUrl { .. }),
+            "{wrong}: {error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("`{scheme}:`")) && text.contains("`postgres://`"),
+            "{text}"
+        );
+    }
+    let error = outbox_postgres::connect("mysql://app:secret@db.example/x")
+        .await
+        .expect_err("another scheme is refused");
+    assert!(!error.to_string().contains("secret"), "{error}");
+}
+
+/// A URL asking for TLS (`sslmode=require`) on this build, whose sqlx has no TLS, is a
+/// configuration error, not an outage: `connect` says so, and a relay on a pool of the
+/// caller's stops at start-up with it instead of retrying forever.
+#[tokio::test]
+async fn tls_without_tls_support_is_a_configuration_error() {
+    let database = PgTestDatabase::create().await;
+    let url = format!("{}?sslmode=require", database.url());
+    let error = outbox_postgres::connect(&url)
+        .await
+        .expect_err("this build cannot do TLS");
+    assert!(
+        matches!(error, Error::InvalidConfig { setting: "TLS", .. }) && !error.is_unavailable(),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("TLS"), "{error}");
+
+    let options = database.connect_options().ssl_mode(PgSslMode::Require);
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options);
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(
+        PgStore::new(pool),
+        recorder.registry(),
+        config("tls", false, Duration::from_millis(50)),
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(30), relay.run(std::future::pending()))
+        .await
+        .expect("the relay stops instead of retrying");
+    let error = outcome.expect_err("the relay cannot start");
+    assert!(
+        matches!(error, Error::InvalidConfig { setting: "TLS", .. }),
+        "{error:?}"
     );
 }
 

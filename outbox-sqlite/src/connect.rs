@@ -1,4 +1,5 @@
 use std::path::Path;
+use std::str::FromStr;
 use std::time::Duration;
 
 use outbox_core::Error;
@@ -13,8 +14,11 @@ use crate::dialect::SqliteDialect;
 /// never block the writer), `synchronous = NORMAL` (durable at each WAL checkpoint, safe with
 /// WAL), and a 10 s busy timeout so concurrent writers wait for each other instead of failing.
 pub fn connect_options(path: &Path) -> SqliteConnectOptions {
-    SqliteConnectOptions::new()
-        .filename(path)
+    outbox_settings(SqliteConnectOptions::new().filename(path))
+}
+
+fn outbox_settings(options: SqliteConnectOptions) -> SqliteConnectOptions {
+    options
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
@@ -22,10 +26,75 @@ pub fn connect_options(path: &Path) -> SqliteConnectOptions {
 }
 
 /// Opens a pool on the database file at `path` with [`connect_options`].
+///
+/// `path` is a file path, or a `sqlite:` URL (`sqlite://outbox.db`, `sqlite:outbox.db`; its
+/// options go under the outbox's, which [`connect_options`] lists). Any other URL
+/// (`postgres://`, `mysql://`) is an [`Error::InvalidDatabaseUrl`] naming its scheme (never
+/// the rest, which may hold a password), not a file of that name.
 pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
+    let options = match url_scheme(path) {
+        None => connect_options(path),
+        Some(scheme) if scheme.eq_ignore_ascii_case("sqlite") => {
+            let url = path.to_str().unwrap_or_default();
+            let options =
+                SqliteConnectOptions::from_str(url).map_err(|error| Error::InvalidDatabaseUrl {
+                    url: url.to_owned(),
+                    reason: error.to_string(),
+                })?;
+            outbox_settings(options)
+        }
+        Some(scheme) => {
+            return Err(Error::InvalidDatabaseUrl {
+                url: format!("{scheme}://…"),
+                reason: format!(
+                    "the scheme `{scheme}:` is not SQLite's: expected a file path or a \
+                     `sqlite:` URL{}",
+                    if scheme.to_ascii_lowercase().starts_with("postgres") {
+                        " (a PostgreSQL database opens with `outbox_postgres::connect`)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    };
     SqlitePoolOptions::new()
         .max_connections(8)
-        .connect_with(connect_options(path))
+        .connect_with(options)
         .await
         .map_err(database::<SqliteDialect>("connecting to SQLite"))
+}
+
+/// The scheme of `path` if it is a URL: `sqlite:` followed by anything, or any scheme followed
+/// by `://`.
+fn url_scheme(path: &Path) -> Option<&str> {
+    let text = path.to_str()?;
+    let (scheme, rest) = text.split_once(':')?;
+    let is_scheme = scheme.len() > 1
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (is_scheme && (scheme.eq_ignore_ascii_case("sqlite") || rest.starts_with("//")))
+        .then_some(scheme)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::url_scheme;
+
+    #[test]
+    fn urls_are_told_from_paths() {
+        assert_eq!(url_scheme(Path::new("outbox.db")), None);
+        assert_eq!(url_scheme(Path::new("/var/lib/app/outbox.db")), None);
+        assert_eq!(url_scheme(Path::new("C:/data/outbox.db")), None);
+        assert_eq!(url_scheme(Path::new("sqlite://outbox.db")), Some("sqlite"));
+        assert_eq!(url_scheme(Path::new("sqlite:outbox.db")), Some("sqlite"));
+        assert_eq!(
+            url_scheme(Path::new("postgres://app:secret@db/x")),
+            Some("postgres")
+        );
+    }
 }

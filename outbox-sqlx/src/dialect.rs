@@ -19,6 +19,9 @@ pub enum Fault {
     Unavailable,
     /// An outbox table, column or function is missing: [`Error::MigrationMissing`].
     SchemaMissing,
+    /// The connection is configured in a way that cannot work (TLS asked for on a build
+    /// without it, options the driver refuses): [`Error::InvalidConfig`], never retried.
+    Configuration,
     /// Anything else: [`Error::Database`].
     Other,
 }

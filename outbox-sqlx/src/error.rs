@@ -1,12 +1,14 @@
 //! Driver errors as the outbox's typed errors.
 
-use outbox_core::Error;
+use outbox_core::{Error, error_chain};
 
 use crate::dialect::{Dialect, Fault};
 
 /// Maps a driver error on the outbox's own tables: connectivity (the connection, the pool, or
 /// the server saying it is going away) to [`Error::Unavailable`], a missing outbox table or
-/// column to [`Error::MigrationMissing`], anything else to [`Error::Database`].
+/// column to [`Error::MigrationMissing`], a connection that cannot work as configured (TLS
+/// asked for on a build without it, say) to [`Error::InvalidConfig`], anything else to
+/// [`Error::Database`]. Only [`Error::Unavailable`] is worth retrying.
 pub fn database<D: Dialect>(operation: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |error| match fault::<D>(&error) {
         Fault::SchemaMissing => Error::MigrationMissing {
@@ -31,8 +33,11 @@ pub fn on_table<D: Dialect>(operation: &'static str) -> impl FnOnce(sqlx::Error)
 
 fn fault<D: Dialect>(error: &sqlx::Error) -> Fault {
     match error {
+        // A TLS error made of an I/O error is the network's; any other (no TLS in this build,
+        // a certificate that does not verify, a server without TLS) is the configuration's.
+        sqlx::Error::Tls(source) if caused_by_io(source.as_ref()) => Fault::Unavailable,
+        sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => Fault::Configuration,
         sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -42,11 +47,33 @@ fn fault<D: Dialect>(error: &sqlx::Error) -> Fault {
     }
 }
 
+/// Whether `error` or one of its causes is an I/O error.
+fn caused_by_io(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.is::<std::io::Error>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 fn typed(operation: &'static str, fault: Fault, error: sqlx::Error) -> Error {
     match fault {
         Fault::Unavailable => Error::Unavailable {
             source: Box::new(error),
         },
+        Fault::Configuration => {
+            let (setting, problem) = match &error {
+                sqlx::Error::Tls(_) => ("TLS", "cannot be set up for the database connection"),
+                _ => ("connection options", "are refused by the database driver"),
+            };
+            Error::InvalidConfig {
+                setting,
+                problem: format!("{problem} while {operation}: {}", error_chain(&error)),
+            }
+        }
         Fault::SchemaMissing | Fault::Other => Error::Database {
             operation,
             source: Box::new(error),

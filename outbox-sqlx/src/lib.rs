@@ -10,6 +10,16 @@
 //! (`outbox_postgres::PgStore` is `SqlxStore<PgDialect>`); this crate is for writing a
 //! backend. [`sql::Sql`] is everything it asks of a `sqlx` driver.
 //!
+//! ## Upgrades
+//!
+//! A backend's migrations ([`Dialect::MIGRATIONS`]) must be additive: a new one adds tables,
+//! columns, indexes or constraints and never renames or drops what an older binary's
+//! statements use, so that a binary runs against its own schema or any newer one (a rolling
+//! deploy runs both). [`migrator()`] accepts a database with versions it does not know;
+//! [`migrate()`] and the store's schema check say so in one `warn` line each; a schema missing
+//! one of the binary's own migrations is [`Error::MigrationMissing`](outbox_core::Error::MigrationMissing)
+//! until migrated (see [`migrate`](mod@migrate)).
+//!
 //! ## Writing a third backend
 //!
 //! A dialect type implementing [`Dialect`] (usually a unit struct): the [`Statements`] in the
@@ -127,13 +137,17 @@ macro_rules! backend_functions {
             $crate::model::check_pooled::<$dialect, M>(pool).await
         }
 
-        /// The migrator for the outbox tables, recorded in `_outbox_migrations`.
+        /// The migrator for the outbox tables, recorded in `_outbox_migrations`, for a
+        /// migration tool of your own. It accepts a database that a newer binary migrated
+        /// further (outbox migrations are additive).
         pub fn migrator() -> $crate::__private::sqlx::migrate::Migrator {
             $crate::migrator::<$dialect>()
         }
 
         /// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe
-        /// to run from several processes at once.
+        /// to run from several processes at once. On a database a newer binary migrated
+        /// further it applies nothing, succeeds, and logs one `warn` line naming both sets of
+        /// versions: this binary runs on the newer schema (outbox migrations are additive).
         pub async fn migrate(
             pool: &$crate::__private::sqlx::Pool<$database>,
         ) -> ::std::result::Result<(), $crate::__private::outbox_core::Error> {

@@ -1,15 +1,32 @@
 //! The embedded migrations, recorded in the outbox's own table.
+//!
+//! # Upgrades
+//!
+//! The outbox migrations are additive: a migration adds tables, columns, indexes or
+//! constraints that older binaries' statements do not contradict, and never renames or drops
+//! what an older binary reads or writes. So a binary that embeds migrations up to N runs
+//! against a schema at N, or at any newer version: during a rolling deploy, old and new
+//! binaries run side by side once the new one has migrated. [`migrate`] of an older binary on
+//! a newer schema applies nothing and succeeds, and both it and the store's start-up check
+//! say once, in a `warn` log line, which versions the binary knows and which the database has.
+//! A schema older than the binary is not enough: apply the binary's migrations first
+//! (`migrate(&pool)`, or the SQL files in the backend crate's `migrations/` with the
+//! migration tool of your own); until then the relay refuses to start
+//! ([`Error::MigrationMissing`]).
 
 use std::borrow::Cow;
 
 use outbox_core::Error;
 use outbox_core::store::MIGRATIONS_TABLE;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::{Migrate, Migration, MigrationType, Migrator};
 use sqlx::{Pool, SqlSafeStr};
 
 use crate::dialect::Dialect;
 
 /// The migrator for a backend's outbox tables, recorded in `_outbox_migrations`.
+///
+/// It accepts a database that has applied migrations it does not embed (a newer binary's):
+/// outbox migrations are additive, so an older binary keeps working on a newer schema.
 pub fn migrator<D: Dialect>() -> Migrator {
     let migrations = D::MIGRATIONS
         .iter()
@@ -25,16 +42,59 @@ pub fn migrator<D: Dialect>() -> Migrator {
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator.set_ignore_missing(true);
     migrator
 }
 
 /// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe to run
 /// from several processes at once.
+///
+/// A database that has applied migrations newer than this binary's (during a rolling deploy,
+/// say) is left as it is, and a `warn` line names both sets of versions: the binary runs on it
+/// (see the [module documentation](self)).
 pub async fn migrate<D: Dialect>(pool: &Pool<D::Database>) -> Result<(), Error> {
-    migrator::<D>()
-        .run(pool)
+    let failed = |source: sqlx::migrate::MigrateError| Error::Migrate {
+        source: Box::new(source),
+    };
+    migrator::<D>().run(pool).await.map_err(failed)?;
+    let mut conn = pool.acquire().await.map_err(|source| Error::Migrate {
+        source: Box::new(source),
+    })?;
+    let applied: Vec<i64> = conn
+        .list_applied_migrations(MIGRATIONS_TABLE)
         .await
-        .map_err(|source| Error::Migrate {
-            source: Box::new(source),
-        })
+        .map_err(failed)?
+        .into_iter()
+        .map(|migration| migration.version)
+        .collect();
+    note_newer_schema::<D>(&applied);
+    Ok(())
+}
+
+/// The versions among `applied` that are newer than every migration this binary embeds.
+pub(crate) fn newer_versions<D: Dialect>(applied: &[i64]) -> Vec<i64> {
+    let newest_known = D::MIGRATIONS
+        .iter()
+        .map(|migration| migration.version)
+        .max()
+        .unwrap_or(0);
+    applied
+        .iter()
+        .copied()
+        .filter(|version| *version > newest_known)
+        .collect()
+}
+
+/// Says, in one `warn` line, that the database's schema is newer than this binary's, if it is.
+pub(crate) fn note_newer_schema<D: Dialect>(applied: &[i64]) {
+    if newer_versions::<D>(applied).is_empty() {
+        return;
+    }
+    let known: Vec<i64> = D::MIGRATIONS.iter().map(|m| m.version).collect();
+    tracing::warn!(
+        backend = D::NAME,
+        "the outbox schema is newer than this binary (it knows migrations {known:?}, the \
+         database has {applied:?}): running on it, as outbox migrations are additive; finish \
+         the rollout to the newer binary"
+    );
 }

@@ -155,6 +155,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(database::<D>(OPERATION))?;
         check_migrations(&applied, D::MIGRATIONS)?;
+        crate::migrate::note_newer_schema::<D>(&applied);
         D::check_schema(&self.pool).await
     }
 

@@ -286,7 +286,15 @@ pub async fn missing_migration_is_a_typed_error<B: TestBackend>() {
         .await
         .expect_err("an unmigrated database is refused");
     assert!(matches!(error, Error::MigrationMissing { .. }), "{error:?}");
-    assert!(error.to_string().contains("migrate(&pool)"), "{error}");
+    let advice = error.to_string();
+    assert!(
+        advice.contains("migrate(&pool)") && advice.contains("migrator()"),
+        "it advises what a user of the crates has: {advice}"
+    );
+    assert!(
+        !advice.contains("xtask"),
+        "not this repository's tools: {advice}"
+    );
     let error = backend
         .store()
         .check_schema()

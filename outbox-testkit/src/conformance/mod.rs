@@ -16,6 +16,7 @@
 
 mod concurrency;
 mod delivery;
+mod deploys;
 mod failure;
 mod flush;
 mod models;
@@ -34,6 +35,7 @@ use outbox_core::{
 
 pub use self::concurrency::*;
 pub use self::delivery::*;
+pub use self::deploys::*;
 pub use self::failure::*;
 pub use self::flush::*;
 pub use self::models::*;
@@ -75,6 +77,8 @@ macro_rules! conformance_tests {
             a_key_twice_in_one_model_write_is_refused,
             fan_out_models_reach_each_destination,
             unreadable_model_rows_are_precise_failures,
+            older_binary_runs_on_a_newer_schema,
+            error_chains_print_each_cause_once,
         );
     };
     (@each $backend:ty; $($name:ident),* $(,)?) => {
@@ -102,7 +106,7 @@ macro_rules! store_conformance_tests {
             s02_budgets_do_not_cut_a_flush_short,
             flush_due_leaves_cascades_for_the_next_pass,
             s04_scope_mismatch_is_rejected_before_the_database,
-            s04_stored_row_with_a_mismatched_scope_parks_its_shard,
+            s04_stored_row_with_a_mismatched_scope_backs_its_shard_off,
             s10_groups_in_order_of_oldest_row_with_newest_payload,
             s10_coalescing_reaches_beyond_one_read,
             s11_two_writes_to_one_group_are_one_call,

@@ -3,9 +3,11 @@
 use outbox_core::{
     Category, CategoryId, DeliveryError, Destination, Error, Message, RawMessage, Relay, Scope,
 };
+use std::time::Duration;
+
 use serde_json::json;
 
-use super::{config, pending, pending_ids, state_of, write};
+use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgScope, OrgUpdate, Recorder, UserScope, UserUpdate, note};
 
@@ -115,8 +117,9 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: StoreBackend>
 }
 
 /// S4: a row whose scope is not its category's (written behind the API's back) is never
-/// delivered or deleted: its shard is parked with an error naming both scopes.
-pub async fn s04_stored_row_with_a_mismatched_scope_parks_its_shard<B: StoreBackend>() {
+/// delivered or deleted: its shard backs off (it is not parked: no binary would know better)
+/// with an error naming both scopes and saying so.
+pub async fn s04_stored_row_with_a_mismatched_scope_backs_its_shard_off<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s04"));
@@ -147,6 +150,12 @@ pub async fn s04_stored_row_with_a_mismatched_scope_parks_its_shard<B: StoreBack
         error.contains("scope 2") && error.contains("org_update"),
         "{error}"
     );
+    assert!(
+        error.contains("backs off") && !error.contains("parked"),
+        "the error says what happens: {error}"
+    );
+    assert_eq!(state.parked_category, None, "the shard is not parked");
+    assert_in(state.retry_at, Duration::from_secs(2), "the shard's retry");
 }
 
 /// S5: a bulk write inserts every row with one statement.
