@@ -414,3 +414,9 @@ impl Dialect for PgDialect {
         PgWakeups::listen(pool).await.map(Some)
     }
 }
+
+impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, PgDialect> for &'c mut sqlx::PgConnection {
+    fn target(self) -> outbox_sqlx::model::Target<'c, 'static, PgDialect> {
+        outbox_sqlx::model::Target::Connection(self)
+    }
+}

@@ -522,3 +522,11 @@ impl Dialect for SqliteDialect {
         Ok(())
     }
 }
+
+impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, SqliteDialect>
+    for &'c mut sqlx::SqliteConnection
+{
+    fn target(self) -> outbox_sqlx::model::Target<'c, 'static, SqliteDialect> {
+        outbox_sqlx::model::Target::Connection(self)
+    }
+}

@@ -61,14 +61,20 @@ pub mod __private {
 macro_rules! backend_functions {
     (@model $dialect:ty, $database:ty, $name:ident, $write:ident, $doc:literal) => {
         #[doc = $doc]
-        pub fn $name<'t, 'a: 't, M: $crate::model::Writable<$dialect>>(
-            tx: &'t mut $crate::__private::sqlx::Transaction<'_, $database>,
+        ///
+        /// Runs where `target` says, as [`write`] does: `&mut tx` joins the caller's
+        /// transaction; a `&mut` connection or a `&pool` runs it in a transaction of its own,
+        /// committed before it returns (the rows and their outboxes together, or neither).
+        /// The model is compared with its table before its first write in the process
+        /// ([`check_model`]).
+        pub fn $name<'f, 'c: 'f, 't: 'f, 'a: 'f, M: $crate::model::Writable<$dialect>>(
+            target: impl $crate::model::ModelTarget<'c, 't, $dialect> + 'f,
             models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
         ) -> $crate::__private::outbox_core::BoxFuture<
-            't,
+            'f,
             ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
         > {
-            $crate::model::boxed::<$dialect, M>(tx, $crate::Write::$write, models)
+            $crate::model::boxed::<$dialect, M>(target, $crate::Write::$write, models)
         }
     };
     ($dialect:ty, $database:ty) => {
@@ -103,25 +109,25 @@ macro_rules! backend_functions {
         }
 
         $crate::backend_functions!(@model $dialect, $database, insert, Insert,
-            "Inserts new models and writes their outboxes, in the caller's transaction: two \
-             statements however many models there are. Returns the rows inserted. Fails, \
+            "Inserts new models and writes their outboxes: two statements however many models \
+             there are (up to the database's parameter limit). Returns the rows inserted. Fails, \
              writing nothing, if a key exists already, or appears twice in the call \
              ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
         $crate::backend_functions!(@model $dialect, $database, update, Update,
-            "Updates existing models (matched by key) and writes their outboxes, in the \
-             caller's transaction: two statements however many models there are. Returns the \
+            "Updates existing models (matched by key) and writes their outboxes: two \
+             statements however many models there are (up to the database's parameter limit). Returns the \
              rows updated; a model without a row still gets its outbox, delivered as a \
              deletion. A key may appear only once in one call \
              ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");
         $crate::backend_functions!(@model $dialect, $database, save, Save,
-            "Inserts or updates models (by key) and writes their outboxes, in the caller's \
-             transaction: two statements however many models there are. Returns the rows \
+            "Inserts or updates models (by key) and writes their outboxes: two statements \
+             however many models there are (up to the database's parameter limit). Returns the rows \
              written. A key may appear only once in one call \
              ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)): write the newer \
              state in a call of its own.");
         $crate::backend_functions!(@model $dialect, $database, delete, Delete,
-            "Deletes the models' rows, then writes their outboxes, in the caller's \
-             transaction: two statements however many models there are. Each outbox carries \
+            "Deletes the models' rows, then writes their outboxes: two statements however many \
+             models there are. Each outbox carries \
              the model's tombstone, for the deletion handler. Returns the rows deleted. A key \
              may appear only once in one call \
              ([`Error::DuplicateKey`](outbox_core::Error::DuplicateKey)).");

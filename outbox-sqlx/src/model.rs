@@ -245,31 +245,13 @@ where
         table: M::TABLE.table,
         mismatch,
     };
-    if let Some(refresh) = D::REFRESH_SCHEMA {
-        sqlx::query(refresh)
-            .execute(runner.executor())
-            .await
-            .map_err(database::<D>("checking a replicated model's table"))?;
-    }
-    // Not kept as a prepared statement: the table may change between two checks.
-    let row = sqlx::query(AssertSqlSafe(columns_sql(&M::TABLE)))
-        .persistent(false)
-        .fetch_one(runner.executor())
-        .await;
-    let row = match row {
-        Ok(row) => row,
-        Err(sqlx::Error::Database(error)) if D::is_missing_table(&*error) => {
-            return Err(mismatch(ColumnMismatch::NoTable));
-        }
-        Err(error) => return Err(database::<D>("checking a replicated model's table")(error)),
+    let found = match table_columns::<D, R>(runner, &M::TABLE).await? {
+        Some(found) => found,
+        None => return Err(mismatch(ColumnMismatch::NoTable)),
     };
     let mut columns = Columns::<D> {
         work: Work::Check {
-            columns: row
-                .columns()
-                .iter()
-                .map(|column| (column.name().to_owned(), column.type_info().clone()))
-                .collect(),
+            columns: found,
             mismatch: None,
         },
     };
@@ -292,6 +274,69 @@ where
 /// What [`CHECKED`] records of a model checked for a backend.
 fn checked<D: Dialect, M: 'static>() -> (TypeId, &'static str) {
     (TypeId::of::<M>(), D::NAME)
+}
+
+/// The columns of `table` with their types; `None` if there is no such table.
+async fn table_columns<D, R>(
+    runner: &mut R,
+    table: &ModelTable,
+) -> Result<Option<Vec<(String, <D::Database as Database>::TypeInfo)>>, Error>
+where
+    D: Dialect,
+    R: Runner<Database = D::Database>,
+{
+    const OPERATION: &str = "checking a replicated model's table";
+    if let Some(refresh) = D::REFRESH_SCHEMA {
+        sqlx::query(refresh)
+            .execute(runner.executor())
+            .await
+            .map_err(database::<D>(OPERATION))?;
+    }
+    // Not kept as a prepared statement: the table may change between two checks.
+    let row = sqlx::query(AssertSqlSafe(columns_sql(table)))
+        .persistent(false)
+        .fetch_one(runner.executor())
+        .await;
+    match row {
+        Ok(row) => Ok(Some(
+            row.columns()
+                .iter()
+                .map(|column| (column.name().to_owned(), column.type_info().clone()))
+                .collect(),
+        )),
+        Err(sqlx::Error::Database(error)) if D::is_missing_table(&*error) => Ok(None),
+        Err(error) => Err(database::<D>(OPERATION)(error)),
+    }
+}
+
+/// Checks that each model's table exists with every column it maps (what the relay can check
+/// without the models' field types): [`Store::check_tables`](outbox_core::Store::check_tables).
+pub async fn check_tables<D, R>(
+    runner: &mut R,
+    models: &[(&'static str, ModelTable)],
+) -> Result<(), Error>
+where
+    D: Dialect,
+    R: Runner<Database = D::Database>,
+{
+    for &(model, table) in models {
+        let mismatch = |mismatch| Error::ModelMismatch {
+            model,
+            table: table.table,
+            mismatch,
+        };
+        let Some(found) = table_columns::<D, R>(runner, &table).await? else {
+            return Err(mismatch(ColumnMismatch::NoTable));
+        };
+        if let Some(column) = table
+            .columns
+            .iter()
+            .find(|column| !found.iter().any(|(name, _)| name == *column))
+        {
+            return Err(mismatch(ColumnMismatch::MissingColumn { field: column, column }));
+        }
+    }
+    Ok(())
 }
 
 /// [`check_model`] on a connection of `pool`.
@@ -426,16 +471,76 @@ where
     })
 }
 
-/// `write` on the caller's transaction, the models converted at the call (so that a mistake
-/// there is one error).
-pub fn boxed<'t, 'a: 't, D: Dialect, M: Writable<D>>(
-    tx: &'t mut Transaction<'_, D::Database>,
+/// Where a model write runs: in the caller's transaction (its statements join it, and commit
+/// or roll back with it), or on a connection or a pool, in a transaction of its own that
+/// commits before the write returns (the rows and their outboxes together, or neither).
+#[derive(Debug)]
+pub enum Target<'c, 't, D: Dialect> {
+    /// The caller's transaction.
+    Transaction(&'c mut Transaction<'t, D::Database>),
+    /// A connection (in a transaction of the caller's, the write's own is a savepoint).
+    Connection(&'c mut <D::Database as Database>::Connection),
+    /// A pool.
+    Pool(&'c Pool<D::Database>),
+}
+
+/// What the model writes take, as `write` takes an executor: `&mut Transaction`, the
+/// backend's `&mut` connection, or `&Pool`.
+#[diagnostic::on_unimplemented(
+    message = "a model write runs on `&mut Transaction`, a `&mut` connection or a `&Pool` of \
+               its database, not `{Self}`",
+    label = "not a transaction, connection or pool of this backend"
+)]
+pub trait ModelTarget<'c, 't, D: Dialect>: Send {
+    /// Where the write runs.
+    fn target(self) -> Target<'c, 't, D>;
+}
+
+impl<'c, 't, D: Dialect> ModelTarget<'c, 't, D> for &'c mut Transaction<'t, D::Database> {
+    fn target(self) -> Target<'c, 't, D> {
+        Target::Transaction(self)
+    }
+}
+
+impl<'c, D: Dialect> ModelTarget<'c, 'static, D> for &'c Pool<D::Database> {
+    fn target(self) -> Target<'c, 'static, D> {
+        Target::Pool(self)
+    }
+}
+
+/// [`apply`] where `target` says: in the caller's transaction, or in one of its own.
+pub async fn apply_to<'c, 't, D, M>(
+    target: impl ModelTarget<'c, 't, D>,
+    write: Write,
+    batch: &ModelBatch<'_, M>,
+) -> Result<Written, Error>
+where
+    D: Dialect,
+    M: Writable<D>,
+{
+    let mut own = match target.target() {
+        Target::Transaction(tx) => return apply::<D, M, _>(tx, write, batch).await,
+        Target::Connection(conn) => sqlx::Connection::begin(conn).await,
+        Target::Pool(pool) => pool.begin().await,
+    }
+    .map_err(database::<D>("beginning a transaction"))?;
+    let written = apply::<D, M, _>(&mut own, write, batch).await?;
+    own.commit()
+        .await
+        .map_err(database::<D>("committing a model write"))?;
+    Ok(written)
+}
+
+/// `write` where `target` says, the models converted at the call (so that a mistake there is
+/// one error).
+pub fn boxed<'f, 'c: 'f, 't: 'f, 'a: 'f, D: Dialect, M: Writable<D>>(
+    target: impl ModelTarget<'c, 't, D> + 'f,
     write: Write,
     models: impl IntoModelBatch<'a, M>,
-) -> BoxFuture<'t, Result<u64, Error>> {
+) -> BoxFuture<'f, Result<u64, Error>> {
     let batch = models.into_batch();
     Box::pin(async move {
-        let written = apply::<D, M, _>(tx, write, &batch).await?;
+        let written = apply_to::<D, M>(target, write, &batch).await?;
         Ok(written.rows)
     })
 }
