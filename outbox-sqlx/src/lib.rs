@@ -67,7 +67,7 @@ macro_rules! backend_functions {
         /// committed before it returns (the rows and their outboxes together, or neither).
         /// The model is compared with its table before its first write in the process
         /// ([`check_model`]).
-        pub fn $name<'f, 'c: 'f, 't: 'f, 'a: 'f, M: $crate::model::Writable<$dialect>>(
+        pub fn $name<'f, 'c: 'f, 't: 'c, 'a: 'f, M: $crate::model::Writable<$dialect>>(
             target: impl $crate::model::ModelTarget<'c, 't, $dialect> + 'f,
             models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
         ) -> $crate::__private::outbox_core::BoxFuture<

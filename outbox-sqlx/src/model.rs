@@ -10,7 +10,9 @@ use outbox_core::{
     ModelBatch, ModelColumns, ModelTable, ReplicatedModel, check_model_shape,
 };
 use sqlx::error::BoxDynError;
-use sqlx::{Arguments, AssertSqlSafe, Column, Database, Encode, Row, Transaction, Type, TypeInfo};
+use sqlx::{
+    Arguments, AssertSqlSafe, Column, Database, Encode, Pool, Row, Transaction, Type, TypeInfo,
+};
 
 use crate::dialect::Dialect;
 use crate::error::{database, on_table};
@@ -333,7 +335,10 @@ where
             .iter()
             .find(|column| !found.iter().any(|(name, _)| name == *column))
         {
-            return Err(mismatch(ColumnMismatch::MissingColumn { field: column, column }));
+            return Err(mismatch(ColumnMismatch::MissingColumn {
+                field: column,
+                column,
+            }));
         }
     }
     Ok(())
@@ -341,7 +346,7 @@ where
 
 /// [`check_model`] on a connection of `pool`.
 pub async fn check_pooled<D: Dialect, M: Writable<D>>(
-    pool: &sqlx::Pool<D::Database>,
+    pool: &Pool<D::Database>,
 ) -> Result<(), Error> {
     let mut conn = pool
         .acquire()
@@ -474,7 +479,6 @@ where
 /// Where a model write runs: in the caller's transaction (its statements join it, and commit
 /// or roll back with it), or on a connection or a pool, in a transaction of its own that
 /// commits before the write returns (the rows and their outboxes together, or neither).
-#[derive(Debug)]
 pub enum Target<'c, 't, D: Dialect> {
     /// The caller's transaction.
     Transaction(&'c mut Transaction<'t, D::Database>),
@@ -482,6 +486,16 @@ pub enum Target<'c, 't, D: Dialect> {
     Connection(&'c mut <D::Database as Database>::Connection),
     /// A pool.
     Pool(&'c Pool<D::Database>),
+}
+
+impl<D: Dialect> std::fmt::Debug for Target<'_, '_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Target::Transaction(_) => "Target::Transaction",
+            Target::Connection(_) => "Target::Connection",
+            Target::Pool(_) => "Target::Pool",
+        })
+    }
 }
 
 /// What the model writes take, as `write` takes an executor: `&mut Transaction`, the
@@ -509,7 +523,7 @@ impl<'c, D: Dialect> ModelTarget<'c, 'static, D> for &'c Pool<D::Database> {
 }
 
 /// [`apply`] where `target` says: in the caller's transaction, or in one of its own.
-pub async fn apply_to<'c, 't, D, M>(
+pub async fn apply_to<'c, 't: 'c, D, M>(
     target: impl ModelTarget<'c, 't, D>,
     write: Write,
     batch: &ModelBatch<'_, M>,
@@ -533,7 +547,7 @@ where
 
 /// `write` where `target` says, the models converted at the call (so that a mistake there is
 /// one error).
-pub fn boxed<'f, 'c: 'f, 't: 'f, 'a: 'f, D: Dialect, M: Writable<D>>(
+pub fn boxed<'f, 'c: 'f, 't: 'c, 'a: 'f, D: Dialect, M: Writable<D>>(
     target: impl ModelTarget<'c, 't, D> + 'f,
     write: Write,
     models: impl IntoModelBatch<'a, M>,

@@ -16,22 +16,22 @@ type Db<P> = <<P as Provision>::Dialect as Dialect>::Database;
 /// (projects, outbox rows) as another connection sees them.
 async fn committed<P: Provision>(database: &SqlxTestDatabase<P>) -> (i64, i64) {
     let mut conn = database.pool().acquire().await.expect("a connection");
-    let mut count = |sql: &'static str| {
-        let conn = &mut *conn;
-        async move {
-            let row = sqlx::query(sql)
-                .fetch_one(Db::<P>::on(conn))
-                .await
-                .expect("count");
-            get::<Db<P>, i64>(&row, 0).expect("a count")
-        }
-    };
-    let projects = count("SELECT count(*) FROM projects").await;
-    let outboxes = count("SELECT count(*) FROM outbox_messages").await;
+    let mut counts = Vec::new();
+    for sql in [
+        "SELECT count(*) FROM projects",
+        "SELECT count(*) FROM outbox_messages",
+    ] {
+        let row = sqlx::query(sql)
+            .fetch_one(Db::<P>::on(&mut conn))
+            .await
+            .expect("count");
+        counts.push(get::<Db<P>, i64>(&row, 0).expect("a count"));
+    }
+    let (projects, outboxes) = (counts[0], counts[1]);
     (projects, outboxes)
 }
 
-async fn write<'c, 't, P: Provision>(
+async fn write<'c, 't: 'c, P: Provision>(
     target: impl ModelTarget<'c, 't, P::Dialect>,
     write: Write,
     projects: &[Project],
@@ -58,7 +58,12 @@ where
 
     // A pool: committed on return.
     let first = [Project::new(1, 7, "a"), Project::new(2, 7, "b")];
-    assert_eq!(write::<P>(pool, Write::Insert, &first).await.expect("insert"), 2);
+    assert_eq!(
+        write::<P>(pool, Write::Insert, &first)
+            .await
+            .expect("insert"),
+        2
+    );
     assert_eq!(committed(&database).await, (2, 2));
 
     // A connection outside any transaction: committed on return.
@@ -97,8 +102,15 @@ where
     let error = write::<P>(pool, Write::Insert, &batch)
         .await
         .expect_err("key 1 exists");
-    assert!(matches!(error, outbox_core::Error::Database { .. }), "{error:?}");
-    assert_eq!(committed(&database).await, (2, 3), "nothing of the failed batch");
+    assert!(
+        matches!(error, outbox_core::Error::Database { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        committed(&database).await,
+        (2, 3),
+        "nothing of the failed batch"
+    );
 }
 
 #[tokio::test]

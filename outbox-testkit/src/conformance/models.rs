@@ -2,8 +2,8 @@
 //! while present and deleted once gone; fan-out models reach each destination.
 
 use outbox_core::{
-    Category, ColumnMismatch, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry, Relay, Scope,
-    ShardKey, error_chain,
+    Category, ColumnMismatch, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry,
+    Relay, Scope, ShardKey, error_chain,
 };
 
 use super::{config, pending};
@@ -396,7 +396,7 @@ pub async fn a_model_without_its_table_stops_the_relay_at_start<B: TestBackend>(
     let backend = B::create().await;
     let recorder = ModelRecorder::default();
     let message = outbox_core::Message::new::<Project>(7, 1, &()).expect("a message");
-    backend.write(&message).await.expect("write");
+    backend.write(std::slice::from_ref(&message)).await.expect("write");
     let relay = Relay::with_config(backend.store(), registry(&recorder), config("tables"));
     let error = relay.drain().await.expect_err("no table");
     assert!(
@@ -428,7 +428,9 @@ pub async fn a_model_without_its_table_stops_the_relay_at_start<B: TestBackend>(
         "{error:?}"
     );
     assert!(
-        error.to_string().contains("field `name` has no column `name`"),
+        error
+            .to_string()
+            .contains("field `name` has no column `name`"),
         "{error}"
     );
     assert!(recorder.take().is_empty(), "nothing delivered");
