@@ -396,7 +396,10 @@ pub async fn a_model_without_its_table_stops_the_relay_at_start<B: TestBackend>(
     let backend = B::create().await;
     let recorder = ModelRecorder::default();
     let message = outbox_core::Message::new::<Project>(7, 1, &()).expect("a message");
-    backend.write(std::slice::from_ref(&message)).await.expect("write");
+    backend
+        .write(std::slice::from_ref(&message))
+        .await
+        .expect("write");
     let relay = Relay::with_config(backend.store(), registry(&recorder), config("tables"));
     let error = relay.drain().await.expect_err("no table");
     assert!(
