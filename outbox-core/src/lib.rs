@@ -117,8 +117,8 @@ pub use crate::relay::{
     Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport, ShardFailure,
 };
 pub use crate::replicated::{
-    FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
-    check_model_shape,
+    FanOutModel, Identifier, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable,
+    ReplicatedModel, check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
 pub use crate::shutdown::shutdown_signal;

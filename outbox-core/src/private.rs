@@ -65,25 +65,4 @@ impl crate::model::Scope for Undeclared {
     const NAME: &'static str = "";
 }
 
-/// A replicated model's key or shard field, as the `i64` identifier the outbox stores.
-#[diagnostic::on_unimplemented(
-    message = "a replicated model's key and shard fields must be integers that fit in an `i64`; `{Self}` does not",
-    label = "not an integer identifier",
-    note = "use `i64`, `i32`, `i16`, `i8`, `u32`, `u16` or `u8`"
-)]
-pub trait Identifier {
-    /// The identifier.
-    fn to_i64(&self) -> i64;
-}
-
-macro_rules! identifiers {
-    ($($int:ty),*) => {$(
-        impl Identifier for $int {
-            fn to_i64(&self) -> i64 {
-                i64::from(*self)
-            }
-        }
-    )*};
-}
-
-identifiers!(i64, i32, i16, i8, u32, u16, u8);
+pub use crate::replicated::Identifier;

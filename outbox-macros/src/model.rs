@@ -94,7 +94,7 @@ fn field<'a>(fields: &'a [&'a Field], name: &Ident) -> Option<&'a Field> {
 fn identifier(field: &Field) -> TokenStream {
     let ident = &field.ident;
     quote_spanned! {field.ty.span()=>
-        ::outbox_core::__private::Identifier::to_i64(&self.#ident)
+        ::outbox_core::Identifier::to_i64(&self.#ident)
     }
 }
 

@@ -61,6 +61,25 @@
 //! relay.flush(tx.shards_written()).await;
 //! # }
 //! ```
+//!
+//! A replicated model's fields are written as their own `sqlx` types: one PostgreSQL has no
+//! type for (an `u64`) does not compile at the write, and the error names the field's type:
+//!
+//! ```compile_fail,E0277
+//! use outbox_core::{outbox_scope, replicated_model};
+//!
+//! #[outbox_scope(id = 1)]
+//! struct Organization;
+//!
+//! #[replicated_model(scope = Organization, id = 1, table = "counters", shard = organization_id)]
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Counter { id: i64, organization_id: i64, hits: u64 }
+//!
+//! # async fn write(mut tx: sqlx::Transaction<'_, sqlx::Postgres>, counter: Counter) {
+//! // Does not compile: sqlx does not encode `u64` for PostgreSQL.
+//! outbox_postgres::save(&mut tx, &counter).await;
+//! # }
+//! ```
 
 mod connect;
 mod dialect;

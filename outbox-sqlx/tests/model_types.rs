@@ -330,3 +330,100 @@ async fn postgres_a_model_that_does_not_match_its_table_is_refused() {
 async fn sqlite_a_model_that_does_not_match_its_table_is_refused() {
     a_model_that_does_not_match_its_table_is_refused::<SqliteFile>().await;
 }
+
+/// A key newtype: its own `sqlx` type (here by hand; `#[derive(sqlx::Type)]
+/// #[sqlx(transparent)]` does the same) and an `Identifier`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+struct TicketId(i64);
+
+impl outbox_core::Identifier for TicketId {
+    fn to_i64(&self) -> i64 {
+        self.0
+    }
+}
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for TicketId
+where
+    i64: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <i64 as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <i64 as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for TicketId
+where
+    i64: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut DB::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        self.0.encode_by_ref(buf)
+    }
+}
+
+/// A model keyed and sharded by newtypes.
+#[replicated_model(scope = Org, id = 5, table = "tickets", shard = board)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Ticket {
+    id: TicketId,
+    board: TicketId,
+    title: String,
+}
+
+/// Keys and shards of a newtype of an integer: written as their own type, delivered with the
+/// model read back by its key.
+async fn newtype_keys_replicate<P: Provision>()
+where
+    Ticket: Writable<P::Dialect>,
+{
+    let database = SqlxTestDatabase::<P>::migrated().await;
+    database
+        .execute("CREATE TABLE tickets (id BIGINT PRIMARY KEY, board BIGINT NOT NULL, title TEXT NOT NULL)")
+        .await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let registry = {
+        let seen = Arc::clone(&seen);
+        Registry::builder()
+            .replication::<Ticket>(move |r: Replication<Ticket>| {
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((r.shard.shard_identifier, r.object));
+                async { Ok::<_, outbox_core::BoxError>(()) }
+            })
+            .deletion::<Ticket>(|_: Deletion<Ticket>| async { Ok::<_, outbox_core::BoxError>(()) })
+            .build()
+            .expect("a registry")
+    };
+    let ticket = Ticket {
+        id: TicketId(41),
+        board: TicketId(9),
+        title: "flaky test".into(),
+    };
+    let mut tx = database.pool().begin().await.expect("begin");
+    apply::<P::Dialect, Ticket, _>(&mut tx, Write::Save, &ModelBatch::local(&ticket))
+        .await
+        .expect("save");
+    tx.commit().await.expect("commit");
+    database.relay(registry).drain().await.expect("drain");
+    assert_eq!(
+        *seen.lock().unwrap_or_else(PoisonError::into_inner),
+        [(9, ticket)]
+    );
+}
+
+#[tokio::test]
+async fn postgres_newtype_keys_replicate() {
+    newtype_keys_replicate::<PgDatabase>().await;
+}
+
+#[tokio::test]
+async fn sqlite_newtype_keys_replicate() {
+    newtype_keys_replicate::<SqliteFile>().await;
+}

@@ -9,9 +9,6 @@ use outbox_core::{
     BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
     Store, WrittenShards,
 };
-use outbox_postgres::PgDialect;
-use outbox_sqlite::SqliteDialect;
-use outbox_sqlx::Writable;
 
 /// What a scripted outbox transaction ([`TestBackend::write_scoped`]) writes, and where.
 #[derive(Debug, Clone, Copy, Default)]
@@ -148,7 +145,35 @@ pub trait TestBackend: StoreBackend {
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
 }
 
-/// A replicated model the test kit writes: one that every backend writes.
-pub trait TestModel: ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect> {}
+/// A replicated model the test kit writes: one that every backend built in writes.
+pub trait TestModel: ReplicatedModel + PgWritable + SqliteWritable {}
 
-impl<M: ReplicatedModel + Writable<PgDialect> + Writable<SqliteDialect>> TestModel for M {}
+impl<M: ReplicatedModel + PgWritable + SqliteWritable> TestModel for M {}
+
+/// A model the PostgreSQL backend writes (any model, without the `postgres` feature).
+#[cfg(feature = "postgres")]
+pub trait PgWritable: outbox_sqlx::Writable<outbox_postgres::PgDialect> {}
+
+#[cfg(feature = "postgres")]
+impl<M: outbox_sqlx::Writable<outbox_postgres::PgDialect>> PgWritable for M {}
+
+/// A model the PostgreSQL backend writes (any model, without the `postgres` feature).
+#[cfg(not(feature = "postgres"))]
+pub trait PgWritable {}
+
+#[cfg(not(feature = "postgres"))]
+impl<M> PgWritable for M {}
+
+/// A model the SQLite backend writes (any model, without the `sqlite` feature).
+#[cfg(feature = "sqlite")]
+pub trait SqliteWritable: outbox_sqlx::Writable<outbox_sqlite::SqliteDialect> {}
+
+#[cfg(feature = "sqlite")]
+impl<M: outbox_sqlx::Writable<outbox_sqlite::SqliteDialect>> SqliteWritable for M {}
+
+/// A model the SQLite backend writes (any model, without the `sqlite` feature).
+#[cfg(not(feature = "sqlite"))]
+pub trait SqliteWritable {}
+
+#[cfg(not(feature = "sqlite"))]
+impl<M> SqliteWritable for M {}
