@@ -255,7 +255,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Verifies that each replicated model's table exists with every column the model maps
     /// (`models`: each model's name and table), failing with
-    /// [`Error::ModelMismatch`](crate::Error::ModelMismatch) otherwise. The relay runs it once,
+    /// [`Error::ModelMismatch`] otherwise. The relay runs it once,
     /// before its first claim, so that a model whose table is missing or lacks a column stops
     /// the relay at start-up rather than failing each delivery. (The field types are compared
     /// with the columns' by the backends' model writes and their `check_model`, which know
