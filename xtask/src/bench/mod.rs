@@ -6,6 +6,7 @@
 mod drain;
 mod latency;
 mod memory;
+mod models;
 mod report;
 mod setup;
 mod write;
@@ -37,7 +38,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, sqlite).
+    /// coalescing, latency, memory, models, sqlite).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -66,12 +67,13 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 6] = [
+    let scenarios: [(&str, Scenario); 7] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
         ("latency", |a, s| Box::pin(latency::run(a, s))),
         ("memory", |a, s| Box::pin(memory::run(a, s))),
+        ("models", |a, s| Box::pin(models::postgres(a, s))),
         ("sqlite", |a, _| Box::pin(sqlite(a))),
     ];
     for (name, scenario) in scenarios {

@@ -28,7 +28,7 @@ const INSERT_MANY_PG: &str = "INSERT INTO outbox_messages \
 
 /// Which side of a comparison runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
+pub(super) enum Side {
     Engine,
     Baseline,
 }
@@ -39,7 +39,7 @@ fn transfer(account: i64) -> Transfer {
 
 /// The two sides, interleaved twice (baseline, engine, baseline, engine): the best rate of
 /// each, in operations per second.
-async fn compare<F, Fut>(operations: u64, mut run: F) -> Result<(f64, f64), String>
+pub(super) async fn compare<F, Fut>(operations: u64, mut run: F) -> Result<(f64, f64), String>
 where
     F: FnMut(Side) -> Fut,
     Fut: Future<Output = Result<Duration, String>>,
