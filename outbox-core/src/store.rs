@@ -253,21 +253,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// fails with [`Error::MigrationMissing`] otherwise.
     fn check_schema(&self) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Verifies that each replicated model's table exists with every column the model maps
-    /// (`models`: each model's name and table), failing with
-    /// [`Error::ModelMismatch`] otherwise. The relay runs it once,
-    /// before its first claim, so that a model whose table is missing or lacks a column stops
-    /// the relay at start-up rather than failing each delivery. (The field types are compared
-    /// with the columns' by the backends' model writes and their `check_model`, which know
-    /// them.) Nothing to check by default.
-    fn check_tables(
-        &self,
-        models: &[(&'static str, ModelTable)],
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        let _ = models;
-        async { Ok(()) }
-    }
-
     /// Visits up to `limit` shards that have pending messages, in key order, starting after
     /// `after` (or at the first shard), and reports which of them are due. Must not read every
     /// row of the table: the cost follows the number of shards visited.

@@ -311,39 +311,6 @@ where
     }
 }
 
-/// Checks that each model's table exists with every column it maps (what the relay can check
-/// without the models' field types): [`Store::check_tables`](outbox_core::Store::check_tables).
-pub async fn check_tables<D, R>(
-    runner: &mut R,
-    models: &[(&'static str, ModelTable)],
-) -> Result<(), Error>
-where
-    D: Dialect,
-    R: Runner<Database = D::Database>,
-{
-    for &(model, table) in models {
-        let mismatch = |mismatch| Error::ModelMismatch {
-            model,
-            table: table.table,
-            mismatch,
-        };
-        let Some(found) = table_columns::<D, R>(runner, &table).await? else {
-            return Err(mismatch(ColumnMismatch::NoTable));
-        };
-        if let Some(column) = table
-            .columns
-            .iter()
-            .find(|column| !found.iter().any(|(name, _)| name == *column))
-        {
-            return Err(mismatch(ColumnMismatch::MissingColumn {
-                field: column,
-                column,
-            }));
-        }
-    }
-    Ok(())
-}
-
 /// [`check_model`] on a connection of `pool`.
 pub async fn check_pooled<D: Dialect, M: Writable<D>>(
     pool: &Pool<D::Database>,

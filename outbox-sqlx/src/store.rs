@@ -6,7 +6,7 @@ use outbox_core::store::{
     Admin, ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
     check_migrations,
 };
-use outbox_core::{CategoryId, Error, MessageId, ModelTable, ShardKey, Store};
+use outbox_core::{CategoryId, Error, MessageId, ShardKey, Store};
 use sqlx::{Database, Pool};
 
 use crate::dialect::{Claim, Dialect};
@@ -157,18 +157,6 @@ impl<D: Dialect> Store for SqlxStore<D> {
         check_migrations(&applied, D::MIGRATIONS)?;
         crate::migrate::note_newer_schema::<D>(&applied);
         D::check_schema(&self.pool).await
-    }
-
-    async fn check_tables(&self, models: &[(&'static str, ModelTable)]) -> Result<(), Error> {
-        if models.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(database::<D>("checking the replicated models' tables"))?;
-        crate::model::check_tables::<D, _>(&mut conn, models).await
     }
 
     async fn discover(

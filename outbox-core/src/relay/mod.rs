@@ -237,20 +237,12 @@ fn collect(drained: Drained, report: &mut DrainReport, first_error: &mut Option<
 }
 
 impl<S: Store> Inner<S> {
-    /// Checks the schema and the replicated models' tables, and un-parks shards waiting for a
-    /// category this binary knows.
+    /// Checks the schema and un-parks shards waiting for a category this binary knows.
     /// Runs once per relay.
     async fn prepare(&self) -> Result<(), Error> {
         self.prepared
             .get_or_try_init(|| async {
                 self.store.check_schema().await?;
-                let models: Vec<_> = self
-                    .registry
-                    .categories()
-                    .iter()
-                    .filter_map(|info| info.model.map(|table| (info.name, table)))
-                    .collect();
-                self.store.check_tables(&models).await?;
                 let known = self.registry.category_ids();
                 let unparked = self.store.unpark(&known).await?;
                 if unparked > 0 {

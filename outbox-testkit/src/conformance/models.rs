@@ -2,8 +2,8 @@
 //! while present and deleted once gone; fan-out models reach each destination.
 
 use outbox_core::{
-    Category, ColumnMismatch, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry,
-    Relay, Scope, ShardKey, error_chain,
+    Category, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry, Relay, Scope,
+    ShardKey, error_chain,
 };
 
 use super::{config, pending};
@@ -387,55 +387,4 @@ pub async fn unreadable_model_rows_are_precise_failures<B: TestBackend>() {
     let text = error_chain(&failures[1].error);
     assert!(text.contains("members"), "{text}");
     assert_eq!(pending(&backend).await.len(), 2, "the failed outboxes stay");
-}
-
-/// A replicated model whose table is missing, or lacks a column the model maps, stops the
-/// relay before its first claim, with a typed error naming the model, the table and what is
-/// missing: nothing is delivered, nothing acknowledged.
-pub async fn a_model_without_its_table_stops_the_relay_at_start<B: TestBackend>() {
-    let backend = B::create().await;
-    let recorder = ModelRecorder::default();
-    let message = outbox_core::Message::new::<Project>(7, 1, &()).expect("a message");
-    backend
-        .write(std::slice::from_ref(&message))
-        .await
-        .expect("write");
-    let relay = Relay::with_config(backend.store(), registry(&recorder), config("tables"));
-    let error = relay.drain().await.expect_err("no table");
-    assert!(
-        matches!(
-            error,
-            Error::ModelMismatch {
-                mismatch: ColumnMismatch::NoTable,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-
-    backend.execute(MODEL_TABLES[1]).await;
-    backend
-        .execute("CREATE TABLE projects (id BIGINT PRIMARY KEY, organization_id BIGINT NOT NULL)")
-        .await;
-    let relay = Relay::with_config(backend.store(), registry(&recorder), config("tables"));
-    let error = relay.drain().await.expect_err("a column missing");
-    assert!(
-        matches!(
-            error,
-            Error::ModelMismatch {
-                model: "project",
-                table: "projects",
-                mismatch: ColumnMismatch::MissingColumn { column: "name", .. },
-            }
-        ),
-        "{error:?}"
-    );
-    assert!(
-        error
-            .to_string()
-            .contains("field `name` has no column `name`"),
-        "{error}"
-    );
-    assert!(recorder.take().is_empty(), "nothing delivered");
-    assert_eq!(pending(&backend).await.len(), 1, "nothing acknowledged");
 }
