@@ -2,7 +2,7 @@
 //! its own type) with their 100 outboxes, against the fastest plain SQL for the same work: the
 //! rows upserted from one array per column (`unnest`), the outboxes inserted the same way.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_core::{
     Category, CategoryId, ColumnVisitor, LocalModel, ModelColumns, ModelTable, ReplicatedModel,
@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use super::BenchArgs;
 use super::report::{Row, Target};
 use super::setup::{Accounts, Server, failed};
-use super::write::{Side, compare};
+use super::write::{Side, compare, concurrently};
 
 const MODELS_PER_TRANSACTION: i64 = 100;
 
@@ -114,55 +114,45 @@ async fn save_pg(pool: PgPool, side: Side, workers: u64, each: u64) -> Result<Du
         .execute(&pool)
         .await
         .map_err(failed("emptying the tables"))?;
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..workers {
-        let pool = pool.clone();
-        tasks.spawn(async move {
-            for i in 0..each {
-                // Half new rows, half updates of the previous transaction's.
-                let organization = (worker * each + i) as i64;
-                let first = organization * MODELS_PER_TRANSACTION / 2;
-                let projects: Vec<Project> = (first..first + MODELS_PER_TRANSACTION)
-                    .map(|id| Project {
-                        id,
-                        organization_id: organization,
-                        name: format!("project {id}"),
-                        archived: id % 2 == 0,
-                    })
-                    .collect();
-                let mut tx = pool.begin().await.map_err(failed("begin"))?;
-                match side {
-                    Side::Engine => {
-                        outbox_postgres::save(&mut tx, &projects)
-                            .await
-                            .map_err(failed("save"))?;
-                    }
-                    Side::Baseline => {
-                        let ids: Vec<i64> = projects.iter().map(|p| p.id).collect();
-                        sqlx::query(UPSERT_PG)
-                            .bind(&ids)
-                            .bind(vec![organization; projects.len()])
-                            .bind(projects.iter().map(|p| p.name.clone()).collect::<Vec<_>>())
-                            .bind(projects.iter().map(|p| p.archived).collect::<Vec<_>>())
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(failed("upsert"))?;
-                        sqlx::query(OUTBOXES_PG)
-                            .bind(vec![organization; projects.len()])
-                            .bind(&ids)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(failed("outboxes"))?;
-                    }
-                }
-                tx.commit().await.map_err(failed("commit"))?;
+    concurrently(&pool, workers, each, move |pool, worker, i| async move {
+        // Half new rows, half updates of the previous transaction's.
+        let organization = (worker * each + i) as i64;
+        let first = organization * MODELS_PER_TRANSACTION / 2;
+        let projects: Vec<Project> = (first..first + MODELS_PER_TRANSACTION)
+            .map(|id| Project {
+                id,
+                organization_id: organization,
+                name: format!("project {id}"),
+                archived: id % 2 == 0,
+            })
+            .collect();
+        let mut tx = pool.begin().await.map_err(failed("begin"))?;
+        match side {
+            Side::Engine => {
+                outbox_postgres::save(&mut tx, &projects)
+                    .await
+                    .map_err(failed("save"))?;
             }
-            Ok::<(), String>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.map_err(failed("a writer"))??;
-    }
-    Ok(started.elapsed())
+            Side::Baseline => {
+                let ids: Vec<i64> = projects.iter().map(|p| p.id).collect();
+                sqlx::query(UPSERT_PG)
+                    .bind(&ids)
+                    .bind(vec![organization; projects.len()])
+                    .bind(projects.iter().map(|p| p.name.clone()).collect::<Vec<_>>())
+                    .bind(projects.iter().map(|p| p.archived).collect::<Vec<_>>())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("upsert"))?;
+                sqlx::query(OUTBOXES_PG)
+                    .bind(vec![organization; projects.len()])
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("outboxes"))?;
+            }
+        }
+        tx.commit().await.map_err(failed("commit"))?;
+        Ok(())
+    })
+    .await
 }

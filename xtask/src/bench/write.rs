@@ -96,6 +96,35 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
     ])
 }
 
+/// Runs `workers` tasks at once, each making `each` calls of `transaction(pool, worker, i)`
+/// one after another; the time until all are done.
+pub(super) async fn concurrently<F, Fut>(
+    pool: &PgPool,
+    workers: u64,
+    each: u64,
+    transaction: F,
+) -> Result<Duration, String>
+where
+    F: Fn(PgPool, u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..workers {
+        let (pool, transaction) = (pool.clone(), transaction.clone());
+        tasks.spawn(async move {
+            for i in 0..each {
+                transaction(pool.clone(), worker, i).await?;
+            }
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(failed("a writer"))??;
+    }
+    Ok(started.elapsed())
+}
+
 async fn truncate_pg(pool: &PgPool) -> Result<(), String> {
     sqlx::query("TRUNCATE outbox_messages")
         .execute(pool)
@@ -111,53 +140,42 @@ async fn one_message_pg(
     each: u64,
 ) -> Result<Duration, String> {
     truncate_pg(&pool).await?;
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..workers {
-        let pool = pool.clone();
-        tasks.spawn(async move {
-            for i in 0..each {
-                let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
-                let mut tx = pool.begin().await.map_err(failed("begin"))?;
-                sqlx::query(UPDATE_PG)
+    concurrently(&pool, workers, each, move |pool, worker, i| async move {
+        let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
+        let mut tx = pool.begin().await.map_err(failed("begin"))?;
+        sqlx::query(UPDATE_PG)
+            .bind(account)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("update"))?;
+        match side {
+            Side::Engine => {
+                let message = Message::new::<Transferred>(account, account, &transfer(account))
+                    .map_err(failed("message"))?;
+                outbox_postgres::write(&mut *tx, &message)
+                    .await
+                    .map_err(failed("write"))?;
+            }
+            Side::Baseline => {
+                let payload = transfer(account)
+                    .to_json_string()
+                    .map_err(failed("payload"))?;
+                sqlx::query(INSERT_PG)
+                    .bind(1i16)
                     .bind(account)
+                    .bind("")
+                    .bind(1i32)
+                    .bind(account)
+                    .bind(payload)
                     .execute(&mut *tx)
                     .await
-                    .map_err(failed("update"))?;
-                match side {
-                    Side::Engine => {
-                        let message =
-                            Message::new::<Transferred>(account, account, &transfer(account))
-                                .map_err(failed("message"))?;
-                        outbox_postgres::write(&mut *tx, &message)
-                            .await
-                            .map_err(failed("write"))?;
-                    }
-                    Side::Baseline => {
-                        let payload = transfer(account)
-                            .to_json_string()
-                            .map_err(failed("payload"))?;
-                        sqlx::query(INSERT_PG)
-                            .bind(1i16)
-                            .bind(account)
-                            .bind("")
-                            .bind(1i32)
-                            .bind(account)
-                            .bind(payload)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(failed("insert"))?;
-                    }
-                }
-                tx.commit().await.map_err(failed("commit"))?;
+                    .map_err(failed("insert"))?;
             }
-            Ok::<(), String>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.map_err(failed("a writer"))??;
-    }
-    Ok(started.elapsed())
+        }
+        tx.commit().await.map_err(failed("commit"))?;
+        Ok(())
+    })
+    .await
 }
 
 async fn hundred_messages_pg(
@@ -167,60 +185,48 @@ async fn hundred_messages_pg(
     each: u64,
 ) -> Result<Duration, String> {
     truncate_pg(&pool).await?;
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..workers {
-        let pool = pool.clone();
-        tasks.spawn(async move {
-            for i in 0..each {
-                let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
-                let mut tx = pool.begin().await.map_err(failed("begin"))?;
-                sqlx::query(UPDATE_PG)
-                    .bind(account)
+    concurrently(&pool, workers, each, move |pool, worker, i| async move {
+        let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
+        let mut tx = pool.begin().await.map_err(failed("begin"))?;
+        sqlx::query(UPDATE_PG)
+            .bind(account)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("update"))?;
+        let objects: Vec<i64> = (0..100).map(|n| account * 100 + n).collect();
+        match side {
+            Side::Engine => {
+                let messages = objects
+                    .iter()
+                    .map(|&object| Message::new::<Transferred>(account, object, &transfer(object)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(failed("messages"))?;
+                outbox_postgres::write_all(&mut *tx, &messages)
+                    .await
+                    .map_err(failed("write_all"))?;
+            }
+            Side::Baseline => {
+                let payloads = objects
+                    .iter()
+                    .map(|&object| transfer(object).to_json_string())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(failed("payloads"))?;
+                sqlx::query(INSERT_MANY_PG)
+                    .bind(vec![1i16; 100])
+                    .bind(vec![account; 100])
+                    .bind(vec![""; 100])
+                    .bind(vec![1i32; 100])
+                    .bind(&objects)
+                    .bind(payloads)
                     .execute(&mut *tx)
                     .await
-                    .map_err(failed("update"))?;
-                let objects: Vec<i64> = (0..100).map(|n| account * 100 + n).collect();
-                match side {
-                    Side::Engine => {
-                        let messages = objects
-                            .iter()
-                            .map(|&object| {
-                                Message::new::<Transferred>(account, object, &transfer(object))
-                            })
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(failed("messages"))?;
-                        outbox_postgres::write_all(&mut *tx, &messages)
-                            .await
-                            .map_err(failed("write_all"))?;
-                    }
-                    Side::Baseline => {
-                        let payloads = objects
-                            .iter()
-                            .map(|&object| transfer(object).to_json_string())
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(failed("payloads"))?;
-                        sqlx::query(INSERT_MANY_PG)
-                            .bind(vec![1i16; 100])
-                            .bind(vec![account; 100])
-                            .bind(vec![""; 100])
-                            .bind(vec![1i32; 100])
-                            .bind(&objects)
-                            .bind(payloads)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(failed("insert"))?;
-                    }
-                }
-                tx.commit().await.map_err(failed("commit"))?;
+                    .map_err(failed("insert"))?;
             }
-            Ok::<(), String>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.map_err(failed("a writer"))??;
-    }
-    Ok(started.elapsed())
+        }
+        tx.commit().await.map_err(failed("commit"))?;
+        Ok(())
+    })
+    .await
 }
 
 /// SQLite: one writer (SQLite has one), `BEGIN IMMEDIATE` on both sides.
