@@ -20,7 +20,7 @@ pub(crate) fn key_in_list(key: &str) -> String {
 pub(crate) fn load_sql(table: &ModelTable) -> String {
     format!(
         "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {} WHERE {} = $1) AS s",
-        column_list(table, ""),
+        column_list(table),
         quoted(table.table),
         quoted(table.key),
     )

@@ -31,7 +31,7 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     format!(
         "SELECT {}, (SELECT json_group_array(name) FROM {info} \
          WHERE lower(type) IN ('json', 'jsonb')) FROM {} WHERE {} = ?1",
-        column_list(table, ""),
+        column_list(table),
         quoted(table.table),
         quoted(table.key),
     )

@@ -53,12 +53,12 @@ pub fn quoted(identifier: &str) -> String {
         .join(".")
 }
 
-/// The table's columns, quoted and each with `prefix`, separated by commas.
-pub fn column_list(table: &ModelTable, prefix: &str) -> String {
+/// The table's columns, quoted, separated by commas.
+pub fn column_list(table: &ModelTable) -> String {
     table
         .columns
         .iter()
-        .map(|column| format!("{prefix}{}", quoted(column)))
+        .map(|column| quoted(column))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -82,7 +82,7 @@ fn insert_sql<D: Dialect>(table: &ModelTable, rows: usize) -> String {
     format!(
         "INSERT INTO {} ({}) VALUES {}",
         quoted(table.table),
-        column_list(table, ""),
+        column_list(table),
         values::<D>(table, rows),
     )
 }
@@ -115,7 +115,7 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> S
             format!(
                 "WITH s ({}) AS (VALUES {}) UPDATE {table_name} SET {} FROM s \
                  WHERE {table_name}.{key} = s.{key}",
-                column_list(table, ""),
+                column_list(table),
                 values::<D>(table, rows),
                 set.join(", "),
             )
@@ -539,6 +539,6 @@ mod tests {
             key: "id",
             columns: &["id", "name"],
         };
-        assert_eq!(column_list(&table, "s."), "s.\"id\", s.\"name\"");
+        assert_eq!(column_list(&table), "\"id\", \"name\"");
     }
 }
