@@ -2,7 +2,7 @@
 //! type, one statement per table (per as many rows as the database takes parameters).
 
 use std::any::TypeId;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
@@ -267,7 +267,7 @@ where
             CHECKED
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(checked::<D, M>());
+                .insert(checked::<D, M>());
             Ok(())
         }
     }
@@ -322,27 +322,41 @@ pub async fn check_pooled<D: Dialect, M: Writable<D>>(
     check_model::<D, M, _>(&mut conn).await
 }
 
-/// The models checked in this process (by type and backend), by [`check_model`] or before
-/// their first write: a model is checked before its first write unless it has been.
-static CHECKED: Mutex<Vec<(TypeId, &'static str)>> = Mutex::new(Vec::new());
+/// The models whose tables were checked in this process (by type and backend), by
+/// [`check_model`] or before their first write.
+static CHECKED: Mutex<BTreeSet<(TypeId, &'static str)>> = Mutex::new(BTreeSet::new());
 
-/// Checks `M` against its table and the shape of `first` (its serde form has exactly the
-/// table's columns), unless this process has already.
+/// The models whose serde form was checked in this process (it needs a model: only a write
+/// checks it).
+static SHAPED: Mutex<BTreeSet<TypeId>> = Mutex::new(BTreeSet::new());
+
+/// Whether `set` holds `key`.
+fn holds<K: Ord>(set: &Mutex<BTreeSet<K>>, key: &K) -> bool {
+    set.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(key)
+}
+
+/// Checks the shape of `first` (its serde form has exactly the table's columns) and `M`
+/// against its table, each unless this process has already.
 async fn check_once<D, M, R>(runner: &mut R, first: &M) -> Result<(), Error>
 where
     D: Dialect,
     M: Writable<D>,
     R: Runner<Database = D::Database>,
 {
-    if CHECKED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .contains(&checked::<D, M>())
-    {
-        return Ok(());
+    let model = TypeId::of::<M>();
+    if !holds(&SHAPED, &model) {
+        check_model_shape(first)?;
+        SHAPED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(model);
     }
-    check_model_shape(first)?;
-    check_model::<D, M, R>(runner).await
+    if !holds(&CHECKED, &checked::<D, M>()) {
+        check_model::<D, M, R>(runner).await?;
+    }
+    Ok(())
 }
 
 /// What a model write did.

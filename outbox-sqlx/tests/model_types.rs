@@ -427,3 +427,50 @@ async fn postgres_newtype_keys_replicate() {
 async fn sqlite_newtype_keys_replicate() {
     newtype_keys_replicate::<SqliteFile>().await;
 }
+
+/// A model whose serde form renames a field: its columns match its fields, but its row would
+/// not read back under the serde name.
+#[replicated_model(scope = Org, id = 6, table = "labels", shard = org)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Label {
+    id: i64,
+    org: i64,
+    #[serde(rename = "title")]
+    name: String,
+}
+
+/// A model checked against its table (`check_model`) still has its serde form checked at its
+/// first write: the table check needs no model, the shape check does.
+async fn a_checked_model_still_has_its_shape_checked<P: Provision>()
+where
+    Label: Writable<P::Dialect>,
+{
+    let database = SqlxTestDatabase::<P>::migrated().await;
+    database
+        .execute("CREATE TABLE labels (id BIGINT PRIMARY KEY, org BIGINT NOT NULL, name TEXT)")
+        .await;
+    check_pooled::<P::Dialect, Label>(database.pool())
+        .await
+        .expect("its columns match its fields");
+    let label = Label {
+        id: 1,
+        org: 1,
+        name: "x".into(),
+    };
+    let error = write_one::<P, _>(&database, &label).await;
+    assert!(
+        matches!(error, Error::ModelShape { model: "label", .. }),
+        "{error:?}"
+    );
+    assert_eq!(outboxes(&database).await, 0, "nothing was written");
+}
+
+#[tokio::test]
+async fn postgres_a_checked_model_still_has_its_shape_checked() {
+    a_checked_model_still_has_its_shape_checked::<PgDatabase>().await;
+}
+
+#[tokio::test]
+async fn sqlite_a_checked_model_still_has_its_shape_checked() {
+    a_checked_model_still_has_its_shape_checked::<SqliteFile>().await;
+}
