@@ -47,6 +47,9 @@ pub trait ModelColumns<V: ?Sized> {
 
     /// Visits each column with its field's type.
     fn visit_columns(visitor: &mut V);
+
+    /// Visits the key column alone, with this model's key: what a deletion finds rows by.
+    fn visit_key(&self, visitor: &mut V);
 }
 
 /// One column's value as a backend read it back, in the form its database type has in serde's

@@ -137,7 +137,7 @@ pub enum Error {
         /// The model's category name.
         model: &'static str,
         /// The key.
-        key: i64,
+        key: crate::id::Id,
     },
 
     /// A destination name is not acceptable.
@@ -426,7 +426,7 @@ pub enum DeliveryError {
         /// The model's table.
         table: &'static str,
         /// The object.
-        object_identifier: i64,
+        object_identifier: crate::id::Id,
         /// The store's error.
         #[source]
         source: Box<Error>,
@@ -442,7 +442,7 @@ pub enum DeliveryError {
         /// The model's table.
         table: &'static str,
         /// The object.
-        object_identifier: i64,
+        object_identifier: crate::id::Id,
         /// The deserializer's error.
         #[source]
         source: serde_json::Error,

@@ -87,6 +87,7 @@ mod declare;
 mod error;
 mod flush;
 mod handler;
+mod id;
 pub mod memory;
 mod model;
 mod registry;
@@ -108,6 +109,7 @@ pub use crate::handler::{
     BoxFuture, Connection, Delivery, DeliveryKind, FnHandler, FromContext, Handler, HandlerContext,
     HandlerFn, HandlerOutput, NoOp, Requirements, State, handler_fn,
 };
+pub use crate::id::{Id, IdOutOfRange, Identifier, ParseIdError};
 pub use crate::model::{
     Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,
     RawMessage, Scope, ScopeId, ShardKey,
@@ -117,8 +119,8 @@ pub use crate::relay::{
     Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport, ShardFailure,
 };
 pub use crate::replicated::{
-    FanOutModel, Identifier, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable,
-    ReplicatedModel, check_model_shape,
+    FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
+    check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
 pub use crate::shutdown::shutdown_signal;

@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
+use crate::id::{Id, Identifier};
 use crate::registry::Registry;
 
 /// Stable identifier of a [`Scope`], stored in every outbox row.
@@ -213,26 +214,30 @@ pub struct ShardKey {
     /// The scope the shard identifier belongs to.
     pub scope: ScopeId,
     /// The identifier of the thing the shard is about (an organization id, a user id...).
-    pub shard_identifier: i64,
+    pub shard_identifier: Id,
     /// The destination of a fan-out outbox; `None` for a local outbox.
     pub destination: Option<Destination>,
 }
 
 impl ShardKey {
     /// A local shard.
-    pub fn local(scope: ScopeId, shard_identifier: i64) -> Self {
+    pub fn local(scope: ScopeId, shard_identifier: impl Identifier) -> Self {
         Self {
             scope,
-            shard_identifier,
+            shard_identifier: shard_identifier.to_id(),
             destination: None,
         }
     }
 
     /// A fan-out shard for one destination.
-    pub fn fan_out(scope: ScopeId, shard_identifier: i64, destination: Destination) -> Self {
+    pub fn fan_out(
+        scope: ScopeId,
+        shard_identifier: impl Identifier,
+        destination: Destination,
+    ) -> Self {
         Self {
             scope,
-            shard_identifier,
+            shard_identifier: shard_identifier.to_id(),
             destination: Some(destination),
         }
     }
@@ -243,7 +248,7 @@ impl ShardKey {
     }
 
     /// Rebuilds a key from its stored form, where the empty destination means "local".
-    pub fn from_stored(scope: i16, shard_identifier: i64, destination: String) -> Self {
+    pub fn from_stored(scope: i16, shard_identifier: Id, destination: String) -> Self {
         Self {
             scope: ScopeId(scope),
             shard_identifier,
@@ -270,7 +275,7 @@ impl fmt::Display for ShardKey {
 pub struct Message {
     shard: ShardKey,
     category: CategoryId,
-    object_identifier: i64,
+    object_identifier: Id,
     payload: String,
 }
 
@@ -278,8 +283,8 @@ impl Message {
     /// A local message of category `C` about `object_identifier`, in shard `shard_identifier`
     /// of `C`'s scope.
     pub fn new<C: Category>(
-        shard_identifier: i64,
-        object_identifier: i64,
+        shard_identifier: impl Identifier,
+        object_identifier: impl Identifier,
         payload: &C::Payload,
     ) -> Result<Self, Error> {
         let payload = Payload::to_json_string(payload).map_err(|source| Error::Serialize {
@@ -289,7 +294,7 @@ impl Message {
         Ok(Self {
             shard: ShardKey::local(<C::Scope as Scope>::ID, shard_identifier),
             category: C::ID,
-            object_identifier,
+            object_identifier: object_identifier.to_id(),
             payload,
         })
     }
@@ -297,8 +302,8 @@ impl Message {
     /// One fan-out message per destination: each destination gets its own row and shard.
     pub fn fan_out<C: Category>(
         destinations: impl IntoIterator<Item = Destination>,
-        shard_identifier: i64,
-        object_identifier: i64,
+        shard_identifier: impl Identifier,
+        object_identifier: impl Identifier,
         payload: &C::Payload,
     ) -> Result<Vec<Self>, Error> {
         let local = Self::new::<C>(shard_identifier, object_identifier, payload)?;
@@ -357,7 +362,7 @@ impl Message {
     }
 
     /// The object the message is about.
-    pub fn object_identifier(&self) -> i64 {
+    pub fn object_identifier(&self) -> Id {
         self.object_identifier
     }
 
@@ -375,13 +380,13 @@ pub struct RawMessage {
     /// The scope the shard identifier belongs to.
     pub scope: ScopeId,
     /// The shard identifier.
-    pub shard_identifier: i64,
+    pub shard_identifier: Id,
     /// The fan-out destination, if any.
     pub destination: Option<Destination>,
     /// The category.
     pub category: CategoryId,
     /// The object the message is about.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The payload.
     pub payload: serde_json::Value,
 }
@@ -407,9 +412,15 @@ mod tests {
     fn shard_keys_store_local_as_the_empty_destination() {
         let local = ShardKey::local(ScopeId(1), 5);
         assert_eq!(local.destination_str(), "");
-        assert_eq!(ShardKey::from_stored(1, 5, String::new()), local);
+        assert_eq!(
+            ShardKey::from_stored(1, Id::integer(5), String::new()),
+            local
+        );
         let fan_out = ShardKey::fan_out(ScopeId(1), 5, Destination::new("us").unwrap());
-        assert_eq!(ShardKey::from_stored(1, 5, "us".into()), fan_out);
+        assert_eq!(
+            ShardKey::from_stored(1, Id::integer(5), "us".into()),
+            fan_out
+        );
         assert_eq!(fan_out.to_string(), "scope 1 shard 5 destination `us`");
     }
 }

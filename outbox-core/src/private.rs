@@ -65,4 +65,4 @@ impl crate::model::Scope for Undeclared {
     const NAME: &'static str = "";
 }
 
-pub use crate::replicated::Identifier;
+pub use crate::id::Identifier;

@@ -4,6 +4,7 @@
 //! `ReplicatedControlModel`).
 
 use crate::error::Error;
+use crate::id::Id;
 use crate::model::{Category, Destination, Message, Payload};
 
 /// Where a replicated model's rows live: what a backend needs to read and write them.
@@ -59,10 +60,10 @@ pub trait ReplicatedModel: Category + Payload + Sync {
     const TABLE: ModelTable;
 
     /// The object identifier: the value of the key column.
-    fn object_identifier(&self) -> i64;
+    fn object_identifier(&self) -> Id;
 
     /// The shard identifier: the value of the field the shard key names.
-    fn shard_identifier(&self) -> i64;
+    fn shard_identifier(&self) -> Id;
 
     /// What the deletion handler will need once the row is gone, saved with every write.
     fn tombstone(&self) -> Self::Payload;
@@ -134,7 +135,7 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
     }
 
     /// The models' object identifiers, in order.
-    pub fn keys(&self) -> Vec<i64> {
+    pub fn keys(&self) -> Vec<Id> {
         self.models.iter().map(M::object_identifier).collect()
     }
 
@@ -276,46 +277,3 @@ impl<'a, M: ReplicatedModel> IntoModelBatch<'a, M> for ModelBatch<'a, M> {
         self
     }
 }
-
-/// A replicated model's key or shard field, as the `i64` identifier the outbox stores.
-///
-/// Implemented for the integer types that fit in an `i64`. A newtype of one implements it by
-/// handing over its integer, and is then a key or shard field like the integer itself (its
-/// column is written with its own `sqlx` type):
-///
-/// ```
-/// #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-/// #[serde(transparent)]
-/// struct ProjectId(i64);
-///
-/// impl outbox_core::Identifier for ProjectId {
-///     fn to_i64(&self) -> i64 {
-///         self.0
-///     }
-/// }
-/// # use outbox_core::Identifier;
-/// assert_eq!(ProjectId(7).to_i64(), 7);
-/// ```
-#[diagnostic::on_unimplemented(
-    message = "a replicated model's key and shard fields must be integers that fit in an `i64`, \
-               or implement `outbox_core::Identifier`; `{Self}` does not",
-    label = "not an integer identifier",
-    note = "use `i64`, `i32`, `i16`, `i8`, `u32`, `u16` or `u8`, or a newtype of one that \
-            implements `outbox_core::Identifier`"
-)]
-pub trait Identifier {
-    /// The identifier.
-    fn to_i64(&self) -> i64;
-}
-
-macro_rules! identifiers {
-    ($($int:ty),*) => {$(
-        impl Identifier for $int {
-            fn to_i64(&self) -> i64 {
-                i64::from(*self)
-            }
-        }
-    )*};
-}
-
-identifiers!(i64, i32, i16, i8, u32, u16, u8);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::DeliveryError;
 use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
+use crate::id::Id;
 use crate::model::{Category, Destination, MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
 
@@ -32,8 +33,8 @@ pub struct Replication<M> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Deletion<M: Category> {
-    /// The deleted object's identifier.
-    pub object_identifier: i64,
+    /// The deleted object's identifier (its key: `Key::try_from(deletion.object_identifier)`).
+    pub object_identifier: Id,
     /// The shard the outbox was written to.
     pub shard: ShardKey,
     /// The tombstone saved by the object's last write ([`ReplicatedModel::tombstone`]).
@@ -50,7 +51,7 @@ macro_rules! shard_accessors {
     ($($delivery:ident),*) => {$(
         impl<M: Category> $delivery<M> {
             /// The shard identifier (an organization id, a user id...).
-            pub fn shard_identifier(&self) -> i64 {
+            pub fn shard_identifier(&self) -> Id {
                 self.shard.shard_identifier
             }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::id::Id;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::replicated::ModelTable;
 
@@ -23,7 +24,7 @@ pub struct StoredMessage {
     /// The row's scope, as stored (it may disagree with the category's own scope).
     pub scope: crate::model::ScopeId,
     /// The object the row is about.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The payload as JSON text.
     pub payload: String,
 }
@@ -76,7 +77,7 @@ pub struct GroupKey {
     /// The group's category.
     pub category: CategoryId,
     /// The group's object.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
 }
 
 /// The rows one delivery acknowledges: exactly `ids`, every one of them a row of `group` that
@@ -208,7 +209,7 @@ pub struct PendingMessage {
     /// The category.
     pub category: CategoryId,
     /// The object.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The payload as JSON text.
     pub payload: String,
     /// When the row was written.
@@ -221,7 +222,7 @@ impl PendingMessage {
         id: MessageId,
         shard: ShardKey,
         category: CategoryId,
-        object_identifier: i64,
+        object_identifier: Id,
         payload: String,
         created_at: SystemTime,
     ) -> Self {
@@ -350,7 +351,7 @@ pub trait ShardSession: Send + 'static {
     fn load_model(
         &mut self,
         table: &ModelTable,
-        key: i64,
+        key: Id,
     ) -> impl Future<Output = Result<Option<ModelRow>, Error>> + Send;
 
     /// The connection a handler may use: the claiming transaction's, in transaction mode.

@@ -366,7 +366,7 @@ fn the_declarations_are_discovered() {
     };
     assert_eq!(
         (member.object_identifier(), member.shard_identifier()),
-        (5, 9)
+        (outbox_core::Id::integer(5), outbox_core::Id::integer(9))
     );
     assert_eq!(member.tombstone().email, "ada@example.com");
     assert_eq!(Member::TABLE.columns, ["member_id", "org", "email", "type"]);

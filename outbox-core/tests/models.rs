@@ -7,7 +7,7 @@
 
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Deletion, Destination, ModelBatch, Registry, Relay,
+    BoxError, Category, CategoryId, Deletion, Destination, Id, ModelBatch, Registry, Relay,
     ReplicatedModel, Replication, State, outbox_handler, outbox_scope, replicated_model,
 };
 use serde::{Deserialize, Serialize};
@@ -159,7 +159,7 @@ fn the_model_is_its_own_category() {
     };
     assert_eq!(
         (member.object_identifier(), member.shard_identifier()),
-        (3, 9)
+        (Id::integer(3), Id::integer(9))
     );
     assert_eq!(member.tombstone().email, "a@example.com");
 }

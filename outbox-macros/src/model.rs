@@ -90,11 +90,11 @@ fn field<'a>(fields: &'a [&'a Field], name: &Ident) -> Option<&'a Field> {
     })
 }
 
-/// `field` as the `i64` identifier the outbox stores, type-checked at the field's type.
+/// `field` as the identifier the outbox stores, type-checked at the field's type.
 fn identifier(field: &Field) -> TokenStream {
     let ident = &field.ident;
     quote_spanned! {field.ty.span()=>
-        ::outbox_core::Identifier::to_i64(&self.#ident)
+        ::outbox_core::Identifier::to_id(&self.#ident)
     }
 }
 
@@ -204,6 +204,12 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }
     });
     let key_column = column(key_field);
+    let visit_key = {
+        let (ty, ident) = (&key_field.ty, &key_field.ident);
+        quote_spanned! {ty.span()=>
+            ::outbox_core::ColumnVisitor::<#ty>::value(visitor, #key_column, &self.#ident);
+        }
+    };
     let object_identifier = identifier(key_field);
     let shard_identifier = identifier(shard_field);
     let (payload, tombstone) = match &tombstone {
@@ -242,16 +248,20 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             fn visit_columns(visitor: &mut V) {
                 #(#visit_columns)*
             }
+
+            fn visit_key(&self, visitor: &mut V) {
+                #visit_key
+            }
         }
 
         impl ::outbox_core::ReplicatedModel for #ident {
             const TABLE: ::outbox_core::ModelTable = TABLE;
 
-            fn object_identifier(&self) -> i64 {
+            fn object_identifier(&self) -> ::outbox_core::Id {
                 #object_identifier
             }
 
-            fn shard_identifier(&self) -> i64 {
+            fn shard_identifier(&self) -> ::outbox_core::Id {
                 #shard_identifier
             }
 
@@ -286,12 +296,12 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
                 columns: &[],
             };
 
-            fn object_identifier(&self) -> i64 {
-                0
+            fn object_identifier(&self) -> ::outbox_core::Id {
+                ::outbox_core::Id::integer(0)
             }
 
-            fn shard_identifier(&self) -> i64 {
-                0
+            fn shard_identifier(&self) -> ::outbox_core::Id {
+                ::outbox_core::Id::integer(0)
             }
 
             fn tombstone(&self) {}
@@ -301,6 +311,7 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
         impl<V: ?::core::marker::Sized> ::outbox_core::ModelColumns<V> for #ident {
             fn visit_values(&self, _: &mut V) {}
             fn visit_columns(_: &mut V) {}
+            fn visit_key(&self, _: &mut V) {}
         }
     });
     quote!(#category #model)

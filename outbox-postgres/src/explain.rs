@@ -82,7 +82,11 @@ async fn hot_queries_use_the_indexes() {
     let pool = database.pool();
 
     let discovery = explain(pool, DISCOVER, |q| {
-        q.bind(0_i32).bind(0_i64).bind("").bind(256_i32)
+        q.bind(0_i32)
+            .bind(0_i64)
+            .bind(Vec::<u8>::new())
+            .bind("")
+            .bind(256_i32)
     })
     .await;
     assert!(
@@ -90,15 +94,21 @@ async fn hot_queries_use_the_indexes() {
         "discovery walks an index: {discovery:?}"
     );
     explain(pool, FETCH, |q| {
-        q.bind(1_i16).bind(42_i64).bind("").bind(100_i64)
+        q.bind(1_i16)
+            .bind(42_i64)
+            .bind(Vec::<u8>::new())
+            .bind("")
+            .bind(100_i64)
     })
     .await;
     explain(pool, FETCH_NEWEST, |q| {
         q.bind(1_i16)
             .bind(42_i64)
+            .bind(Vec::<u8>::new())
             .bind("")
             .bind(vec![1_i32, 2])
             .bind(vec![3_i64, 4])
+            .bind(vec![Vec::<u8>::new(), Vec::new()])
             .bind(0_i64)
             .bind(i64::MAX)
     })
@@ -106,6 +116,7 @@ async fn hot_queries_use_the_indexes() {
     explain(pool, ACK, |q| {
         q.bind(1_i16)
             .bind(42_i64)
+            .bind(Vec::<u8>::new())
             .bind("")
             .bind(1_i64)
             .bind(30_000_i64)
@@ -117,6 +128,7 @@ async fn hot_queries_use_the_indexes() {
     explain(pool, ACK_AND_RELEASE, |q| {
         q.bind(1_i16)
             .bind(42_i64)
+            .bind(Vec::<u8>::new())
             .bind("")
             .bind(1_i64)
             .bind(3_i64)
@@ -127,13 +139,18 @@ async fn hot_queries_use_the_indexes() {
     explain(pool, CLAIM, |q| {
         q.bind(1_i16)
             .bind(42_i64)
+            .bind(Vec::<u8>::new())
             .bind("")
             .bind("worker")
             .bind(30_000_i64)
     })
     .await;
     explain(pool, DELETE_IF_EMPTY, |q| {
-        q.bind(1_i16).bind(42_i64).bind("").bind(1_i64)
+        q.bind(1_i16)
+            .bind(42_i64)
+            .bind(Vec::<u8>::new())
+            .bind("")
+            .bind(1_i64)
     })
     .await;
 }

@@ -10,16 +10,17 @@ use outbox_sqlx::model::{column_list, quoted};
 use sqlx::postgres::{PgRow, PgTypeInfo};
 use sqlx::{Column, Row, TypeInfo};
 
-/// The key is one of the array `$1`.
-pub(crate) fn key_in_list(key: &str) -> String {
-    format!("{key} = ANY($1)")
-}
-
 /// The statement the relay reads an object with: its columns as one JSON object, then the
-/// columns themselves (whose `bytea`s are read as bytes).
-pub(crate) fn load_sql(table: &ModelTable) -> String {
+/// columns themselves (whose `bytea`s are read as bytes). A wide key's 16 bytes are compared
+/// as the UUID they are.
+pub(crate) fn load_sql(table: &ModelTable, wide: bool) -> String {
+    let key = if wide {
+        "encode($1::bytea, 'hex')::uuid"
+    } else {
+        "$1"
+    };
     format!(
-        "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {} WHERE {} = $1) AS s",
+        "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {} WHERE {} = {key}) AS s",
         column_list(table),
         quoted(table.table),
         quoted(table.key),

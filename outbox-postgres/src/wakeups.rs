@@ -1,7 +1,7 @@
 //! Wake-ups on commit: the outbox trigger's notifications, through `LISTEN`.
 
 use outbox_core::store::{Wakeup, WakeupStream};
-use outbox_core::{Error, ShardKey};
+use outbox_core::{Error, Id, ShardKey};
 use outbox_sqlx::error::database;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -43,6 +43,15 @@ impl WakeupStream for PgWakeups {
     }
 }
 
+/// A shard identifier in a wake-up: an integer, or `x` and a wide identifier's 32 hex digits.
+fn parse_identifier(text: &str) -> Option<Id> {
+    match text.strip_prefix('x') {
+        Some(hex) if hex.len() == 32 => u128::from_str_radix(hex, 16).ok().map(Id::wide),
+        Some(_) => None,
+        None => text.parse::<i64>().ok().map(Id::integer),
+    }
+}
+
 /// Parses the trigger's payload: one `scope:shard:destination` per line, or `*`.
 fn parse_wakeup(payload: &str) -> Wakeup {
     let mut shards = Vec::new();
@@ -52,7 +61,7 @@ fn parse_wakeup(payload: &str) -> Wakeup {
             (Some(scope), Some(shard), Some(destination)) => scope
                 .parse::<i16>()
                 .ok()
-                .zip(shard.parse::<i64>().ok())
+                .zip(parse_identifier(shard))
                 .map(|(scope, shard)| ShardKey::from_stored(scope, shard, destination.to_owned())),
             _ => None,
         };
@@ -78,12 +87,14 @@ mod tests {
         assert_eq!(parse_wakeup("*"), Wakeup::Any);
         assert_eq!(parse_wakeup(""), Wakeup::Any);
         assert_eq!(
-            parse_wakeup("1:42:\n2:-7:eu:west"),
+            parse_wakeup("1:42:\n2:-7:eu:west\n3:x000000000000000000000000000000ff:"),
             Wakeup::Shards(vec![
                 ShardKey::local(ScopeId(1), 42),
                 ShardKey::fan_out(ScopeId(2), -7, Destination::new("eu:west").unwrap()),
+                ShardKey::local(ScopeId(3), Id::wide(255)),
             ])
         );
         assert_eq!(parse_wakeup("1:not-a-number:"), Wakeup::Any);
+        assert_eq!(parse_wakeup("1:xff:"), Wakeup::Any);
     }
 }

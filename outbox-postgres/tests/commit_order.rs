@@ -202,7 +202,12 @@ async fn a_row_between_the_read_and_the_groups_newest_row_survives() {
     let seen: Vec<(i64, u64)> = recorder
         .seen()
         .iter()
-        .map(|seen| (seen.object, seen.seq))
+        .map(|seen| {
+            (
+                i64::try_from(seen.object).expect("an integer object"),
+                seen.seq,
+            )
+        })
         .collect();
     assert_eq!(
         seen,
@@ -324,7 +329,7 @@ async fn a_deletion_committed_while_its_object_is_replicated_is_delivered() {
         *models.lock().expect("models"),
         [
             ModelSeen::Project(Project::new(1, 7, "second"), org_shard(7)),
-            ModelSeen::ProjectGone(1, org_shard(7)),
+            ModelSeen::ProjectGone(1.into(), org_shard(7)),
         ],
         "the version S saved is replicated, then the deletion D committed is delivered"
     );

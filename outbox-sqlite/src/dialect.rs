@@ -6,8 +6,11 @@ use std::sync::Arc;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
 };
-use outbox_core::{CategoryId, Error, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
+use outbox_core::{
+    CategoryId, Error, Id, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey,
+};
 use outbox_sqlx::error::database;
+use outbox_sqlx::session::shard_keyed;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
@@ -46,7 +49,37 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "outbox rows checked at write time",
         sql: include_str!("../migrations/0002_checked_messages.sql"),
     },
+    EmbeddedMigration {
+        version: 3,
+        description: "identifiers wider than an INTEGER",
+        sql: include_str!("../migrations/0003_wide_identifiers.sql"),
+    },
 ];
+
+/// A wide identifier in a JSON parameter or result: its 32 hex digits (JSON holds no bytes),
+/// which `unhex` turns back into the BLOB; an integer is a JSON number.
+fn id_json(id: Id) -> serde_json::Value {
+    match id.as_integer() {
+        Some(integer) => integer.into(),
+        None => hex(&id.to_stored().1).into(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// An identifier from a JSON number, or from the hex digits of a wide one.
+fn id_from_json(value: &serde_json::Value) -> Option<Id> {
+    if let Some(integer) = value.as_i64() {
+        return Some(Id::integer(integer));
+    }
+    let digits = value.as_str()?;
+    (digits.len() == 32)
+        .then(|| u128::from_str_radix(digits, 16).ok())
+        .flatten()
+        .map(Id::wide)
+}
 
 const INSERT_MESSAGE: &str = "\
     INSERT INTO outbox_messages \
@@ -58,7 +91,9 @@ const INSERT_MESSAGE: &str = "\
 const INSERT_MESSAGES: &str = "\
     INSERT INTO outbox_messages \
         (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5 \
+    SELECT value ->> 0, iif(json_type(value, '$[1]') = 'text', unhex(value ->> 1), value ->> 1), \
+        value ->> 2, value ->> 3, \
+        iif(json_type(value, '$[4]') = 'text', unhex(value ->> 4), value ->> 4), value ->> 5 \
     FROM json_each(?1) ORDER BY key \
     RETURNING id";
 
@@ -77,7 +112,9 @@ pub(crate) const FETCH: &str = fetch!();
 // FETCH as one row, a JSON array of rows: sqlx hands each SQLite row over from the
 // connection's thread on its own, and a shard's head is read at every claim.
 const FETCH_JSON: &str = concat!(
-    "SELECT json_group_array(json_array(id, category, shard_scope, object_identifier, payload)) \
+    "SELECT json_group_array(json_array(id, category, shard_scope, \
+        iif(typeof(object_identifier) = 'blob', hex(object_identifier), object_identifier), \
+        payload)) \
      FROM (",
     fetch!(),
     ")"
@@ -93,7 +130,9 @@ pub(crate) const FETCH_NEWEST: &str = "\
     FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
         SELECT x.id FROM outbox_messages x \
         WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
-            AND x.category = g.value ->> 0 AND x.object_identifier = g.value ->> 1 \
+            AND x.category = g.value ->> 0 \
+            AND x.object_identifier \
+                = iif(json_type(g.value, '$[1]') = 'text', unhex(g.value ->> 1), g.value ->> 1) \
             AND x.id > ?5 AND x.id <= ?6 \
         ORDER BY x.id DESC LIMIT 1)";
 
@@ -282,7 +321,9 @@ fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
     let id = integer(0, "id")?;
     let category = integer(1, "category")?;
     let scope = integer(2, "shard_scope")?;
-    let object_identifier = integer(3, "object_identifier")?;
+    let object = field(3, "object_identifier")?;
+    let object_identifier = id_from_json(object)
+        .ok_or_else(|| undecodable(format!("object_identifier is {object}, not an identifier")))?;
     let payload = field(4, "payload")?;
     Ok(StoredMessage {
         id: MessageId(id),
@@ -340,6 +381,8 @@ impl Dialect for SqliteDialect {
         discover: DISCOVER,
         unpark: UNPARK,
         reschedule: RESCHEDULE,
+        pending_in_shard: "SELECT count(*) FROM outbox_messages \
+            WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND id <= ?4",
         pending_messages: PENDING_MESSAGES,
         shard_states: SHARD_STATES,
     };
@@ -361,6 +404,25 @@ impl Dialect for SqliteDialect {
         result.rows_affected()
     }
 
+    const ID_COLUMNS: usize = 1;
+
+    fn bind_id<'q>(query: Statement<'q, Sqlite>, id: Id) -> Statement<'q, Sqlite> {
+        match id.as_integer() {
+            Some(integer) => query.bind(integer),
+            None => query.bind(id.to_stored().1),
+        }
+    }
+
+    fn decode_id(row: &SqliteRow, index: usize) -> Result<Id, sqlx::Error> {
+        if let Ok(integer) = row.try_get::<i64, _>(index) {
+            return Ok(Id::integer(integer));
+        }
+        let bytes: Vec<u8> = row.try_get(index)?;
+        Id::from_wide_bytes(&bytes).ok_or_else(|| {
+            sqlx::Error::Decode(format!("{} bytes are not a wide identifier", bytes.len()).into())
+        })
+    }
+
     fn bind_ids<'q>(query: Statement<'q, Sqlite>, ids: Vec<i64>) -> Statement<'q, Sqlite> {
         query.bind(serde_json::Value::from(ids).to_string())
     }
@@ -373,9 +435,9 @@ impl Dialect for SqliteDialect {
     }
 
     fn bind_groups<'q>(query: Statement<'q, Sqlite>, groups: &[GroupKey]) -> Statement<'q, Sqlite> {
-        let groups: Vec<[i64; 2]> = groups
+        let groups: Vec<[serde_json::Value; 2]> = groups
             .iter()
-            .map(|group| [i64::from(group.category.0), group.object_identifier])
+            .map(|group| [group.category.0.into(), id_json(group.object_identifier)])
             .collect();
         query.bind(serde_json::to_string(&groups).unwrap_or_default())
     }
@@ -390,10 +452,10 @@ impl Dialect for SqliteDialect {
                 let shard = message.shard();
                 serde_json::json!([
                     shard.scope.0,
-                    shard.shard_identifier,
+                    id_json(shard.shard_identifier),
                     shard.destination_str(),
                     message.category().0,
-                    message.object_identifier(),
+                    id_json(message.object_identifier()),
                     message.payload_json(),
                 ])
             })
@@ -424,11 +486,7 @@ impl Dialect for SqliteDialect {
         Ok(messages)
     }
 
-    fn key_in_list(key: &str) -> String {
-        crate::model::key_in_list(key)
-    }
-
-    fn load_model_sql(table: &ModelTable) -> String {
+    fn load_model_sql(table: &ModelTable, _wide: bool) -> String {
         crate::model::load_sql(table)
     }
 
@@ -465,22 +523,22 @@ impl Dialect for SqliteDialect {
             .fetch_one(&mut *tx)
             .await
             .map_err(failed())?;
-        let previous_owner: Option<String> = sqlx::query_scalar(LAPSED_OWNER)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str())
+        let previous_owner: Option<String> = shard_keyed::<Self>(LAPSED_OWNER, shard)
             .fetch_optional(&mut *tx)
             .await
+            .map_err(failed())?
+            .map(|row| row.try_get(0))
+            .transpose()
             .map_err(failed())?;
-        let attempts: Option<i64> = sqlx::query_scalar(CLAIM)
-            .bind(shard.scope.0)
-            .bind(shard.shard_identifier)
-            .bind(shard.destination_str())
-            .bind(&options.worker)
+        let attempts: Option<i64> = shard_keyed::<Self>(CLAIM, shard)
+            .bind(options.worker.clone())
             .bind(token)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
             .fetch_optional(&mut *tx)
             .await
+            .map_err(failed())?
+            .map(|row| row.try_get(0))
+            .transpose()
             .map_err(failed())?;
         let Some(attempts) = attempts else {
             tx.rollback().await.map_err(failed())?;

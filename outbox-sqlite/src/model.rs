@@ -9,11 +9,6 @@ use outbox_sqlx::model::{column_list, quoted};
 use sqlx::sqlite::{SqliteRow, SqliteTypeInfo};
 use sqlx::{Column, Row, TypeInfo, ValueRef};
 
-/// The key is one of the JSON array `?1`.
-pub(crate) fn key_in_list(key: &str) -> String {
-    format!("{key} IN (SELECT value FROM json_each(?1))")
-}
-
 /// `text` as an SQL string literal.
 fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
@@ -22,6 +17,7 @@ fn literal(text: &str) -> String {
 /// The statement the relay reads an object with: its columns, then the names of those
 /// declared `JSON` (whose text is a document, not a string) as a JSON array.
 pub(crate) fn load_sql(table: &ModelTable) -> String {
+    // `?1` is an integer or a wide key's 16 bytes: a BLOB, as sqlx stores a UUID.
     let info = match table.table.split_once('.') {
         Some((schema, name)) => {
             format!("pragma_table_info({}, {})", literal(name), literal(schema))

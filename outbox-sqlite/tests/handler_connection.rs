@@ -31,7 +31,7 @@ async fn record_payment(
     State(fail_on): State<FailOn>,
 ) -> Result<(), BoxError> {
     sqlx::query("INSERT INTO payments (id, amount) VALUES (?, ?)")
-        .bind(paid.object_identifier)
+        .bind(i64::try_from(paid.object_identifier)?)
         .bind(paid.payload.amount)
         .execute(&mut *conn)
         .await?;

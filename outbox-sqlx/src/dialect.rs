@@ -6,7 +6,7 @@ use std::future::Future;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
 };
-use outbox_core::{Error, Message, ModelRow, ModelTable, ShardKey};
+use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
@@ -51,13 +51,16 @@ pub enum Ack {
 
 /// The relay's statements in a backend's SQL.
 ///
-/// Parameters are numbered as documented at each field; `$1..$3` are always a shard's key
-/// (scope `i16`, shard identifier `i64`, destination text), `$4` a lease's fencing token where
-/// the statement acts only while the lease is current. Durations travel as milliseconds
-/// (`i64`): the database adds them to its own clock.
+/// Parameters are numbered as documented at each field for a dialect whose identifiers take
+/// one parameter each ([`Dialect::ID_COLUMNS`] = 1); where they take two, an identifier takes
+/// the next number too and the numbers after it move up by one. `$1..$3` are always a shard's
+/// key (scope `i16`, shard identifier, destination text: [`shard_keyed`](crate::session::shard_keyed)),
+/// `$4` a lease's fencing token where the statement acts only while the lease is current
+/// ([`fenced`](crate::session::fenced)). Durations travel as milliseconds (`i64`): the
+/// database adds them to its own clock.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
-    /// One message: `$1..$3` its shard, `$4` category (`i32`), `$5` object (`i64`), `$6`
+    /// One message: `$1..$3` its shard, `$4` category (`i32`), `$5` object identifier, `$6`
     /// payload (JSON text); returns its id.
     pub insert_message: &'static str,
     /// Many messages in one statement, bound with [`Dialect::bind_messages`]; returns their
@@ -99,9 +102,11 @@ pub struct Statements {
     pub unpark: &'static str,
     /// Makes a shard in backoff due now: `$1..$3`.
     pub reschedule: &'static str,
+    /// Counts a shard's rows up to an id: `$1..$3`, `$4` the id.
+    pub pending_in_shard: &'static str,
     /// Pending messages in id order: `$1` the limit (`i64`). Returns id, scope, shard
-    /// identifier, destination, category, object, payload, and the creation time in
-    /// milliseconds since the Unix epoch.
+    /// identifier, destination, category, object identifier, payload, and the creation time
+    /// in milliseconds since the Unix epoch.
     pub pending_messages: &'static str,
     /// Every shard state in key order: scope, shard identifier, destination, attempts
     /// (`i64`), last error, retry time (ms since the epoch), lease owner, lease expiry (ms),
@@ -171,6 +176,17 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// The rows a statement affected.
     fn rows_affected(result: &<Self::Database as Database>::QueryResult) -> u64;
 
+    /// The columns (and parameters) one identifier takes: 1 where one column holds an integer
+    /// or a wide identifier's 16 bytes (SQLite), 2 where the 16 bytes have a column of their
+    /// own beside the `BIGINT` (PostgreSQL, see [`Id::to_stored`]).
+    const ID_COLUMNS: usize;
+
+    /// Binds a shard or object identifier: [`Dialect::ID_COLUMNS`] parameters.
+    fn bind_id<'q>(query: Statement<'q, Self::Database>, id: Id) -> Statement<'q, Self::Database>;
+
+    /// The identifier in columns `index..index + ID_COLUMNS` of `row`.
+    fn decode_id(row: &<Self::Database as Database>::Row, index: usize) -> Result<Id, sqlx::Error>;
+
     /// Binds message ids as one parameter (an array, or a JSON array).
     fn bind_ids<'q>(
         query: Statement<'q, Self::Database>,
@@ -204,9 +220,7 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     fn read_head(
         rows: Vec<<Self::Database as Database>::Row>,
     ) -> Result<Vec<StoredMessage>, Error> {
-        rows.iter()
-            .map(crate::session::stored::<Self::Database>)
-            .collect()
+        rows.iter().map(crate::session::stored::<Self>).collect()
     }
 
     /// The most parameters one statement takes: a model write binds as many rows per
@@ -229,13 +243,9 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         compatible
     }
 
-    /// The condition that column `key` (quoted) is one of the keys `$1` (bound with
-    /// [`Dialect::bind_ids`]): how a deletion finds its rows.
-    fn key_in_list(key: &str) -> String;
-
-    /// The statement that reads one model's row (`$1` its key), decoded by
-    /// [`Dialect::read_model`].
-    fn load_model_sql(table: &ModelTable) -> String;
+    /// The statement that reads one model's row (`$1` its key: an `i64` for an integer
+    /// identifier, the 16 bytes of a wide one), decoded by [`Dialect::read_model`].
+    fn load_model_sql(table: &ModelTable, wide: bool) -> String;
 
     /// A row of [`Dialect::load_model_sql`]: each column with its value, in the form its
     /// type has in serde's data model (bytes as bytes, not text).

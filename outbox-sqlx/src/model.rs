@@ -88,7 +88,7 @@ fn insert_sql<D: Dialect>(table: &ModelTable, rows: usize) -> String {
 }
 
 /// The statement for `write` of `rows` of `table`'s models, in `D`'s dialect: each model's
-/// columns are parameters of their own types (a deletion's keys are one list parameter).
+/// columns are parameters of their own types (a deletion's, its key alone).
 pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> String {
     let table_name = quoted(table.table);
     let key = quoted(table.key);
@@ -120,7 +120,13 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> S
                 set.join(", "),
             )
         }
-        Write::Delete => format!("DELETE FROM {table_name} WHERE {}", D::key_in_list(&key)),
+        Write::Delete => {
+            let keys: Vec<String> = (1..=rows).map(D::placeholder).collect();
+            format!(
+                "DELETE FROM {table_name} WHERE {key} IN ({})",
+                keys.join(", ")
+            )
+        }
     }
 }
 
@@ -420,34 +426,28 @@ where
     check_once::<D, M, R>(runner, first).await?;
     let messages = batch.messages()?;
     let mut rows = 0;
-    if write == Write::Delete {
-        let query = D::bind_ids(
-            sqlx::query(AssertSqlSafe(model_sql::<D>(write, &M::TABLE, 0))),
-            batch.keys(),
-        );
-        let done = query
+    // As many rows per statement as the database takes parameters (a deletion binds keys).
+    let width = match write {
+        Write::Delete => 1,
+        _ => M::TABLE.columns.len().max(1),
+    };
+    for chunk in batch.models().chunks((D::MAX_PARAMETERS / width).max(1)) {
+        let mut columns = Columns::<D>::binder();
+        for model in chunk {
+            match write {
+                Write::Delete => model.visit_key(&mut columns),
+                _ => model.visit_values(&mut columns),
+            }
+        }
+        let sql = AssertSqlSafe(model_sql::<D>(write, &M::TABLE, chunk.len()));
+        let arguments = columns
+            .into_arguments()
+            .map_err(|error| on_table::<D>(write.operation())(sqlx::Error::Encode(error)))?;
+        let done = sqlx::query_with(sql, arguments)
             .execute(runner.executor())
             .await
             .map_err(on_table::<D>(write.operation()))?;
-        rows = D::rows_affected(&done);
-    } else {
-        // As many rows per statement as the database takes parameters.
-        let per_statement = (D::MAX_PARAMETERS / M::TABLE.columns.len().max(1)).max(1);
-        for chunk in batch.models().chunks(per_statement) {
-            let mut columns = Columns::<D>::binder();
-            for model in chunk {
-                model.visit_values(&mut columns);
-            }
-            let sql = AssertSqlSafe(model_sql::<D>(write, &M::TABLE, chunk.len()));
-            let arguments = columns
-                .into_arguments()
-                .map_err(|error| on_table::<D>(write.operation())(sqlx::Error::Encode(error)))?;
-            let done = sqlx::query_with(sql, arguments)
-                .execute(runner.executor())
-                .await
-                .map_err(on_table::<D>(write.operation()))?;
-            rows += D::rows_affected(&done);
-        }
+        rows += D::rows_affected(&done);
     }
     let ids = write_all::<D, _>(runner.executor(), &messages).await?;
     Ok(Written {

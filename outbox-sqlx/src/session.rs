@@ -7,48 +7,54 @@ use outbox_core::store::{
     Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
     ack_then_finish,
 };
-use outbox_core::{CategoryId, Error, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
+use outbox_core::{CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
 use crate::dialect::{Ack, Claiming, Dialect};
 use crate::error::{database, on_table};
-use crate::sql::{Executes, Sql, Statement, With, get};
+use crate::sql::{Executes, Statement, With, get};
 
 /// Milliseconds in `duration`, as the statements take them.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Binds a shard's key as `$1..$3` of a statement.
-pub fn shard_keyed<DB: Sql>(sql: &'static str, shard: &ShardKey) -> Statement<'static, DB> {
-    sqlx::query(sql)
-        .with(shard.scope.0)
-        .with(shard.shard_identifier)
-        .with(shard.destination_str().to_owned())
+/// Binds a shard's key as the first parameters of a statement: scope, identifier
+/// ([`Dialect::ID_COLUMNS`] parameters), destination.
+pub fn shard_keyed<D: Dialect>(
+    sql: &'static str,
+    shard: &ShardKey,
+) -> Statement<'static, D::Database> {
+    let query = sqlx::query(sql).with(shard.scope.0);
+    D::bind_id(query, shard.shard_identifier).with(shard.destination_str().to_owned())
 }
 
-/// Binds a lease's shard key and fencing token as `$1..$4` of a statement: one that acts only
-/// while the lease is current.
-pub fn fenced<DB: Sql>(sql: &'static str, lease: &Lease) -> Statement<'static, DB> {
-    shard_keyed::<DB>(sql, &lease.shard).with(lease.token)
+/// Binds a lease's shard key and then its fencing token as the first parameters of a
+/// statement: one that acts only while the lease is current.
+pub fn fenced<D: Dialect>(sql: &'static str, lease: &Lease) -> Statement<'static, D::Database> {
+    shard_keyed::<D>(sql, &lease.shard).with(lease.token)
 }
 
-/// A row (id, category, scope, object, payload) as a message; a row that does not have the
-/// schema's form (written around its checks) is a typed error naming it.
-pub(crate) fn stored<DB: Sql>(row: &DB::Row) -> Result<StoredMessage, Error> {
-    let id = get::<DB, i64>(row, 0).ok();
+/// A row (id, category, scope, object, payload) as a message, the object taking
+/// [`Dialect::ID_COLUMNS`] columns; a row that does not have the schema's form (written
+/// around its checks) is a typed error naming it.
+pub(crate) fn stored<D: Dialect>(
+    row: &<D::Database as Database>::Row,
+) -> Result<StoredMessage, Error> {
+    type DB<D> = <D as Dialect>::Database;
+    let id = get::<DB<D>, i64>(row, 0).ok();
     let undecodable = |error: sqlx::Error| Error::Undecodable {
         operation: "reading a shard",
         message_id: id.map(MessageId),
         detail: error.to_string(),
     };
     Ok(StoredMessage {
-        id: MessageId(get::<DB, i64>(row, 0).map_err(undecodable)?),
-        category: CategoryId(get::<DB, i32>(row, 1).map_err(undecodable)?),
-        scope: ScopeId(get::<DB, i16>(row, 2).map_err(undecodable)?),
-        object_identifier: get::<DB, i64>(row, 3).map_err(undecodable)?,
-        payload: get::<DB, String>(row, 4).map_err(undecodable)?,
+        id: MessageId(get::<DB<D>, i64>(row, 0).map_err(undecodable)?),
+        category: CategoryId(get::<DB<D>, i32>(row, 1).map_err(undecodable)?),
+        scope: ScopeId(get::<DB<D>, i16>(row, 2).map_err(undecodable)?),
+        object_identifier: D::decode_id(row, 3).map_err(undecodable)?,
+        payload: get::<DB<D>, String>(row, 3 + D::ID_COLUMNS).map_err(undecodable)?,
     })
 }
 
@@ -169,7 +175,7 @@ impl<D: Dialect> SqlxSession<D> {
     }
 
     fn keyed(&self, sql: &'static str) -> Statement<'static, D::Database> {
-        fenced::<D::Database>(sql, &self.lease)
+        fenced::<D>(sql, &self.lease)
     }
 
     fn lease_lost(&self) -> Error {
@@ -201,7 +207,7 @@ impl<D: Dialect> SqlxSession<D> {
         let lease_ms = duration_ms(lease_duration);
         match D::SQL.ack {
             Ack::Combined(sql) => {
-                let query = fenced::<D::Database>(sql, lease)
+                let query = fenced::<D>(sql, lease)
                     .with(lease_ms)
                     .with(lowest)
                     .with(highest);
@@ -220,11 +226,11 @@ impl<D: Dialect> SqlxSession<D> {
                 lease: extend,
                 delete,
             } => {
-                let extend = fenced::<D::Database>(extend, lease).with(lease_ms);
+                let extend = fenced::<D>(extend, lease).with(lease_ms);
                 if Self::execute(conn, extend, OPERATION).await? == 0 {
                     return Err(lease_lost(lease));
                 }
-                let query = D::bind_ids(shard_keyed::<D::Database>(delete, &lease.shard), ids);
+                let query = D::bind_ids(shard_keyed::<D>(delete, &lease.shard), ids);
                 Self::execute(conn, query, OPERATION).await
             }
         }
@@ -242,7 +248,7 @@ impl<D: Dialect> SqlxSession<D> {
             // A shard left empty keeps no state row, however its drain ended: the table holds
             // only shards with messages, leases or failures.
             Outcome::Drained | Outcome::Yielded | Outcome::Released => {
-                let delete = fenced::<D::Database>(sql.delete_if_empty, lease);
+                let delete = fenced::<D>(sql.delete_if_empty, lease);
                 if Self::execute(conn, delete, OPERATION).await? > 0 {
                     return Ok(1);
                 }
@@ -251,10 +257,10 @@ impl<D: Dialect> SqlxSession<D> {
                 } else {
                     sql.release
                 };
-                Self::execute(conn, fenced::<D::Database>(release, lease), OPERATION).await
+                Self::execute(conn, fenced::<D>(release, lease), OPERATION).await
             }
             Outcome::Failed(failure) => {
-                let query = fenced::<D::Database>(sql.fail, lease)
+                let query = fenced::<D>(sql.fail, lease)
                     .with(i32::try_from(failure.attempts).unwrap_or(i32::MAX))
                     .with(failure.error.clone())
                     .with(duration_ms(failure.retry_in))
@@ -282,7 +288,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     }
 
     async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
-        let query = shard_keyed::<D::Database>(D::SQL.fetch, &self.lease.shard)
+        let query = shard_keyed::<D>(D::SQL.fetch, &self.lease.shard)
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut reader = self.reader().await?;
         let rows = query
@@ -298,7 +304,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         after: MessageId,
         up_to: MessageId,
     ) -> Result<Vec<GroupTail>, Error> {
-        let query = shard_keyed::<D::Database>(D::SQL.fetch_newest, &self.lease.shard);
+        let query = shard_keyed::<D>(D::SQL.fetch_newest, &self.lease.shard);
         let query = D::bind_groups(query, groups).with(after.0).with(up_to.0);
         let mut reader = self.reader().await?;
         let rows = query
@@ -308,20 +314,23 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         rows.iter()
             .map(|row| {
                 Ok(GroupTail {
-                    newest: stored::<D::Database>(row)?,
-                    ids: D::decode_ids(row, 5)?.into_iter().map(MessageId).collect(),
+                    newest: stored::<D>(row)?,
+                    ids: D::decode_ids(row, 4 + D::ID_COLUMNS)?
+                        .into_iter()
+                        .map(MessageId)
+                        .collect(),
                 })
             })
             .collect()
     }
 
-    async fn load_model(
-        &mut self,
-        table: &ModelTable,
-        key: i64,
-    ) -> Result<Option<ModelRow>, Error> {
+    async fn load_model(&mut self, table: &ModelTable, key: Id) -> Result<Option<ModelRow>, Error> {
         const OPERATION: &str = "reading a replicated model";
-        let query = sqlx::query(AssertSqlSafe(D::load_model_sql(table))).with(key);
+        let sql = AssertSqlSafe(D::load_model_sql(table, key.as_wide().is_some()));
+        let query = match key.as_integer() {
+            Some(integer) => sqlx::query(sql).with(integer),
+            None => sqlx::query(sql).with(key.to_stored().1),
+        };
         let mut reader = self.reader().await?;
         let row = query
             .fetch_optional(D::Database::on(reader.conn()))

@@ -85,6 +85,7 @@ all_of!(
         + Binds<String>
         + for<'a> Binds<&'a str>
         + Binds<Option<i32>>
+        + Binds<Vec<u8>>
         + Decodes<i16>
         + Decodes<i32>
         + Decodes<i64>

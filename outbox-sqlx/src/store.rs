@@ -6,7 +6,7 @@ use outbox_core::store::{
     Admin, ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
     check_migrations,
 };
-use outbox_core::{CategoryId, Error, MessageId, ShardKey, Store};
+use outbox_core::{CategoryId, Error, Id, MessageId, ShardKey, Store};
 use sqlx::{Database, Pool};
 
 use crate::dialect::{Claim, Dialect};
@@ -16,9 +16,6 @@ use crate::sql::{Executes, Statement, With, get};
 
 const APPLIED_MIGRATIONS: &str = "SELECT version FROM _outbox_migrations WHERE success";
 const NEWEST_MESSAGE: &str = "SELECT max(id) FROM outbox_messages";
-const PENDING_IN_SHARD: &str = "\
-    SELECT count(*) FROM outbox_messages \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND id <= $4";
 
 /// The outbox store on a database of a `sqlx` backend.
 #[derive(Debug)]
@@ -111,23 +108,35 @@ fn from_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-/// A shard key as the statements return it in columns `first..first + 3`: a key that does not
-/// have the schema's form (written around its checks) is a typed error, never a panic.
-fn shard_key<DB: crate::sql::Sql>(
-    row: &DB::Row,
+/// The columns a shard key takes: scope, identifier, destination.
+const fn key_columns<D: Dialect>() -> usize {
+    2 + D::ID_COLUMNS
+}
+
+/// A shard key as the statements return it from column `first` on.
+fn read_shard_key<D: Dialect>(
+    row: &<D::Database as Database>::Row,
+    first: usize,
+) -> Result<ShardKey, sqlx::Error> {
+    Ok(ShardKey::from_stored(
+        get::<D::Database, i16>(row, first)?,
+        D::decode_id(row, first + 1)?,
+        get::<D::Database, String>(row, first + 1 + D::ID_COLUMNS)?,
+    ))
+}
+
+/// A shard key as the statements return it from column `first` on: a key that does not have
+/// the schema's form (written around its checks) is a typed error, never a panic.
+fn shard_key<D: Dialect>(
+    row: &<D::Database as Database>::Row,
     first: usize,
     operation: &'static str,
 ) -> Result<ShardKey, Error> {
-    let undecodable = |error: sqlx::Error| Error::Undecodable {
+    read_shard_key::<D>(row, first).map_err(|error| Error::Undecodable {
         operation,
         message_id: None,
-        detail: format!("a shard key is not (SMALLINT, integer, text): {error}"),
-    };
-    Ok(ShardKey::from_stored(
-        get::<DB, i16>(row, first).map_err(undecodable)?,
-        get::<DB, i64>(row, first + 1).map_err(undecodable)?,
-        get::<DB, String>(row, first + 2).map_err(undecodable)?,
-    ))
+        detail: format!("a shard key is not (SMALLINT, identifier, text): {error}"),
+    })
 }
 
 impl<D: Dialect> Store for SqlxStore<D> {
@@ -172,12 +181,14 @@ impl<D: Dialect> Store for SqlxStore<D> {
                 key.shard_identifier,
                 key.destination_str().to_owned(),
             ),
-            None => (i32::from(i16::MIN) - 1, i64::MIN, String::new()),
+            None => (
+                i32::from(i16::MIN) - 1,
+                Id::integer(i64::MIN),
+                String::new(),
+            ),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
-        let query = sqlx::query(D::SQL.discover)
-            .with(scope)
-            .with(shard)
+        let query = D::bind_id(sqlx::query(D::SQL.discover).with(scope), shard)
             .with(destination)
             .with(limit);
         let rows = self.rows(query, OPERATION).await?;
@@ -185,11 +196,13 @@ impl<D: Dialect> Store for SqlxStore<D> {
         let mut page = DiscoveryPage::default();
         let visited = rows.len();
         for (index, row) in rows.iter().enumerate() {
-            let key = shard_key::<D::Database>(row, 0, OPERATION)?;
+            let key = shard_key::<D>(row, 0, OPERATION)?;
             if full && index + 1 == visited {
                 page.next = Some(key.clone());
             }
-            if get::<D::Database, bool>(row, 3).map_err(database::<D>(OPERATION))? {
+            if get::<D::Database, bool>(row, key_columns::<D>())
+                .map_err(database::<D>(OPERATION))?
+            {
                 page.due.push(key);
             }
         }
@@ -221,13 +234,13 @@ impl<D: Dialect> Store for SqlxStore<D> {
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
         let _turn = self.dialect.take_turn().await;
-        let query = fenced::<D::Database>(D::SQL.extend_lease, lease).with(duration_ms(duration));
+        let query = fenced::<D>(D::SQL.extend_lease, lease).with(duration_ms(duration));
         Ok(self.execute(query, "extending a lease").await? > 0)
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         let _turn = self.dialect.take_turn().await;
-        let query = fenced::<D::Database>(D::SQL.release_interrupted, lease);
+        let query = fenced::<D>(D::SQL.release_interrupted, lease);
         Ok(self.execute(query, "releasing a lease").await? > 0)
     }
 
@@ -245,7 +258,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
     }
 
     async fn pending_in_shard(&self, shard: &ShardKey, up_to: MessageId) -> Result<u64, Error> {
-        let query = shard_keyed::<D::Database>(PENDING_IN_SHARD, shard).with(up_to.0);
+        let query = shard_keyed::<D>(D::SQL.pending_in_shard, shard).with(up_to.0);
         let count: i64 = self
             .scalar(query, "counting a shard's pending messages")
             .await?;
@@ -255,7 +268,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
 
 impl<D: Dialect> Admin for SqlxStore<D> {
     async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
-        let query = shard_keyed::<D::Database>(D::SQL.reschedule, shard);
+        let query = shard_keyed::<D>(D::SQL.reschedule, shard);
         Ok(self.execute(query, "rescheduling a shard").await? > 0)
     }
 
@@ -266,17 +279,14 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         let rows = self.rows(query, OPERATION).await?;
         let pending =
             |row: &<D::Database as Database>::Row| -> Result<PendingMessage, sqlx::Error> {
+                let category = 1 + key_columns::<D>();
                 Ok(PendingMessage::new(
                     MessageId(get::<D::Database, _>(row, 0)?),
-                    ShardKey::from_stored(
-                        get::<D::Database, _>(row, 1)?,
-                        get::<D::Database, _>(row, 2)?,
-                        get::<D::Database, _>(row, 3)?,
-                    ),
-                    CategoryId(get::<D::Database, _>(row, 4)?),
-                    get::<D::Database, _>(row, 5)?,
-                    get::<D::Database, _>(row, 6)?,
-                    from_ms(get::<D::Database, _>(row, 7)?),
+                    read_shard_key::<D>(row, 1)?,
+                    CategoryId(get::<D::Database, _>(row, category)?),
+                    D::decode_id(row, category + 1)?,
+                    get::<D::Database, _>(row, category + 1 + D::ID_COLUMNS)?,
+                    from_ms(get::<D::Database, _>(row, category + 2 + D::ID_COLUMNS)?),
                 ))
             };
         rows.iter()
@@ -290,21 +300,19 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             .rows(sqlx::query(D::SQL.shard_states), OPERATION)
             .await?;
         let state = |row: &<D::Database as Database>::Row| -> Result<ShardState, sqlx::Error> {
+            // The columns after the key, counted from the key's end.
+            let at = |index: usize| key_columns::<D>() + index;
             let time =
-                |index| get::<D::Database, Option<i64>>(row, index).map(|ms| ms.map(from_ms));
+                |index| get::<D::Database, Option<i64>>(row, at(index)).map(|ms| ms.map(from_ms));
             Ok(ShardState::new(
-                ShardKey::from_stored(
-                    get::<D::Database, _>(row, 0)?,
-                    get::<D::Database, _>(row, 1)?,
-                    get::<D::Database, _>(row, 2)?,
-                ),
-                u32::try_from(get::<D::Database, i64>(row, 3)?).unwrap_or(u32::MAX),
-                get::<D::Database, _>(row, 4)?,
-                time(5)?,
-                get::<D::Database, _>(row, 6)?,
-                time(7)?,
-                get::<D::Database, _>(row, 8)?,
-                get::<D::Database, Option<i32>>(row, 9)?.map(CategoryId),
+                read_shard_key::<D>(row, 0)?,
+                u32::try_from(get::<D::Database, i64>(row, at(0))?).unwrap_or(u32::MAX),
+                get::<D::Database, _>(row, at(1))?,
+                time(2)?,
+                get::<D::Database, _>(row, at(3))?,
+                time(4)?,
+                get::<D::Database, _>(row, at(5))?,
+                get::<D::Database, Option<i32>>(row, at(6))?.map(CategoryId),
             ))
         };
         rows.iter()

@@ -15,12 +15,13 @@ where
     E: Executor<'e, Database = D::Database>,
 {
     let shard = message.shard();
-    let row = sqlx::query(D::SQL.insert_message)
-        .with(shard.scope.0)
-        .with(shard.shard_identifier)
-        .with(shard.destination_str())
-        .with(message.category().0)
-        .with(message.object_identifier())
+    let query = D::bind_id(
+        sqlx::query(D::SQL.insert_message).with(shard.scope.0),
+        shard.shard_identifier,
+    )
+    .with(shard.destination_str())
+    .with(message.category().0);
+    let row = D::bind_id(query, message.object_identifier())
         .with(message.payload_json())
         .fetch_one(executor)
         .await

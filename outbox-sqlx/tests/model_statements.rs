@@ -133,13 +133,18 @@ fn postgres_statements_quote_identifiers_and_bind_each_column() {
          \"name\" = s.\"name\" FROM s WHERE \"app\".\"projects\".\"id\" = s.\"id\""
     );
     assert_eq!(
-        model_sql::<PgDialect>(Write::Delete, &TABLE, 0),
-        "DELETE FROM \"app\".\"projects\" WHERE \"id\" = ANY($1)"
+        model_sql::<PgDialect>(Write::Delete, &TABLE, 2),
+        "DELETE FROM \"app\".\"projects\" WHERE \"id\" IN ($1, $2)"
     );
     assert_eq!(
-        PgDialect::load_model_sql(&TABLE),
+        PgDialect::load_model_sql(&TABLE, false),
         "SELECT to_json(s)::text, s.* FROM (SELECT \"id\", \"organization_id\", \"name\" \
          FROM \"app\".\"projects\" WHERE \"id\" = $1) AS s"
+    );
+    assert_eq!(
+        PgDialect::load_model_sql(&TABLE, true),
+        "SELECT to_json(s)::text, s.* FROM (SELECT \"id\", \"organization_id\", \"name\" \
+         FROM \"app\".\"projects\" WHERE \"id\" = encode($1::bytea, 'hex')::uuid) AS s"
     );
 }
 
@@ -152,11 +157,11 @@ fn sqlite_statements_quote_identifiers_and_bind_each_column() {
          VALUES (?1, ?2, ?3), (?4, ?5, ?6)"
     );
     assert_eq!(
-        model_sql::<SqliteDialect>(Write::Delete, &TABLE, 0),
-        "DELETE FROM \"app\".\"projects\" WHERE \"id\" IN (SELECT value FROM json_each(?1))"
+        model_sql::<SqliteDialect>(Write::Delete, &TABLE, 2),
+        "DELETE FROM \"app\".\"projects\" WHERE \"id\" IN (?1, ?2)"
     );
     assert_eq!(
-        SqliteDialect::load_model_sql(&TABLE),
+        SqliteDialect::load_model_sql(&TABLE, true),
         "SELECT \"id\", \"organization_id\", \"name\", (SELECT json_group_array(name) \
          FROM pragma_table_info('projects', 'app') WHERE lower(type) IN ('json', 'jsonb')) \
          FROM \"app\".\"projects\" WHERE \"id\" = ?1"

@@ -338,8 +338,8 @@ async fn sqlite_a_model_that_does_not_match_its_table_is_refused() {
 struct TicketId(i64);
 
 impl outbox_core::Identifier for TicketId {
-    fn to_i64(&self) -> i64 {
-        self.0
+    fn to_id(&self) -> outbox_core::Id {
+        outbox_core::Id::integer(self.0)
     }
 }
 
@@ -414,7 +414,7 @@ where
     database.relay(registry).drain().await.expect("drain");
     assert_eq!(
         *seen.lock().unwrap_or_else(PoisonError::into_inner),
-        [(9, ticket)]
+        [(outbox_core::Id::integer(9), ticket)]
     );
 }
 

@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use outbox_core::{
-    BoxError, Error, HandlerContext, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
+    BoxError, Error, HandlerContext, Id, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
     Store, WrittenShards,
 };
 
@@ -77,7 +77,7 @@ pub trait StoreBackend: Send + Sync + Sized + 'static {
         &self,
         shard: &ShardKey,
         category: i32,
-        object_identifier: i64,
+        object_identifier: Id,
         payload_json: &str,
     ) -> impl Future<Output = MessageId> + Send;
 }

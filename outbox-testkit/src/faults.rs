@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use outbox_core::{BoxError, DeliveryKind, Handler, HandlerContext, Requirements, ShardKey};
+use outbox_core::{BoxError, DeliveryKind, Handler, HandlerContext, Id, Requirements, ShardKey};
 
 /// What a [`Faulty`] handler does on the calls its fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub struct InjectedFault {
     /// The shard of the delivery.
     pub shard: ShardKey,
     /// The object of the delivery.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
 }
 
 impl fmt::Display for InjectedFault {
@@ -114,7 +114,7 @@ pub struct Call<'a> {
     /// The shard of the delivery.
     pub shard: &'a ShardKey,
     /// The object of the delivery.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The delivery's attempt, as the relay numbers it: 1 the first time.
     pub attempt: u32,
 }

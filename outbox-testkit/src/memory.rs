@@ -53,7 +53,7 @@ impl StoreBackend for MemoryBackend {
         &self,
         shard: &ShardKey,
         category: i32,
-        object_identifier: i64,
+        object_identifier: outbox_core::Id,
         payload_json: &str,
     ) -> MessageId {
         self.store

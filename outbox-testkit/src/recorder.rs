@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox_core::{
-    BoxError, Category, Deletion, Delivery, Handler, HandlerContext, MessageId, RegistryBuilder,
-    ReplicatedModel, Replication, ShardKey,
+    BoxError, Category, Deletion, Delivery, Handler, HandlerContext, Id, MessageId,
+    RegistryBuilder, ReplicatedModel, Replication, ShardKey,
 };
 use tokio::sync::watch;
 
@@ -41,7 +41,7 @@ pub struct Recorded<P> {
     /// The shard.
     pub shard: ShardKey,
     /// The object.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The delivered payload: the newest of its group.
     pub payload: P,
     /// The delivered message.
@@ -79,7 +79,7 @@ pub enum ModelEvent<M: Category> {
 
 impl<M: ReplicatedModel> ModelEvent<M> {
     /// The object's identifier.
-    pub fn object_identifier(&self) -> i64 {
+    pub fn object_identifier(&self) -> Id {
         match self {
             Self::Replicated(replicated) => replicated.object.object_identifier(),
             Self::Deleted(deleted) => deleted.object_identifier,
@@ -204,7 +204,7 @@ impl<C: Category> Recording<C> {
     }
 
     /// The objects of the recorded deliveries, in order.
-    pub fn objects(&self) -> Vec<i64> {
+    pub fn objects(&self) -> Vec<Id> {
         self.log.map(|recorded| recorded.object_identifier)
     }
 
@@ -236,7 +236,7 @@ where
     }
 
     /// `(object, payload)` of each recorded delivery, in order.
-    pub fn objects_and_payloads(&self) -> Vec<(i64, C::Payload)> {
+    pub fn objects_and_payloads(&self) -> Vec<(Id, C::Payload)> {
         self.log
             .map(|recorded| (recorded.object_identifier, recorded.payload.clone()))
     }
@@ -331,12 +331,12 @@ impl<M: ReplicatedModel> ModelRecording<M> {
     }
 
     /// The objects of the recorded replications and deletions, in order.
-    pub fn objects(&self) -> Vec<i64> {
+    pub fn objects(&self) -> Vec<Id> {
         self.log.map(ModelEvent::object_identifier)
     }
 
     /// The identifiers of the deleted objects, in order.
-    pub fn deleted(&self) -> Vec<i64> {
+    pub fn deleted(&self) -> Vec<Id> {
         self.log
             .lock()
             .iter()

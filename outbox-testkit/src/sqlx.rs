@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
-    BoxError, Connection, Error, FromContext, HandlerContext, Message, MessageId, ModelBatch,
+    BoxError, Connection, Error, FromContext, HandlerContext, Id, Message, MessageId, ModelBatch,
     ShardKey, WrittenShards,
 };
 use outbox_core::{Registry, Relay};
@@ -188,17 +188,18 @@ impl<P: Provision> StoreBackend for SqlxBackend<P> {
         &self,
         shard: &ShardKey,
         category: i32,
-        object: i64,
+        object: Id,
         payload: &str,
     ) -> MessageId {
         // The backend's own single-row insert, with none of the typed API's checks before it.
         let mut conn = self.database.pool().acquire().await.expect("a connection");
-        let row = sqlx::query(<P::Dialect as Dialect>::SQL.insert_message)
-            .with(shard.scope.0)
-            .with(shard.shard_identifier)
-            .with(shard.destination_str())
-            .with(category)
-            .with(object)
+        let query = <P::Dialect as Dialect>::bind_id(
+            sqlx::query(<P::Dialect as Dialect>::SQL.insert_message).with(shard.scope.0),
+            shard.shard_identifier,
+        )
+        .with(shard.destination_str())
+        .with(category);
+        let row = <P::Dialect as Dialect>::bind_id(query, object)
             .with(payload)
             .fetch_one(Db::<P>::on(&mut conn))
             .await

@@ -20,8 +20,8 @@ struct Seen(Arc<Mutex<Vec<(i64, i64, u64)>>>);
 impl Seen {
     fn push(&self, delivery: &Delivery<OrgUpdate>) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).push((
-            delivery.shard_identifier(),
-            delivery.object_identifier,
+            i64::try_from(delivery.shard_identifier()).expect("an integer shard"),
+            i64::try_from(delivery.object_identifier).expect("an integer object"),
             delivery.payload.seq,
         ));
     }

@@ -102,7 +102,7 @@ async fn delete_project(
     State(control): State<Control>,
 ) -> Result<(), BoxError> {
     sqlx::query("DELETE FROM projects WHERE id = ?")
-        .bind(deletion.object_identifier)
+        .bind(i64::try_from(deletion.object_identifier)?)
         .execute(&control.pool)
         .await?;
     control.note(format!("deleted project {}", deletion.object_identifier));
@@ -119,7 +119,7 @@ async fn rename_organization(
         "INSERT INTO organizations (id, name) VALUES (?, ?) \
          ON CONFLICT (id) DO UPDATE SET name = excluded.name",
     )
-    .bind(delivery.object_identifier)
+    .bind(i64::try_from(delivery.object_identifier)?)
     .bind(&delivery.payload.name)
     .execute(&control.pool)
     .await?;

@@ -129,7 +129,7 @@ async fn delete_project(
     control
         .execute(
             "DELETE FROM projects WHERE id = $1",
-            &[Value::Int(deletion.object_identifier)],
+            &[Value::Int(i64::try_from(deletion.object_identifier)?)],
         )
         .await?;
     delivered.record(format!(

@@ -17,6 +17,7 @@ use std::pin::Pin;
 
 use crate::categories::Deliverable;
 use crate::error::BoxError;
+use crate::id::Id;
 use crate::model::{Destination, MessageId, ShardKey};
 
 pub(crate) use self::erased::{ErasedHandler, FromRaw, NoOpErased, RawDelivery, erase};
@@ -35,7 +36,7 @@ pub struct Delivery<C: Deliverable> {
     /// The shard the message belongs to.
     pub shard: ShardKey,
     /// The object the message is about.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The newest payload of the group.
     pub payload: C::Payload,
     /// The newest message of the group: the one whose payload is delivered.
@@ -49,7 +50,7 @@ pub struct Delivery<C: Deliverable> {
 
 impl<C: Deliverable> Delivery<C> {
     /// The shard identifier (an organization id, a user id...).
-    pub fn shard_identifier(&self) -> i64 {
+    pub fn shard_identifier(&self) -> Id {
         self.shard.shard_identifier
     }
 
@@ -65,7 +66,7 @@ pub trait DeliveryKind: Send + Sized + 'static {
     /// The shard the message belongs to.
     fn shard(&self) -> &ShardKey;
     /// The object the message is about.
-    fn object_identifier(&self) -> i64;
+    fn object_identifier(&self) -> Id;
     /// The newest message of the group: the one delivered.
     fn message_id(&self) -> MessageId;
     /// Which attempt at the shard's head this is: 1 the first time, more after failures or a
@@ -83,7 +84,7 @@ macro_rules! delivery_kind {
             fn shard(&self) -> &$crate::model::ShardKey {
                 &self.shard
             }
-            fn object_identifier(&self) -> i64 {
+            fn object_identifier(&self) -> $crate::Id {
                 let $this = self;
                 $object
             }

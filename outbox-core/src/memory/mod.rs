@@ -74,6 +74,7 @@ use self::clock::{Clock, later};
 pub use self::session::MemorySession;
 use self::state::{Row, Tables};
 use crate::error::Error;
+use crate::id::Identifier;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ReplicatedModel};
 use crate::store::{
@@ -155,13 +156,13 @@ impl MemoryStore {
         &self,
         shard: &ShardKey,
         category: CategoryId,
-        object_identifier: i64,
+        object_identifier: impl Identifier,
         payload: impl Into<String>,
     ) -> MessageId {
         let row = Row {
             shard: shard.clone(),
             category,
-            object_identifier,
+            object_identifier: object_identifier.to_id(),
             payload: payload.into(),
             created_at: self.now(),
         };

@@ -7,6 +7,7 @@ use super::MemoryStore;
 use super::clock::later;
 use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::id::Id;
 use crate::model::MessageId;
 use crate::replicated::ModelTable;
 use crate::store::{
@@ -60,11 +61,7 @@ impl ShardSession for MemorySession {
         })
     }
 
-    async fn load_model(
-        &mut self,
-        table: &ModelTable,
-        key: i64,
-    ) -> Result<Option<ModelRow>, Error> {
+    async fn load_model(&mut self, table: &ModelTable, key: Id) -> Result<Option<ModelRow>, Error> {
         self.store
             .operation("reading a replicated model", |tables, _| {
                 tables.model(table.table, key)

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use super::clock::later;
 use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::id::Id;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DiscoveryPage, GroupKey, GroupTail, Lease, Outcome,
@@ -17,7 +18,7 @@ use crate::store::{
 pub(super) struct Row {
     pub(super) shard: ShardKey,
     pub(super) category: CategoryId,
-    pub(super) object_identifier: i64,
+    pub(super) object_identifier: Id,
     pub(super) payload: String,
     pub(super) created_at: SystemTime,
 }
@@ -90,7 +91,7 @@ pub(super) struct Tables {
     shards: BTreeMap<ShardKey, BTreeSet<MessageId>>,
     records: BTreeMap<ShardKey, Record>,
     /// Replicated models' rows, as JSON objects keyed by column, by table and key.
-    models: HashMap<(&'static str, i64), serde_json::Value>,
+    models: HashMap<(&'static str, Id), serde_json::Value>,
 }
 
 impl Tables {
@@ -102,15 +103,15 @@ impl Tables {
         id
     }
 
-    pub(super) fn put_model(&mut self, table: &'static str, key: i64, row: serde_json::Value) {
+    pub(super) fn put_model(&mut self, table: &'static str, key: Id, row: serde_json::Value) {
         self.models.insert((table, key), row);
     }
 
-    pub(super) fn remove_model(&mut self, table: &'static str, key: i64) -> bool {
+    pub(super) fn remove_model(&mut self, table: &'static str, key: Id) -> bool {
         self.models.remove(&(table, key)).is_some()
     }
 
-    pub(super) fn model(&self, table: &'static str, key: i64) -> Option<ModelRow> {
+    pub(super) fn model(&self, table: &'static str, key: Id) -> Option<ModelRow> {
         self.models
             .get(&(table, key))
             .cloned()

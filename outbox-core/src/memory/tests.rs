@@ -31,7 +31,7 @@ fn ack_of(ids: &[MessageId], object: i64) -> Acknowledgement {
     Acknowledgement {
         group: GroupKey {
             category: CategoryId(1),
-            object_identifier: object,
+            object_identifier: object.into(),
         },
         ids: ids.to_vec(),
     }
@@ -277,9 +277,9 @@ async fn fetch_newest_finds_each_groups_tail_within_the_bounds() {
         .await
         .unwrap()
         .unwrap();
-    let groups = [1, 2].map(|object| GroupKey {
+    let groups = [1, 2].map(|object: i64| GroupKey {
         category: CategoryId(1),
-        object_identifier: object,
+        object_identifier: object.into(),
     });
     let mut tails = session.fetch_newest(&groups, ids[1], ids[4]).await.unwrap();
     tails.sort_by_key(|tail| tail.newest.object_identifier);

@@ -135,11 +135,11 @@ impl ReplicatedModel for Thing {
         key: "id",
         columns: &["id"],
     };
-    fn object_identifier(&self) -> i64 {
-        self.id
+    fn object_identifier(&self) -> crate::Id {
+        crate::Id::integer(self.id)
     }
-    fn shard_identifier(&self) -> i64 {
-        1
+    fn shard_identifier(&self) -> crate::Id {
+        crate::Id::integer(1)
     }
     fn tombstone(&self) {}
 }

@@ -279,7 +279,7 @@ impl<S: Store> Inner<S> {
         let span = info_span!(
             "outbox.drain_shard",
             scope = shard.scope.0,
-            shard = shard.shard_identifier,
+            shard = %shard.shard_identifier,
             destination = shard.destination_str(),
         );
         async {

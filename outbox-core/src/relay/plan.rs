@@ -175,7 +175,7 @@ mod tests {
             id: MessageId(id),
             category: CategoryId(category),
             scope: ScopeId(1),
-            object_identifier: object,
+            object_identifier: object.into(),
             payload: id.to_string(),
         }
     }
@@ -186,7 +186,7 @@ mod tests {
             .map(|g| {
                 (
                     g.key.category.0,
-                    g.key.object_identifier,
+                    g.key.object_identifier.as_integer().unwrap(),
                     g.newest.id.0,
                     g.rows(),
                 )

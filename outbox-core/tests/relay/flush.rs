@@ -47,7 +47,7 @@ async fn a_flush_delivers_exactly_what_was_written() {
         .await
         .unwrap()
         .iter()
-        .map(|m| (m.shard.shard_identifier, m.id))
+        .map(|m| (i64::try_from(m.shard.shard_identifier).unwrap(), m.id))
         .collect();
     assert_eq!(left.len(), 2);
     assert!(left.contains(&(1, later)), "written after the commit");
@@ -139,7 +139,7 @@ async fn flush_due_leaves_cascades_for_the_next_pass() {
             if delivery.payload < 3 {
                 store.write(&msg::<Update>(
                     1,
-                    delivery.object_identifier + 1,
+                    i64::try_from(delivery.object_identifier).unwrap() + 1,
                     delivery.payload + 1,
                 ));
             }

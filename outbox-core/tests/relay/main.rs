@@ -70,8 +70,8 @@ impl Recorder {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Seen {
-                shard: delivery.shard_identifier(),
-                object: delivery.object_identifier,
+                shard: i64::try_from(delivery.shard_identifier()).unwrap(),
+                object: i64::try_from(delivery.object_identifier).unwrap(),
                 seq: delivery.payload,
                 attempt: delivery.attempt,
             });

@@ -12,7 +12,7 @@ use outbox_core::store::{
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
-use super::{config, eventually, pending, pending_ids, write};
+use super::{config, eventually, int, pending, pending_ids, write};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
@@ -149,9 +149,9 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
     let mut by_shard: BTreeMap<i64, Vec<(&str, i64, u64)>> = BTreeMap::new();
     for seen in seen.seen() {
         by_shard
-            .entry(seen.shard.shard_identifier)
+            .entry(int(seen.shard.shard_identifier))
             .or_default()
-            .push((seen.category, seen.object, seen.seq));
+            .push((seen.category, int(seen.object), seen.seq));
     }
     assert_eq!(
         by_shard.len(),
@@ -271,7 +271,7 @@ impl<B: TestBackend> Handler<Delivery<OrgUpdate>> for WritesInTransaction<B> {
         delivery: Delivery<OrgUpdate>,
         cx: &mut HandlerContext<'_>,
     ) -> Result<(), BoxError> {
-        B::insert_business_row_in(cx, delivery.object_identifier * 1000).await?;
+        B::insert_business_row_in(cx, int(delivery.object_identifier) * 1000).await?;
         if delivery.object_identifier == 2 {
             return Err("failing after writing: the write must roll back".into());
         }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use outbox_core::{BoxError, Delivery, Destination, Message, Relay};
 
-use super::{config, pending, write};
+use super::{config, int, pending, write};
 use crate::backend::StoreBackend;
 use crate::fixtures::{
     AuditEvent, Note, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
@@ -103,7 +103,7 @@ pub async fn s12_categories_and_shards_are_separate_groups<B: StoreBackend>() {
         recorder
             .in_shard(&org_shard(shard))
             .into_iter()
-            .map(|seen| (seen.category, seen.object, seen.seq))
+            .map(|seen| (seen.category, int(seen.object), seen.seq))
             .collect::<Vec<_>>()
     };
     assert_eq!(

@@ -190,7 +190,7 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: StoreBackend>() 
         .insert_raw(
             &shard,
             FutureCategory::ID.0,
-            2,
+            2.into(),
             r#"{"seq":2,"text":"from the future"}"#,
         )
         .await;
@@ -248,7 +248,7 @@ pub async fn s21_malformed_payload_is_a_precise_failure<B: StoreBackend>() {
         .insert_raw(
             &org_shard(1),
             OrgUpdate::ID.0,
-            1,
+            1.into(),
             r#"{"seq":"seven","text":"x"}"#,
         )
         .await;

@@ -9,7 +9,7 @@ use outbox_core::{
     Admin, BoxError, Delivery, FlushError, Message, Relay, Store, WrittenShards, error_chain,
 };
 
-use super::{Gate, config, pending, pending_ids, state_of, write};
+use super::{Gate, config, int, pending, pending_ids, state_of, write};
 use crate::backend::{Scoped, StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
@@ -18,7 +18,7 @@ fn seen(recorder: &Recorder) -> Vec<(i64, i64, u64)> {
     let mut seen: Vec<_> = recorder
         .seen()
         .into_iter()
-        .map(|seen| (seen.shard.shard_identifier, seen.object, seen.seq))
+        .map(|seen| (int(seen.shard.shard_identifier), int(seen.object), seen.seq))
         .collect();
     seen.sort_unstable();
     seen
@@ -63,7 +63,7 @@ pub async fn s02_flush_drains_exactly_the_shards_written<B: TestBackend>() {
     let left: Vec<_> = pending(&backend)
         .await
         .into_iter()
-        .map(|row| (row.shard, row.object_identifier))
+        .map(|row| (row.shard, int(row.object_identifier)))
         .collect();
     assert_eq!(left, [(org_shard(2), 20)], "shard 2 is the relay's");
 }
@@ -188,7 +188,7 @@ pub async fn s03_deferred_scopes_and_rollbacks_flush_nothing<B: TestBackend>() {
     let left: Vec<_> = pending(&backend)
         .await
         .into_iter()
-        .map(|row| (row.shard, row.object_identifier))
+        .map(|row| (row.shard, int(row.object_identifier)))
         .collect();
     assert_eq!(
         left,
@@ -230,7 +230,11 @@ pub async fn flush_due_leaves_cascades_for_the_next_pass<B: StoreBackend>() {
             );
             async move {
                 if seq < 3 {
-                    write(&*backend, &[note::<OrgUpdate>(shard, object + 1, seq + 1)]).await;
+                    write(
+                        &*backend,
+                        &[note::<OrgUpdate>(shard, int(object) + 1, seq + 1)],
+                    )
+                    .await;
                 }
                 Ok::<(), BoxError>(())
             }

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use outbox_core::store::{PendingMessage, ShardState};
 use outbox_core::{
-    Admin, Backoff, BoxError, Category, Delivery, Handler, Message, MessageId, RelayConfig,
+    Admin, Backoff, BoxError, Category, Delivery, Handler, Id, Message, MessageId, RelayConfig,
     ShardKey,
 };
 
@@ -180,6 +180,12 @@ pub(crate) async fn state_of<S: Admin>(store: &S, shard: &ShardKey) -> Option<Sh
         .expect("list shard states")
         .into_iter()
         .find(|state| &state.shard == shard)
+}
+
+/// An integer identifier (the fixtures' shards and objects are integers).
+#[track_caller]
+pub(crate) fn int(id: Id) -> i64 {
+    i64::try_from(id).expect("an integer identifier")
 }
 
 /// Asserts that `at` lies `expected` from now, give or take a second and a half.

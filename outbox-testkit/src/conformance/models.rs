@@ -2,11 +2,11 @@
 //! while present and deleted once gone; fan-out models reach each destination.
 
 use outbox_core::{
-    Category, DeliveryError, Destination, Error, HandlerMode, ModelBatch, Registry, Relay, Scope,
-    ShardKey, error_chain,
+    Category, DeliveryError, Destination, Error, HandlerMode, Id, ModelBatch, Registry, Relay,
+    Scope, ShardKey, error_chain,
 };
 
-use super::{config, pending};
+use super::{config, int, pending};
 use crate::backend::{ModelWrite, TestBackend};
 use crate::fixtures::{
     MODEL_TABLES, Member, MemberTombstone, ModelRecorder, ModelSeen, OrgScope, Project, org_shard,
@@ -69,7 +69,7 @@ pub async fn models_replicate_while_present_and_delete_once_gone<B: TestBackend>
     assert!(rows.iter().all(|row| row.category == Project::ID));
     assert_eq!(
         rows.iter()
-            .map(|row| (row.shard.shard_identifier, row.object_identifier))
+            .map(|row| (int(row.shard.shard_identifier), int(row.object_identifier)))
             .collect::<Vec<_>>(),
         [(7, 1), (7, 2), (8, 3), (7, 1)]
     );
@@ -114,8 +114,8 @@ pub async fn models_replicate_while_present_and_delete_once_gone<B: TestBackend>
     assert_eq!(
         recorder.take(),
         [
-            ModelSeen::ProjectGone(2, org_shard(7)),
-            ModelSeen::ProjectGone(1, org_shard(7)),
+            ModelSeen::ProjectGone(Id::integer(2), org_shard(7)),
+            ModelSeen::ProjectGone(Id::integer(1), org_shard(7)),
         ]
     );
 }
@@ -145,7 +145,7 @@ pub async fn models_are_read_in_the_claiming_transaction<B: TestBackend>() {
         recorder.take(),
         [
             ModelSeen::Project(api, org_shard(7)),
-            ModelSeen::ProjectGone(2, org_shard(7)),
+            ModelSeen::ProjectGone(Id::integer(2), org_shard(7)),
         ]
     );
     assert!(pending(&backend).await.is_empty());
@@ -217,7 +217,7 @@ pub async fn a_key_twice_in_one_model_write_is_refused<B: TestBackend>() {
             .await
             .expect_err("a key twice in one write");
         assert!(
-            matches!(error, Error::DuplicateKey { model, key: 1 } if model == Project::NAME),
+            matches!(error, Error::DuplicateKey { model, key } if model == Project::NAME && key == 1),
             "{kind:?}: {error:?}"
         );
     }
@@ -301,7 +301,7 @@ pub async fn fan_out_models_reach_each_destination<B: TestBackend>() {
     assert_eq!(
         recorder.take(),
         [ModelSeen::MemberGone(
-            1,
+            Id::integer(1),
             eu,
             MemberTombstone {
                 email: "ada@example.com".into()
@@ -357,9 +357,9 @@ pub async fn unreadable_model_rows_are_precise_failures<B: TestBackend>() {
             DeliveryError::Row {
                 model: "project",
                 table: "projects",
-                object_identifier: 1,
+                object_identifier,
                 ..
-            }
+            } if *object_identifier == 1
         ),
         "{:?}",
         failures[0].error
@@ -377,9 +377,9 @@ pub async fn unreadable_model_rows_are_precise_failures<B: TestBackend>() {
             DeliveryError::Lookup {
                 model: "member",
                 table: "members",
-                object_identifier: 1,
+                object_identifier,
                 ..
-            }
+            } if *object_identifier == 1
         ),
         "{:?}",
         failures[1].error

@@ -1,7 +1,7 @@
 //! The write path: S1, S4, S5.
 
 use outbox_core::{
-    Category, CategoryId, DeliveryError, Destination, Error, Message, RawMessage, Relay, Scope,
+    Category, CategoryId, DeliveryError, Destination, Error, Id, Message, RawMessage, Relay, Scope,
 };
 use std::time::Duration;
 
@@ -71,10 +71,10 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: StoreBackend>
 
     let raw = RawMessage {
         scope: UserScope::ID,
-        shard_identifier: 7,
+        shard_identifier: Id::integer(7),
         destination: None,
         category: OrgUpdate::ID,
-        object_identifier: 7,
+        object_identifier: Id::integer(7),
         payload: json!({ "seq": 1, "text": "wrong scope" }),
     };
     let error = Message::from_raw(raw.clone(), &registry).expect_err("wrong scope is refused");
@@ -127,7 +127,12 @@ pub async fn s04_stored_row_with_a_mismatched_scope_backs_its_shard_off<B: Store
 
     write(&backend, &[note::<UserUpdate>(7, 1, 1)]).await;
     let bad = backend
-        .insert_raw(&shard, OrgUpdate::ID.0, 2, r#"{"seq":2,"text":"misfiled"}"#)
+        .insert_raw(
+            &shard,
+            OrgUpdate::ID.0,
+            2.into(),
+            r#"{"seq":2,"text":"misfiled"}"#,
+        )
         .await;
 
     let report = relay.drain().await.expect("drain");

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use outbox_core::{Category, CategoryId, Destination, Payload, Scope, ScopeId};
+use outbox_core::{Category, CategoryId, Destination, Id, Identifier, Payload, Scope, ScopeId};
 
 use super::PendingOutbox;
 
@@ -13,8 +13,8 @@ pub struct Expected {
     pub(super) category: CategoryId,
     pub(super) name: &'static str,
     pub(super) scope: ScopeId,
-    pub(super) shard_identifier: i64,
-    pub(super) object_identifier: Option<i64>,
+    pub(super) shard_identifier: Id,
+    pub(super) object_identifier: Option<Id>,
     pub(super) destination: Option<Destination>,
     pub(super) payload: Option<serde_json::Value>,
 }
@@ -22,21 +22,24 @@ pub struct Expected {
 impl Expected {
     /// A local outbox of category `C` in shard `shard_identifier` of `C`'s scope, about
     /// `object_identifier`, with any payload.
-    pub fn of<C: Category>(shard_identifier: i64, object_identifier: i64) -> Self {
+    pub fn of<C: Category>(
+        shard_identifier: impl Identifier,
+        object_identifier: impl Identifier,
+    ) -> Self {
         Self {
-            object_identifier: Some(object_identifier),
+            object_identifier: Some(object_identifier.to_id()),
             ..Self::any_object::<C>(shard_identifier)
         }
     }
 
     /// A local outbox of category `C` in shard `shard_identifier` of `C`'s scope, about any
     /// object, with any payload.
-    pub fn any_object<C: Category>(shard_identifier: i64) -> Self {
+    pub fn any_object<C: Category>(shard_identifier: impl Identifier) -> Self {
         Self {
             category: C::ID,
             name: C::NAME,
             scope: <C::Scope as Scope>::ID,
-            shard_identifier,
+            shard_identifier: shard_identifier.to_id(),
             object_identifier: None,
             destination: None,
             payload: None,
@@ -46,8 +49,8 @@ impl Expected {
     /// Like [`Expected::of`], with payload `payload` (compared as JSON).
     #[track_caller]
     pub fn with_payload<C: Category>(
-        shard_identifier: i64,
-        object_identifier: i64,
+        shard_identifier: impl Identifier,
+        object_identifier: impl Identifier,
         payload: &C::Payload,
     ) -> Self {
         let payload = Payload::to_json_value(payload).unwrap_or_else(|error| {

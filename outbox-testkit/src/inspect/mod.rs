@@ -50,7 +50,7 @@ mod expected;
 mod snapshot;
 mod table;
 
-use outbox_core::{Admin, Category};
+use outbox_core::{Admin, Category, Identifier};
 
 pub use self::expected::Expected;
 pub use self::snapshot::{Pending, PendingOutbox};
@@ -65,8 +65,8 @@ pub async fn assert_no_pending(store: &impl Admin) {
 /// `object_identifier` in shard `shard_identifier`, and returns it.
 pub async fn assert_one_pending<C: Category>(
     store: &impl Admin,
-    shard_identifier: i64,
-    object_identifier: i64,
+    shard_identifier: impl Identifier,
+    object_identifier: impl Identifier,
 ) -> PendingOutbox {
     Pending::of(store)
         .await
@@ -79,8 +79,8 @@ pub async fn assert_one_pending<C: Category>(
 /// and returns it.
 pub async fn assert_pending_payload<C: Category>(
     store: &impl Admin,
-    shard_identifier: i64,
-    object_identifier: i64,
+    shard_identifier: impl Identifier,
+    object_identifier: impl Identifier,
     payload: &C::Payload,
 ) -> PendingOutbox {
     let expected = Expected::with_payload::<C>(shard_identifier, object_identifier, payload);

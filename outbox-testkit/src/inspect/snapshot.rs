@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use outbox_core::store::{PendingMessage, ShardState};
 use outbox_core::{
-    Admin, Category, CategoryId, Destination, Error, MessageId, Payload, Registry, Relay, Scope,
-    ScopeId, ShardKey, Store,
+    Admin, Category, CategoryId, Destination, Error, Id, MessageId, Payload, Registry, Relay,
+    Scope, ScopeId, ShardKey, Store,
 };
 
 use super::Expected;
@@ -24,7 +24,7 @@ pub struct PendingOutbox {
     /// The category's name, if the snapshot was given a registry that knows it.
     pub category_name: Option<&'static str>,
     /// The object.
-    pub object_identifier: i64,
+    pub object_identifier: Id,
     /// The payload as stored (JSON text).
     pub payload_json: String,
     /// The payload as JSON, or `None` if the stored text is not JSON.
@@ -53,7 +53,7 @@ impl PendingOutbox {
     }
 
     /// The shard identifier.
-    pub fn shard_identifier(&self) -> i64 {
+    pub fn shard_identifier(&self) -> Id {
         self.shard.shard_identifier
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeliveryError, Destination, ModelBatch, Registry, error_chain};
+use outbox_core::{DeliveryError, Destination, Id, ModelBatch, Registry, error_chain};
 use outbox_testkit::faults::{Fault, Faulty, InjectedFault, Succeed};
 use outbox_testkit::fixtures::{Member, Note, OrgUpdate, Project, note, org_shard};
 use outbox_testkit::inspect::{Pending, assert_no_pending, assert_one_pending};
@@ -70,7 +70,10 @@ async fn fail_times_fails_exactly_n_calls_then_delegates() {
     assert!(report.is_clean(), "{report:?}");
     let seen = recording.seen();
     assert_eq!(seen.len(), 1);
-    assert_eq!((seen[0].object_identifier, seen[0].attempt), (7, 3));
+    assert_eq!(
+        (seen[0].object_identifier, seen[0].attempt),
+        (Id::integer(7), 3)
+    );
     assert_eq!(seen[0].payload, Note::new(1));
     assert_no_pending(&db.store).await;
     assert_eq!((faulty.calls(), faulty.injected()), (3, 2));
@@ -364,7 +367,7 @@ async fn faults_apply_to_replication_and_deletion_handlers() {
 
     let report = relay.drain().await.unwrap();
     let fault = injected(&report.failures[0].error);
-    assert_eq!((fault.object_identifier, fault.call), (11, 1));
+    assert_eq!((fault.object_identifier, fault.call), (Id::integer(11), 1));
     assert!(
         error_chain(&report.failures[0].error).starts_with("handler for category `project` failed"),
     );

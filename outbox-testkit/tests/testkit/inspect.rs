@@ -1,7 +1,7 @@
 //! `outbox_testkit::inspect`: each assertion passes when the pending outboxes are as expected,
 //! and otherwise fails with a message showing what was pending instead.
 
-use outbox_core::{Destination, Registry};
+use outbox_core::{Destination, Id, Registry};
 use outbox_testkit::faults::Faulty;
 use outbox_testkit::fixtures::{
     AuditEvent, FutureCategory, Note, OrgUpdate, ProjectUpdate, UserUpdate, note, org_shard,
@@ -49,7 +49,7 @@ async fn pending_lists_written_rows_with_their_addresses_and_payloads() {
             project.shard_identifier(),
             project.object_identifier
         ),
-        (1, 3, 7)
+        (1, Id::integer(3), Id::integer(7))
     );
     assert_eq!(project.destination(), None);
     assert_eq!(project.category_name, None, "no registry, no name");

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_core::{
-    Category, CategoryId, Destination, Message, ModelBatch, Registry, Scope, ShardKey,
+    Category, CategoryId, Destination, Id, Message, ModelBatch, Registry, Scope, ShardKey,
 };
 use outbox_testkit::fixtures::{
     Member, MemberTombstone, Note, OrgScope, OrgUpdate, Project, ProjectUpdate, note, org_shard,
@@ -54,7 +54,7 @@ async fn recording_records_every_delivery_in_order() {
             .iter()
             .map(|seen| (seen.object_identifier, seen.payload.seq))
             .collect::<Vec<_>>(),
-        [(10, 3), (20, 2)],
+        [(Id::integer(10), 3), (Id::integer(20), 2)],
         "in order of each group's oldest row, with its newest payload"
     );
     assert_eq!(
@@ -71,7 +71,11 @@ async fn recording_records_every_delivery_in_order() {
     pairs.sort_by_key(|(object, _)| *object);
     assert_eq!(
         pairs,
-        [(10, Note::new(3)), (20, Note::new(2)), (30, Note::new(4))]
+        [
+            (Id::integer(10), Note::new(3)),
+            (Id::integer(20), Note::new(2)),
+            (Id::integer(30), Note::new(4))
+        ]
     );
     assert_eq!(recording.seen().len(), 3, "reading does not consume");
 
@@ -106,12 +110,12 @@ async fn recordings_of_several_categories_keep_apart() {
             .collect::<Vec<_>>(),
         [
             (
-                1,
+                Id::integer(1),
                 Renamed {
                     name: "core".into()
                 }
             ),
-            (2, Renamed { name: "web".into() })
+            (Id::integer(2), Renamed { name: "web".into() })
         ]
     );
     assert_eq!(projects.payloads(), [Note::new(1)]);

@@ -84,7 +84,10 @@ async fn measure(
         .handle::<Transferred>({
             let started = Arc::clone(&started);
             move |delivery: Delivery<Transferred>| {
-                note(&started, delivery.object_identifier);
+                note(
+                    &started,
+                    i64::try_from(delivery.object_identifier).unwrap_or(-1),
+                );
                 async { Ok::<(), std::io::Error>(()) }
             }
         })

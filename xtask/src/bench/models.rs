@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outbox_core::{
-    Category, CategoryId, ColumnVisitor, LocalModel, ModelColumns, ModelTable, ReplicatedModel,
+    Category, CategoryId, ColumnVisitor, Id, LocalModel, ModelColumns, ModelTable, ReplicatedModel,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -49,12 +49,12 @@ impl ReplicatedModel for Project {
         columns: &["id", "organization_id", "name", "archived"],
     };
 
-    fn object_identifier(&self) -> i64 {
-        self.id
+    fn object_identifier(&self) -> Id {
+        Id::integer(self.id)
     }
 
-    fn shard_identifier(&self) -> i64 {
-        self.organization_id
+    fn shard_identifier(&self) -> Id {
+        Id::integer(self.organization_id)
     }
 
     fn tombstone(&self) -> Self::Payload {}
@@ -78,6 +78,10 @@ where
         ColumnVisitor::<i64>::column(visitor, "organization_id");
         ColumnVisitor::<String>::column(visitor, "name");
         ColumnVisitor::<bool>::column(visitor, "archived");
+    }
+
+    fn visit_key(&self, visitor: &mut V) {
+        ColumnVisitor::<i64>::value(visitor, "id", &self.id);
     }
 }
 

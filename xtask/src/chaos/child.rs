@@ -196,8 +196,8 @@ impl Recorder {
         let record = Record {
             kind,
             worker: self.worker,
-            shard: delivery.shard_identifier(),
-            object: delivery.object_identifier,
+            shard: i64::try_from(delivery.shard_identifier()).unwrap_or(-1),
+            object: i64::try_from(delivery.object_identifier).unwrap_or(-1),
             seq,
             message_id: delivery.message_id.0,
             token: delivery.fencing_token,
