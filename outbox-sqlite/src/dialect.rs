@@ -56,8 +56,8 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
     },
 ];
 
-/// A wide identifier in a JSON parameter or result: its 32 hex digits (JSON holds no bytes),
-/// which `unhex` turns back into the BLOB; an integer is a JSON number.
+/// A wide identifier in a JSON parameter: its 32 hex digits (JSON holds no bytes), which
+/// `unhex` turns back into the BLOB; an integer is a JSON number.
 fn id_json(id: Id) -> serde_json::Value {
     match id.as_integer() {
         Some(integer) => integer.into(),
@@ -69,12 +69,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// An identifier from a JSON number, or from the hex digits of a wide one.
+/// An identifier from a JSON number, or from a wide one's hex digits as `{"wide": digits}`
+/// (what a head read makes of a BLOB: text in the column is no identifier).
 fn id_from_json(value: &serde_json::Value) -> Option<Id> {
     if let Some(integer) = value.as_i64() {
         return Some(Id::integer(integer));
     }
-    let digits = value.as_str()?;
+    let digits = value.get("wide")?.as_str()?;
     (digits.len() == 32)
         .then(|| u128::from_str_radix(digits, 16).ok())
         .flatten()
@@ -113,7 +114,8 @@ pub(crate) const FETCH: &str = fetch!();
 // connection's thread on its own, and a shard's head is read at every claim.
 const FETCH_JSON: &str = concat!(
     "SELECT json_group_array(json_array(id, category, shard_scope, \
-        iif(typeof(object_identifier) = 'blob', hex(object_identifier), object_identifier), \
+        iif(typeof(object_identifier) = 'blob', json_object('wide', hex(object_identifier)), \
+            object_identifier), \
         payload)) \
      FROM (",
     fetch!(),

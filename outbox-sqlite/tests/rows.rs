@@ -173,7 +173,7 @@ async fn an_undecodable_row_stops_only_its_shard_with_a_typed_error() {
     let chain = error_chain(&failure.error);
     assert!(
         chain.contains(&format!("outbox row {odd} cannot be read"))
-            && chain.contains("object_identifier is \"abc\", not an integer"),
+            && chain.contains("object_identifier is \"abc\", not an identifier"),
         "{chain}"
     );
     let still: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE id = ?")

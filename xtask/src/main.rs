@@ -365,10 +365,10 @@ mod tests {
         assert!(path.exists(), "the file is created");
         assert_eq!(
             (first.before.as_slice(), first.after.as_slice()),
-            (&[][..], &[1, 2][..])
+            (&[][..], &[1, 2, 3][..])
         );
         assert!(
-            first.to_string().contains("applied migrations [1, 2]"),
+            first.to_string().contains("applied migrations [1, 2, 3]"),
             "{first}"
         );
 
@@ -381,11 +381,11 @@ mod tests {
     async fn migrates_postgres_idempotently() {
         let database = PgTestDatabase::create().await;
         let first = migrate(&database.url()).await.expect("migrate");
-        assert_eq!(first.after, [1]);
+        assert_eq!(first.after, [1, 2]);
         assert!(first.before.is_empty());
         let second = migrate(&database.url()).await.expect("migrate again");
-        assert_eq!(second.before, [1]);
-        assert_eq!(second.after, [1]);
+        assert_eq!(second.before, [1, 2]);
+        assert_eq!(second.after, [1, 2]);
         let tables: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('outbox_messages', 'outbox_shards')",
         )

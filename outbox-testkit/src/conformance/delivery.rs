@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use outbox_core::{BoxError, Delivery, Destination, Message, Relay};
+use outbox_core::{BoxError, Delivery, Destination, Id, Message, Relay};
 
 use super::{config, int, pending, write};
 use crate::backend::StoreBackend;
@@ -282,4 +282,76 @@ pub async fn fan_out_destinations_drain_independently<B: StoreBackend>() {
         rows[0].shard.destination.as_ref().map(Destination::as_str),
         Some("eu")
     );
+}
+
+/// Identifiers wider than an `i64` — a `u64` above `i64::MAX`, a UUID-sized `u128` — are
+/// shards and objects of their own: never the integer with the same bits, the same value, or
+/// `i64::MAX` (where PostgreSQL keeps a wide identifier's integer column). They coalesce,
+/// order and read back like integers, written one by one or in one statement.
+pub async fn wide_identifiers_are_shards_and_objects_of_their_own<B: StoreBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("wide"));
+    let big = u64::MAX - 1;
+    let uuid = Id::wide(0x0123_4567_89ab_4def_8123_4567_89ab_cdef);
+    let small_wide = Id::wide(7);
+
+    write(&backend, &[note::<OrgUpdate>(big, big, 1)]).await;
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(small_wide, Id::wide(5), 2),
+            note::<OrgUpdate>(small_wide, 5, 3),
+            note::<OrgUpdate>(7, 5, 4),
+            note::<OrgUpdate>(i64::MAX, 1, 5),
+            note::<OrgUpdate>(uuid, uuid, 6),
+        ],
+    )
+    .await;
+    write(&backend, &[note::<OrgUpdate>(big, big, 7)]).await;
+    write(&backend, &[note::<OrgUpdate>(small_wide, Id::wide(5), 8)]).await;
+    write(&backend, &[note::<OrgUpdate>(-1_i64, big as i64, 9)]).await;
+
+    let stored: Vec<(Id, Id)> = pending(&backend)
+        .await
+        .iter()
+        .map(|row| (row.shard.shard_identifier, row.object_identifier))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            (Id::from(big), Id::from(big)),
+            (small_wide, Id::wide(5)),
+            (small_wide, Id::integer(5)),
+            (Id::integer(7), Id::integer(5)),
+            (Id::integer(i64::MAX), Id::integer(1)),
+            (uuid, uuid),
+            (Id::from(big), Id::from(big)),
+            (small_wide, Id::wide(5)),
+            (Id::integer(-1), Id::integer(-2)),
+        ],
+        "each identifier reads back as written"
+    );
+
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    let in_shard = |shard: Id| -> Vec<(Id, u64)> {
+        recorder
+            .in_shard(&org_shard(shard))
+            .into_iter()
+            .map(|seen| (seen.object, seen.seq))
+            .collect()
+    };
+    assert_eq!(in_shard(Id::from(big)), [(Id::from(big), 7)], "coalesced");
+    assert_eq!(
+        in_shard(small_wide),
+        [(Id::wide(5), 8), (Id::integer(5), 3)],
+        "a wide and an integer object of one value are two groups"
+    );
+    assert_eq!(in_shard(Id::integer(7)), [(Id::integer(5), 4)]);
+    assert_eq!(in_shard(Id::integer(i64::MAX)), [(Id::integer(1), 5)]);
+    assert_eq!(in_shard(uuid), [(uuid, 6)]);
+    assert_eq!(in_shard(Id::integer(-1)), [(Id::integer(-2), 9)]);
+    assert_eq!(report.deliveries, 7);
+    assert!(pending(&backend).await.is_empty());
 }

@@ -126,6 +126,7 @@ macro_rules! store_conformance_tests {
             s21_malformed_payload_is_a_precise_failure,
             s24_handlers_cascade_into_new_outboxes,
             fan_out_destinations_drain_independently,
+            wide_identifiers_are_shards_and_objects_of_their_own,
             budget_lets_other_shards_through,
             run_delivers_new_writes_and_stops_gracefully,
             shutdown_deadline_abandons_stuck_shards,
