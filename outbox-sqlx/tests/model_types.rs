@@ -428,6 +428,118 @@ async fn sqlite_newtype_keys_replicate() {
     newtype_keys_replicate::<SqliteFile>().await;
 }
 
+#[replicated_model(scope = Org, id = 7, table = "documents", shard = workspace)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Document {
+    id: Uuid,
+    workspace: Uuid,
+    title: String,
+}
+
+/// UUID keys and shards (identifiers wider than an `i64`): written as UUIDs, delivered with
+/// the row read back by its UUID key, deleted by it, and handed to the deletion handler as
+/// the same identifier. A UUID whose value is small is still a UUID, not an integer.
+async fn uuid_keys_replicate<P: Provision>()
+where
+    Document: Writable<P::Dialect>,
+{
+    let database = SqlxTestDatabase::<P>::migrated().await;
+    let uuid = if P::Dialect::NAME == "PostgreSQL" {
+        "UUID"
+    } else {
+        "BLOB"
+    };
+    database
+        .execute(&format!(
+            "CREATE TABLE documents (id {uuid} PRIMARY KEY, workspace {uuid} NOT NULL, \
+             title TEXT NOT NULL)"
+        ))
+        .await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let registry = {
+        let (replicated, deleted) = (Arc::clone(&seen), Arc::clone(&seen));
+        Registry::builder()
+            .replication::<Document>(move |r: Replication<Document>| {
+                replicated
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((r.shard.shard_identifier, r.object.id, r.object.title));
+                async { Ok::<_, outbox_core::BoxError>(()) }
+            })
+            .deletion::<Document>(move |d: Deletion<Document>| {
+                let id = Uuid::try_from(d.object_identifier);
+                deleted
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((
+                        d.shard.shard_identifier,
+                        id.expect("a UUID"),
+                        "gone".to_owned(),
+                    ));
+                async { Ok::<_, outbox_core::BoxError>(()) }
+            })
+            .build()
+            .expect("a registry")
+    };
+    let workspace = Uuid::from_u128(0x6f1c_2a7e_93b4_4c1d_8e2f_0a1b_2c3d_4e5f);
+    let documents = [
+        Document {
+            id: Uuid::from_u128(1),
+            workspace,
+            title: "small".into(),
+        },
+        Document {
+            id: Uuid::from_u128(u128::MAX - 7),
+            workspace,
+            title: "large".into(),
+        },
+    ];
+    let mut tx = database.pool().begin().await.expect("begin");
+    apply::<P::Dialect, Document, _>(&mut tx, Write::Save, &ModelBatch::local(&documents))
+        .await
+        .expect("save");
+    tx.commit().await.expect("commit");
+    database
+        .relay(registry.clone())
+        .drain()
+        .await
+        .expect("drain");
+    let shard = outbox_core::Id::from(workspace);
+    assert_eq!(
+        std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner)),
+        [
+            (shard, documents[0].id, "small".to_owned()),
+            (shard, documents[1].id, "large".to_owned()),
+        ]
+    );
+
+    let mut tx = database.pool().begin().await.expect("begin");
+    let deleted = apply::<P::Dialect, Document, _>(
+        &mut tx,
+        Write::Delete,
+        &ModelBatch::local(&documents[..1]),
+    )
+    .await
+    .expect("delete");
+    tx.commit().await.expect("commit");
+    assert_eq!(deleted.rows, 1, "the row found by its UUID");
+    database.relay(registry).drain().await.expect("drain");
+    assert_eq!(
+        *seen.lock().unwrap_or_else(PoisonError::into_inner),
+        [(shard, documents[0].id, "gone".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn postgres_uuid_keys_replicate() {
+    uuid_keys_replicate::<PgDatabase>().await;
+}
+
+#[tokio::test]
+async fn sqlite_uuid_keys_replicate() {
+    uuid_keys_replicate::<SqliteFile>().await;
+}
+
 /// A model whose serde form renames a field: its columns match its fields, but its row would
 /// not read back under the serde name.
 #[replicated_model(scope = Org, id = 6, table = "labels", shard = org)]
