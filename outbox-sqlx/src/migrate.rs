@@ -9,6 +9,10 @@
 //! binaries run side by side once the new one has migrated. [`migrate`] of an older binary on
 //! a newer schema applies nothing and succeeds, and both it and the store's start-up check
 //! say once, in a `warn` log line, which versions the binary knows and which the database has.
+//! A migration may add a capability that older binaries cannot read — identifiers wider than
+//! an `i64` (PostgreSQL migration 2, SQLite migration 3): the old binaries keep working beside
+//! it, but use the capability (write a wide identifier) only once every binary that runs a
+//! relay on the database embeds the migration.
 //! A schema older than the binary is not enough: apply the binary's migrations first
 //! (`migrate(&pool)`, or the SQL files in the backend crate's `migrations/` with the
 //! migration tool of your own); until then the relay refuses to start

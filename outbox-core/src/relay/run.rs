@@ -36,8 +36,8 @@ pub(super) struct RunLoop<'r, S: Store, F> {
 enum Woken {
     /// Time to look again: polled, or woken by [`Relay::wake`](crate::Relay::wake).
     Look,
-    /// A drain ended.
-    Finished(ShardKey, Drained),
+    /// A drain ended (boxed: a drain's outcome is much larger than the other wake-ups).
+    Finished(Box<(ShardKey, Drained)>),
     /// A commit notification, or its stream broke.
     Wakeup(Result<Wakeup, Error>),
 }
@@ -158,13 +158,14 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             () = self.inner.wake.notified() => Woken::Look,
             () = tokio::time::sleep_until(until) => Woken::Look,
             Some((shard, drained)) = self.pool.next_finished(), if draining => {
-                Woken::Finished(shard, drained)
+                Woken::Finished(Box::new((shard, drained)))
             }
             wakeup = self.listener.next() => Woken::Wakeup(wakeup),
         };
         match woken {
             Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => {}
-            Woken::Finished(shard, drained) => {
+            Woken::Finished(done) => {
+                let (shard, drained) = *done;
                 finished(&mut self.report, &mut self.outage, &shard, drained);
             }
             Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
