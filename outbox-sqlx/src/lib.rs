@@ -55,7 +55,7 @@ pub mod __private {
 
 /// Defines a backend crate's public functions over its dialect, with their documentation:
 /// `write` and `write_all` (messages), `insert`, `update`, `save` and `delete` (replicated
-/// models), `migrator` and `migrate`. Invoked once by each backend, at its crate root:
+/// models), `migrator`, `migrator_up_to` and `migrate`. Invoked once by each backend, at its crate root:
 /// `outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);`.
 #[macro_export]
 macro_rules! backend_functions {
@@ -148,6 +148,12 @@ macro_rules! backend_functions {
         /// further (outbox migrations are additive).
         pub fn migrator() -> $crate::__private::sqlx::migrate::Migrator {
             $crate::migrator::<$dialect>()
+        }
+
+        /// The migrator of the outbox migrations up to `version`, inclusive: what a binary
+        /// that embeds only those applies. To stage an upgrade, or to test one.
+        pub fn migrator_up_to(version: i64) -> $crate::__private::sqlx::migrate::Migrator {
+            $crate::migrate::migrator_up_to::<$dialect>(version)
         }
 
         /// Applies the outbox migrations that `pool`'s database lacks. Idempotent, and safe

@@ -32,8 +32,15 @@ use crate::dialect::Dialect;
 /// It accepts a database that has applied migrations it does not embed (a newer binary's):
 /// outbox migrations are additive, so an older binary keeps working on a newer schema.
 pub fn migrator<D: Dialect>() -> Migrator {
+    migrator_up_to::<D>(i64::MAX)
+}
+
+/// The migrator of the backend's migrations up to `version`, inclusive: what a binary that
+/// embeds only those applies. To stage an upgrade, or to test one.
+pub fn migrator_up_to<D: Dialect>(version: i64) -> Migrator {
     let migrations = D::MIGRATIONS
         .iter()
+        .filter(|m| m.version <= version)
         .map(|m| {
             Migration::new(
                 m.version,
