@@ -195,6 +195,10 @@ macro_rules! integer_ids {
             fn to_id(&self) -> Id {
                 Id::from(*self)
             }
+
+            fn from_id(id: Id) -> Option<Self> {
+                <$int>::try_from(id).ok()
+            }
         }
 
         impl TryFrom<Id> for $int {
@@ -272,9 +276,15 @@ pub struct ParseIdError {
 ///     fn to_id(&self) -> Id {
 ///         self.0.to_id()
 ///     }
+///
+///     fn from_id(id: Id) -> Option<Self> {
+///         i64::from_id(id).map(Self)
+///     }
 /// }
 ///
 /// assert_eq!(ProjectId(7).to_id(), Id::integer(7));
+/// assert_eq!(ProjectId::from_id(Id::integer(7)), Some(ProjectId(7)));
+/// assert_eq!(ProjectId::from_id(Id::wide(7)), None);
 /// ```
 ///
 /// A replicated model's key is also what the relay looks its row up by: an integer [`Id`] is
@@ -289,14 +299,23 @@ pub struct ParseIdError {
     note = "use an integer type up to `u64`, `u128`, `uuid::Uuid` (feature `uuid`), or a newtype \
             of one that implements `outbox_core::Identifier`"
 )]
-pub trait Identifier {
+pub trait Identifier: Sized {
     /// The identifier as the outbox stores it.
     fn to_id(&self) -> Id;
+
+    /// The value whose identifier `id` is; `None` if no value of this type has it (a wide
+    /// identifier asked for as an `i64`, say). What [`Deletion::key`](crate::Deletion::key)
+    /// gives a handler.
+    fn from_id(id: Id) -> Option<Self>;
 }
 
 impl Identifier for Id {
     fn to_id(&self) -> Id {
         *self
+    }
+
+    fn from_id(id: Id) -> Option<Self> {
+        Some(id)
     }
 }
 
@@ -304,17 +323,19 @@ impl Identifier for u64 {
     fn to_id(&self) -> Id {
         Id::from(*self)
     }
+
+    fn from_id(id: Id) -> Option<Self> {
+        u64::try_from(id).ok()
+    }
 }
 
 impl Identifier for u128 {
     fn to_id(&self) -> Id {
         Id::wide(*self)
     }
-}
 
-impl<T: Identifier + ?Sized> Identifier for &T {
-    fn to_id(&self) -> Id {
-        (**self).to_id()
+    fn from_id(id: Id) -> Option<Self> {
+        id.as_wide()
     }
 }
 
@@ -331,6 +352,10 @@ mod uuids {
     impl Identifier for uuid::Uuid {
         fn to_id(&self) -> Id {
             Id::from(*self)
+        }
+
+        fn from_id(id: Id) -> Option<Self> {
+            id.as_wide().map(uuid::Uuid::from_u128)
         }
     }
 

@@ -4,7 +4,7 @@
 //! `ReplicatedControlModel`).
 
 use crate::error::Error;
-use crate::id::Id;
+use crate::id::{Id, Identifier};
 use crate::model::{Category, Destination, Message, Payload};
 
 /// Where a replicated model's rows live: what a backend needs to read and write them.
@@ -58,6 +58,9 @@ impl ModelTable {
 pub trait ReplicatedModel: Category + Payload + Sync {
     /// The table the model's rows live in.
     const TABLE: ModelTable;
+
+    /// The type of the key field: what [`Deletion::key`](crate::Deletion::key) gives back.
+    type Key: Identifier;
 
     /// The object identifier: the value of the key column.
     fn object_identifier(&self) -> Id;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::DeliveryError;
 use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
-use crate::id::Id;
+use crate::id::{Id, IdOutOfRange, Identifier};
 use crate::model::{Category, Destination, MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
 
@@ -33,7 +33,7 @@ pub struct Replication<M> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Deletion<M: Category> {
-    /// The deleted object's identifier (its key: `Key::try_from(deletion.object_identifier)`).
+    /// The deleted object's identifier ([`Deletion::key`]: as the model's key type).
     pub object_identifier: Id,
     /// The shard the outbox was written to.
     pub shard: ShardKey,
@@ -64,6 +64,18 @@ macro_rules! shard_accessors {
 }
 
 shard_accessors!(Replication, Deletion);
+
+impl<M: ReplicatedModel> Deletion<M> {
+    /// The deleted object's key, as the model's key field has it: the row to delete
+    /// downstream. An error only if the outbox row holds an identifier of another kind (one
+    /// written around the typed API).
+    pub fn key(&self) -> Result<M::Key, IdOutOfRange> {
+        M::Key::from_id(self.object_identifier).ok_or(IdOutOfRange {
+            id: self.object_identifier,
+            target: std::any::type_name::<M::Key>(),
+        })
+    }
+}
 
 delivery_kind!(Replication<M: ReplicatedModel>, |replication| replication
     .object

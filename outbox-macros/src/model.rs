@@ -211,6 +211,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }
     };
     let object_identifier = identifier(key_field);
+    let key_type = &key_field.ty;
     let shard_identifier = identifier(shard_field);
     let (payload, tombstone) = match &tombstone {
         Some(ty) => (
@@ -256,6 +257,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
 
         impl ::outbox_core::ReplicatedModel for #ident {
             const TABLE: ::outbox_core::ModelTable = TABLE;
+            type Key = #key_type;
 
             fn object_identifier(&self) -> ::outbox_core::Id {
                 #object_identifier
@@ -295,6 +297,7 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
                 key: "",
                 columns: &[],
             };
+            type Key = ::outbox_core::Id;
 
             fn object_identifier(&self) -> ::outbox_core::Id {
                 ::outbox_core::Id::integer(0)

@@ -341,6 +341,10 @@ impl outbox_core::Identifier for TicketId {
     fn to_id(&self) -> outbox_core::Id {
         outbox_core::Id::integer(self.0)
     }
+
+    fn from_id(id: outbox_core::Id) -> Option<Self> {
+        i64::try_from(id).ok().map(Self)
+    }
 }
 
 impl<DB: sqlx::Database> sqlx::Type<DB> for TicketId
@@ -467,15 +471,11 @@ where
                 async { Ok::<_, outbox_core::BoxError>(()) }
             })
             .deletion::<Document>(move |d: Deletion<Document>| {
-                let id = Uuid::try_from(d.object_identifier);
+                let id: Uuid = d.key().expect("the key, a UUID");
                 deleted
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push((
-                        d.shard.shard_identifier,
-                        id.expect("a UUID"),
-                        "gone".to_owned(),
-                    ));
+                    .push((d.shard.shard_identifier, id, "gone".to_owned()));
                 async { Ok::<_, outbox_core::BoxError>(()) }
             })
             .build()

@@ -102,7 +102,7 @@ async fn delete_project(
     State(control): State<Control>,
 ) -> Result<(), BoxError> {
     sqlx::query("DELETE FROM projects WHERE id = ?")
-        .bind(i64::try_from(deletion.object_identifier)?)
+        .bind(deletion.key()?)
         .execute(&control.pool)
         .await?;
     control.note(format!("deleted project {}", deletion.object_identifier));

@@ -135,6 +135,7 @@ impl ReplicatedModel for Thing {
         key: "id",
         columns: &["id"],
     };
+    type Key = i64;
     fn object_identifier(&self) -> crate::Id {
         crate::Id::integer(self.id)
     }

@@ -48,6 +48,7 @@ impl ReplicatedModel for Project {
         key: "id",
         columns: &["id", "organization_id", "name", "archived"],
     };
+    type Key = i64;
 
     fn object_identifier(&self) -> Id {
         Id::integer(self.id)
