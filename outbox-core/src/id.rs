@@ -61,25 +61,10 @@ impl Id {
         }
     }
 
-    /// The stored form where a wide identifier has a column of its own: the integer column's
-    /// value and the wide column's bytes (big-endian; empty for an integer). A wide
-    /// identifier's integer column holds `i64::MAX`, so that ordering by the two columns
-    /// orders identifiers as [`Id`]'s `Ord` does (integers first).
-    pub fn to_stored(self) -> (i64, Vec<u8>) {
-        match self.0 {
-            Repr::Integer(value) => (value, Vec::new()),
-            Repr::Wide(value) => (i64::MAX, value.to_be_bytes().to_vec()),
-        }
-    }
-
-    /// Rebuilds an identifier from its stored form ([`Id::to_stored`]); `None` if the wide
-    /// bytes are neither empty nor 16 bytes long, or a wide identifier's integer is not
-    /// `i64::MAX`.
-    pub fn from_stored(integer: i64, wide: &[u8]) -> Option<Self> {
-        if wide.is_empty() {
-            return Some(Self::integer(integer));
-        }
-        Self::from_wide_bytes(wide).filter(|_| integer == i64::MAX)
+    /// A wide identifier's 16 bytes, big-endian (how the backends store it, and how `sqlx`
+    /// stores a UUID); `None` for an integer.
+    pub fn wide_bytes(self) -> Option<[u8; 16]> {
+        self.as_wide().map(u128::to_be_bytes)
     }
 
     /// The wide identifier of 16 big-endian bytes; `None` for any other length.
@@ -303,6 +288,12 @@ pub trait Identifier: Sized {
     /// The identifier as the outbox stores it.
     fn to_id(&self) -> Id;
 
+    /// The identifier, taking the value: what the functions that take `impl Identifier`
+    /// call.
+    fn into_id(self) -> Id {
+        self.to_id()
+    }
+
     /// The value whose identifier `id` is; `None` if no value of this type has it (a wide
     /// identifier asked for as an `i64`, say). What [`Deletion::key`](crate::Deletion::key)
     /// gives a handler.
@@ -409,40 +400,17 @@ mod tests {
     }
 
     #[test]
-    fn the_stored_form_round_trips_and_rejects_what_no_identifier_stores() {
-        for id in [
-            Id::integer(-7),
-            Id::integer(0),
-            Id::wide(0),
-            Id::wide(u128::MAX),
-        ] {
-            let (integer, wide) = id.to_stored();
-            assert_eq!(Id::from_stored(integer, &wide), Some(id));
+    fn wide_bytes_round_trip_and_refuse_other_lengths() {
+        for id in [Id::wide(0), Id::wide(7), Id::wide(u128::MAX)] {
+            let bytes = id.wide_bytes().expect("wide");
+            assert_eq!(Id::from_wide_bytes(&bytes), Some(id));
         }
-        assert_eq!(Id::from_stored(i64::MAX, &[1, 2, 3]), None);
-        assert_eq!(Id::from_stored(4, &[0; 16]), None);
-        let mut stored: Vec<_> = [
-            Id::wide(1),
-            Id::integer(i64::MAX),
-            Id::wide(0),
-            Id::integer(3),
-        ]
-        .map(Id::to_stored)
-        .into();
-        stored.sort();
-        let ids: Vec<_> = stored
-            .iter()
-            .map(|(integer, wide)| Id::from_stored(*integer, wide).unwrap())
-            .collect();
+        assert_eq!(Id::integer(7).wide_bytes(), None);
+        assert_eq!(Id::from_wide_bytes(&[1, 2, 3]), None);
         assert_eq!(
-            ids,
-            [
-                Id::integer(3),
-                Id::integer(i64::MAX),
-                Id::wide(0),
-                Id::wide(1)
-            ],
-            "the stored form orders as identifiers do"
+            Id::wide(1).wide_bytes().map(|bytes| bytes[15]),
+            Some(1),
+            "big-endian, as a UUID's bytes"
         );
     }
 

@@ -224,7 +224,7 @@ impl ShardKey {
     pub fn local(scope: ScopeId, shard_identifier: impl Identifier) -> Self {
         Self {
             scope,
-            shard_identifier: shard_identifier.to_id(),
+            shard_identifier: shard_identifier.into_id(),
             destination: None,
         }
     }
@@ -237,7 +237,7 @@ impl ShardKey {
     ) -> Self {
         Self {
             scope,
-            shard_identifier: shard_identifier.to_id(),
+            shard_identifier: shard_identifier.into_id(),
             destination: Some(destination),
         }
     }
@@ -294,7 +294,7 @@ impl Message {
         Ok(Self {
             shard: ShardKey::local(<C::Scope as Scope>::ID, shard_identifier),
             category: C::ID,
-            object_identifier: object_identifier.to_id(),
+            object_identifier: object_identifier.into_id(),
             payload,
         })
     }

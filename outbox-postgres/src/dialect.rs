@@ -30,43 +30,104 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
     },
 ];
 
+/// What starts a wide shard's stored destination: a control character, which no
+/// [`Destination`](outbox_core::Destination) holds.
+const WIDE: char = '\u{1}';
+
+/// A shard's identifier and destination as `outbox_messages` and `outbox_shards` store them.
+/// An integer shard's are its own: the integer, and the destination ('' for a local outbox).
+/// A wide shard's identifier column holds `i64::MAX` and its destination column the wide
+/// identifier's 32 hex digits after [`WIDE`], then the destination: the tables, their
+/// indexes and the statements are the integer path's, and a wide shard is never an integer
+/// one (no destination starts with a control character).
+fn stored_shard(shard: &ShardKey) -> (i64, String) {
+    match shard.shard_identifier.as_wide() {
+        None => (
+            shard.shard_identifier.as_integer().unwrap_or_default(),
+            shard.destination_str().to_owned(),
+        ),
+        Some(wide) => (
+            i64::MAX,
+            format!("{WIDE}{wide:032x}{}", shard.destination_str()),
+        ),
+    }
+}
+
+/// The shard key of a stored (scope, identifier, destination): [`stored_shard`] read back.
+pub(crate) fn shard_from_stored(
+    scope: i16,
+    identifier: i64,
+    destination: String,
+) -> Result<ShardKey, String> {
+    let Some(rest) = destination.strip_prefix(WIDE) else {
+        return Ok(ShardKey::from_stored(
+            scope,
+            Id::integer(identifier),
+            destination,
+        ));
+    };
+    let wide = rest
+        .get(..32)
+        .and_then(|hex| u128::from_str_radix(hex, 16).ok())
+        .filter(|_| identifier == i64::MAX)
+        .ok_or_else(|| format!("{destination:?} is not a wide shard's stored destination"))?;
+    Ok(ShardKey::from_stored(
+        scope,
+        Id::wide(wide),
+        rest[32..].to_owned(),
+    ))
+}
+
+/// An object identifier as `outbox_messages` stores it: an integer in `object_identifier`
+/// with an empty `object_wide`; a wide one's 16 bytes in `object_wide`, with
+/// `object_identifier` folded from them, so that the group index narrows a lookup to the
+/// object (rare folds that meet are told apart by `object_wide`).
+fn stored_object(object: Id) -> (i64, Vec<u8>) {
+    match object.as_wide() {
+        None => (object.as_integer().unwrap_or_default(), Vec::new()),
+        Some(wide) => {
+            let folded = (wide as u64) ^ ((wide >> 64) as u64);
+            (folded as i64, wide.to_be_bytes().to_vec())
+        }
+    }
+}
+
 const INSERT_MESSAGE: &str = "\
     INSERT INTO outbox_messages \
-        (shard_scope, shard_identifier, shard_wide, destination, category, object_identifier, \
-         object_wide, payload) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb) \
+        (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
+         payload) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb) \
     RETURNING id";
 
 // One statement for any number of messages: the columns travel as arrays.
 const INSERT_MESSAGES: &str = "\
     INSERT INTO outbox_messages \
-        (shard_scope, shard_identifier, shard_wide, destination, category, object_identifier, \
-         object_wide, payload) \
-    SELECT scope, shard, shard_wide, destination, category, object, object_wide, payload::jsonb \
-    FROM unnest($1::smallint[], $2::bigint[], $3::bytea[], $4::text[], $5::integer[], \
-        $6::bigint[], $7::bytea[], $8::text[]) \
-        AS rows(scope, shard, shard_wide, destination, category, object, object_wide, payload) \
+        (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
+         payload) \
+    SELECT scope, shard, destination, category, object, object_wide, payload::jsonb \
+    FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::integer[], $5::bigint[], \
+        $6::bytea[], $7::text[]) \
+        AS rows(scope, shard, destination, category, object, object_wide, payload) \
     RETURNING id";
 
 pub(crate) const FETCH: &str = "\
     SELECT id, category, shard_scope, object_identifier, object_wide, payload::text \
     FROM outbox_messages \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 AND destination = $4 \
-    ORDER BY id LIMIT $5";
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+    ORDER BY id LIMIT $4";
 
-// Each group's rows in `$8 < id <= $9` as one statement sees them (one snapshot): their ids,
+// Each group's rows in `$7 < id <= $8` as one statement sees them (one snapshot): their ids,
 // and the newest one whole.
 pub(crate) const FETCH_NEWEST: &str = "\
     SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, m.payload::text, \
         t.ids \
-    FROM unnest($5::integer[], $6::bigint[], $7::bytea[]) \
+    FROM unnest($4::integer[], $5::bigint[], $6::bytea[]) \
         AS g(category, object_identifier, object_wide) \
     CROSS JOIN LATERAL ( \
         SELECT array_agg(x.id) AS ids, max(x.id) AS newest FROM outbox_messages x \
-        WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.shard_wide = $3 \
-            AND x.destination = $4 \
+        WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
             AND x.category = g.category AND x.object_identifier = g.object_identifier \
-            AND x.object_wide = g.object_wide AND x.id > $8 AND x.id <= $9) t \
+            AND x.object_wide = g.object_wide AND x.id > $7 AND x.id <= $8) t \
     JOIN outbox_messages m ON m.id = t.newest";
 
 // The lease update proves (and extends) the lease: if another worker holds the row, it waits
@@ -75,17 +136,15 @@ pub(crate) const FETCH_NEWEST: &str = "\
 // read and delivered go, by id: a range of ids could hold a row that committed after the read.
 pub(crate) const ACK: &str = "\
     WITH lease AS ( \
-        UPDATE outbox_shards SET lease_expires_at = now() + $6::bigint * interval '1 millisecond', \
+        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
             attempts = 0 \
-        WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-            AND destination = $4 AND lease_token = $5 \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         RETURNING 1), \
      acked AS ( \
         DELETE FROM outbox_messages m \
         WHERE EXISTS (SELECT 1 FROM lease) \
-            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.shard_wide = $3 \
-                AND m.destination = $4 \
-            AND m.id BETWEEN $7 AND $8 AND m.id = ANY($9::bigint[]) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $6 AND $7 AND m.id = ANY($8::bigint[]) \
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
@@ -95,101 +154,85 @@ pub(crate) const ACK: &str = "\
 pub(crate) const ACK_AND_RELEASE: &str = "\
     WITH held AS ( \
         SELECT 1 FROM outbox_shards \
-        WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-            AND destination = $4 AND lease_token = $5 \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         FOR UPDATE), \
      acked AS ( \
         DELETE FROM outbox_messages m \
         WHERE EXISTS (SELECT 1 FROM held) \
-            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.shard_wide = $3 \
-                AND m.destination = $4 \
-            AND m.id BETWEEN $6 AND $7 AND m.id = ANY($8::bigint[]) \
+            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+            AND m.id BETWEEN $5 AND $6 AND m.id = ANY($7::bigint[]) \
         RETURNING m.id), \
      gone AS ( \
         DELETE FROM outbox_shards \
         WHERE EXISTS (SELECT 1 FROM held) \
-            AND shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-                AND destination = $4 \
-            AND lease_token = $5 \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
             AND NOT EXISTS (SELECT 1 FROM outbox_messages x \
-                WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.shard_wide = $3 \
-                    AND x.destination = $4 \
+                WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
                     AND x.id NOT IN (SELECT id FROM acked)) \
         RETURNING 1), \
      released AS ( \
         UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
             last_error = NULL, retry_at = NULL, parked_category = NULL \
         WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM gone) \
-            AND shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-                AND destination = $4 \
-            AND lease_token = $5 \
+            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+            AND lease_token = $4 \
         RETURNING 1) \
     SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
         (SELECT count(*) FROM gone) + (SELECT count(*) FROM released)";
 
 // A lease extended from beside a running handler.
 const EXTEND_LEASE: &str = "\
-    UPDATE outbox_shards SET lease_expires_at = now() + $6::bigint * interval '1 millisecond' \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5";
+    UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 pub(crate) const DELETE_IF_EMPTY: &str = "\
     DELETE FROM outbox_shards \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5 \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
-            WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.shard_wide = $3 \
-                AND m.destination = $4)";
+            WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3)";
 
 const RELEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
         last_error = NULL, retry_at = NULL, parked_category = NULL \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5";
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 const RELEASE_LEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5";
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 const FAIL: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $6, \
-        last_error = $7, retry_at = now() + $8::bigint * interval '1 millisecond', \
-        watermark = $9, parked_category = $10 \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5";
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
+        last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
+        watermark = $8, parked_category = $9 \
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 // Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
 // step finds the first row of the next shard in key order. Shards are due when nobody holds a
 // live lease on them and they are not backing off, or have a message newer than their failure.
 pub(crate) const DISCOVER: &str = "\
-    WITH RECURSIVE keys(shard_scope, shard_identifier, shard_wide, destination, n) AS ( \
-        (SELECT shard_scope, shard_identifier, shard_wide, destination, 1 FROM outbox_messages \
-         WHERE (shard_scope, shard_identifier, shard_wide, destination) \
-             > ($1::integer, $2::bigint, $3::bytea, $4::text) \
-         ORDER BY shard_scope, shard_identifier, shard_wide, destination LIMIT 1) \
+    WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
+        (SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
+         WHERE (shard_scope, shard_identifier, destination) > ($1::integer, $2::bigint, $3::text) \
+         ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
         UNION ALL \
-        SELECT next.shard_scope, next.shard_identifier, next.shard_wide, next.destination, \
-            k.n + 1 \
+        SELECT next.shard_scope, next.shard_identifier, next.destination, k.n + 1 \
         FROM keys k CROSS JOIN LATERAL ( \
-            SELECT x.shard_scope, x.shard_identifier, x.shard_wide, x.destination \
-            FROM outbox_messages x \
-            WHERE (x.shard_scope, x.shard_identifier, x.shard_wide, x.destination) \
-                > (k.shard_scope, k.shard_identifier, k.shard_wide, k.destination) \
-            ORDER BY x.shard_scope, x.shard_identifier, x.shard_wide, x.destination LIMIT 1) next \
-        WHERE k.n < $5 \
+            SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
+            WHERE (x.shard_scope, x.shard_identifier, x.destination) \
+                > (k.shard_scope, k.shard_identifier, k.destination) \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) next \
+        WHERE k.n < $4 \
     ) \
-    SELECT k.shard_scope, k.shard_identifier, k.shard_wide, k.destination, \
+    SELECT k.shard_scope, k.shard_identifier, k.destination, \
         s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \
             AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
                 SELECT 1 FROM outbox_messages m \
-                WHERE m.shard_scope = k.shard_scope \
-                    AND m.shard_identifier = k.shard_identifier AND m.shard_wide = k.shard_wide \
+                WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
                     AND m.destination = k.destination AND m.id > s.watermark))) AS due \
     FROM keys k LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
-            AND s.shard_wide = k.shard_wide \
         AND s.destination = k.destination \
     ORDER BY k.n";
 
@@ -199,22 +242,19 @@ pub(crate) const DISCOVER: &str = "\
 // at the head.
 macro_rules! take_lease {
     () => {
-        "UPDATE outbox_shards s SET lease_owner = $5, lease_token = nextval('outbox_lease_tokens'), \
-            lease_expires_at = now() + $6::bigint * interval '1 millisecond', \
+        "UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
+            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
             attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
-         FROM (SELECT shard_scope, shard_identifier, shard_wide, destination, \
-                   lease_owner AS previous_owner \
+         FROM (SELECT shard_scope, shard_identifier, destination, lease_owner AS previous_owner \
                FROM outbox_shards \
-               WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-                   AND destination = $4 \
+               WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
                  AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
                  AND (retry_at IS NULL OR retry_at <= now() OR EXISTS ( \
                      SELECT 1 FROM outbox_messages m \
-                     WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.shard_wide = $3 \
-                         AND m.destination = $4 AND m.id > outbox_shards.watermark)) \
+                     WHERE m.shard_scope = $1 AND m.shard_identifier = $2 \
+                         AND m.destination = $3 AND m.id > outbox_shards.watermark)) \
                FOR UPDATE SKIP LOCKED) due \
-         WHERE s.shard_scope = due.shard_scope \
-             AND s.shard_identifier = due.shard_identifier AND s.shard_wide = due.shard_wide \
+         WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
             AND s.destination = due.destination \
          RETURNING s.lease_token, s.attempts, due.previous_owner"
     };
@@ -224,10 +264,10 @@ macro_rules! take_lease {
 // takes the lease on the existing row.
 pub(crate) const CLAIM: &str = concat!(
     "WITH fresh AS ( \
-        INSERT INTO outbox_shards (shard_scope, shard_identifier, shard_wide, destination, \
-            lease_owner, lease_token, lease_expires_at) \
-        VALUES ($1, $2, $3, $4, $5, nextval('outbox_lease_tokens'), \
-            now() + $6::bigint * interval '1 millisecond') \
+        INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+            lease_token, lease_expires_at) \
+        VALUES ($1, $2, $3, $4, nextval('outbox_lease_tokens'), \
+            now() + $5::bigint * interval '1 millisecond') \
         ON CONFLICT DO NOTHING \
         RETURNING lease_token, attempts, NULL::text AS previous_owner), \
      taken AS (",
@@ -238,8 +278,7 @@ pub(crate) const CLAIM: &str = concat!(
 // In-transaction mode: the state row is created (committed) first, so the long claiming
 // transaction never holds an uncommitted insert that other claimers would wait on.
 const ENSURE_STATE: &str = "\
-    INSERT INTO outbox_shards (shard_scope, shard_identifier, shard_wide, destination) \
-    VALUES ($1, $2, $3, $4) \
+    INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) VALUES ($1, $2, $3) \
     ON CONFLICT DO NOTHING";
 
 const TAKE_LEASE: &str = take_lease!();
@@ -249,20 +288,18 @@ const TAKE_LEASE: &str = take_lease!();
 // interrupted drain may have delivered).
 const RELEASE_INTERRUPTED: &str = "\
     UPDATE outbox_shards SET lease_expires_at = now() \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-        AND destination = $4 AND lease_token = $5";
+    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 const PENDING_MESSAGES: &str = "\
-    SELECT id, shard_scope, shard_identifier, shard_wide, destination, category, \
-        object_identifier, object_wide, payload::text, \
-        (extract(epoch FROM created_at) * 1000)::bigint \
+    SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
+        object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint \
     FROM outbox_messages ORDER BY id LIMIT $1";
 
 const SHARD_STATES: &str = "\
-    SELECT shard_scope, shard_identifier, shard_wide, destination, attempts::bigint, last_error, \
+    SELECT shard_scope, shard_identifier, destination, attempts::bigint, last_error, \
         (extract(epoch FROM retry_at) * 1000)::bigint, lease_owner, \
         (extract(epoch FROM lease_expires_at) * 1000)::bigint, lease_token, parked_category \
-    FROM outbox_shards ORDER BY shard_scope, shard_identifier, shard_wide, destination";
+    FROM outbox_shards ORDER BY shard_scope, shard_identifier, destination";
 
 impl Dialect for PgDialect {
     type Database = Postgres;
@@ -292,11 +329,11 @@ impl Dialect for PgDialect {
         unpark: "UPDATE outbox_shards SET retry_at = now() \
                  WHERE parked_category = ANY($1) AND retry_at > now()",
         reschedule: "UPDATE outbox_shards SET retry_at = now() \
-                     WHERE shard_scope = $1 AND shard_identifier = $2 AND shard_wide = $3 \
-                        AND destination = $4 AND retry_at > now()",
+                     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                        AND retry_at > now()",
         pending_in_shard: "SELECT count(*) FROM outbox_messages \
                            WHERE shard_scope = $1 AND shard_identifier = $2 \
-                              AND shard_wide = $3 AND destination = $4 AND id <= $5",
+                              AND destination = $3 AND id <= $4",
         pending_messages: PENDING_MESSAGES,
         shard_states: SHARD_STATES,
     };
@@ -321,24 +358,34 @@ impl Dialect for PgDialect {
         result.rows_affected()
     }
 
-    const ID_COLUMNS: usize = 2;
-
-    fn bind_id<'q>(query: Statement<'q, Postgres>, id: Id) -> Statement<'q, Postgres> {
-        let (integer, wide) = id.to_stored();
-        query.bind(integer).bind(wide)
+    fn bind_shard<'q>(query: Statement<'q, Postgres>, shard: &ShardKey) -> Statement<'q, Postgres> {
+        let (identifier, destination) = stored_shard(shard);
+        query.bind(identifier).bind(destination)
     }
 
-    fn decode_id(row: &PgRow, index: usize) -> Result<Id, sqlx::Error> {
-        let integer: i64 = row.try_get(index)?;
+    fn decode_shard(row: &PgRow, index: usize) -> Result<ShardKey, sqlx::Error> {
+        shard_from_stored(
+            row.try_get(index)?,
+            row.try_get(index + 1)?,
+            row.try_get(index + 2)?,
+        )
+        .map_err(|detail| sqlx::Error::Decode(detail.into()))
+    }
+
+    const OBJECT_COLUMNS: usize = 2;
+
+    fn bind_object<'q>(query: Statement<'q, Postgres>, object: Id) -> Statement<'q, Postgres> {
+        let (identifier, wide) = stored_object(object);
+        query.bind(identifier).bind(wide)
+    }
+
+    fn decode_object(row: &PgRow, index: usize) -> Result<Id, sqlx::Error> {
         let wide: Vec<u8> = row.try_get(index + 1)?;
-        Id::from_stored(integer, &wide).ok_or_else(|| {
-            sqlx::Error::Decode(
-                format!(
-                    "({integer}, {} bytes) is not a stored identifier",
-                    wide.len()
-                )
-                .into(),
-            )
+        if wide.is_empty() {
+            return row.try_get(index).map(Id::integer);
+        }
+        Id::from_wide_bytes(&wide).ok_or_else(|| {
+            sqlx::Error::Decode(format!("{} bytes are not a wide identifier", wide.len()).into())
         })
     }
 
@@ -360,7 +407,7 @@ impl Dialect for PgDialect {
         let categories: Vec<i32> = groups.iter().map(|group| group.category.0).collect();
         let (objects, wides): (Vec<i64>, Vec<Vec<u8>>) = groups
             .iter()
-            .map(|group| group.object_identifier.to_stored())
+            .map(|group| stored_object(group.object_identifier))
             .unzip();
         query.bind(categories).bind(objects).bind(wides)
     }
@@ -371,7 +418,6 @@ impl Dialect for PgDialect {
     ) -> Statement<'q, Postgres> {
         let mut scopes = Vec::with_capacity(messages.len());
         let mut shards = Vec::with_capacity(messages.len());
-        let mut shard_wides = Vec::with_capacity(messages.len());
         let mut destinations = Vec::with_capacity(messages.len());
         let mut categories = Vec::with_capacity(messages.len());
         let mut objects = Vec::with_capacity(messages.len());
@@ -379,21 +425,19 @@ impl Dialect for PgDialect {
         let mut payloads = Vec::with_capacity(messages.len());
         for message in messages {
             let shard = message.shard();
-            let (shard_identifier, shard_wide) = shard.shard_identifier.to_stored();
-            let (object_identifier, object_wide) = message.object_identifier().to_stored();
+            let (shard_identifier, destination) = stored_shard(shard);
+            let (object, object_wide) = stored_object(message.object_identifier());
             scopes.push(shard.scope.0);
             shards.push(shard_identifier);
-            shard_wides.push(shard_wide);
-            destinations.push(shard.destination_str().to_owned());
+            destinations.push(destination);
             categories.push(message.category().0);
-            objects.push(object_identifier);
+            objects.push(object);
             object_wides.push(object_wide);
             payloads.push(message.payload_json().to_owned());
         }
         query
             .bind(scopes)
             .bind(shards)
-            .bind(shard_wides)
             .bind(destinations)
             .bind(categories)
             .bind(objects)
@@ -436,13 +480,12 @@ impl Dialect for PgDialect {
     ) -> Result<Option<Claim<Self>>, Error> {
         let operation = database::<Self>("claiming a shard");
         let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
-        let (shard_identifier, shard_wide) = shard.shard_identifier.to_stored();
+        let (identifier, destination) = stored_shard(shard);
         let take = |sql: &'static str| {
             sqlx::query_as::<_, (i64, i32, Option<String>)>(sql)
                 .bind(shard.scope.0)
-                .bind(shard_identifier)
-                .bind(shard_wide.clone())
-                .bind(shard.destination_str())
+                .bind(identifier)
+                .bind(destination.clone())
                 .bind(&options.worker)
                 .bind(lease_ms)
         };

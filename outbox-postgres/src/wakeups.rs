@@ -1,12 +1,12 @@
 //! Wake-ups on commit: the outbox trigger's notifications, through `LISTEN`.
 
+use outbox_core::Error;
 use outbox_core::store::{Wakeup, WakeupStream};
-use outbox_core::{Error, Id, ShardKey};
 use outbox_sqlx::error::database;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 
-use crate::dialect::PgDialect;
+use crate::dialect::{PgDialect, shard_from_stored};
 
 /// The channel on which the outbox trigger notifies relays of committed messages.
 pub const NOTIFY_CHANNEL: &str = "outbox_messages";
@@ -43,15 +43,6 @@ impl WakeupStream for PgWakeups {
     }
 }
 
-/// A shard identifier in a wake-up: an integer, or `x` and a wide identifier's 32 hex digits.
-fn parse_identifier(text: &str) -> Option<Id> {
-    match text.strip_prefix('x') {
-        Some(hex) if hex.len() == 32 => u128::from_str_radix(hex, 16).ok().map(Id::wide),
-        Some(_) => None,
-        None => text.parse::<i64>().ok().map(Id::integer),
-    }
-}
-
 /// Parses the trigger's payload: one `scope:shard:destination` per line, or `*`.
 fn parse_wakeup(payload: &str) -> Wakeup {
     let mut shards = Vec::new();
@@ -61,8 +52,10 @@ fn parse_wakeup(payload: &str) -> Wakeup {
             (Some(scope), Some(shard), Some(destination)) => scope
                 .parse::<i16>()
                 .ok()
-                .zip(parse_identifier(shard))
-                .map(|(scope, shard)| ShardKey::from_stored(scope, shard, destination.to_owned())),
+                .zip(shard.parse::<i64>().ok())
+                .and_then(|(scope, shard)| {
+                    shard_from_stored(scope, shard, destination.to_owned()).ok()
+                }),
             _ => None,
         };
         match parsed {
@@ -80,21 +73,27 @@ fn parse_wakeup(payload: &str) -> Wakeup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::{Destination, ScopeId};
+    use outbox_core::{Destination, Id, ScopeId, ShardKey};
 
     #[test]
     fn parses_notification_payloads() {
         assert_eq!(parse_wakeup("*"), Wakeup::Any);
         assert_eq!(parse_wakeup(""), Wakeup::Any);
         assert_eq!(
-            parse_wakeup("1:42:\n2:-7:eu:west\n3:x000000000000000000000000000000ff:"),
+            parse_wakeup(
+                "1:42:\n2:-7:eu:west\n3:9223372036854775807:\u{1}000000000000000000000000000000ffus"
+            ),
             Wakeup::Shards(vec![
                 ShardKey::local(ScopeId(1), 42),
                 ShardKey::fan_out(ScopeId(2), -7, Destination::new("eu:west").unwrap()),
-                ShardKey::local(ScopeId(3), Id::wide(255)),
+                ShardKey::fan_out(ScopeId(3), Id::wide(255), Destination::new("us").unwrap()),
             ])
         );
+        assert_eq!(
+            parse_wakeup("1:9223372036854775807:\u{1}00ff"),
+            Wakeup::Any,
+            "a wide shard's destination cut short"
+        );
         assert_eq!(parse_wakeup("1:not-a-number:"), Wakeup::Any);
-        assert_eq!(parse_wakeup("1:xff:"), Wakeup::Any);
     }
 }

@@ -59,9 +59,9 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
 /// A wide identifier in a JSON parameter: its 32 hex digits (JSON holds no bytes), which
 /// `unhex` turns back into the BLOB; an integer is a JSON number.
 fn id_json(id: Id) -> serde_json::Value {
-    match id.as_integer() {
-        Some(integer) => integer.into(),
-        None => hex(&id.to_stored().1).into(),
+    match id.wide_bytes() {
+        Some(bytes) => hex(&bytes).into(),
+        None => id.as_integer().into(),
     }
 }
 
@@ -406,16 +406,29 @@ impl Dialect for SqliteDialect {
         result.rows_affected()
     }
 
-    const ID_COLUMNS: usize = 1;
+    fn bind_shard<'q>(query: Statement<'q, Sqlite>, shard: &ShardKey) -> Statement<'q, Sqlite> {
+        Self::bind_object(query, shard.shard_identifier).bind(shard.destination_str().to_owned())
+    }
 
-    fn bind_id<'q>(query: Statement<'q, Sqlite>, id: Id) -> Statement<'q, Sqlite> {
-        match id.as_integer() {
-            Some(integer) => query.bind(integer),
-            None => query.bind(id.to_stored().1),
+    fn decode_shard(row: &SqliteRow, index: usize) -> Result<ShardKey, sqlx::Error> {
+        Ok(ShardKey::from_stored(
+            row.try_get(index)?,
+            Self::decode_object(row, index + 1)?,
+            row.try_get(index + 2)?,
+        ))
+    }
+
+    // One column holds an integer, or a wide identifier's 16 bytes as a BLOB.
+    const OBJECT_COLUMNS: usize = 1;
+
+    fn bind_object<'q>(query: Statement<'q, Sqlite>, object: Id) -> Statement<'q, Sqlite> {
+        match object.wide_bytes() {
+            Some(bytes) => query.bind(bytes.to_vec()),
+            None => query.bind(object.as_integer()),
         }
     }
 
-    fn decode_id(row: &SqliteRow, index: usize) -> Result<Id, sqlx::Error> {
+    fn decode_object(row: &SqliteRow, index: usize) -> Result<Id, sqlx::Error> {
         if let Ok(integer) = row.try_get::<i64, _>(index) {
             return Ok(Id::integer(integer));
         }

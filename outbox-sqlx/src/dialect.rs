@@ -51,11 +51,12 @@ pub enum Ack {
 
 /// The relay's statements in a backend's SQL.
 ///
-/// Parameters are numbered as documented at each field for a dialect whose identifiers take
-/// one parameter each ([`Dialect::ID_COLUMNS`] = 1); where they take two, an identifier takes
-/// the next number too and the numbers after it move up by one. `$1..$3` are always a shard's
-/// key (scope `i16`, shard identifier, destination text: [`shard_keyed`](crate::session::shard_keyed)),
-/// `$4` a lease's fencing token where the statement acts only while the lease is current
+/// Parameters are numbered as documented at each field for a dialect whose object identifiers
+/// take one parameter ([`Dialect::OBJECT_COLUMNS`] = 1); where they take two, an object
+/// identifier takes the next number too and the numbers after it move up by one. `$1..$3` are
+/// always a shard's key (scope `i16`, then the shard identifier and destination as
+/// [`Dialect::bind_shard`] stores them: [`shard_keyed`](crate::session::shard_keyed)), `$4` a
+/// lease's fencing token where the statement acts only while the lease is current
 /// ([`fenced`](crate::session::fenced)). Durations travel as milliseconds (`i64`): the
 /// database adds them to its own clock.
 #[derive(Debug, Clone, Copy)]
@@ -176,16 +177,36 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// The rows a statement affected.
     fn rows_affected(result: &<Self::Database as Database>::QueryResult) -> u64;
 
-    /// The columns (and parameters) one identifier takes: 1 where one column holds an integer
-    /// or a wide identifier's 16 bytes (SQLite), 2 where the 16 bytes have a column of their
-    /// own beside the `BIGINT` (PostgreSQL, see [`Id::to_stored`]).
-    const ID_COLUMNS: usize;
+    /// Binds a shard's identifier and destination as the backend stores them (two
+    /// parameters; the scope is bound before them).
+    fn bind_shard<'q>(
+        query: Statement<'q, Self::Database>,
+        shard: &ShardKey,
+    ) -> Statement<'q, Self::Database>;
 
-    /// Binds a shard or object identifier: [`Dialect::ID_COLUMNS`] parameters.
-    fn bind_id<'q>(query: Statement<'q, Self::Database>, id: Id) -> Statement<'q, Self::Database>;
+    /// The shard key in columns `index..index + 3` of `row`: scope, identifier, destination
+    /// as [`Dialect::bind_shard`] stores them.
+    fn decode_shard(
+        row: &<Self::Database as Database>::Row,
+        index: usize,
+    ) -> Result<ShardKey, sqlx::Error>;
 
-    /// The identifier in columns `index..index + ID_COLUMNS` of `row`.
-    fn decode_id(row: &<Self::Database as Database>::Row, index: usize) -> Result<Id, sqlx::Error>;
+    /// The columns (and parameters) an object identifier takes: 1 where one column holds an
+    /// integer or a wide identifier's 16 bytes (SQLite), 2 where the 16 bytes have a column of
+    /// their own beside the `BIGINT` (PostgreSQL).
+    const OBJECT_COLUMNS: usize;
+
+    /// Binds an object identifier: [`Dialect::OBJECT_COLUMNS`] parameters.
+    fn bind_object<'q>(
+        query: Statement<'q, Self::Database>,
+        object: Id,
+    ) -> Statement<'q, Self::Database>;
+
+    /// The object identifier in columns `index..index + OBJECT_COLUMNS` of `row`.
+    fn decode_object(
+        row: &<Self::Database as Database>::Row,
+        index: usize,
+    ) -> Result<Id, sqlx::Error>;
 
     /// Binds message ids as one parameter (an array, or a JSON array).
     fn bind_ids<'q>(

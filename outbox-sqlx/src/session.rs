@@ -20,14 +20,13 @@ pub(crate) fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Binds a shard's key as the first parameters of a statement: scope, identifier
-/// ([`Dialect::ID_COLUMNS`] parameters), destination.
+/// Binds a shard's key as `$1..$3` of a statement: scope, identifier, destination (the last
+/// two as [`Dialect::bind_shard`] stores them).
 pub fn shard_keyed<D: Dialect>(
     sql: &'static str,
     shard: &ShardKey,
 ) -> Statement<'static, D::Database> {
-    let query = sqlx::query(sql).with(shard.scope.0);
-    D::bind_id(query, shard.shard_identifier).with(shard.destination_str().to_owned())
+    D::bind_shard(sqlx::query(sql).with(shard.scope.0), shard)
 }
 
 /// Binds a lease's shard key and then its fencing token as the first parameters of a
@@ -37,7 +36,7 @@ pub fn fenced<D: Dialect>(sql: &'static str, lease: &Lease) -> Statement<'static
 }
 
 /// A row (id, category, scope, object, payload) as a message, the object taking
-/// [`Dialect::ID_COLUMNS`] columns; a row that does not have the schema's form (written
+/// [`Dialect::OBJECT_COLUMNS`] columns; a row that does not have the schema's form (written
 /// around its checks) is a typed error naming it.
 pub(crate) fn stored<D: Dialect>(
     row: &<D::Database as Database>::Row,
@@ -53,8 +52,8 @@ pub(crate) fn stored<D: Dialect>(
         id: MessageId(get::<DB<D>, i64>(row, 0).map_err(undecodable)?),
         category: CategoryId(get::<DB<D>, i32>(row, 1).map_err(undecodable)?),
         scope: ScopeId(get::<DB<D>, i16>(row, 2).map_err(undecodable)?),
-        object_identifier: D::decode_id(row, 3).map_err(undecodable)?,
-        payload: get::<DB<D>, String>(row, 3 + D::ID_COLUMNS).map_err(undecodable)?,
+        object_identifier: D::decode_object(row, 3).map_err(undecodable)?,
+        payload: get::<DB<D>, String>(row, 3 + D::OBJECT_COLUMNS).map_err(undecodable)?,
     })
 }
 
@@ -315,7 +314,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
             .map(|row| {
                 Ok(GroupTail {
                     newest: stored::<D>(row)?,
-                    ids: D::decode_ids(row, 4 + D::ID_COLUMNS)?
+                    ids: D::decode_ids(row, 4 + D::OBJECT_COLUMNS)?
                         .into_iter()
                         .map(MessageId)
                         .collect(),
@@ -327,9 +326,9 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     async fn load_model(&mut self, table: &ModelTable, key: Id) -> Result<Option<ModelRow>, Error> {
         const OPERATION: &str = "reading a replicated model";
         let sql = AssertSqlSafe(D::load_model_sql(table, key.as_wide().is_some()));
-        let query = match key.as_integer() {
-            Some(integer) => sqlx::query(sql).with(integer),
-            None => sqlx::query(sql).with(key.to_stored().1),
+        let query = match key.wide_bytes() {
+            Some(bytes) => sqlx::query(sql).with(bytes.to_vec()),
+            None => sqlx::query(sql).with(key.as_integer().unwrap_or_default()),
         };
         let mut reader = self.reader().await?;
         let row = query

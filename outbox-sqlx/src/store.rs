@@ -109,21 +109,7 @@ fn from_ms(ms: i64) -> SystemTime {
 }
 
 /// The columns a shard key takes: scope, identifier, destination.
-const fn key_columns<D: Dialect>() -> usize {
-    2 + D::ID_COLUMNS
-}
-
-/// A shard key as the statements return it from column `first` on.
-fn read_shard_key<D: Dialect>(
-    row: &<D::Database as Database>::Row,
-    first: usize,
-) -> Result<ShardKey, sqlx::Error> {
-    Ok(ShardKey::from_stored(
-        get::<D::Database, i16>(row, first)?,
-        D::decode_id(row, first + 1)?,
-        get::<D::Database, String>(row, first + 1 + D::ID_COLUMNS)?,
-    ))
-}
+const KEY_COLUMNS: usize = 3;
 
 /// A shard key as the statements return it from column `first` on: a key that does not have
 /// the schema's form (written around its checks) is a typed error, never a panic.
@@ -132,7 +118,7 @@ fn shard_key<D: Dialect>(
     first: usize,
     operation: &'static str,
 ) -> Result<ShardKey, Error> {
-    read_shard_key::<D>(row, first).map_err(|error| Error::Undecodable {
+    D::decode_shard(row, first).map_err(|error| Error::Undecodable {
         operation,
         message_id: None,
         detail: format!("a shard key is not (SMALLINT, identifier, text): {error}"),
@@ -175,22 +161,13 @@ impl<D: Dialect> Store for SqlxStore<D> {
     ) -> Result<DiscoveryPage, Error> {
         const OPERATION: &str = "discovering due shards";
         // Below every SMALLINT scope, so the first page starts at the first shard.
-        let (scope, shard, destination) = match after {
-            Some(key) => (
-                i32::from(key.scope.0),
-                key.shard_identifier,
-                key.destination_str().to_owned(),
-            ),
-            None => (
-                i32::from(i16::MIN) - 1,
-                Id::integer(i64::MIN),
-                String::new(),
-            ),
+        let first = ShardKey::local(outbox_core::ScopeId(0), Id::integer(i64::MIN));
+        let (scope, cursor) = match after {
+            Some(key) => (i32::from(key.scope.0), key),
+            None => (i32::from(i16::MIN) - 1, &first),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
-        let query = D::bind_id(sqlx::query(D::SQL.discover).with(scope), shard)
-            .with(destination)
-            .with(limit);
+        let query = D::bind_shard(sqlx::query(D::SQL.discover).with(scope), cursor).with(limit);
         let rows = self.rows(query, OPERATION).await?;
         let full = rows.len() == usize::try_from(limit).unwrap_or(usize::MAX);
         let mut page = DiscoveryPage::default();
@@ -200,9 +177,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
             if full && index + 1 == visited {
                 page.next = Some(key.clone());
             }
-            if get::<D::Database, bool>(row, key_columns::<D>())
-                .map_err(database::<D>(OPERATION))?
-            {
+            if get::<D::Database, bool>(row, KEY_COLUMNS).map_err(database::<D>(OPERATION))? {
                 page.due.push(key);
             }
         }
@@ -279,14 +254,15 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         let rows = self.rows(query, OPERATION).await?;
         let pending =
             |row: &<D::Database as Database>::Row| -> Result<PendingMessage, sqlx::Error> {
-                let category = 1 + key_columns::<D>();
+                let category = 1 + KEY_COLUMNS;
+                let payload = category + 1 + D::OBJECT_COLUMNS;
                 Ok(PendingMessage::new(
                     MessageId(get::<D::Database, _>(row, 0)?),
-                    read_shard_key::<D>(row, 1)?,
+                    D::decode_shard(row, 1)?,
                     CategoryId(get::<D::Database, _>(row, category)?),
-                    D::decode_id(row, category + 1)?,
-                    get::<D::Database, _>(row, category + 1 + D::ID_COLUMNS)?,
-                    from_ms(get::<D::Database, _>(row, category + 2 + D::ID_COLUMNS)?),
+                    D::decode_object(row, category + 1)?,
+                    get::<D::Database, _>(row, payload)?,
+                    from_ms(get::<D::Database, _>(row, payload + 1)?),
                 ))
             };
         rows.iter()
@@ -301,11 +277,11 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             .await?;
         let state = |row: &<D::Database as Database>::Row| -> Result<ShardState, sqlx::Error> {
             // The columns after the key, counted from the key's end.
-            let at = |index: usize| key_columns::<D>() + index;
+            let at = |index: usize| KEY_COLUMNS + index;
             let time =
                 |index| get::<D::Database, Option<i64>>(row, at(index)).map(|ms| ms.map(from_ms));
             Ok(ShardState::new(
-                read_shard_key::<D>(row, 0)?,
+                D::decode_shard(row, 0)?,
                 u32::try_from(get::<D::Database, i64>(row, at(0))?).unwrap_or(u32::MAX),
                 get::<D::Database, _>(row, at(1))?,
                 time(2)?,

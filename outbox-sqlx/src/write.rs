@@ -15,13 +15,12 @@ where
     E: Executor<'e, Database = D::Database>,
 {
     let shard = message.shard();
-    let query = D::bind_id(
+    let query = D::bind_shard(
         sqlx::query(D::SQL.insert_message).with(shard.scope.0),
-        shard.shard_identifier,
+        shard,
     )
-    .with(shard.destination_str())
     .with(message.category().0);
-    let row = D::bind_id(query, message.object_identifier())
+    let row = D::bind_object(query, message.object_identifier())
         .with(message.payload_json())
         .fetch_one(executor)
         .await

@@ -193,13 +193,12 @@ impl<P: Provision> StoreBackend for SqlxBackend<P> {
     ) -> MessageId {
         // The backend's own single-row insert, with none of the typed API's checks before it.
         let mut conn = self.database.pool().acquire().await.expect("a connection");
-        let query = <P::Dialect as Dialect>::bind_id(
+        let query = <P::Dialect as Dialect>::bind_shard(
             sqlx::query(<P::Dialect as Dialect>::SQL.insert_message).with(shard.scope.0),
-            shard.shard_identifier,
+            shard,
         )
-        .with(shard.destination_str())
         .with(category);
-        let row = <P::Dialect as Dialect>::bind_id(query, object)
+        let row = <P::Dialect as Dialect>::bind_object(query, object)
             .with(payload)
             .fetch_one(Db::<P>::on(&mut conn))
             .await

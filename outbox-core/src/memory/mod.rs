@@ -162,7 +162,7 @@ impl MemoryStore {
         let row = Row {
             shard: shard.clone(),
             category,
-            object_identifier: object_identifier.to_id(),
+            object_identifier: object_identifier.into_id(),
             payload: payload.into(),
             created_at: self.now(),
         };

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use outbox_core::{BoxError, Delivery, Destination, Id, Message, Relay};
+use outbox_core::{BoxError, Delivery, Destination, Id, Message, Relay, Scope, ShardKey};
 
 use super::{config, int, pending, write};
 use crate::backend::StoreBackend;
 use crate::fixtures::{
-    AuditEvent, Note, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
+    AuditEvent, Note, OrgScope, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
 };
 
 /// S10: within a shard, groups are delivered one at a time in the order of their oldest row,
@@ -311,6 +311,12 @@ pub async fn wide_identifiers_are_shards_and_objects_of_their_own<B: StoreBacken
     write(&backend, &[note::<OrgUpdate>(big, big, 7)]).await;
     write(&backend, &[note::<OrgUpdate>(small_wide, Id::wide(5), 8)]).await;
     write(&backend, &[note::<OrgUpdate>(-1_i64, big as i64, 9)]).await;
+    let west = Destination::new("eu:west").expect("a destination");
+    write(
+        &backend,
+        &[note::<OrgUpdate>(uuid, uuid, 10).with_destination(west.clone())],
+    )
+    .await;
 
     let stored: Vec<(Id, Id)> = pending(&backend)
         .await
@@ -329,6 +335,7 @@ pub async fn wide_identifiers_are_shards_and_objects_of_their_own<B: StoreBacken
             (Id::from(big), Id::from(big)),
             (small_wide, Id::wide(5)),
             (Id::integer(-1), Id::integer(-2)),
+            (uuid, uuid),
         ],
         "each identifier reads back as written"
     );
@@ -352,6 +359,16 @@ pub async fn wide_identifiers_are_shards_and_objects_of_their_own<B: StoreBacken
     assert_eq!(in_shard(Id::integer(i64::MAX)), [(Id::integer(1), 5)]);
     assert_eq!(in_shard(uuid), [(uuid, 6)]);
     assert_eq!(in_shard(Id::integer(-1)), [(Id::integer(-2), 9)]);
-    assert_eq!(report.deliveries, 7);
+    let fan_out = ShardKey::fan_out(OrgScope::ID, uuid, west);
+    assert_eq!(
+        recorder
+            .in_shard(&fan_out)
+            .iter()
+            .map(|seen| (seen.object, seen.seq))
+            .collect::<Vec<_>>(),
+        [(uuid, 10)],
+        "a wide shard's fan-out destination is a shard of its own"
+    );
+    assert_eq!(report.deliveries, 8);
     assert!(pending(&backend).await.is_empty());
 }

@@ -27,7 +27,7 @@ impl Expected {
         object_identifier: impl Identifier,
     ) -> Self {
         Self {
-            object_identifier: Some(object_identifier.to_id()),
+            object_identifier: Some(object_identifier.into_id()),
             ..Self::any_object::<C>(shard_identifier)
         }
     }
@@ -39,7 +39,7 @@ impl Expected {
             category: C::ID,
             name: C::NAME,
             scope: <C::Scope as Scope>::ID,
-            shard_identifier: shard_identifier.to_id(),
+            shard_identifier: shard_identifier.into_id(),
             object_identifier: None,
             destination: None,
             payload: None,
