@@ -137,11 +137,6 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
         self.destinations.as_deref()
     }
 
-    /// The models' object identifiers, in order.
-    pub fn keys(&self) -> Vec<Id> {
-        self.models.iter().map(M::object_identifier).collect()
-    }
-
     /// One outbox message per model (per model and destination, for fan-out models), in
     /// model order.
     pub fn messages(&self) -> Result<Vec<Message>, Error> {

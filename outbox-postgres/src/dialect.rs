@@ -384,9 +384,7 @@ impl Dialect for PgDialect {
         if wide.is_empty() {
             return row.try_get(index).map(Id::integer);
         }
-        Id::from_wide_bytes(&wide).ok_or_else(|| {
-            sqlx::Error::Decode(format!("{} bytes are not a wide identifier", wide.len()).into())
-        })
+        outbox_sqlx::sql::wide_id(&wide)
     }
 
     fn bind_ids<'q>(query: Statement<'q, Postgres>, ids: Vec<i64>) -> Statement<'q, Postgres> {

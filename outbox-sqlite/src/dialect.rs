@@ -59,14 +59,10 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
 /// A wide identifier in a JSON parameter: its 32 hex digits (JSON holds no bytes), which
 /// `unhex` turns back into the BLOB; an integer is a JSON number.
 fn id_json(id: Id) -> serde_json::Value {
-    match id.wide_bytes() {
-        Some(bytes) => hex(&bytes).into(),
+    match id.as_wide() {
+        Some(wide) => format!("{wide:032x}").into(),
         None => id.as_integer().into(),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// An identifier from a JSON number, or from a wide one's hex digits as `{"wide": digits}`
@@ -433,9 +429,7 @@ impl Dialect for SqliteDialect {
             return Ok(Id::integer(integer));
         }
         let bytes: Vec<u8> = row.try_get(index)?;
-        Id::from_wide_bytes(&bytes).ok_or_else(|| {
-            sqlx::Error::Decode(format!("{} bytes are not a wide identifier", bytes.len()).into())
-        })
+        outbox_sqlx::sql::wide_id(&bytes)
     }
 
     fn bind_ids<'q>(query: Statement<'q, Sqlite>, ids: Vec<i64>) -> Statement<'q, Sqlite> {

@@ -119,6 +119,13 @@ pub fn get<DB: Decodes<T>, T>(row: &DB::Row, index: usize) -> Result<T, sqlx::Er
     DB::decode(row, index)
 }
 
+/// The wide identifier a column's bytes hold; any length but 16 is a decode error.
+pub fn wide_id(bytes: &[u8]) -> Result<outbox_core::Id, sqlx::Error> {
+    outbox_core::Id::from_wide_bytes(bytes).ok_or_else(|| {
+        sqlx::Error::Decode(format!("{} bytes are not a wide identifier", bytes.len()).into())
+    })
+}
+
 /// Something statements run on one after another: a transaction, a pooled connection, or a
 /// wrapper of either (a test's statement counter).
 pub trait Runner: Send {
