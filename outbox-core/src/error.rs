@@ -72,6 +72,18 @@ pub enum Error {
         token: i64,
     },
 
+    /// A dead letter to replay or purge does not exist: it was replayed or purged already,
+    /// or never was one. Nothing was changed.
+    #[error(
+        "no dead letter with message id {}: replayed or purged already? (list them with \
+         `outbox dead-letters list`); nothing was changed",
+        .ids.iter().map(|id| id.0.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    NoSuchDeadLetter {
+        /// The ids that are not dead letters.
+        ids: Vec<MessageId>,
+    },
+
     /// A message names a category the registry does not know.
     #[error("unknown category {category}: it is not in this binary's registry")]
     UnknownCategory {
@@ -536,6 +548,23 @@ impl DeliveryError {
             Self::UnknownCategory { category, .. } => Some(*category),
             _ => None,
         }
+    }
+
+    /// Whether the failure is the message's own (its handler failed, panicked or timed out on
+    /// it; its payload or its model's row does not deserialize), and so counts towards its
+    /// category's dead-letter policy (S22). What would fail every message alike is not: a
+    /// handler that cannot be called, a model table the database cannot read, a row the
+    /// relay cannot decode, an unknown category (S20) or a scope mismatch. Those block the
+    /// shard whatever the policy.
+    pub fn is_message_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Handler { .. }
+                | Self::Payload { .. }
+                | Self::Row { .. }
+                | Self::Panicked { .. }
+                | Self::TimedOut { .. }
+        )
     }
 }
 

@@ -116,7 +116,8 @@ pub use crate::model::{
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{
-    Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport, ShardFailure,
+    Backoff, DeadLettered, DrainReport, MaintenanceReport, Relay, RelayConfig, RelayConfigBuilder,
+    RunReport, ShardFailure,
 };
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
@@ -124,7 +125,9 @@ pub use crate::replicated::{
 };
 pub use crate::replication::{Deletion, Replication};
 pub use crate::shutdown::shutdown_signal;
-pub use crate::store::{Admin, HandlerMode, Store};
+pub use crate::store::{
+    Admin, DeadLetter, DeadLetterFilter, HandlerMode, Pause, PauseTarget, Store,
+};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::{

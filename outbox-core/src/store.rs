@@ -5,13 +5,14 @@
 //! backend implements them with the semantics the relay relies on.
 
 use std::any::Any;
+use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::id::Id;
-use crate::model::{CategoryId, MessageId, ShardKey};
+use crate::model::{CategoryId, MessageId, ScopeId, ShardKey};
 use crate::replicated::ModelTable;
 
 /// One pending row as the relay reads it.
@@ -22,7 +23,7 @@ pub struct StoredMessage {
     /// The row's category.
     pub category: CategoryId,
     /// The row's scope, as stored (it may disagree with the category's own scope).
-    pub scope: crate::model::ScopeId,
+    pub scope: ScopeId,
     /// The object the row is about.
     pub object_identifier: Id,
     /// The payload as JSON text.
@@ -242,6 +243,201 @@ impl PendingMessage {
     }
 }
 
+/// A failing group moved out of the outbox: what [`ShardSession::dead_letter`] records with
+/// its rows (S22).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLettering {
+    /// The group and the rows of it that the relay read: exactly these move.
+    pub rows: Acknowledgement,
+    /// The last error, with its causes.
+    pub error: String,
+    /// The failed attempts at the group, counting the last.
+    pub attempts: u32,
+}
+
+/// A message set aside by its category's dead-letter policy (S22): one row of a group that
+/// failed `max_attempts` times, with what the relay knew of its failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The message's id in the outbox (a dead letter keeps it: ids are never reused).
+    pub message_id: MessageId,
+    /// The shard.
+    pub shard: ShardKey,
+    /// The category.
+    pub category: CategoryId,
+    /// The object.
+    pub object_identifier: Id,
+    /// The payload as JSON text.
+    pub payload: String,
+    /// When the message was written.
+    pub created_at: SystemTime,
+    /// The last error, with its causes.
+    pub error: String,
+    /// The failed attempts at its group.
+    pub attempts: u32,
+    /// When its group first failed.
+    pub first_failed_at: SystemTime,
+    /// When its group failed the last time and was set aside.
+    pub dead_lettered_at: SystemTime,
+    /// The fencing token of the lease under which it was set aside.
+    pub lease_token: i64,
+}
+
+impl DeadLetter {
+    /// A dead letter record (backends build these when listing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        message: PendingMessage,
+        error: String,
+        attempts: u32,
+        first_failed_at: SystemTime,
+        dead_lettered_at: SystemTime,
+        lease_token: i64,
+    ) -> Self {
+        Self {
+            message_id: message.id,
+            shard: message.shard,
+            category: message.category,
+            object_identifier: message.object_identifier,
+            payload: message.payload,
+            created_at: message.created_at,
+            error,
+            attempts,
+            first_failed_at,
+            dead_lettered_at,
+            lease_token,
+        }
+    }
+}
+
+/// Which dead letters to list: every condition given must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DeadLetterFilter {
+    /// Of this category.
+    pub category: Option<CategoryId>,
+    /// In this scope.
+    pub scope: Option<ScopeId>,
+    /// In this shard.
+    pub shard: Option<ShardKey>,
+    /// Set aside at least this long ago.
+    pub older_than: Option<Duration>,
+    /// At most this many (the oldest messages first).
+    pub limit: Option<usize>,
+}
+
+impl DeadLetterFilter {
+    /// Every dead letter.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only those of `category`.
+    pub fn category(mut self, category: CategoryId) -> Self {
+        self.category = Some(category);
+        self
+    }
+
+    /// Only those in `scope`.
+    pub fn scope(mut self, scope: ScopeId) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Only those in `shard`.
+    pub fn shard(mut self, shard: ShardKey) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    /// Only those set aside at least `age` ago.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// At most `limit` of them.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Whether `letter` passes the filter's conditions (the limit aside), at time `now`.
+    pub fn matches(&self, letter: &DeadLetter, now: SystemTime) -> bool {
+        self.category
+            .is_none_or(|category| letter.category == category)
+            && self.scope.is_none_or(|scope| letter.shard.scope == scope)
+            && self
+                .shard
+                .as_ref()
+                .is_none_or(|shard| &letter.shard == shard)
+            && self.older_than.is_none_or(|age| {
+                now.duration_since(letter.dead_lettered_at)
+                    .is_ok_and(|since| since >= age)
+            })
+    }
+}
+
+/// What a pause stops (S23): one shard, every shard of a scope, or every shard that holds a
+/// message of a category. A paused shard delivers nothing (and no group of it starts), so
+/// its order is kept; a category pause therefore holds back the other categories' messages
+/// in the shards it pauses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PauseTarget {
+    /// One shard.
+    Shard(ShardKey),
+    /// Every shard holding a pending message of the category.
+    Category(CategoryId),
+    /// Every shard of the scope.
+    Scope(ScopeId),
+}
+
+impl PauseTarget {
+    /// Whether the target pauses `shard`, given whether the shard holds a pending message of
+    /// the target's category (asked only for a category pause).
+    pub fn pauses(&self, shard: &ShardKey, holds: impl FnOnce(CategoryId) -> bool) -> bool {
+        match self {
+            Self::Shard(paused) => paused == shard,
+            Self::Scope(scope) => shard.scope == *scope,
+            Self::Category(category) => holds(*category),
+        }
+    }
+}
+
+impl fmt::Display for PauseTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Shard(shard) => write!(f, "shard {shard}"),
+            Self::Category(category) => write!(f, "category {}", category.0),
+            Self::Scope(scope) => write!(f, "scope {}", scope.0),
+        }
+    }
+}
+
+/// A pause in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pause {
+    /// What it stops.
+    pub target: PauseTarget,
+    /// Why, as the operator said.
+    pub reason: Option<String>,
+    /// Since when.
+    pub paused_at: SystemTime,
+}
+
+impl Pause {
+    /// A pause record (backends build these when listing).
+    pub fn new(target: PauseTarget, reason: Option<String>, paused_at: SystemTime) -> Self {
+        Self {
+            target,
+            reason,
+            paused_at,
+        }
+    }
+}
+
 /// The storage contract of the relay: discovery, claims, leases. What operators and tests
 /// read and change besides is [`Admin`].
 pub trait Store: Clone + Send + Sync + 'static {
@@ -305,6 +501,25 @@ pub trait Store: Clone + Send + Sync + 'static {
         shard: &ShardKey,
         up_to: MessageId,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// In paused shards, deletes up to `limit` rows of the `coalescing` categories that are
+    /// neither the oldest nor the newest row of their group: what a long pause would otherwise
+    /// pile up (S23). The newest row carries the payload to deliver and the oldest keeps the
+    /// group's place in the shard's order (S10), so resuming delivers each group once, in
+    /// order. Returns how many rows went. Cheap when nothing is paused.
+    fn compact_paused(
+        &self,
+        coalescing: &[CategoryId],
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Deletes up to `limit` dead letters set aside at least `age` ago (the oldest first);
+    /// returns how many went. The relay's retention calls it in small batches.
+    fn purge_dead_letters_older_than(
+        &self,
+        age: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 
 /// The operator's side of a store: what is pending, each shard's state, and a shard made due
@@ -322,6 +537,42 @@ pub trait Admin: Send + Sync {
 
     /// The recorded state of every shard the relay holds state for.
     fn shard_states(&self) -> impl Future<Output = Result<Vec<ShardState>, Error>> + Send;
+
+    /// The dead letters that pass `filter`, in message id order.
+    fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, Error>> + Send;
+
+    /// Writes the dead letters `ids` back to the outbox as new messages, in the order of
+    /// their original ids, and removes them, in one transaction; returns the new messages'
+    /// ids in that order. If one of `ids` is not a dead letter (say, replayed or purged
+    /// already) nothing changes and the error is [`Error::NoSuchDeadLetter`].
+    fn replay_dead_letters(
+        &self,
+        ids: &[MessageId],
+    ) -> impl Future<Output = Result<Vec<MessageId>, Error>> + Send;
+
+    /// Deletes the dead letters `ids`; returns how many there were.
+    fn purge_dead_letters(
+        &self,
+        ids: &[MessageId],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Pauses `target` (S23): every relay sees it at its next claim; returns whether it was
+    /// not paused already (a second pause keeps the first one's reason and time).
+    fn pause(
+        &self,
+        target: &PauseTarget,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Lifts the pause of `target`; returns whether it was paused. A shard paused by another
+    /// target (its scope, a category) stays paused.
+    fn resume(&self, target: &PauseTarget) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The pauses in force.
+    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, Error>> + Send;
 }
 
 /// A claimed shard: read its messages, acknowledge delivered groups, finish.
@@ -369,6 +620,16 @@ pub trait ShardSession: Send + 'static {
     fn ack(
         &mut self,
         acknowledged: &[Acknowledgement],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Moves the rows of a failing group (exactly `letter.rows.ids`) to the dead letters with
+    /// the failure, deleting them from the outbox in the same transaction, and extends the
+    /// lease: the shard's head moves past them and its attempts start again (S22). Returns
+    /// the rows moved. Fails with [`Error::LeaseLost`], moving nothing, if the lease is no
+    /// longer this session's.
+    fn dead_letter(
+        &mut self,
+        letter: &DeadLettering,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Records the outcome and releases the shard.

@@ -28,6 +28,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "identifiers wider than BIGINT",
         sql: include_str!("../migrations/0002_wide_identifiers.sql"),
     },
+    EmbeddedMigration {
+        version: 3,
+        description: "dead letters and pauses",
+        sql: include_str!("../migrations/0003_dead_letters_and_pauses.sql"),
+    },
 ];
 
 /// What starts a wide shard's stored destination: a control character, which no
@@ -137,7 +142,7 @@ pub(crate) const FETCH_NEWEST: &str = "\
 pub(crate) const ACK: &str = "\
     WITH lease AS ( \
         UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
-            attempts = 0 \
+            attempts = 0, first_failed_at = NULL \
         WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
         RETURNING 1), \
      acked AS ( \
@@ -173,7 +178,7 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
         RETURNING 1), \
      released AS ( \
         UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
-            last_error = NULL, retry_at = NULL, parked_category = NULL \
+            first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
         WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM gone) \
             AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
             AND lease_token = $4 \
@@ -194,23 +199,28 @@ pub(crate) const DELETE_IF_EMPTY: &str = "\
 
 const RELEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
-        last_error = NULL, retry_at = NULL, parked_category = NULL \
+        first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 const RELEASE_LEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
+// A first failure (attempt 1, or none recorded) starts the failures' clock.
 const FAIL: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
+        first_failed_at = CASE WHEN $5 <= 1 OR first_failed_at IS NULL THEN now() \
+            ELSE first_failed_at END, \
         last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
         watermark = $8, parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 // Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
-// step finds the first row of the next shard in key order. Shards are due when nobody holds a
-// live lease on them and they are not backing off, or have a message newer than their failure.
-pub(crate) const DISCOVER: &str = "\
+// step finds the first row of the next shard in key order. Shards are due when no pause holds
+// them, nobody holds a live lease on them and they are not backing off, or have a message
+// newer than their failure.
+pub(crate) const DISCOVER: &str = concat!(
+    "\
     WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
         (SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
          WHERE (shard_scope, shard_identifier, destination) > ($1::integer, $2::bigint, $3::text) \
@@ -225,16 +235,20 @@ pub(crate) const DISCOVER: &str = "\
         WHERE k.n < $4 \
     ) \
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
-        s.shard_scope IS NULL OR ( \
+        (s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \
             AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
                 SELECT 1 FROM outbox_messages m \
                 WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
-                    AND m.destination = k.destination AND m.id > s.watermark))) AS due \
+                    AND m.destination = k.destination AND m.id > s.watermark)))) \
+        AND NOT ",
+    outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
+    " AS due \
     FROM keys k LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
-    ORDER BY k.n";
+    ORDER BY k.n"
+);
 
 // Takes the lease on an existing state row if the shard is due and nobody holds it; a row
 // another transaction has locked is skipped, never waited for. A lease that lapsed without a
@@ -242,7 +256,7 @@ pub(crate) const DISCOVER: &str = "\
 // at the head.
 macro_rules! take_lease {
     () => {
-        "UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
+        concat!("UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
             lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
             attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
          FROM (SELECT shard_scope, shard_identifier, destination, lease_owner AS previous_owner \
@@ -253,21 +267,27 @@ macro_rules! take_lease {
                      SELECT 1 FROM outbox_messages m \
                      WHERE m.shard_scope = $1 AND m.shard_identifier = $2 \
                          AND m.destination = $3 AND m.id > outbox_shards.watermark)) \
+                 AND NOT ",
+        outbox_sqlx::paused!("$1", "$2", "$3"),
+        " \
                FOR UPDATE SKIP LOCKED) due \
          WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
             AND s.destination = due.destination \
-         RETURNING s.lease_token, s.attempts, due.previous_owner"
+         RETURNING s.lease_token, s.attempts, due.previous_owner")
     };
 }
 
-// Leased mode: one statement creates the state row with the lease if the shard has none, or
-// takes the lease on the existing row.
+// Leased mode: one statement creates the state row with the lease if the shard has none (and
+// no pause holds it), or takes the lease on the existing row.
 pub(crate) const CLAIM: &str = concat!(
     "WITH fresh AS ( \
         INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
             lease_token, lease_expires_at) \
-        VALUES ($1, $2, $3, $4, nextval('outbox_lease_tokens'), \
-            now() + $5::bigint * interval '1 millisecond') \
+        SELECT $1::smallint, $2::bigint, $3::text, $4::text, nextval('outbox_lease_tokens'), \
+            now() + $5::bigint * interval '1 millisecond' \
+        WHERE NOT ",
+    outbox_sqlx::paused!("$1::smallint", "$2::bigint", "$3::text"),
+    " \
         ON CONFLICT DO NOTHING \
         RETURNING lease_token, attempts, NULL::text AS previous_owner), \
      taken AS (",
@@ -294,6 +314,89 @@ const PENDING_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
         object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint \
     FROM outbox_messages ORDER BY id LIMIT $1";
+
+const DEAD_LETTER: &str = "\
+    INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
+        category, object_identifier, object_wide, payload, created_at, error, attempts, \
+        first_failed_at, lease_token) \
+    SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
+        m.object_identifier, m.object_wide, m.payload, m.created_at, $6, $7, \
+        coalesce(s.first_failed_at, now()), s.lease_token \
+    FROM outbox_messages m JOIN outbox_shards s \
+        ON s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3 \
+            AND s.lease_token = $4 \
+    WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
+        AND m.id = ANY($5::bigint[])";
+
+const DEAD_LETTERS: &str = "\
+    SELECT message_id, shard_scope, shard_identifier, destination, category, \
+        object_identifier, object_wide, payload::text, \
+        (extract(epoch FROM created_at) * 1000)::bigint, error, attempts::bigint, \
+        (extract(epoch FROM first_failed_at) * 1000)::bigint, \
+        (extract(epoch FROM dead_lettered_at) * 1000)::bigint, lease_token \
+    FROM outbox_dead_letters \
+    WHERE ($1::integer IS NULL OR category = $1) \
+        AND ($2::integer IS NULL OR shard_scope = $2) \
+        AND ($3::integer IS NULL \
+            OR (shard_scope = $3 AND shard_identifier = $4 AND destination = $5)) \
+        AND ($6::bigint IS NULL OR dead_lettered_at <= now() - $6 * interval '1 millisecond') \
+    ORDER BY message_id LIMIT $7";
+
+const REPLAY_DEAD_LETTERS: &str = "\
+    INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, category, \
+        object_identifier, object_wide, payload) \
+    SELECT shard_scope, shard_identifier, destination, category, object_identifier, \
+        object_wide, payload \
+    FROM outbox_dead_letters WHERE message_id = ANY($1::bigint[]) ORDER BY message_id \
+    RETURNING id";
+
+const PURGE_EXPIRED_DEAD_LETTERS: &str = "\
+    DELETE FROM outbox_dead_letters WHERE message_id IN ( \
+        SELECT message_id FROM outbox_dead_letters \
+        WHERE dead_lettered_at <= now() - $1::bigint * interval '1 millisecond' \
+        ORDER BY dead_lettered_at LIMIT $2)";
+
+const PAUSES: &str = "\
+    SELECT kind, shard_scope, shard_identifier, destination, category, reason, \
+        (extract(epoch FROM paused_at) * 1000)::bigint \
+    FROM outbox_pauses ORDER BY paused_at, kind, shard_scope, shard_identifier, destination, \
+        category";
+
+// The rows of paused shards: those of paused shards and scopes found through the shard index
+// from the (few) pauses; those of category pauses by a scan, which runs only while one is in
+// force. Of them, a coalescing row with an older and a newer row in its group goes.
+const COMPACT_PAUSED: &str = "\
+    DELETE FROM outbox_messages WHERE id IN ( \
+        SELECT x.id FROM ( \
+            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                ON x.shard_scope = p.shard_scope AND x.shard_identifier = p.shard_identifier \
+                AND x.destination = p.destination \
+            WHERE p.kind = 'shard' \
+            UNION ALL \
+            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                ON x.shard_scope = p.shard_scope \
+            WHERE p.kind = 'scope' \
+            UNION ALL \
+            SELECT x.* FROM outbox_messages x \
+            WHERE EXISTS (SELECT 1 FROM outbox_pauses WHERE kind = 'category') \
+                AND EXISTS (SELECT 1 FROM outbox_pauses p WHERE p.kind = 'category' \
+                    AND EXISTS (SELECT 1 FROM outbox_messages pm \
+                        WHERE pm.shard_scope = x.shard_scope \
+                            AND pm.shard_identifier = x.shard_identifier \
+                            AND pm.destination = x.destination AND pm.category = p.category)) \
+        ) x \
+        WHERE x.category = ANY($1) \
+            AND EXISTS (SELECT 1 FROM outbox_messages o \
+                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
+                    AND o.destination = x.destination AND o.category = x.category \
+                    AND o.object_identifier = x.object_identifier \
+                    AND o.object_wide = x.object_wide AND o.id < x.id) \
+            AND EXISTS (SELECT 1 FROM outbox_messages o \
+                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
+                    AND o.destination = x.destination AND o.category = x.category \
+                    AND o.object_identifier = x.object_identifier \
+                    AND o.object_wide = x.object_wide AND o.id > x.id) \
+        LIMIT $2)";
 
 const SHARD_STATES: &str = "\
     SELECT shard_scope, shard_identifier, destination, attempts::bigint, last_error, \
@@ -336,6 +439,20 @@ impl Dialect for PgDialect {
                               AND destination = $3 AND id <= $4",
         pending_messages: PENDING_MESSAGES,
         shard_states: SHARD_STATES,
+        dead_letter: DEAD_LETTER,
+        dead_letters: DEAD_LETTERS,
+        lock_dead_letters: "SELECT message_id FROM outbox_dead_letters \
+                            WHERE message_id = ANY($1::bigint[]) FOR UPDATE",
+        replay_dead_letters: REPLAY_DEAD_LETTERS,
+        purge_dead_letters: "DELETE FROM outbox_dead_letters WHERE message_id = ANY($1::bigint[])",
+        purge_expired_dead_letters: PURGE_EXPIRED_DEAD_LETTERS,
+        pause: "INSERT INTO outbox_pauses \
+                    (kind, shard_scope, shard_identifier, destination, category, reason) \
+                VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        resume: "DELETE FROM outbox_pauses WHERE kind = $1 AND shard_scope = $2 \
+                    AND shard_identifier = $3 AND destination = $4 AND category = $5",
+        pauses: PAUSES,
+        compact_paused: COMPACT_PAUSED,
     };
 
     fn classify(error: &dyn DatabaseError) -> Fault {

@@ -54,6 +54,11 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "identifiers wider than an INTEGER",
         sql: include_str!("../migrations/0003_wide_identifiers.sql"),
     },
+    EmbeddedMigration {
+        version: 4,
+        description: "dead letters and pauses",
+        sql: include_str!("../migrations/0004_dead_letters_and_pauses.sql"),
+    },
 ];
 
 /// A wide identifier in a JSON parameter: its 32 hex digits (JSON holds no bytes), which
@@ -146,7 +151,7 @@ pub(crate) const EXTEND_LEASE: &str = concat!(
 const ACK_LEASE: &str = concat!(
     "UPDATE outbox_shards SET lease_expires_at = ",
     now!(),
-    " + ?5, attempts = 0 \
+    " + ?5, attempts = 0, first_failed_at = NULL \
      WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4"
 );
 
@@ -164,15 +169,19 @@ pub(crate) const DELETE_IF_EMPTY: &str = "\
 
 const RELEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
-        last_error = NULL, retry_at = NULL, parked_category = NULL \
+        first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
 const RELEASE_LEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
+// A first failure (attempt 1, or none recorded) starts the failures' clock.
 const FAIL: &str = concat!(
     "UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = ?5, \
+        first_failed_at = iif(?5 <= 1 OR first_failed_at IS NULL, ",
+    now!(),
+    ", first_failed_at), \
         last_error = ?6, retry_at = ",
     now!(),
     " + ?7, watermark = ?8, parked_category = ?9 \
@@ -218,7 +227,7 @@ pub(crate) const DISCOVER: &str = concat!(
         WHERE k.n < ?4 \
     ) \
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
-        s.shard_scope IS NULL OR ( \
+        (s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= ",
     now!(),
     ") \
@@ -227,7 +236,10 @@ pub(crate) const DISCOVER: &str = concat!(
     " OR EXISTS ( \
                 SELECT 1 FROM outbox_messages m \
                 WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
-                    AND m.destination = k.destination AND m.id > s.watermark))) AS due \
+                    AND m.destination = k.destination AND m.id > s.watermark)))) \
+        AND NOT ",
+    outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
+    " AS due \
     FROM keys k LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
@@ -237,16 +249,19 @@ pub(crate) const DISCOVER: &str = concat!(
 const NEXT_TOKEN: &str =
     "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
 
-// Takes the lease if the shard is due and unleased, creating its state row if it has none. A
-// lease that lapsed without a release (its holder died mid-drain, having perhaps delivered the
-// head) counts as an attempt at the head.
+// Takes the lease if the shard is due, unleased and not paused, creating its state row if it
+// has none. A lease that lapsed without a release (its holder died mid-drain, having perhaps
+// delivered the head) counts as an attempt at the head.
 pub(crate) const CLAIM: &str = concat!(
     "\
     INSERT INTO outbox_shards \
         (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ",
+    SELECT ?1, ?2, ?3, ?4, ?5, ",
     now!(),
-    " + ?6) \
+    " + ?6 \
+    WHERE NOT ",
+    outbox_sqlx::paused!("?1", "?2", "?3"),
+    " \
     ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
         lease_owner = excluded.lease_owner, \
         lease_token = excluded.lease_token, \
@@ -291,6 +306,104 @@ const PENDING_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
         payload, created_at \
     FROM outbox_messages ORDER BY id LIMIT ?1";
+
+const DEAD_LETTER: &str = concat!(
+    "\
+    INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
+        category, object_identifier, payload, created_at, error, attempts, first_failed_at, \
+        dead_lettered_at, lease_token) \
+    SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
+        m.object_identifier, m.payload, m.created_at, ?6, ?7, coalesce(s.first_failed_at, ",
+    now!(),
+    "), ",
+    now!(),
+    ", s.lease_token \
+    FROM outbox_messages m JOIN outbox_shards s \
+        ON s.shard_scope = ?1 AND s.shard_identifier = ?2 AND s.destination = ?3 \
+            AND s.lease_token = ?4 \
+    WHERE m.id IN (SELECT value FROM json_each(?5)) \
+        AND m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3"
+);
+
+const DEAD_LETTERS: &str = concat!(
+    "\
+    SELECT message_id, shard_scope, shard_identifier, destination, category, \
+        object_identifier, payload, created_at, error, attempts, first_failed_at, \
+        dead_lettered_at, lease_token \
+    FROM outbox_dead_letters \
+    WHERE (?1 IS NULL OR category = ?1) \
+        AND (?2 IS NULL OR shard_scope = ?2) \
+        AND (?3 IS NULL OR (shard_scope = ?3 AND shard_identifier = ?4 AND destination = ?5)) \
+        AND (?6 IS NULL OR dead_lettered_at <= ",
+    now!(),
+    " - ?6) \
+    ORDER BY message_id LIMIT ?7"
+);
+
+const REPLAY_DEAD_LETTERS: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+    SELECT shard_scope, shard_identifier, destination, category, object_identifier, payload \
+    FROM outbox_dead_letters WHERE message_id IN (SELECT value FROM json_each(?1)) \
+    ORDER BY message_id \
+    RETURNING id";
+
+const PURGE_EXPIRED_DEAD_LETTERS: &str = concat!(
+    "\
+    DELETE FROM outbox_dead_letters WHERE message_id IN ( \
+        SELECT message_id FROM outbox_dead_letters WHERE dead_lettered_at <= ",
+    now!(),
+    " - ?1 \
+        ORDER BY dead_lettered_at LIMIT ?2)"
+);
+
+const PAUSE: &str = concat!(
+    "\
+    INSERT INTO outbox_pauses \
+        (kind, shard_scope, shard_identifier, destination, category, reason, paused_at) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+    now!(),
+    ") ON CONFLICT DO NOTHING"
+);
+
+const PAUSES: &str = "\
+    SELECT kind, shard_scope, shard_identifier, destination, category, reason, paused_at \
+    FROM outbox_pauses ORDER BY paused_at, kind, shard_scope, shard_identifier, destination, \
+        category";
+
+// The rows of paused shards: those of paused shards and scopes found through the shard index
+// from the (few) pauses; those of category pauses by a scan, which runs only while one is in
+// force. Of them, a coalescing row with an older and a newer row in its group goes.
+const COMPACT_PAUSED: &str = "\
+    DELETE FROM outbox_messages WHERE id IN ( \
+        SELECT x.id FROM ( \
+            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                ON x.shard_scope = p.shard_scope AND x.shard_identifier = p.shard_identifier \
+                AND x.destination = p.destination \
+            WHERE p.kind = 'shard' \
+            UNION ALL \
+            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                ON x.shard_scope = p.shard_scope \
+            WHERE p.kind = 'scope' \
+            UNION ALL \
+            SELECT x.* FROM outbox_messages x \
+            WHERE EXISTS (SELECT 1 FROM outbox_pauses WHERE kind = 'category') \
+                AND EXISTS (SELECT 1 FROM outbox_pauses p WHERE p.kind = 'category' \
+                    AND EXISTS (SELECT 1 FROM outbox_messages pm \
+                        WHERE pm.shard_scope = x.shard_scope \
+                            AND pm.shard_identifier = x.shard_identifier \
+                            AND pm.destination = x.destination AND pm.category = p.category)) \
+        ) x \
+        WHERE x.category IN (SELECT value FROM json_each(?1)) \
+            AND EXISTS (SELECT 1 FROM outbox_messages o \
+                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
+                    AND o.destination = x.destination AND o.category = x.category \
+                    AND o.object_identifier = x.object_identifier AND o.id < x.id) \
+            AND EXISTS (SELECT 1 FROM outbox_messages o \
+                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
+                    AND o.destination = x.destination AND o.category = x.category \
+                    AND o.object_identifier = x.object_identifier AND o.id > x.id) \
+        LIMIT ?2)";
 
 const SHARD_STATES: &str = "\
     SELECT shard_scope, shard_identifier, destination, attempts, last_error, retry_at, \
@@ -383,6 +496,19 @@ impl Dialect for SqliteDialect {
             WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND id <= ?4",
         pending_messages: PENDING_MESSAGES,
         shard_states: SHARD_STATES,
+        dead_letter: DEAD_LETTER,
+        dead_letters: DEAD_LETTERS,
+        lock_dead_letters: "SELECT message_id FROM outbox_dead_letters \
+                            WHERE message_id IN (SELECT value FROM json_each(?1))",
+        replay_dead_letters: REPLAY_DEAD_LETTERS,
+        purge_dead_letters: "DELETE FROM outbox_dead_letters \
+                             WHERE message_id IN (SELECT value FROM json_each(?1))",
+        purge_expired_dead_letters: PURGE_EXPIRED_DEAD_LETTERS,
+        pause: PAUSE,
+        resume: "DELETE FROM outbox_pauses WHERE kind = ?1 AND shard_scope = ?2 \
+                    AND shard_identifier = ?3 AND destination = ?4 AND category = ?5",
+        pauses: PAUSES,
+        compact_paused: COMPACT_PAUSED,
     };
 
     fn classify(error: &dyn DatabaseError) -> Fault {

@@ -113,6 +113,74 @@ pub struct Statements {
     /// (`i64`), last error, retry time (ms since the epoch), lease owner, lease expiry (ms),
     /// lease token, parked category.
     pub shard_states: &'static str,
+    /// Copies a failing group's rows to the dead letters, in the transaction whose
+    /// acknowledgement ([`Statements::ack`]) then deletes them: `$1..$4` the lease, `$5` the
+    /// ids ([`Dialect::bind_ids`]), `$6` the error, `$7` the attempts (`i32`). Copies nothing
+    /// unless the lease is current; records the shard's `first_failed_at` (now, if it has
+    /// none) and the lease's token.
+    pub dead_letter: &'static str,
+    /// Dead letters in message id order: `$1` category (`Option<i32>`), `$2` scope
+    /// (`Option<i32>`), `$3` a shard's scope (`Option<i32>`; no shard condition if null), `$4`
+    /// and `$5` its identifier and destination ([`Dialect::bind_shard`]), `$6` the least age
+    /// in milliseconds (`Option<i64>`), `$7` the limit (`i64`). Returns the message id, the
+    /// shard's key, category, object ([`Dialect::OBJECT_COLUMNS`]), payload, creation time
+    /// (ms), error, attempts (`i64`), first failure (ms), set aside (ms), lease token.
+    pub dead_letters: &'static str,
+    /// Locks the dead letters to replay, in a transaction: `$1` ids; returns those found.
+    pub lock_dead_letters: &'static str,
+    /// Writes dead letters back as new messages in message id order: `$1` ids; returns the
+    /// new ids.
+    pub replay_dead_letters: &'static str,
+    /// Deletes dead letters: `$1` ids.
+    pub purge_dead_letters: &'static str,
+    /// Deletes the oldest dead letters set aside at least `$1` milliseconds ago (`i64`), at
+    /// most `$2` (`i64`).
+    pub purge_expired_dead_letters: &'static str,
+    /// Records a pause unless it exists: `$1` kind (`'shard'`, `'scope'`, `'category'`),
+    /// `$2` scope, `$3` and `$4` the shard's identifier and destination
+    /// ([`Dialect::bind_shard`]), `$5` category, `$6` reason (`Option<String>`); the columns
+    /// a kind does not use take 0 and `''`.
+    pub pause: &'static str,
+    /// Deletes a pause: `$1..$5` as for [`Statements::pause`].
+    pub resume: &'static str,
+    /// Every pause: kind, scope, identifier, destination, category, reason, since (ms).
+    pub pauses: &'static str,
+    /// In paused shards, deletes the rows of the categories `$1`
+    /// ([`Dialect::bind_categories`]) that are neither the oldest nor the newest row of their
+    /// group, at most `$2` (`i64`).
+    pub compact_paused: &'static str,
+}
+
+/// The SQL condition that a pause holds the shard whose scope, identifier and destination
+/// are the columns or parameters named (as string literals) by the arguments: a pause of the
+/// shard, of its scope, or of a category of which it holds a message (S23). It reads
+/// `outbox_pauses` once, and nothing more, when nothing is paused. For use in `concat!` by a
+/// dialect's statements (the text is the same in PostgreSQL's SQL and SQLite's).
+#[macro_export]
+macro_rules! paused {
+    ($scope:literal, $identifier:literal, $destination:literal) => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM outbox_pauses) AND EXISTS (SELECT 1 FROM outbox_pauses p \
+              WHERE (p.kind = 'scope' AND p.shard_scope = ",
+            $scope,
+            ") \
+                 OR (p.kind = 'shard' AND p.shard_scope = ",
+            $scope,
+            " AND p.shard_identifier = ",
+            $identifier,
+            " AND p.destination = ",
+            $destination,
+            ") \
+                 OR (p.kind = 'category' AND EXISTS (SELECT 1 FROM outbox_messages pm \
+                     WHERE pm.shard_scope = ",
+            $scope,
+            " AND pm.shard_identifier = ",
+            $identifier,
+            " AND pm.destination = ",
+            $destination,
+            " AND pm.category = p.category))))"
+        )
+    };
 }
 
 /// A shard claim, as a backend's [`Dialect::claim`] makes it.

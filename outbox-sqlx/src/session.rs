@@ -4,8 +4,8 @@ use std::any::Any;
 use std::time::Duration;
 
 use outbox_core::store::{
-    Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
-    ack_then_finish,
+    Acknowledgement, DeadLettering, GroupKey, GroupTail, Lease, Outcome, ShardSession,
+    StoredMessage, ack_then_finish,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
@@ -78,7 +78,7 @@ fn lease_lost(lease: &Lease) -> Error {
 /// Where the relay's writes outside a claiming transaction run: one statement at a time on a
 /// pooled connection, or in a transaction under the backend's turn
 /// ([`Dialect::WRITES_IN_TRANSACTION`]).
-enum Writer<D: Dialect> {
+pub(crate) enum Writer<D: Dialect> {
     Pooled(PoolConnection<D::Database>),
     InTransaction(Transaction<'static, D::Database>, D::Turn),
 }
@@ -90,26 +90,35 @@ impl<D: Dialect> Writer<D> {
         operation: &'static str,
     ) -> Result<Self, Error> {
         if D::WRITES_IN_TRANSACTION {
-            let turn = dialect.take_turn().await;
-            let tx = pool
-                .begin_with(D::BEGIN)
-                .await
-                .map_err(database::<D>(operation))?;
-            Ok(Writer::InTransaction(tx, turn))
+            Self::begin(dialect, pool, operation).await
         } else {
             let conn = pool.acquire().await.map_err(database::<D>(operation))?;
             Ok(Writer::Pooled(conn))
         }
     }
 
-    fn conn(&mut self) -> &mut <D::Database as Database>::Connection {
+    /// A write transaction, under the backend's turn, whatever the backend.
+    pub(crate) async fn begin(
+        dialect: &D,
+        pool: &Pool<D::Database>,
+        operation: &'static str,
+    ) -> Result<Self, Error> {
+        let turn = dialect.take_turn().await;
+        let tx = pool
+            .begin_with(D::BEGIN)
+            .await
+            .map_err(database::<D>(operation))?;
+        Ok(Writer::InTransaction(tx, turn))
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut <D::Database as Database>::Connection {
         match self {
             Writer::Pooled(conn) => conn,
             Writer::InTransaction(tx, _) => tx,
         }
     }
 
-    async fn commit(self, operation: &'static str) -> Result<(), Error> {
+    pub(crate) async fn commit(self, operation: &'static str) -> Result<(), Error> {
         match self {
             Writer::Pooled(_) => Ok(()),
             Writer::InTransaction(tx, _turn) => tx.commit().await.map_err(database::<D>(operation)),
@@ -270,6 +279,30 @@ impl<D: Dialect> SqlxSession<D> {
         }
     }
 
+    /// Copies a failing group's rows to the dead letters and acknowledges them, on `conn` (in
+    /// a transaction): the rows moved, or [`Error::LeaseLost`].
+    async fn dead_letter_on(
+        lease: &Lease,
+        lease_duration: Duration,
+        conn: &mut <D::Database as Database>::Connection,
+        letter: &DeadLettering,
+    ) -> Result<u64, Error> {
+        const OPERATION: &str = "setting a group aside as dead letters";
+        let ids = letter.rows.ids.iter().map(|id| id.0).collect();
+        let copy = D::bind_ids(fenced::<D>(D::SQL.dead_letter, lease), ids)
+            .with(letter.error.clone())
+            .with(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
+        let copied = Self::execute(conn, copy, OPERATION).await?;
+        Self::ack_on(
+            lease,
+            lease_duration,
+            conn,
+            std::slice::from_ref(&letter.rows),
+        )
+        .await?;
+        Ok(copied)
+    }
+
     async fn savepoint(&mut self, sql: &'static str, operation: &'static str) -> Result<(), Error> {
         if let Some(claiming) = &mut self.claiming {
             sqlx::query::<D::Database>(sql)
@@ -376,6 +409,23 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         let deleted = Self::ack_on(&self.lease, self.lease_duration, writer.conn(), acks).await?;
         writer.commit("acknowledging messages").await?;
         Ok(deleted)
+    }
+
+    async fn dead_letter(&mut self, letter: &DeadLettering) -> Result<u64, Error> {
+        const OPERATION: &str = "setting a group aside as dead letters";
+        if let Some(mut claiming) = self.claiming.take() {
+            let result =
+                Self::dead_letter_on(&self.lease, self.lease_duration, &mut claiming.tx, letter)
+                    .await;
+            self.claiming = Some(claiming);
+            return result;
+        }
+        // The copy and the delete commit together, or (the lease lost) neither does.
+        let mut writer = Writer::begin(&self.dialect, &self.pool, OPERATION).await?;
+        let moved =
+            Self::dead_letter_on(&self.lease, self.lease_duration, writer.conn(), letter).await?;
+        writer.commit(OPERATION).await?;
+        Ok(moved)
     }
 
     async fn ack_and_finish(

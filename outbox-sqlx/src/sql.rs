@@ -85,6 +85,8 @@ all_of!(
         + Binds<String>
         + for<'a> Binds<&'a str>
         + Binds<Option<i32>>
+        + Binds<Option<i64>>
+        + Binds<Option<String>>
         + Binds<Vec<u8>>
         + Decodes<i16>
         + Decodes<i32>

@@ -3,15 +3,15 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
-    Admin, ClaimOptions, DiscoveryPage, Lease, MIGRATIONS_TABLE, PendingMessage, ShardState,
-    check_migrations,
+    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
+    Pause, PauseTarget, PendingMessage, ShardState, check_migrations,
 };
-use outbox_core::{CategoryId, Error, Id, MessageId, ShardKey, Store};
+use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
 use sqlx::{Database, Pool};
 
 use crate::dialect::{Claim, Dialect};
 use crate::error::database;
-use crate::session::{SqlxSession, duration_ms, fenced, shard_keyed};
+use crate::session::{SqlxSession, Writer, duration_ms, fenced, shard_keyed};
 use crate::sql::{Executes, Statement, With, get};
 
 const APPLIED_MIGRATIONS: &str = "SELECT version FROM _outbox_migrations WHERE success";
@@ -68,6 +68,16 @@ impl<D: Dialect> SqlxStore<D> {
             .map_err(database::<D>(operation))
     }
 
+    /// Runs `query` on a pooled connection, under the backend's turn: the rows it affected.
+    async fn write(
+        &self,
+        query: Statement<'static, D::Database>,
+        operation: &'static str,
+    ) -> Result<u64, Error> {
+        let _turn = self.dialect.take_turn().await;
+        self.execute(query, operation).await
+    }
+
     /// Runs `query` on a pooled connection: the rows it affected.
     async fn execute(
         &self,
@@ -106,6 +116,28 @@ impl<D: Dialect> SqlxStore<D> {
 
 fn from_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// The ids as the statements bind them.
+fn raw_ids(ids: &[MessageId]) -> Vec<i64> {
+    ids.iter().map(|id| id.0).collect()
+}
+
+/// A pause's target as `outbox_pauses` stores it: kind, then the shard key (scope, identifier,
+/// destination as [`Dialect::bind_shard`] stores them) and category, 0 and `''` where the kind
+/// does not use them.
+fn pause_keyed<D: Dialect>(
+    sql: &'static str,
+    target: &PauseTarget,
+) -> Statement<'static, D::Database> {
+    let unused = |scope| ShardKey::local(scope, 0);
+    let (kind, shard, category) = match target {
+        PauseTarget::Shard(shard) => ("shard", shard.clone(), 0),
+        PauseTarget::Scope(scope) => ("scope", unused(*scope), 0),
+        PauseTarget::Category(category) => ("category", unused(ScopeId(0)), category.0),
+    };
+    let query = sqlx::query(sql).with(kind).with(shard.scope.0);
+    D::bind_shard(query, &shard).with(category)
 }
 
 /// The columns a shard key takes: scope, identifier, destination.
@@ -161,7 +193,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
     ) -> Result<DiscoveryPage, Error> {
         const OPERATION: &str = "discovering due shards";
         // Below every SMALLINT scope, so the first page starts at the first shard.
-        let first = ShardKey::local(outbox_core::ScopeId(0), Id::integer(i64::MIN));
+        let first = ShardKey::local(ScopeId(0), Id::integer(i64::MIN));
         let (scope, cursor) = match after {
             Some(key) => (i32::from(key.scope.0), key),
             None => (i32::from(i16::MIN) - 1, &first),
@@ -239,6 +271,24 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .await?;
         Ok(u64::try_from(count).unwrap_or(0))
     }
+
+    async fn compact_paused(&self, coalescing: &[CategoryId], limit: usize) -> Result<u64, Error> {
+        let categories = coalescing.iter().map(|category| category.0).collect();
+        let query = D::bind_categories(sqlx::query(D::SQL.compact_paused), categories)
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        self.write(query, "compacting paused shards").await
+    }
+
+    async fn purge_dead_letters_older_than(
+        &self,
+        age: Duration,
+        limit: usize,
+    ) -> Result<u64, Error> {
+        let query = sqlx::query(D::SQL.purge_expired_dead_letters)
+            .with(duration_ms(age))
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        self.write(query, "purging expired dead letters").await
+    }
 }
 
 impl<D: Dialect> Admin for SqlxStore<D> {
@@ -293,6 +343,130 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         };
         rows.iter()
             .map(|row| state(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+
+    async fn dead_letters(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, Error> {
+        const OPERATION: &str = "listing dead letters";
+        let no_shard = ShardKey::local(ScopeId(0), 0);
+        let query = sqlx::query(D::SQL.dead_letters)
+            .with(filter.category.map(|category| category.0))
+            .with(filter.scope.map(|scope| i32::from(scope.0)))
+            .with(filter.shard.as_ref().map(|shard| i32::from(shard.scope.0)));
+        let query = D::bind_shard(query, filter.shard.as_ref().unwrap_or(&no_shard))
+            .with(filter.older_than.map(duration_ms))
+            .with(
+                filter
+                    .limit
+                    .map_or(i64::MAX, |limit| i64::try_from(limit).unwrap_or(i64::MAX)),
+            );
+        let rows = self.rows(query, OPERATION).await?;
+        let letter = |row: &<D::Database as Database>::Row| -> Result<DeadLetter, sqlx::Error> {
+            let category = 1 + KEY_COLUMNS;
+            let payload = category + 1 + D::OBJECT_COLUMNS;
+            let time = |index| get::<D::Database, i64>(row, index).map(from_ms);
+            let message = PendingMessage::new(
+                MessageId(get::<D::Database, _>(row, 0)?),
+                D::decode_shard(row, 1)?,
+                CategoryId(get::<D::Database, _>(row, category)?),
+                D::decode_object(row, category + 1)?,
+                get::<D::Database, _>(row, payload)?,
+                time(payload + 1)?,
+            );
+            Ok(DeadLetter::new(
+                message,
+                get::<D::Database, _>(row, payload + 2)?,
+                u32::try_from(get::<D::Database, i64>(row, payload + 3)?).unwrap_or(u32::MAX),
+                time(payload + 4)?,
+                time(payload + 5)?,
+                get::<D::Database, _>(row, payload + 6)?,
+            ))
+        };
+        rows.iter()
+            .map(|row| letter(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+
+    async fn replay_dead_letters(&self, ids: &[MessageId]) -> Result<Vec<MessageId>, Error> {
+        const OPERATION: &str = "replaying dead letters";
+        let mut wanted = raw_ids(ids);
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut writer = Writer::begin(&self.dialect, &self.pool, OPERATION).await?;
+        // Locked first: a replay running beside this one finds them gone, and replays nothing.
+        let found = D::bind_ids(sqlx::query(D::SQL.lock_dead_letters), wanted.clone())
+            .fetch_all(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?
+            .iter()
+            .map(|row| get::<D::Database, i64>(row, 0))
+            .collect::<Result<Vec<i64>, _>>()
+            .map_err(database::<D>(OPERATION))?;
+        let missing: Vec<MessageId> = wanted
+            .iter()
+            .filter(|id| !found.contains(id))
+            .map(|id| MessageId(*id))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::NoSuchDeadLetter { ids: missing });
+        }
+        let mut replayed = D::bind_ids(sqlx::query(D::SQL.replay_dead_letters), wanted.clone())
+            .fetch_all(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?
+            .iter()
+            .map(|row| get::<D::Database, i64>(row, 0).map(MessageId))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(database::<D>(OPERATION))?;
+        replayed.sort_unstable();
+        D::bind_ids(sqlx::query(D::SQL.purge_dead_letters), wanted)
+            .execute(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?;
+        writer.commit(OPERATION).await?;
+        Ok(replayed)
+    }
+
+    async fn purge_dead_letters(&self, ids: &[MessageId]) -> Result<u64, Error> {
+        let query = D::bind_ids(sqlx::query(D::SQL.purge_dead_letters), raw_ids(ids));
+        self.write(query, "purging dead letters").await
+    }
+
+    async fn pause(&self, target: &PauseTarget, reason: Option<&str>) -> Result<bool, Error> {
+        let query = pause_keyed::<D>(D::SQL.pause, target).with(reason.map(str::to_owned));
+        Ok(self.write(query, "pausing").await? > 0)
+    }
+
+    async fn resume(&self, target: &PauseTarget) -> Result<bool, Error> {
+        let query = pause_keyed::<D>(D::SQL.resume, target);
+        Ok(self.write(query, "resuming").await? > 0)
+    }
+
+    async fn pauses(&self) -> Result<Vec<Pause>, Error> {
+        const OPERATION: &str = "listing pauses";
+        let rows = self.rows(sqlx::query(D::SQL.pauses), OPERATION).await?;
+        let pause = |row: &<D::Database as Database>::Row| -> Result<Pause, sqlx::Error> {
+            let kind: String = get::<D::Database, _>(row, 0)?;
+            let shard = D::decode_shard(row, 1)?;
+            let category = CategoryId(get::<D::Database, _>(row, 1 + KEY_COLUMNS)?);
+            let target = match kind.as_str() {
+                "shard" => PauseTarget::Shard(shard),
+                "scope" => PauseTarget::Scope(shard.scope),
+                "category" => PauseTarget::Category(category),
+                other => {
+                    return Err(sqlx::Error::Decode(
+                        format!("{other:?} is not a kind of pause").into(),
+                    ));
+                }
+            };
+            Ok(Pause::new(
+                target,
+                get::<D::Database, _>(row, 2 + KEY_COLUMNS)?,
+                from_ms(get::<D::Database, _>(row, 3 + KEY_COLUMNS)?),
+            ))
+        };
+        rows.iter()
+            .map(|row| pause(row).map_err(database::<D>(OPERATION)))
             .collect()
     }
 }

@@ -78,8 +78,8 @@ use crate::id::Identifier;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ReplicatedModel};
 use crate::store::{
-    Admin, ClaimOptions, DiscoveryPage, HandlerMode, Lease, PendingMessage, ShardState, Store,
-    Wakeup, WakeupStream,
+    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Lease, Pause,
+    PauseTarget, PendingMessage, ShardState, Store, Wakeup, WakeupStream,
 };
 
 /// The outbox in memory: a [`Store`] without a database (see [the module](self)).
@@ -378,6 +378,22 @@ impl Store for MemoryStore {
             tables.pending_in_shard(shard, up_to)
         })
     }
+
+    async fn compact_paused(&self, coalescing: &[CategoryId], limit: usize) -> Result<u64, Error> {
+        self.operation("compacting paused shards", |tables, _| {
+            tables.compact_paused(coalescing, limit)
+        })
+    }
+
+    async fn purge_dead_letters_older_than(
+        &self,
+        age: Duration,
+        limit: usize,
+    ) -> Result<u64, Error> {
+        self.operation("purging expired dead letters", |tables, now| {
+            tables.purge_dead_letters_older_than(age, limit, now)
+        })
+    }
 }
 
 impl Admin for MemoryStore {
@@ -395,6 +411,38 @@ impl Admin for MemoryStore {
 
     async fn shard_states(&self) -> Result<Vec<ShardState>, Error> {
         self.operation("listing shard states", |tables, _| tables.shard_states())
+    }
+
+    async fn dead_letters(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, Error> {
+        self.operation("listing dead letters", |tables, now| {
+            tables.dead_letters(filter, now)
+        })
+    }
+
+    async fn replay_dead_letters(&self, ids: &[MessageId]) -> Result<Vec<MessageId>, Error> {
+        let replayed = self.operation("replaying dead letters", |tables, now| {
+            tables.replay_dead_letters(ids, now)
+        })??;
+        self.notify(replayed.iter().map(|(_, shard)| shard));
+        Ok(replayed.into_iter().map(|(id, _)| id).collect())
+    }
+
+    async fn purge_dead_letters(&self, ids: &[MessageId]) -> Result<u64, Error> {
+        self.operation("purging dead letters", |tables, _| {
+            tables.purge_dead_letters(ids)
+        })
+    }
+
+    async fn pause(&self, target: &PauseTarget, reason: Option<&str>) -> Result<bool, Error> {
+        self.operation("pausing", |tables, now| tables.pause(target, reason, now))
+    }
+
+    async fn resume(&self, target: &PauseTarget) -> Result<bool, Error> {
+        self.operation("resuming", |tables, _| tables.resume(target))
+    }
+
+    async fn pauses(&self) -> Result<Vec<Pause>, Error> {
+        self.operation("listing pauses", |tables, _| tables.pauses())
     }
 }
 

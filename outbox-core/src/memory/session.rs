@@ -11,7 +11,8 @@ use crate::id::Id;
 use crate::model::MessageId;
 use crate::replicated::ModelTable;
 use crate::store::{
-    Acknowledgement, GroupKey, GroupTail, Lease, Outcome, ShardSession, StoredMessage,
+    Acknowledgement, DeadLettering, GroupKey, GroupTail, Lease, Outcome, ShardSession,
+    StoredMessage,
 };
 
 /// A shard claimed from a [`MemoryStore`], under a lease.
@@ -84,6 +85,14 @@ impl ShardSession for MemorySession {
         self.store
             .operation("acknowledging messages", |tables, now| {
                 tables.ack(&self.lease, acknowledged, later(now, self.lease_duration))
+            })?
+    }
+
+    async fn dead_letter(&mut self, letter: &DeadLettering) -> Result<u64, Error> {
+        self.store
+            .operation("setting a group aside as dead letters", |tables, now| {
+                let until = later(now, self.lease_duration);
+                tables.dead_letter(&self.lease, letter, until, now)
             })?
     }
 

@@ -1,7 +1,7 @@
 //! The in-memory store's tables and the rules the SQL backends' statements apply to them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::clock::later;
 use crate::columns::ModelRow;
@@ -9,8 +9,9 @@ use crate::error::Error;
 use crate::id::Id;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
-    Acknowledgement, ClaimOptions, DiscoveryPage, GroupKey, GroupTail, Lease, Outcome,
-    PendingMessage, ShardState, StoredMessage,
+    Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
+    GroupKey, GroupTail, Lease, Outcome, Pause, PauseTarget, PendingMessage, ShardState,
+    StoredMessage,
 };
 
 /// One pending row of `outbox_messages`.
@@ -40,12 +41,25 @@ impl Row {
             object_identifier: self.object_identifier,
         }
     }
+
+    fn pending(&self, id: MessageId) -> PendingMessage {
+        PendingMessage::new(
+            id,
+            self.shard.clone(),
+            self.category,
+            self.object_identifier,
+            self.payload.clone(),
+            self.created_at,
+        )
+    }
 }
 
 /// One row of `outbox_shards`: a shard's lease and failures.
 #[derive(Debug, Clone)]
 struct Record {
     attempts: u32,
+    /// When the failures at the head began.
+    first_failed_at: Option<SystemTime>,
     last_error: Option<String>,
     retry_at: Option<SystemTime>,
     watermark: MessageId,
@@ -70,6 +84,7 @@ impl Default for Record {
     fn default() -> Self {
         Self {
             attempts: 0,
+            first_failed_at: None,
             last_error: None,
             retry_at: None,
             watermark: MessageId(0),
@@ -90,6 +105,8 @@ pub(super) struct Tables {
     /// The pending ids of each shard that has any: what discovery walks, in key order.
     shards: BTreeMap<ShardKey, BTreeSet<MessageId>>,
     records: BTreeMap<ShardKey, Record>,
+    dead_letters: BTreeMap<MessageId, DeadLetter>,
+    pauses: BTreeMap<PauseTarget, Pause>,
     /// Replicated models' rows, as JSON objects keyed by column, by table and key.
     models: HashMap<(&'static str, Id), serde_json::Value>,
 }
@@ -125,12 +142,24 @@ impl Tables {
     /// Due: nobody holds a live lease on it, and it is not backing off or has a message newer
     /// than its failure.
     fn is_due(&self, shard: &ShardKey, now: SystemTime) -> bool {
-        self.records.get(shard).is_none_or(|record| {
-            record.lease_lapsed(now)
-                && (record.retry_at.is_none_or(|at| at <= now)
-                    || self
-                        .newest_in(shard)
-                        .is_some_and(|newest| newest > record.watermark))
+        !self.is_paused(shard)
+            && self.records.get(shard).is_none_or(|record| {
+                record.lease_lapsed(now)
+                    && (record.retry_at.is_none_or(|at| at <= now)
+                        || self
+                            .newest_in(shard)
+                            .is_some_and(|newest| newest > record.watermark))
+            })
+    }
+
+    /// Whether a pause holds `shard`.
+    fn is_paused(&self, shard: &ShardKey) -> bool {
+        self.pauses.keys().any(|target| {
+            target.pauses(shard, |category| {
+                self.shards
+                    .get(shard)
+                    .is_some_and(|ids| ids.iter().any(|id| self.messages[id].category == category))
+            })
         })
     }
 
@@ -262,26 +291,77 @@ impl Tables {
         };
         record.lease_expires_at = Some(until);
         record.attempts = 0;
-        let mut deleted = 0;
-        for id in acknowledged.iter().flat_map(|ack| &ack.ids) {
-            let in_shard = self
-                .messages
-                .get(id)
-                .is_some_and(|row| row.shard == lease.shard);
-            if in_shard {
-                self.messages.remove(id);
-                deleted += 1;
+        record.first_failed_at = None;
+        let ids: Vec<MessageId> = acknowledged
+            .iter()
+            .flat_map(|ack| ack.ids.iter().copied())
+            .collect();
+        Ok(self.delete_rows(&lease.shard, &ids).len() as u64)
+    }
+
+    /// Deletes the rows `ids` of `shard`; returns those it found, in id order.
+    fn delete_rows(&mut self, shard: &ShardKey, ids: &[MessageId]) -> Vec<(MessageId, Row)> {
+        let mut deleted = Vec::new();
+        for id in ids {
+            if self.messages.get(id).is_some_and(|row| &row.shard == shard) {
+                let row = self.messages.remove(id).expect("the row was just found");
+                deleted.push((*id, row));
             }
         }
-        if let Some(ids) = self.shards.get_mut(&lease.shard) {
-            for id in acknowledged.iter().flat_map(|ack| &ack.ids) {
-                ids.remove(id);
+        if let Some(pending) = self.shards.get_mut(shard) {
+            for (id, _) in &deleted {
+                pending.remove(id);
             }
-            if ids.is_empty() {
-                self.shards.remove(&lease.shard);
+            if pending.is_empty() {
+                self.shards.remove(shard);
             }
         }
-        Ok(deleted)
+        deleted.sort_unstable_by_key(|(id, _)| *id);
+        deleted
+    }
+
+    /// Moves a failing group's rows to the dead letters, as an acknowledgement would delete
+    /// them (S22).
+    pub(super) fn dead_letter(
+        &mut self,
+        lease: &Lease,
+        letter: &DeadLettering,
+        until: SystemTime,
+        now: SystemTime,
+    ) -> Result<u64, Error> {
+        let first_failed_at = self
+            .current(lease)
+            .map(|record| record.first_failed_at.unwrap_or(now));
+        let Some(first_failed_at) = first_failed_at else {
+            return Err(Error::LeaseLost {
+                shard: lease.shard.clone(),
+                token: lease.token,
+            });
+        };
+        let moved: Vec<(MessageId, Row)> = letter
+            .rows
+            .ids
+            .iter()
+            .filter_map(|id| {
+                self.messages
+                    .get(id)
+                    .filter(|row| row.shard == lease.shard)
+                    .map(|row| (*id, row.clone()))
+            })
+            .collect();
+        self.ack(lease, std::slice::from_ref(&letter.rows), until)?;
+        for (id, row) in &moved {
+            let dead = DeadLetter::new(
+                row.pending(*id),
+                letter.error.clone(),
+                letter.attempts,
+                first_failed_at,
+                now,
+                lease.token,
+            );
+            self.dead_letters.insert(*id, dead);
+        }
+        Ok(moved.len() as u64)
     }
 
     /// Records the outcome and releases the shard; whether the lease was still current.
@@ -299,12 +379,16 @@ impl Tables {
             Outcome::Drained | Outcome::Yielded => {
                 record.release_lease();
                 record.attempts = 0;
+                record.first_failed_at = None;
                 record.last_error = None;
                 record.retry_at = None;
                 record.parked_category = None;
             }
             Outcome::Failed(failure) => {
                 record.release_lease();
+                if failure.attempts <= 1 || record.first_failed_at.is_none() {
+                    record.first_failed_at = Some(now);
+                }
                 record.attempts = failure.attempts;
                 record.last_error = Some(failure.error.clone());
                 record.retry_at = Some(later(now, failure.retry_in));
@@ -351,17 +435,135 @@ impl Tables {
         self.messages
             .iter()
             .take(limit)
-            .map(|(id, row)| {
-                PendingMessage::new(
-                    *id,
-                    row.shard.clone(),
-                    row.category,
-                    row.object_identifier,
-                    row.payload.clone(),
-                    row.created_at,
-                )
-            })
+            .map(|(id, row)| row.pending(*id))
             .collect()
+    }
+
+    /// Deletes, in paused shards, up to `limit` rows of coalescing categories that are neither
+    /// the oldest nor the newest of their group.
+    pub(super) fn compact_paused(&mut self, coalescing: &[CategoryId], limit: usize) -> u64 {
+        let paused: Vec<ShardKey> = self
+            .shards
+            .keys()
+            .filter(|shard| self.is_paused(shard))
+            .cloned()
+            .collect();
+        let mut deleted = 0;
+        for shard in paused {
+            let mut groups: HashMap<GroupKey, Vec<MessageId>> = HashMap::new();
+            for id in &self.shards[&shard] {
+                let row = &self.messages[id];
+                if coalescing.contains(&row.category) {
+                    groups.entry(row.group()).or_default().push(*id);
+                }
+            }
+            let middle: Vec<MessageId> = groups
+                .values()
+                .filter(|ids| ids.len() > 2)
+                .flat_map(|ids| ids[1..ids.len() - 1].iter().copied())
+                .take(limit - deleted)
+                .collect();
+            deleted += self.delete_rows(&shard, &middle).len();
+            if deleted >= limit {
+                break;
+            }
+        }
+        deleted as u64
+    }
+
+    pub(super) fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        now: SystemTime,
+    ) -> Vec<DeadLetter> {
+        self.dead_letters
+            .values()
+            .filter(|letter| filter.matches(letter, now))
+            .take(filter.limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect()
+    }
+
+    /// Writes the dead letters `ids` back as new messages, in id order, and removes them; or,
+    /// if one is missing, changes nothing.
+    pub(super) fn replay_dead_letters(
+        &mut self,
+        ids: &[MessageId],
+        now: SystemTime,
+    ) -> Result<Vec<(MessageId, ShardKey)>, Error> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let missing: Vec<MessageId> = ids
+            .iter()
+            .filter(|id| !self.dead_letters.contains_key(id))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::NoSuchDeadLetter { ids: missing });
+        }
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let letter = self.dead_letters.remove(id).expect("checked above");
+                let shard = letter.shard.clone();
+                let id = self.insert(Row {
+                    shard: letter.shard,
+                    category: letter.category,
+                    object_identifier: letter.object_identifier,
+                    payload: letter.payload,
+                    created_at: now,
+                });
+                (id, shard)
+            })
+            .collect())
+    }
+
+    pub(super) fn purge_dead_letters(&mut self, ids: &[MessageId]) -> u64 {
+        ids.iter()
+            .filter(|id| self.dead_letters.remove(id).is_some())
+            .count() as u64
+    }
+
+    pub(super) fn purge_dead_letters_older_than(
+        &mut self,
+        age: Duration,
+        limit: usize,
+        now: SystemTime,
+    ) -> u64 {
+        let filter = DeadLetterFilter::all().older_than(age);
+        let mut expired: Vec<(SystemTime, MessageId)> = self
+            .dead_letters
+            .values()
+            .filter(|letter| filter.matches(letter, now))
+            .map(|letter| (letter.dead_lettered_at, letter.message_id))
+            .collect();
+        expired.sort_unstable();
+        expired.truncate(limit);
+        let ids: Vec<MessageId> = expired.into_iter().map(|(_, id)| id).collect();
+        self.purge_dead_letters(&ids)
+    }
+
+    pub(super) fn pause(
+        &mut self,
+        target: &PauseTarget,
+        reason: Option<&str>,
+        now: SystemTime,
+    ) -> bool {
+        if self.pauses.contains_key(target) {
+            return false;
+        }
+        let pause = Pause::new(target.clone(), reason.map(str::to_owned), now);
+        self.pauses.insert(target.clone(), pause);
+        true
+    }
+
+    pub(super) fn resume(&mut self, target: &PauseTarget) -> bool {
+        self.pauses.remove(target).is_some()
+    }
+
+    pub(super) fn pauses(&self) -> Vec<Pause> {
+        self.pauses.values().cloned().collect()
     }
 
     pub(super) fn shard_states(&self) -> Vec<ShardState> {

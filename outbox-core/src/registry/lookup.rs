@@ -25,6 +25,9 @@ pub struct CategoryInfo {
     pub scope_name: &'static str,
     /// Whether the category's groups coalesce to their newest message.
     pub coalesce: bool,
+    /// The dead-letter policy (S22): `None` blocks the shard on a failing group, backing it
+    /// off until it gets through; `Some(n)` sets the group aside after `n` failed attempts.
+    pub max_attempts: Option<u32>,
     /// Whether the handler was declared as a no-op.
     pub no_op: bool,
     /// For a replicated model: its table, where the relay looks each object up.
@@ -88,6 +91,16 @@ impl Registry {
     /// The ids of all known categories.
     pub fn category_ids(&self) -> Vec<CategoryId> {
         self.categories().into_iter().map(|info| info.id).collect()
+    }
+
+    /// The ids of the categories whose groups coalesce: those whose older rows a paused
+    /// shard may shed (S23).
+    pub(crate) fn coalescing_category_ids(&self) -> Vec<CategoryId> {
+        self.categories()
+            .into_iter()
+            .filter(|info| info.coalesce)
+            .map(|info| info.id)
+            .collect()
     }
 
     /// A registry of `categories` whose handlers take their states from `state`.

@@ -193,6 +193,7 @@ fn one_handler_each(
                 scope: declared.scope,
                 scope_name: declared.scope_name,
                 coalesce: declared.coalesce,
+                max_attempts: None,
                 no_op,
                 model: declared.model,
                 handler,

@@ -50,6 +50,8 @@ pub struct RelayConfig {
     pub(crate) shutdown_deadline: Duration,
     pub(crate) max_reconnect_delay: Duration,
     pub(crate) flush_wait: Duration,
+    pub(crate) maintenance_interval: Duration,
+    pub(crate) dead_letter_retention: Option<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -74,6 +76,8 @@ impl Default for RelayConfig {
             shutdown_deadline: Duration::from_secs(30),
             max_reconnect_delay: Duration::from_secs(30),
             flush_wait: Duration::from_secs(5),
+            maintenance_interval: Duration::from_secs(60),
+            dead_letter_retention: None,
         }
     }
 }
@@ -168,6 +172,16 @@ impl RelayConfig {
         self.flush_wait
     }
 
+    /// How often the background relay does its upkeep ([`Relay::maintain`](crate::Relay::maintain)).
+    pub fn maintenance_interval(&self) -> Duration {
+        self.maintenance_interval
+    }
+
+    /// How long dead letters are kept before the relay's upkeep purges them; `None`: for ever.
+    pub fn dead_letter_retention(&self) -> Option<Duration> {
+        self.dead_letter_retention
+    }
+
     /// The first setting that cannot work, if any.
     fn check(&self) -> Result<(), Error> {
         let invalid =
@@ -210,6 +224,11 @@ impl RelayConfig {
                 "poll_interval",
                 self.poll_interval,
                 "an idle relay would poll without pause",
+            ),
+            (
+                "maintenance_interval",
+                self.maintenance_interval,
+                "the relay's upkeep would run without pause",
             ),
             (
                 "max_reconnect_delay",
@@ -392,6 +411,23 @@ impl RelayConfigBuilder {
     /// a flush waits for a held shard: the relay's drains leave it to its holder.
     pub fn flush_wait(mut self, wait: Duration) -> Self {
         self.config.flush_wait = wait;
+        self
+    }
+
+    /// How often [`Relay::run`](crate::Relay::run) does its upkeep (60 s by default; not
+    /// zero): compacting paused shards, and purging dead letters past their
+    /// [`retention`](Self::dead_letter_retention). [`Relay::maintain`](crate::Relay::maintain)
+    /// does it once, on demand.
+    pub fn maintenance_interval(mut self, interval: Duration) -> Self {
+        self.config.maintenance_interval = interval;
+        self
+    }
+
+    /// How long dead letters are kept: the relay's upkeep purges those set aside longer ago,
+    /// a few hundred at a time, so that no statement holds a long lock (`None`, the default:
+    /// they are kept until an operator replays or purges them).
+    pub fn dead_letter_retention(mut self, retention: Option<Duration>) -> Self {
+        self.config.dead_letter_retention = retention;
         self
     }
 }

@@ -31,9 +31,9 @@ use tracing::{Instrument, debug, info, info_span};
 
 pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};
 use self::pool::ShardPool;
-pub use self::report::{DrainReport, RunReport};
+pub use self::report::{DrainReport, MaintenanceReport, RunReport};
 use self::run::RunLoop;
-pub use self::shard::ShardFailure;
+pub use self::shard::{DeadLettered, ShardFailure};
 use self::shard::{DrainMode, ShardRun};
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -187,6 +187,17 @@ impl<S: Store> Relay<S> {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// The relay's upkeep, once (what [`Relay::run`] does every
+    /// [`maintenance_interval`](RelayConfigBuilder::maintenance_interval)): in paused shards,
+    /// deletes the rows of coalescing groups that a newer row of the group makes redundant,
+    /// keeping each group's oldest and newest rows so that resuming delivers each group once,
+    /// in order (S23); and purges the dead letters older than the
+    /// [`dead_letter_retention`](RelayConfigBuilder::dead_letter_retention), if one is set.
+    /// Each works in batches of a few hundred rows, one short statement each.
+    pub async fn maintain(&self) -> Result<MaintenanceReport, Error> {
+        self.inner.maintain().await
+    }
+
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
@@ -236,7 +247,48 @@ fn collect(drained: Drained, report: &mut DrainReport, first_error: &mut Option<
     }
 }
 
+/// The rows one statement of the relay's upkeep deletes at most.
+const MAINTENANCE_BATCH: usize = 500;
+
+/// Runs `batch` until it deletes fewer than a whole batch; returns the total.
+async fn in_batches<F, Fut>(mut batch: F) -> Result<u64, Error>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<u64, Error>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = batch(MAINTENANCE_BATCH).await?;
+        total += deleted;
+        if deleted < MAINTENANCE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
 impl<S: Store> Inner<S> {
+    /// See [`Relay::maintain`].
+    async fn maintain(&self) -> Result<MaintenanceReport, Error> {
+        let coalescing = self.registry.coalescing_category_ids();
+        let mut report = MaintenanceReport::default();
+        if !coalescing.is_empty() {
+            report.compacted =
+                in_batches(|limit| self.store.compact_paused(&coalescing, limit)).await?;
+        }
+        if let Some(age) = self.config.dead_letter_retention {
+            report.purged_dead_letters =
+                in_batches(|limit| self.store.purge_dead_letters_older_than(age, limit)).await?;
+        }
+        if report != MaintenanceReport::default() {
+            info!(
+                compacted = report.compacted,
+                purged_dead_letters = report.purged_dead_letters,
+                "relay upkeep"
+            );
+        }
+        Ok(report)
+    }
+
     /// Checks the schema and un-parks shards waiting for a category this binary knows.
     /// Runs once per relay.
     async fn prepare(&self) -> Result<(), Error> {

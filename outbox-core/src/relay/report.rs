@@ -1,6 +1,6 @@
 //! What the relay reports: of a drain or flush, and of a run.
 
-use super::shard::{DrainEnd, ShardFailure, ShardRun};
+use super::shard::{DeadLettered, DrainEnd, ShardFailure, ShardRun};
 use crate::model::ShardKey;
 
 /// What a [`Relay::drain`](crate::Relay::drain) (or a flush) did.
@@ -20,6 +20,8 @@ pub struct DrainReport {
     /// Shards released with messages still pending because their row or time budget ran out
     /// (the relay's drains; a flush after commit has no budget): they stay due.
     pub yielded: Vec<ShardKey>,
+    /// The failing groups set aside as dead letters by their category's policy (S22).
+    pub dead_lettered: Vec<DeadLettered>,
 }
 
 impl DrainReport {
@@ -45,6 +47,7 @@ impl DrainReport {
         if run.lost_lease() {
             self.lost_leases.push(run.shard.clone());
         }
+        self.dead_lettered.extend(run.dead_lettered);
         match run.end {
             DrainEnd::Failed(failure) => self.failures.push(failure),
             DrainEnd::Yielded => self.yielded.push(run.shard),
@@ -67,6 +70,8 @@ pub struct RunReport {
     pub failures: u64,
     /// How many leases passed to another worker mid-drain.
     pub lost_leases: u64,
+    /// How many failing groups were set aside as dead letters (S22).
+    pub dead_lettered: u64,
     /// How many database errors the relay rode out.
     pub database_errors: u64,
     /// Shards still in flight when the shutdown deadline passed; their leases expire and
@@ -85,5 +90,17 @@ impl RunReport {
         self.rows_acknowledged += run.rows_acknowledged;
         self.failures += u64::from(run.failure().is_some());
         self.lost_leases += u64::from(run.lost_lease());
+        self.dead_lettered += run.dead_lettered.len() as u64;
     }
+}
+
+/// What one round of the relay's upkeep ([`Relay::maintain`](crate::Relay::maintain)) did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MaintenanceReport {
+    /// Rows of paused shards deleted because a newer row of their group carries the payload
+    /// to deliver (S23).
+    pub compacted: u64,
+    /// Dead letters purged for being older than the retention.
+    pub purged_dead_letters: u64,
 }

@@ -63,6 +63,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             return Ok(self.report);
         }
         info!(worker = %self.inner.config.worker_id, "relay running");
+        let _upkeep = Upkeep::start(self.inner);
         while self.turn().await.is_continue() {}
         Ok(self.stop().await)
     }
@@ -216,6 +217,31 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             );
         }
         report
+    }
+}
+
+/// The relay's upkeep ([`Relay::maintain`](crate::Relay::maintain)) every maintenance
+/// interval, as a task of its own beside the loop; stopped when dropped.
+struct Upkeep(tokio::task::JoinHandle<()>);
+
+impl Upkeep {
+    fn start<S: Store>(inner: &Arc<Inner<S>>) -> Self {
+        let inner = Arc::clone(inner);
+        Self(tokio::spawn(async move {
+            let interval = inner.config.maintenance_interval;
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(error) = inner.maintain().await {
+                    warn!(error = %error_chain(&error), "relay upkeep failed; retried at the next interval");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Upkeep {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

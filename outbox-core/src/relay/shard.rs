@@ -13,7 +13,7 @@ use super::deliver::deliver;
 use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::model::{MessageId, ShardKey};
-use crate::store::{Acknowledgement, Failure, Lease, Outcome, ShardSession, Store};
+use crate::store::{Acknowledgement, DeadLettering, Failure, Lease, Outcome, ShardSession, Store};
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -27,6 +27,21 @@ pub struct ShardFailure {
     pub attempts: u32,
     /// How long until the shard is retried (sooner if a new message arrives).
     pub retry_in: Duration,
+}
+
+/// A failing group set aside by its category's dead-letter policy (S22): the shard went on
+/// with the groups behind it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct DeadLettered {
+    /// The shard.
+    pub shard: ShardKey,
+    /// The last failure.
+    pub error: DeliveryError,
+    /// The failed attempts at the group, counting the last.
+    pub attempts: u32,
+    /// The rows set aside.
+    pub rows: u64,
 }
 
 /// What a drain is for.
@@ -80,6 +95,7 @@ pub(crate) struct ShardRun {
     pub(crate) lost_at_release: bool,
     pub(crate) deliveries: u64,
     pub(crate) rows_acknowledged: u64,
+    pub(crate) dead_lettered: Vec<DeadLettered>,
 }
 
 impl ShardRun {
@@ -107,8 +123,27 @@ struct Read {
 #[derive(Default)]
 struct Delivered {
     acks: Vec<Acknowledgement>,
-    failure: Option<DeliveryError>,
+    failure: Option<Failed>,
     out_of_budget: bool,
+}
+
+/// A group whose delivery failed.
+struct Failed {
+    error: DeliveryError,
+    /// The group's rows that the delivery covered.
+    rows: Acknowledgement,
+    /// The attempt that failed.
+    attempt: u32,
+    /// Its category's dead-letter policy.
+    max_attempts: Option<u32>,
+}
+
+impl Failed {
+    /// Whether the group goes to the dead letters rather than block the shard: the failure
+    /// is the message's own and its category's attempts are spent (S22).
+    fn dead_letters(&self) -> bool {
+        self.error.is_message_failure() && self.max_attempts.is_some_and(|n| self.attempt >= n)
+    }
 }
 
 /// A claimed shard being drained: its session, and where the drain stands.
@@ -131,6 +166,7 @@ struct DrainState<'a, St: Store> {
     watermark: MessageId,
     deliveries: u64,
     rows_acknowledged: u64,
+    dead_lettered: Vec<DeadLettered>,
 }
 
 /// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
@@ -157,6 +193,7 @@ pub(crate) async fn drain<St: Store>(
             watermark: MessageId(0),
             deliveries: 0,
             rows_acknowledged: 0,
+            dead_lettered: Vec::new(),
         },
     };
     loop {
@@ -220,6 +257,7 @@ impl<St: Store> DrainState<'_, St> {
             lost_at_release,
             deliveries: self.deliveries,
             rows_acknowledged: self.rows_acknowledged,
+            dead_lettered: self.dead_lettered,
         }
     }
 }
@@ -298,7 +336,12 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     state.deliveries += 1;
                 }
                 Err(error) => {
-                    delivered.failure = Some(error);
+                    delivered.failure = Some(Failed {
+                        error,
+                        rows: group.acknowledgement(),
+                        attempt,
+                        max_attempts: group.info.max_attempts,
+                    });
                     break;
                 }
             }
@@ -337,11 +380,20 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 self.state.end(DrainEnd::LeaseLost, false),
             ));
         }
-        let failure = failure.or(if all_delivered {
-            read.plan.blocked
-        } else {
-            None
-        });
+        let dead_letters = self.state.mode == DrainMode::Relay;
+        let failure = match failure {
+            Some(failed) if dead_letters && failed.dead_letters() => {
+                if !self.dead_letter(failed).await? {
+                    return Ok(ControlFlow::Break(
+                        self.state.end(DrainEnd::LeaseLost, false),
+                    ));
+                }
+                None
+            }
+            Some(failed) => Some(failed.error),
+            None if all_delivered => read.plan.blocked,
+            None => None,
+        };
         if let Some(error) = failure {
             return self.fail(error).await.map(ControlFlow::Break);
         }
@@ -366,6 +418,35 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             }
             Err(Error::LeaseLost { shard, token }) => {
                 warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Sets a failing group aside as dead letters, so that the shard goes on with the groups
+    /// behind it (S22); `false` if the lease was lost.
+    async fn dead_letter(&mut self, failed: Failed) -> Result<bool, Error> {
+        let letter = DeadLettering {
+            rows: failed.rows,
+            error: error_chain(&failed.error),
+            attempts: failed.attempt,
+        };
+        match self.session.dead_letter(&letter).await {
+            Ok(rows) => {
+                let shard = self.state.lease.shard.clone();
+                warn!(%shard, attempts = failed.attempt, rows, error = %letter.error, "group set aside as dead letters after its category's max_attempts; the shard goes on");
+                self.state.progressed = true;
+                self.state.dead_lettered.push(DeadLettered {
+                    shard,
+                    error: failed.error,
+                    attempts: failed.attempt,
+                    rows,
+                });
+                Ok(true)
+            }
+            Err(Error::LeaseLost { shard, token }) => {
+                warn!(%shard, token, "lease lost before setting a group aside; another worker owns the shard");
                 Ok(false)
             }
             Err(error) => Err(error),
