@@ -48,6 +48,7 @@ pub struct CategorySpec {
     pub scope: ScopeId,
     pub scope_name: &'static str,
     pub coalesce: bool,
+    pub max_attempts: Option<u32>,
     /// The type's name, without its path.
     pub type_name: &'static str,
 }
@@ -62,6 +63,7 @@ impl CategorySpec {
             scope: C::SCOPE_ID,
             scope_name: C::SCOPE_NAME,
             coalesce: C::COALESCE,
+            max_attempts: C::MAX_ATTEMPTS,
             type_name: type_name.rsplit("::").next().unwrap_or(type_name),
         }
     }

@@ -57,6 +57,7 @@ pub struct CategoryDeclaration {
     pub scope: ScopeId,
     pub scope_name: &'static str,
     pub coalesce: bool,
+    pub max_attempts: Option<u32>,
     pub no_op: bool,
     /// `Some` for a `#[replicated_model]`.
     pub model: Option<ModelTable>,

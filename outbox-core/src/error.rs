@@ -382,6 +382,25 @@ pub enum RegistryProblem {
         /// The state's type, as `std::any::type_name` gives it.
         state_type: &'static str,
     },
+    /// A dead-letter policy of 0 attempts was given to
+    /// [`RegistryBuilder::max_attempts`](crate::RegistryBuilder::max_attempts).
+    #[error(
+        "`max_attempts` for category {category} is 0: it must be at least 1 (or call \
+         `block_on_failure` to keep failing groups at the head of their shard)"
+    )]
+    ZeroMaxAttempts {
+        /// The category, located at the override.
+        category: Site,
+    },
+    /// A dead-letter policy was given for a category the registry does not hold.
+    #[error(
+        "a dead-letter policy is given for category {category}, which the registry does not \
+         hold: register its handler (or declare it) too"
+    )]
+    PolicyForUnknownCategory {
+        /// The category, located at the override.
+        category: Site,
+    },
 }
 
 struct DisplayList<'a, T>(&'a [T]);

@@ -101,6 +101,13 @@ pub trait Category: Send + Sync + 'static {
     /// Whether messages of one coalescing group collapse into one delivery of the newest
     /// payload (the default), or are each delivered, in write order.
     const COALESCE: bool = true;
+    /// The dead-letter policy (S22). `None` (the default): a group whose delivery fails stays
+    /// at the head of its shard, which backs off and retries it until it succeeds; the groups
+    /// behind it wait. `Some(n)`: after `n` failed attempts the group's rows move to the dead
+    /// letters, where an operator can list, replay or purge them, and the shard goes on.
+    /// Never `Some(0)`. The registry can override it
+    /// ([`RegistryBuilder::max_attempts`](crate::RegistryBuilder::max_attempts)).
+    const MAX_ATTEMPTS: Option<u32> = None;
     /// The scope's id (what the declaration macros record without naming the scope again).
     #[doc(hidden)]
     const SCOPE_ID: ScopeId = <Self::Scope as Scope>::ID;

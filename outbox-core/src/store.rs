@@ -438,6 +438,101 @@ impl Pause {
     }
 }
 
+/// The outbox at a glance: what `outbox status` shows, from [`Admin::status`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStatus {
+    /// Pending messages.
+    pub pending_messages: u64,
+    /// When the oldest pending message was written.
+    pub oldest_pending_at: Option<SystemTime>,
+    /// Shards with pending messages.
+    pub shards: u64,
+    /// Of those, the shards waiting for a relay: not held, not backing off (or with a message
+    /// newer than their failure), not parked, not paused.
+    pub shards_due: u64,
+    /// Shards a relay holds now.
+    pub shards_in_flight: u64,
+    /// Shards backing off after a failure.
+    pub shards_in_backoff: u64,
+    /// Shards parked on a category no running binary knows (S20).
+    pub shards_parked: u64,
+    /// Shards with pending messages that a pause holds (S23).
+    pub shards_paused: u64,
+    /// Dead letters (S22).
+    pub dead_letters: u64,
+    /// When the oldest dead letter was set aside.
+    pub oldest_dead_letter_at: Option<SystemTime>,
+    /// The shards with the most pending messages, deepest first.
+    pub deepest: Vec<ShardInfo>,
+}
+
+/// One shard as an operator sees it: its pending messages and its recorded state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardInfo {
+    /// The shard.
+    pub shard: ShardKey,
+    /// Its pending messages.
+    pub pending: u64,
+    /// When its oldest pending message was written.
+    pub oldest_pending_at: Option<SystemTime>,
+    /// Failed attempts at its head.
+    pub attempts: u32,
+    /// The last error, with its causes.
+    pub last_error: Option<String>,
+    /// When it is due again after a failure.
+    pub retry_at: Option<SystemTime>,
+    /// The unknown category that parks it, if any.
+    pub parked_category: Option<CategoryId>,
+    /// The worker holding it now, if any.
+    pub lease_owner: Option<String>,
+    /// Whether a pause holds it.
+    pub paused: bool,
+}
+
+impl ShardInfo {
+    /// A shard record (backends build these when listing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shard: ShardKey,
+        pending: u64,
+        oldest_pending_at: Option<SystemTime>,
+        attempts: u32,
+        last_error: Option<String>,
+        retry_at: Option<SystemTime>,
+        parked_category: Option<CategoryId>,
+        lease_owner: Option<String>,
+        paused: bool,
+    ) -> Self {
+        Self {
+            shard,
+            pending,
+            oldest_pending_at,
+            attempts,
+            last_error,
+            retry_at,
+            parked_category,
+            lease_owner,
+            paused,
+        }
+    }
+}
+
+/// Which shards [`Admin::shards`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShardFilter {
+    /// Every shard with pending messages.
+    #[default]
+    Pending,
+    /// Those whose head has failed (backing off, or parked).
+    Failing,
+    /// Those a pause holds.
+    Paused,
+    /// Those parked on an unknown category.
+    Parked,
+}
+
 /// The storage contract of the relay: discovery, claims, leases. What operators and tests
 /// read and change besides is [`Admin`].
 pub trait Store: Clone + Send + Sync + 'static {
@@ -537,6 +632,25 @@ pub trait Admin: Send + Sync {
 
     /// The recorded state of every shard the relay holds state for.
     fn shard_states(&self) -> impl Future<Output = Result<Vec<ShardState>, Error>> + Send;
+
+    /// The outbox at a glance, with the `deepest` shards with the most pending messages. It
+    /// counts every pending row: meant for operators, not for a tight loop.
+    fn status(&self, deepest: usize)
+    -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
+
+    /// The shards that pass `filter`, deepest first, at most `limit`.
+    fn shards(
+        &self,
+        filter: ShardFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ShardInfo>, Error>> + Send;
+
+    /// The oldest pending messages of `shard`, in id order, at most `limit`.
+    fn shard_messages(
+        &self,
+        shard: &ShardKey,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingMessage>, Error>> + Send;
 
     /// The dead letters that pass `filter`, in message id order.
     fn dead_letters(

@@ -23,6 +23,7 @@ struct Variant {
     id: LitInt,
     name: LitStr,
     coalesce: bool,
+    max_attempts: Option<u32>,
 }
 
 /// `#[outbox_categories]`: the enum without its variants' `#[category]` attributes, then what
@@ -109,7 +110,7 @@ fn parse_scope(args: TokenStream, errors: &mut Errors) -> syn::Result<Option<Pat
         let key = meta.path.require_ident()?;
         if key == "scope" {
             common.take(key, &meta).map(|_| ())
-        } else if key == "id" || key == "name" {
+        } else if key == "id" || key == "name" || key == "max_attempts" {
             misplaced.push(key.clone());
             unknown_key(
                 &meta,
@@ -141,7 +142,8 @@ fn parse_scope(args: TokenStream, errors: &mut Errors) -> syn::Result<Option<Pat
     Ok(scope)
 }
 
-/// A variant holding one payload, with its `#[category(id = .., name = .., coalesce = ..)]`.
+/// A variant holding one payload, with its `#[category(id = .., name = .., coalesce = ..,
+/// max_attempts = ..)]`.
 fn parse_variant(variant: &syn::Variant, attributes: &[Attribute]) -> syn::Result<Variant> {
     let ident = variant.ident.clone();
     let payload = match &variant.fields {
@@ -175,6 +177,7 @@ fn parse_variant(variant: &syn::Variant, attributes: &[Attribute]) -> syn::Resul
     let mut id: Option<LitInt> = None;
     let mut name: Option<LitStr> = None;
     let mut coalesce: Option<LitBool> = None;
+    let mut max_attempts: Option<LitInt> = None;
     let mut errors = Errors::default();
     attribute.parse_nested_meta(|meta| {
         let key = meta.path.require_ident()?;
@@ -184,16 +187,23 @@ fn parse_variant(variant: &syn::Variant, attributes: &[Attribute]) -> syn::Resul
             set_once(&mut name, &meta, key)
         } else if key == "coalesce" {
             set_once(&mut coalesce, &meta, key)
+        } else if key == "max_attempts" {
+            set_once(&mut max_attempts, &meta, key)
         } else {
             unknown_key(
                 &meta,
                 format!(
-                    "unknown key `{key}` for `#[category]`: expected `id`, `name` or `coalesce`"
+                    "unknown key `{key}` for `#[category]`: expected `id`, `name`, `coalesce` \
+                     or `max_attempts`"
                 ),
                 &mut errors,
             )
         }
     })?;
+    let max_attempts = match &max_attempts {
+        Some(lit) => errors.keep(crate::category::max_attempts(lit)),
+        None => None,
+    };
     let id = errors.required(id, || {
         syn::Error::new(
             attribute.span(),
@@ -217,6 +227,7 @@ fn parse_variant(variant: &syn::Variant, attributes: &[Attribute]) -> syn::Resul
         id,
         name,
         coalesce: coalesce.is_none_or(|lit| lit.value),
+        max_attempts,
     })
 }
 
@@ -268,6 +279,7 @@ fn generate(enumeration: &Ident, scope: &Path, variants: &[Variant]) -> TokenStr
             id: variant.id.base10_parse().unwrap_or_default(),
             id_span: variant.id.span(),
             name: variant.name.clone(),
+            max_attempts: variant.max_attempts,
         };
         categories.extend(identity.items(CategoryItems {
             payload: quote_spanned!(payload.span()=> type Payload = Self;),

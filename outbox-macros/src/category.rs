@@ -20,6 +20,7 @@ pub(crate) struct CategoryArgs {
     scope: Option<Path>,
     id: Option<LitInt>,
     name: Option<LitStr>,
+    max_attempts: Option<LitInt>,
 }
 
 /// A category's identity, validated.
@@ -29,10 +30,29 @@ pub(crate) struct CategoryIdentity {
     pub(crate) id: i32,
     pub(crate) id_span: Span,
     pub(crate) name: LitStr,
+    /// The dead-letter policy: `Some(n)` sets a failing group aside after `n` attempts.
+    pub(crate) max_attempts: Option<u32>,
+}
+
+/// `max_attempts = n`: an integer from 1; 0 would set every failing group aside before its
+/// first attempt, and leaving the key out is how to say "never".
+pub(crate) fn max_attempts(lit: &LitInt) -> syn::Result<u32> {
+    match lit.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            lit.span(),
+            "`max_attempts` must be at least 1: leave it out to keep a failing group at the \
+             head of its shard, retried until it succeeds (the default)",
+        )),
+        Ok(attempts) => Ok(attempts),
+        Err(_) => Err(syn::Error::new(
+            lit.span(),
+            format!("`max_attempts` must be an integer from 1 to {}", u32::MAX),
+        )),
+    }
 }
 
 impl CategoryArgs {
-    /// Takes `scope`, `id` or `name`; `Ok(false)` for any other key.
+    /// Takes `scope`, `id`, `name` or `max_attempts`; `Ok(false)` for any other key.
     pub(crate) fn take(&mut self, key: &Ident, meta: &ParseNestedMeta<'_>) -> syn::Result<bool> {
         if key == "scope" {
             if self.scope.is_some() {
@@ -61,6 +81,8 @@ impl CategoryArgs {
             set_once(&mut self.id, meta, key)?;
         } else if key == "name" {
             set_once(&mut self.name, meta, key)?;
+        } else if key == "max_attempts" {
+            set_once(&mut self.max_attempts, meta, key)?;
         } else {
             return Ok(false);
         }
@@ -98,6 +120,10 @@ impl CategoryArgs {
         let id: Option<i32> = id_lit
             .as_ref()
             .and_then(|lit| errors.keep(integer(lit, "a category id")));
+        let max_attempts = match &self.max_attempts {
+            Some(lit) => errors.keep(max_attempts(lit)),
+            None => None,
+        };
         errors.finish()?;
         let (Some(scope), Some(id_lit), Some(id)) = (scope, id_lit, id) else {
             unreachable!("a missing value is an error, reported above");
@@ -111,6 +137,7 @@ impl CategoryArgs {
             id,
             id_span: id_lit.span(),
             name,
+            max_attempts,
         })
     }
 }
@@ -140,6 +167,7 @@ impl CategoryIdentity {
             id,
             id_span,
             name,
+            max_attempts,
         } = self;
         let CategoryItems {
             payload,
@@ -155,6 +183,14 @@ impl CategoryIdentity {
         let name_marker = unique_in_crate("outbox_category_name", &name.value(), name.span());
         let scope_assoc = quote_spanned!(scope.span()=> type Scope = #scope;);
         let type_name = ident.to_string();
+        let (policy, declared_policy) = match max_attempts {
+            Some(attempts) => (
+                quote!(const MAX_ATTEMPTS: ::core::option::Option<u32> =
+                    ::core::option::Option::Some(#attempts);),
+                quote!(::core::option::Option::Some(#attempts)),
+            ),
+            None => (TokenStream::new(), quote!(::core::option::Option::None)),
+        };
         let items = hidden(&quote! {
             impl ::outbox_core::Category for #target {
                 #scope_assoc
@@ -162,6 +198,7 @@ impl CategoryIdentity {
                 const ID: ::outbox_core::CategoryId = ::outbox_core::CategoryId(#id);
                 const NAME: &'static str = #name;
                 const COALESCE: bool = #coalesce;
+                #policy
             }
             ::outbox_core::__private::inventory::submit! {
                 ::outbox_core::__private::CategoryDeclaration {
@@ -170,6 +207,7 @@ impl CategoryIdentity {
                     scope: <#target as ::outbox_core::Category>::SCOPE_ID,
                     scope_name: <#target as ::outbox_core::Category>::SCOPE_NAME,
                     coalesce: #coalesce,
+                    max_attempts: #declared_policy,
                     no_op: #no_op,
                     model: #model,
                     type_name: #type_name,
@@ -204,7 +242,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
                 &meta,
                 format!(
                     "unknown key `{key}` for `#[outbox_category]`: expected `scope`, `id`, \
-                     `name`, `coalesce` or `no_op`"
+                     `name`, `coalesce`, `max_attempts` or `no_op`"
                 ),
                 &mut errors,
             )

@@ -405,6 +405,66 @@ const COMPACT_PAUSED: &str = "\
                     AND o.object_identifier = x.object_identifier AND o.id > x.id) \
         LIMIT ?2)";
 
+// Each shard with pending messages, with its state: what operators list and count.
+macro_rules! shard_view {
+    () => {
+        concat!(
+            "WITH v AS ( \
+                SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
+                    coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
+                    s.parked_category, \
+                    iif(s.lease_expires_at > ",
+            now!(),
+            ", s.lease_owner, NULL) AS lease_owner, \
+                    coalesce(s.lease_expires_at > ",
+            now!(),
+            ", 0) AS in_flight, \
+                    coalesce(s.retry_at > ",
+            now!(),
+            " AND k.newest <= s.watermark, 0) AS waiting, ",
+            outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
+            " AS paused \
+                FROM (SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
+                        min(created_at) AS oldest, max(id) AS newest \
+                      FROM outbox_messages GROUP BY shard_scope, shard_identifier, destination) k \
+                LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
+                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination) "
+        )
+    };
+}
+
+const STATUS: &str = concat!(
+    shard_view!(),
+    "SELECT count(*), coalesce(sum(pending), 0), min(oldest), \
+        count(*) FILTER (WHERE NOT in_flight AND NOT waiting AND NOT paused), \
+        count(*) FILTER (WHERE in_flight), \
+        count(*) FILTER (WHERE waiting AND parked_category IS NULL), \
+        count(*) FILTER (WHERE waiting AND parked_category IS NOT NULL), \
+        count(*) FILTER (WHERE paused), \
+        (SELECT count(*) FROM outbox_dead_letters), \
+        (SELECT min(dead_lettered_at) FROM outbox_dead_letters) \
+    FROM v"
+);
+
+const SHARDS: &str = concat!(
+    shard_view!(),
+    "SELECT shard_scope, shard_identifier, destination, pending, oldest, attempts, last_error, \
+        retry_at, parked_category, lease_owner, paused \
+    FROM v \
+    WHERE ?1 = 'pending' \
+        OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+        OR (?1 = 'paused' AND paused) \
+        OR (?1 = 'parked' AND parked_category IS NOT NULL) \
+    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+);
+
+const SHARD_MESSAGES: &str = "\
+    SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
+        payload, created_at \
+    FROM outbox_messages \
+    WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+    ORDER BY id LIMIT ?4";
+
 const SHARD_STATES: &str = "\
     SELECT shard_scope, shard_identifier, destination, attempts, last_error, retry_at, \
         lease_owner, lease_expires_at, lease_token, parked_category \
@@ -509,6 +569,9 @@ impl Dialect for SqliteDialect {
                     AND shard_identifier = ?3 AND destination = ?4 AND category = ?5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        status: STATUS,
+        shards: SHARDS,
+        shard_messages: SHARD_MESSAGES,
     };
 
     fn classify(error: &dyn DatabaseError) -> Fault {

@@ -145,6 +145,18 @@ pub struct Statements {
     pub resume: &'static str,
     /// Every pause: kind, scope, identifier, destination, category, reason, since (ms).
     pub pauses: &'static str,
+    /// The outbox at a glance, in one row: shards with pending messages, pending messages,
+    /// the oldest's creation time (ms), then the shards due, in flight, backing off, parked
+    /// and paused (each `i64`), the dead letters and the oldest's time set aside (ms).
+    pub status: &'static str,
+    /// Shards with pending messages, deepest first: `$1` which (`'pending'`, `'failing'`,
+    /// `'paused'`, `'parked'`), `$2` the limit (`i64`). Returns the shard's key, pending
+    /// messages (`i64`), the oldest's creation time (ms), attempts (`i64`), last error, retry
+    /// time (ms), parked category, the holder of a live lease, paused (`bool`).
+    pub shards: &'static str,
+    /// A shard's pending messages in id order: `$1..$3` the shard, `$4` the limit (`i64`);
+    /// the columns of [`Statements::pending_messages`].
+    pub shard_messages: &'static str,
     /// In paused shards, deletes the rows of the categories `$1`
     /// ([`Dialect::bind_categories`]) that are neither the oldest nor the newest row of their
     /// group, at most `$2` (`i64`).

@@ -4,7 +4,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
-    Pause, PauseTarget, PendingMessage, ShardState, check_migrations,
+    OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState,
+    check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
 use sqlx::{Database, Pool};
@@ -116,6 +117,28 @@ impl<D: Dialect> SqlxStore<D> {
 
 fn from_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A row of [`Statements::pending_messages`](crate::Statements::pending_messages) (id, the
+/// shard's key, category, object, payload, creation time in ms) as a message.
+fn pending_message<D: Dialect>(
+    row: &<D::Database as Database>::Row,
+) -> Result<PendingMessage, sqlx::Error> {
+    let category = 1 + KEY_COLUMNS;
+    let payload = category + 1 + D::OBJECT_COLUMNS;
+    Ok(PendingMessage::new(
+        MessageId(get::<D::Database, _>(row, 0)?),
+        D::decode_shard(row, 1)?,
+        CategoryId(get::<D::Database, _>(row, category)?),
+        D::decode_object(row, category + 1)?,
+        get::<D::Database, _>(row, payload)?,
+        from_ms(get::<D::Database, _>(row, payload + 1)?),
+    ))
+}
+
+/// A count as the statements return it.
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
 }
 
 /// The ids as the statements bind them.
@@ -302,21 +325,8 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         let query =
             sqlx::query(D::SQL.pending_messages).with(i64::try_from(limit).unwrap_or(i64::MAX));
         let rows = self.rows(query, OPERATION).await?;
-        let pending =
-            |row: &<D::Database as Database>::Row| -> Result<PendingMessage, sqlx::Error> {
-                let category = 1 + KEY_COLUMNS;
-                let payload = category + 1 + D::OBJECT_COLUMNS;
-                Ok(PendingMessage::new(
-                    MessageId(get::<D::Database, _>(row, 0)?),
-                    D::decode_shard(row, 1)?,
-                    CategoryId(get::<D::Database, _>(row, category)?),
-                    D::decode_object(row, category + 1)?,
-                    get::<D::Database, _>(row, payload)?,
-                    from_ms(get::<D::Database, _>(row, payload + 1)?),
-                ))
-            };
         rows.iter()
-            .map(|row| pending(row).map_err(database::<D>(OPERATION)))
+            .map(|row| pending_message::<D>(row).map_err(database::<D>(OPERATION)))
             .collect()
     }
 
@@ -343,6 +353,85 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         };
         rows.iter()
             .map(|row| state(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+
+    async fn status(&self, deepest: usize) -> Result<OutboxStatus, Error> {
+        const OPERATION: &str = "reading the outbox's status";
+        let rows = self.rows(sqlx::query(D::SQL.status), OPERATION).await?;
+        let row = rows.first().ok_or_else(|| Error::Database {
+            operation: OPERATION,
+            source: "the statement returned no row".into(),
+        })?;
+        let number = |index| {
+            get::<D::Database, i64>(row, index)
+                .map(count)
+                .map_err(database::<D>(OPERATION))
+        };
+        let time = |index| {
+            get::<D::Database, Option<i64>>(row, index)
+                .map(|ms| ms.map(from_ms))
+                .map_err(database::<D>(OPERATION))
+        };
+        let mut status = OutboxStatus::default();
+        status.shards = number(0)?;
+        status.pending_messages = number(1)?;
+        status.oldest_pending_at = time(2)?;
+        status.shards_due = number(3)?;
+        status.shards_in_flight = number(4)?;
+        status.shards_in_backoff = number(5)?;
+        status.shards_parked = number(6)?;
+        status.shards_paused = number(7)?;
+        status.dead_letters = number(8)?;
+        status.oldest_dead_letter_at = time(9)?;
+        status.deepest = self.shards(ShardFilter::Pending, deepest).await?;
+        Ok(status)
+    }
+
+    async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
+        const OPERATION: &str = "listing shards";
+        let which = match filter {
+            ShardFilter::Pending => "pending",
+            ShardFilter::Failing => "failing",
+            ShardFilter::Paused => "paused",
+            ShardFilter::Parked => "parked",
+        };
+        let query = sqlx::query(D::SQL.shards)
+            .with(which)
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = self.rows(query, OPERATION).await?;
+        let info = |row: &<D::Database as Database>::Row| -> Result<ShardInfo, sqlx::Error> {
+            let at = |index: usize| KEY_COLUMNS + index;
+            let time =
+                |index| get::<D::Database, Option<i64>>(row, at(index)).map(|ms| ms.map(from_ms));
+            Ok(ShardInfo::new(
+                D::decode_shard(row, 0)?,
+                count(get::<D::Database, i64>(row, at(0))?),
+                time(1)?,
+                u32::try_from(get::<D::Database, i64>(row, at(2))?).unwrap_or(u32::MAX),
+                get::<D::Database, _>(row, at(3))?,
+                time(4)?,
+                get::<D::Database, Option<i32>>(row, at(5))?.map(CategoryId),
+                get::<D::Database, _>(row, at(6))?,
+                get::<D::Database, bool>(row, at(7))?,
+            ))
+        };
+        rows.iter()
+            .map(|row| info(row).map_err(database::<D>(OPERATION)))
+            .collect()
+    }
+
+    async fn shard_messages(
+        &self,
+        shard: &ShardKey,
+        limit: usize,
+    ) -> Result<Vec<PendingMessage>, Error> {
+        const OPERATION: &str = "listing a shard's messages";
+        let query = shard_keyed::<D>(D::SQL.shard_messages, shard)
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = self.rows(query, OPERATION).await?;
+        rows.iter()
+            .map(|row| pending_message::<D>(row).map_err(database::<D>(OPERATION)))
             .collect()
     }
 

@@ -78,8 +78,9 @@ use crate::id::Identifier;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ReplicatedModel};
 use crate::store::{
-    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Lease, Pause,
-    PauseTarget, PendingMessage, ShardState, Store, Wakeup, WakeupStream,
+    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Lease,
+    OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState, Store,
+    Wakeup, WakeupStream,
 };
 
 /// The outbox in memory: a [`Store`] without a database (see [the module](self)).
@@ -411,6 +412,28 @@ impl Admin for MemoryStore {
 
     async fn shard_states(&self) -> Result<Vec<ShardState>, Error> {
         self.operation("listing shard states", |tables, _| tables.shard_states())
+    }
+
+    async fn status(&self, deepest: usize) -> Result<OutboxStatus, Error> {
+        self.operation("reading the outbox's status", |tables, now| {
+            tables.status(deepest, now)
+        })
+    }
+
+    async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
+        self.operation("listing shards", |tables, now| {
+            tables.shards_listed(filter, limit, now)
+        })
+    }
+
+    async fn shard_messages(
+        &self,
+        shard: &ShardKey,
+        limit: usize,
+    ) -> Result<Vec<PendingMessage>, Error> {
+        self.operation("listing a shard's messages", |tables, _| {
+            tables.shard_messages(shard, limit)
+        })
     }
 
     async fn dead_letters(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, Error> {

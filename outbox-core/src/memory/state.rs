@@ -10,8 +10,8 @@ use crate::id::Id;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
-    GroupKey, GroupTail, Lease, Outcome, Pause, PauseTarget, PendingMessage, ShardState,
-    StoredMessage,
+    GroupKey, GroupTail, Lease, Outcome, OutboxStatus, Pause, PauseTarget, PendingMessage,
+    ShardFilter, ShardInfo, ShardState, StoredMessage,
 };
 
 /// One pending row of `outbox_messages`.
@@ -469,6 +469,98 @@ impl Tables {
             }
         }
         deleted as u64
+    }
+
+    /// Every shard with pending messages as operators see it, and whether it is due, in
+    /// flight, backing off (not parked) or parked.
+    fn shard_infos(&self, now: SystemTime) -> Vec<(ShardInfo, [bool; 4])> {
+        self.shards
+            .iter()
+            .map(|(shard, ids)| {
+                let record = self.records.get(shard);
+                let newest = ids.last().copied().unwrap_or(MessageId(0));
+                let in_flight = record.is_some_and(|record| !record.lease_lapsed(now));
+                let waiting = record.is_some_and(|record| {
+                    record.retry_at.is_some_and(|at| at > now) && newest <= record.watermark
+                });
+                let parked = waiting && record.is_some_and(|r| r.parked_category.is_some());
+                let paused = self.is_paused(shard);
+                let info = ShardInfo::new(
+                    shard.clone(),
+                    ids.len() as u64,
+                    ids.first().map(|id| self.messages[id].created_at),
+                    record.map_or(0, |record| record.attempts),
+                    record.and_then(|record| record.last_error.clone()),
+                    record.and_then(|record| record.retry_at),
+                    record.and_then(|record| record.parked_category),
+                    record
+                        .filter(|record| !record.lease_lapsed(now))
+                        .and_then(|record| record.lease_owner.clone()),
+                    paused,
+                );
+                let due = !in_flight && !waiting && !paused;
+                (info, [due, in_flight, waiting && !parked, parked])
+            })
+            .collect()
+    }
+
+    /// The deepest first, then in key order.
+    fn deepest(mut shards: Vec<ShardInfo>, limit: usize) -> Vec<ShardInfo> {
+        shards.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.shard.cmp(&b.shard)));
+        shards.truncate(limit);
+        shards
+    }
+
+    pub(super) fn status(&self, deepest: usize, now: SystemTime) -> OutboxStatus {
+        let shards = self.shard_infos(now);
+        let count = |index: usize| shards.iter().filter(|(_, flags)| flags[index]).count() as u64;
+        OutboxStatus {
+            pending_messages: self.messages.len() as u64,
+            oldest_pending_at: self.messages.values().next().map(|row| row.created_at),
+            shards: shards.len() as u64,
+            shards_due: count(0),
+            shards_in_flight: count(1),
+            shards_in_backoff: count(2),
+            shards_parked: count(3),
+            shards_paused: shards.iter().filter(|(info, _)| info.paused).count() as u64,
+            dead_letters: self.dead_letters.len() as u64,
+            oldest_dead_letter_at: self
+                .dead_letters
+                .values()
+                .map(|letter| letter.dead_lettered_at)
+                .min(),
+            deepest: Self::deepest(shards.into_iter().map(|(info, _)| info).collect(), deepest),
+        }
+    }
+
+    pub(super) fn shards_listed(
+        &self,
+        filter: ShardFilter,
+        limit: usize,
+        now: SystemTime,
+    ) -> Vec<ShardInfo> {
+        let listed = self
+            .shard_infos(now)
+            .into_iter()
+            .map(|(info, _)| info)
+            .filter(|info| match filter {
+                ShardFilter::Pending => true,
+                ShardFilter::Failing => info.attempts > 0 || info.last_error.is_some(),
+                ShardFilter::Paused => info.paused,
+                ShardFilter::Parked => info.parked_category.is_some(),
+            })
+            .collect();
+        Self::deepest(listed, limit)
+    }
+
+    pub(super) fn shard_messages(&self, shard: &ShardKey, limit: usize) -> Vec<PendingMessage> {
+        self.shards
+            .get(shard)
+            .into_iter()
+            .flatten()
+            .take(limit)
+            .map(|id| self.messages[id].pending(*id))
+            .collect()
     }
 
     pub(super) fn dead_letters(

@@ -22,6 +22,7 @@ pub(super) struct Declared {
     pub(super) scope: ScopeId,
     pub(super) scope_name: &'static str,
     pub(super) coalesce: bool,
+    pub(super) max_attempts: Option<u32>,
     pub(super) no_op: bool,
     pub(super) model: Option<ModelTable>,
     pub(super) type_name: &'static str,
@@ -40,6 +41,7 @@ impl Declared {
             scope,
             scope_name,
             coalesce,
+            max_attempts,
             type_name,
         } = spec;
         Self {
@@ -48,6 +50,7 @@ impl Declared {
             scope,
             scope_name,
             coalesce,
+            max_attempts,
             no_op,
             model: None,
             type_name,
@@ -107,6 +110,8 @@ pub struct RegistryBuilder {
     declarations: Vec<Declared>,
     scopes: Vec<(ScopeId, &'static str, Option<SourceLocation>)>,
     handlers: Vec<HandlerEntry>,
+    /// Dead-letter policies given over the declarations', with the category as named there.
+    policies: Vec<(Declared, Option<u32>)>,
     discovered: bool,
     state: StateMap,
 }
@@ -122,6 +127,27 @@ impl fmt::Debug for RegistryBuilder {
 }
 
 impl RegistryBuilder {
+    /// Sets `C`'s failing groups aside as dead letters after `attempts` failed attempts (S22),
+    /// whatever its declaration says: the shard goes on with the groups behind them. At least
+    /// 1 ([`build`](Self::build) refuses 0).
+    #[track_caller]
+    pub fn max_attempts<C: Category>(self, attempts: u32) -> Self {
+        self.policy::<C>(Some(attempts), SourceLocation::caller())
+    }
+
+    /// Keeps `C`'s failing groups at the head of their shard, retried with backoff until they
+    /// succeed, whatever its declaration says: the default policy.
+    #[track_caller]
+    pub fn block_on_failure<C: Category>(self) -> Self {
+        self.policy::<C>(None, SourceLocation::caller())
+    }
+
+    fn policy<C: Category>(mut self, max_attempts: Option<u32>, at: SourceLocation) -> Self {
+        self.policies
+            .push((Declared::of::<C>(false, Some(at)), max_attempts));
+        self
+    }
+
     /// Registers the handler of category `C`.
     #[track_caller]
     ///
@@ -241,6 +267,7 @@ impl RegistryBuilder {
                 scope: category.scope,
                 scope_name: category.scope_name,
                 coalesce: category.coalesce,
+                max_attempts: category.max_attempts,
                 no_op: category.no_op,
                 model: category.model,
                 type_name: category.type_name,
@@ -269,6 +296,7 @@ impl RegistryBuilder {
             declarations,
             scopes,
             handlers,
+            policies,
             discovered,
             state,
         } = self;
@@ -276,6 +304,7 @@ impl RegistryBuilder {
             declarations,
             scopes,
             handlers,
+            policies,
             discovered,
         };
         match validate::validate(registrations, &state) {

@@ -70,8 +70,77 @@ fn summary(error: &Error) -> Vec<(&'static str, &'static str, i64, &'static str,
                 state_type,
                 ..
             } => ("state", category.name, category.id, *state_type, 0),
+            RegistryProblem::ZeroMaxAttempts { category } => {
+                ("zero attempts", category.name, category.id, "", 0)
+            }
+            RegistryProblem::PolicyForUnknownCategory { category } => {
+                ("policy", category.name, category.id, "", 0)
+            }
         })
         .collect()
+}
+
+/// A category declaring its dead-letter policy, as `max_attempts = 3` would.
+struct Retried;
+impl Category for Retried {
+    type Scope = Org;
+    type Payload = ();
+    const ID: CategoryId = CategoryId(7);
+    const NAME: &'static str = "retried";
+    const MAX_ATTEMPTS: Option<u32> = Some(3);
+}
+
+#[test]
+fn dead_letter_policies_come_from_the_category_and_the_builder_overrides_them() {
+    let policy = |registry: &Registry, id| registry.category(CategoryId(id)).unwrap().max_attempts;
+    let declared = Registry::builder()
+        .no_op::<First>()
+        .no_op::<Retried>()
+        .build()
+        .unwrap();
+    assert_eq!(policy(&declared, 1), None, "blocks by default");
+    assert_eq!(policy(&declared, 7), Some(3), "as declared");
+
+    let overridden = Registry::builder()
+        .no_op::<First>()
+        .no_op::<Retried>()
+        .max_attempts::<First>(5)
+        .block_on_failure::<Retried>()
+        .build()
+        .unwrap();
+    assert_eq!(policy(&overridden, 1), Some(5));
+    assert_eq!(policy(&overridden, 7), None);
+
+    // The last word wins.
+    let twice = Registry::builder()
+        .no_op::<Retried>()
+        .max_attempts::<Retried>(1)
+        .max_attempts::<Retried>(9)
+        .build()
+        .unwrap();
+    assert_eq!(policy(&twice, 7), Some(9));
+}
+
+#[test]
+fn a_policy_of_no_attempts_or_for_a_stranger_is_refused() {
+    let error = Registry::builder()
+        .no_op::<First>()
+        .max_attempts::<First>(0)
+        .max_attempts::<SameName>(2)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        summary(&error),
+        [
+            ("zero attempts", "first", 1, "", 0),
+            ("policy", "first", 2, "", 0),
+        ]
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("`max_attempts` for category `first` (id 1, at outbox-core/src/registry/tests.rs:"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ pub(super) struct Registrations {
     pub(super) declarations: Vec<Declared>,
     pub(super) scopes: Vec<(ScopeId, &'static str, Option<SourceLocation>)>,
     pub(super) handlers: Vec<HandlerEntry>,
+    pub(super) policies: Vec<(Declared, Option<u32>)>,
     pub(super) discovered: bool,
 }
 
@@ -32,6 +33,7 @@ pub(super) fn validate(
         declarations,
         scopes,
         handlers,
+        policies,
         discovered,
     } = registrations;
     let mut problems = Vec::new();
@@ -43,15 +45,41 @@ pub(super) fn validate(
     };
     unique_scopes(scopes, &declarations, &mut problems);
     let (unique, taken_ids) = unique_categories(declarations, &mut problems);
-    let categories = one_handler_each(unique, handlers, &mut problems, |stray| {
+    let mut categories = one_handler_each(unique, handlers, &mut problems, |stray| {
         // Without declarations, a handler whose category id is taken by another category was
         // reported as a duplicate id.
         discovered || !taken_ids.contains_key(&stray.id)
     });
+    apply_policies(policies, &mut categories, &mut problems);
     if problems.is_empty() {
         Ok(categories)
     } else {
         Err(problems)
+    }
+}
+
+/// The dead-letter policies given to the builder, over the declarations', in order: each
+/// for a category of the registry, and never of 0 attempts.
+fn apply_policies(
+    policies: Vec<(Declared, Option<u32>)>,
+    categories: &mut HashMap<CategoryId, CategoryInfo>,
+    problems: &mut Vec<RegistryProblem>,
+) {
+    for (category, max_attempts) in policies {
+        if max_attempts == Some(0) {
+            problems.push(RegistryProblem::ZeroMaxAttempts {
+                category: category.site(),
+            });
+            continue;
+        }
+        match categories.get_mut(&category.id) {
+            Some(info) if (info.name, info.scope) == (category.name, category.scope) => {
+                info.max_attempts = max_attempts;
+            }
+            _ => problems.push(RegistryProblem::PolicyForUnknownCategory {
+                category: category.site(),
+            }),
+        }
     }
 }
 
@@ -193,7 +221,7 @@ fn one_handler_each(
                 scope: declared.scope,
                 scope_name: declared.scope_name,
                 coalesce: declared.coalesce,
-                max_attempts: None,
+                max_attempts: declared.max_attempts,
                 no_op,
                 model: declared.model,
                 handler,

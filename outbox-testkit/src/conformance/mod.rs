@@ -20,6 +20,7 @@ mod deploys;
 mod failure;
 mod flush;
 mod models;
+mod operations;
 mod relay;
 mod write;
 
@@ -27,7 +28,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outbox_core::store::{PendingMessage, ShardState};
+use outbox_core::store::{ClaimOptions, HandlerMode, PendingMessage, ShardState};
 use outbox_core::{
     Admin, Backoff, BoxError, Category, Delivery, Handler, Id, Message, MessageId, RelayConfig,
     ShardKey,
@@ -39,6 +40,7 @@ pub use self::deploys::*;
 pub use self::failure::*;
 pub use self::flush::*;
 pub use self::models::*;
+pub use self::operations::*;
 pub use self::relay::*;
 pub use self::write::*;
 use crate::backend::StoreBackend;
@@ -130,6 +132,13 @@ macro_rules! store_conformance_tests {
             budget_lets_other_shards_through,
             run_delivers_new_writes_and_stops_gracefully,
             shutdown_deadline_abandons_stuck_shards,
+            s22_failing_groups_block_their_shard_by_default,
+            s22_a_group_is_dead_lettered_after_max_attempts_and_its_shard_goes_on,
+            s22_dead_letters_are_listed_replayed_in_order_and_purged,
+            s22_a_stale_worker_cannot_dead_letter,
+            dead_letter_retention_purges_old_letters,
+            s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group,
+            s23_scope_and_category_pauses_hold_their_shards,
         );
     };
 }
@@ -144,6 +153,15 @@ pub(crate) fn config(worker: &str) -> RelayConfig {
         .shutdown_deadline(Duration::from_secs(5))
         .build()
         .expect("a valid relay configuration")
+}
+
+/// Options of a leased claim by `worker`, for tests that claim shards themselves.
+pub(crate) fn claim_options(worker: &str) -> ClaimOptions {
+    ClaimOptions {
+        worker: worker.to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    }
 }
 
 /// Writes `messages` and commits them together (on a SQL backend, in one transaction with a

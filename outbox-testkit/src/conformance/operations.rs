@@ -1,0 +1,556 @@
+//! What operators do to a running outbox: dead letters (S22), pauses (S23) and the relay's
+//! upkeep (retention, compaction of paused shards).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use outbox_core::store::{DeadLettering, ShardSession};
+use outbox_core::{
+    Admin, BoxError, Category, DeadLetter, DeadLetterFilter, Delivery, Error, MessageId,
+    PauseTarget, Registry, Relay, Scope, Store,
+};
+
+use super::{claim_options, config, int, pending, pending_ids, state_of, write};
+use crate::backend::StoreBackend;
+use crate::fixtures::{
+    AuditEvent, Note, OrgAlert, OrgScope, OrgUpdate, ProjectUpdate, Recorder, UserScope,
+    UserUpdate, note, org_shard,
+};
+
+/// A handler of `C` that records each delivery, and fails it while `failing` holds for the
+/// delivery's (shard, object).
+fn failing_while<C: Category<Payload = Note>>(
+    recorder: &Recorder,
+    failing: impl Fn(i64, i64) -> bool + Send + Sync + 'static,
+) -> impl outbox_core::Handler<Delivery<C>> + Clone {
+    let (recorder, failing) = (recorder.clone(), Arc::new(failing));
+    move |delivery: Delivery<C>| {
+        recorder.record(&delivery);
+        let fail = failing(
+            int(delivery.shard.shard_identifier),
+            int(delivery.object_identifier),
+        );
+        async move {
+            if fail {
+                return Err::<(), BoxError>("the downstream service refused it".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Every dead letter.
+async fn dead_letters<S: Admin>(store: &S) -> Vec<DeadLetter> {
+    store
+        .dead_letters(&DeadLetterFilter::all())
+        .await
+        .expect("list dead letters")
+}
+
+/// The message ids of dead letters.
+fn letter_ids(letters: &[DeadLetter]) -> Vec<MessageId> {
+    letters.iter().map(|letter| letter.message_id).collect()
+}
+
+/// The (object, seq) of the deliveries a recorder saw in shard `shard` of the organization
+/// scope.
+fn delivered(recorder: &Recorder, shard: i64) -> Vec<(i64, u64)> {
+    recorder
+        .in_shard(&org_shard(shard))
+        .into_iter()
+        .map(|seen| (int(seen.object), seen.seq))
+        .collect()
+}
+
+/// The seq of a pending message's note.
+fn seq_of(payload: &str) -> u64 {
+    serde_json::from_str::<Note>(payload)
+        .expect("a note payload")
+        .seq
+}
+
+/// S22, the default: a category without `max_attempts` blocks its shard on a failing group,
+/// however often it fails; nothing is set aside.
+pub async fn s22_failing_groups_block_their_shard_by_default<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler = failing_while::<OrgUpdate>(&recorder, |_, object| object == 1);
+    let relay = Relay::with_config(
+        store.clone(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("s22-default"),
+    );
+    let ids = write(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(1, 2, 2)],
+    )
+    .await;
+    for attempt in 1..=4 {
+        let report = relay.drain().await.expect("drain");
+        assert_eq!(report.failures.len(), 1, "attempt {attempt} fails");
+        assert!(report.dead_lettered.is_empty(), "nothing is set aside");
+        assert!(store.reschedule(&org_shard(1)).await.expect("reschedule"));
+    }
+    let state = state_of(&store, &org_shard(1)).await.expect("a state");
+    assert_eq!(state.attempts, 4);
+    assert_eq!(pending_ids(&backend).await, ids, "the shard is blocked");
+    assert!(dead_letters(&store).await.is_empty());
+}
+
+/// S22: with `max_attempts = 2`, the failing group (all its rows read) moves to the dead
+/// letters at its second failed attempt, with its error, attempts, failure times and fencing
+/// token, and the shard goes on with the groups behind it, in order.
+pub async fn s22_a_group_is_dead_lettered_after_max_attempts_and_its_shard_goes_on<
+    B: StoreBackend,
+>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler =
+        failing_while::<OrgAlert>(&recorder, |shard, object| shard == 1 && object == 1);
+    let relay = Relay::with_config(
+        store.clone(),
+        recorder.registry_with::<OrgAlert>(handler),
+        config("s22"),
+    );
+    assert_eq!(OrgAlert::MAX_ATTEMPTS, Some(2));
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgAlert>(1, 1, 1),
+            note::<OrgAlert>(1, 2, 2),
+            note::<OrgAlert>(1, 1, 3),
+            note::<OrgAlert>(1, 3, 4),
+            note::<OrgAlert>(2, 1, 5),
+        ],
+    )
+    .await;
+
+    let first = relay.drain().await.expect("drain");
+    assert_eq!(first.failures.len(), 1, "the first attempt backs off");
+    assert!(first.dead_lettered.is_empty());
+    assert_eq!(delivered(&recorder, 2), [(1, 5)], "shard 2 is not held up");
+    let between = SystemTime::now();
+    assert!(store.reschedule(&org_shard(1)).await.expect("reschedule"));
+
+    let second = relay.drain().await.expect("drain");
+    assert!(second.failures.is_empty(), "{:?}", second.failures);
+    assert_eq!(second.dead_lettered.len(), 1);
+    let set_aside = &second.dead_lettered[0];
+    assert_eq!(
+        (set_aside.shard.clone(), set_aside.attempts, set_aside.rows),
+        (org_shard(1), 2, 2)
+    );
+    assert_eq!(
+        delivered(&recorder, 1),
+        [(1, 3), (1, 3), (2, 2), (3, 4)],
+        "the group behind the dead letters are delivered, in order"
+    );
+    assert!(pending(&backend).await.is_empty());
+    assert!(
+        state_of(&store, &org_shard(1))
+            .await
+            .is_none_or(|state| state.attempts == 0),
+        "the shard is healthy again"
+    );
+
+    let letters = dead_letters(&store).await;
+    assert_eq!(letter_ids(&letters), [ids[0], ids[2]], "the whole group");
+    let slack = Duration::from_millis(50);
+    for (letter, seq) in letters.iter().zip([1, 3]) {
+        assert_eq!(letter.shard, org_shard(1));
+        assert_eq!(letter.category, OrgAlert::ID);
+        assert_eq!(int(letter.object_identifier), 1);
+        assert_eq!(seq_of(&letter.payload), seq);
+        assert_eq!(letter.attempts, 2);
+        assert!(
+            letter.error.contains("the downstream service refused it"),
+            "{}",
+            letter.error
+        );
+        assert!(letter.lease_token > 0);
+        assert!(
+            letter.first_failed_at <= between + slack,
+            "the first failure is the first attempt's"
+        );
+        assert!(letter.dead_lettered_at + slack >= between);
+        assert!(letter.first_failed_at <= letter.dead_lettered_at);
+    }
+    assert_eq!(letters[0].lease_token, letters[1].lease_token);
+}
+
+/// S22: dead letters are listed by category, scope, shard, age and limit; replayed as new
+/// messages in the order of their original ids (then delivered, in order); a replay that
+/// names one that is not (or no longer) a dead letter changes nothing; two replays of the
+/// same letters at once replay them once; purged letters are gone.
+pub async fn s22_dead_letters_are_listed_replayed_in_order_and_purged<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let failing = Arc::new(AtomicBool::new(true));
+    let handler = {
+        let failing = Arc::clone(&failing);
+        failing_while::<OrgUpdate>(&recorder, move |_, _| failing.load(Ordering::SeqCst))
+    };
+    // The policy from the registry, over the category's (none).
+    let registry: Registry = recorder
+        .builder_with::<OrgUpdate>(handler)
+        .max_attempts::<OrgUpdate>(1)
+        .build()
+        .expect("a registry");
+    let relay = Relay::with_config(store.clone(), registry, config("s22-replay"));
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(1, 2, 2),
+            note::<OrgUpdate>(2, 3, 3),
+        ],
+    )
+    .await;
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.dead_lettered.len(), 3, "each group at its first failure");
+    assert!(pending(&backend).await.is_empty());
+
+    let listed = |filter: DeadLetterFilter| {
+        let store = store.clone();
+        async move {
+            letter_ids(
+                &store
+                    .dead_letters(&filter)
+                    .await
+                    .expect("list dead letters"),
+            )
+        }
+    };
+    assert_eq!(listed(DeadLetterFilter::all()).await, ids);
+    assert_eq!(
+        listed(DeadLetterFilter::all().category(OrgUpdate::ID)).await,
+        ids
+    );
+    assert!(
+        listed(DeadLetterFilter::all().category(ProjectUpdate::ID))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        listed(DeadLetterFilter::all().scope(OrgScope::ID)).await,
+        ids
+    );
+    assert!(
+        listed(DeadLetterFilter::all().scope(UserScope::ID))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        listed(DeadLetterFilter::all().shard(org_shard(1))).await,
+        ids[..2]
+    );
+    assert_eq!(listed(DeadLetterFilter::all().limit(1)).await, ids[..1]);
+    assert!(
+        listed(DeadLetterFilter::all().older_than(Duration::from_secs(3600)))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        listed(DeadLetterFilter::all().older_than(Duration::ZERO)).await,
+        ids
+    );
+
+    // Replayed in the order of their original ids, whatever the order asked.
+    let replayed = store
+        .replay_dead_letters(&[ids[1], ids[0]])
+        .await
+        .expect("replay");
+    assert_eq!(replayed.len(), 2);
+    assert!(replayed[0] < replayed[1] && replayed[0] > ids[2]);
+    let rows = pending(&backend).await;
+    assert_eq!(
+        rows.iter()
+            .map(|row| (row.id, int(row.object_identifier), seq_of(&row.payload)))
+            .collect::<Vec<_>>(),
+        [(replayed[0], 1, 1), (replayed[1], 2, 2)]
+    );
+    assert_eq!(listed(DeadLetterFilter::all()).await, ids[2..]);
+
+    // Replayed already, or one of them is: nothing changes.
+    let twice = [
+        (vec![ids[0], ids[1]], vec![ids[0], ids[1]]),
+        (vec![ids[2], ids[0]], vec![ids[0]]),
+    ];
+    for (again, gone) in twice {
+        match store.replay_dead_letters(&again).await {
+            Err(Error::NoSuchDeadLetter { ids: missing }) => assert_eq!(missing, gone),
+            other => panic!("expected NoSuchDeadLetter, got {other:?}"),
+        }
+        assert_eq!(listed(DeadLetterFilter::all()).await, ids[2..]);
+        assert_eq!(pending_ids(&backend).await, replayed);
+    }
+
+    // The replayed messages are delivered, in order.
+    failing.store(false, Ordering::SeqCst);
+    relay.drain().await.expect("drain");
+    let seen = delivered(&recorder, 1);
+    assert_eq!(&seen[seen.len() - 2..], [(1, 1), (2, 2)]);
+    assert!(pending(&backend).await.is_empty());
+
+    // Two replays of the same letter at once: one replays it, the other finds it gone.
+    let other = backend.connect_store().await;
+    let (one, two) = tokio::join!(
+        store.replay_dead_letters(&ids[2..]),
+        other.replay_dead_letters(&ids[2..])
+    );
+    let won = [&one, &two].iter().filter(|result| result.is_ok()).count();
+    assert_eq!(won, 1, "exactly one replay wins: {one:?} / {two:?}");
+    for result in [one, two] {
+        if let Err(error) = result {
+            assert!(matches!(error, Error::NoSuchDeadLetter { .. }), "{error:?}");
+        }
+    }
+    assert_eq!(pending(&backend).await.len(), 1, "replayed once");
+    relay.drain().await.expect("drain");
+    assert_eq!(delivered(&recorder, 2).last(), Some(&(3, 3)));
+
+    // Purged letters are gone.
+    failing.store(true, Ordering::SeqCst);
+    let more = write(&backend, &[note::<OrgUpdate>(3, 4, 4)]).await;
+    relay.drain().await.expect("drain");
+    assert_eq!(listed(DeadLetterFilter::all()).await, more);
+    assert_eq!(store.purge_dead_letters(&more).await.expect("purge"), 1);
+    assert!(dead_letters(&store).await.is_empty());
+    assert_eq!(store.purge_dead_letters(&more).await.expect("purge"), 0);
+}
+
+/// S22 under S16: a worker whose lease lapsed cannot set a group aside: nothing moves.
+pub async fn s22_a_stale_worker_cannot_dead_letter<B: StoreBackend>() {
+    let backend = B::create().await;
+    let ids = write(&backend, &[note::<OrgAlert>(1, 1, 1)]).await;
+    let shard = org_shard(1);
+    let store = backend.store();
+    let mut options = claim_options("stale");
+    options.lease = Duration::from_millis(100);
+    let mut stale = store
+        .claim(&shard, &options)
+        .await
+        .expect("claim")
+        .expect("due");
+    let head = stale.fetch(10).await.expect("fetch");
+    assert_eq!(head.len(), 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = backend
+        .connect_store()
+        .await
+        .claim(&shard, &claim_options("fresh"))
+        .await
+        .expect("claim")
+        .expect("the lapsed lease is taken over");
+
+    let letter = DeadLettering {
+        rows: outbox_core::store::Acknowledgement {
+            group: outbox_core::store::GroupKey {
+                category: OrgAlert::ID,
+                object_identifier: head[0].object_identifier,
+            },
+            ids: ids.clone(),
+        },
+        error: "stale".into(),
+        attempts: 2,
+    };
+    match stale.dead_letter(&letter).await {
+        Err(Error::LeaseLost { token, .. }) => assert_eq!(token, stale.lease().token),
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert_eq!(pending_ids(&backend).await, ids, "nothing moved");
+    assert!(dead_letters(&store).await.is_empty());
+    drop(fresh);
+}
+
+/// Retention: the relay's upkeep purges the dead letters older than the configured age, and
+/// none without one.
+pub async fn dead_letter_retention_purges_old_letters<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler = failing_while::<OrgUpdate>(&recorder, |_, _| true);
+    let registry = || {
+        recorder
+            .builder_with::<OrgUpdate>(handler.clone())
+            .max_attempts::<OrgUpdate>(1)
+            .build()
+            .expect("a registry")
+    };
+    let relay_keeping = |retention: Option<Duration>| {
+        let config = config("retention")
+            .to_builder()
+            .dead_letter_retention(retention)
+            .build()
+            .expect("a valid relay configuration");
+        Relay::with_config(store.clone(), registry(), config)
+    };
+    write(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(2, 2, 2)],
+    )
+    .await;
+    relay_keeping(None).drain().await.expect("drain");
+    assert_eq!(dead_letters(&store).await.len(), 2);
+
+    for kept in [None, Some(Duration::from_secs(3600))] {
+        let report = relay_keeping(kept).maintain().await.expect("upkeep");
+        assert_eq!(report.purged_dead_letters, 0, "{kept:?}");
+        assert_eq!(dead_letters(&store).await.len(), 2);
+    }
+    let report = relay_keeping(Some(Duration::ZERO))
+        .maintain()
+        .await
+        .expect("upkeep");
+    assert_eq!(report.purged_dead_letters, 2);
+    assert!(dead_letters(&store).await.is_empty());
+}
+
+/// S23: a paused shard delivers nothing while others carry on; its coalescing groups shed
+/// the rows between their oldest and newest (the newest carries the payload, the oldest the
+/// group's place), event categories keep every row; resuming delivers each group once, in
+/// order.
+pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: StoreBackend>()
+{
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(store.clone(), recorder.registry(), config("s23"));
+    let paused = PauseTarget::Shard(org_shard(1));
+    assert!(
+        store
+            .pause(&paused, Some("downstream maintenance"))
+            .await
+            .expect("pause")
+    );
+    assert!(
+        !store.pause(&paused, Some("again")).await.expect("pause"),
+        "paused already"
+    );
+    let pauses = store.pauses().await.expect("pauses");
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(pauses[0].target, paused);
+    assert_eq!(pauses[0].reason.as_deref(), Some("downstream maintenance"));
+
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<ProjectUpdate>(1, 1, 2),
+            note::<OrgUpdate>(1, 1, 3),
+            note::<AuditEvent>(1, 9, 4),
+            note::<OrgUpdate>(1, 1, 5),
+            note::<AuditEvent>(1, 9, 6),
+            note::<OrgUpdate>(1, 1, 7),
+            note::<AuditEvent>(1, 9, 8),
+            note::<OrgUpdate>(2, 1, 9),
+        ],
+    )
+    .await;
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.shards_claimed, 1, "only shard 2");
+    assert!(delivered(&recorder, 1).is_empty(), "the paused shard delivers nothing");
+    assert_eq!(delivered(&recorder, 2), [(1, 9)]);
+
+    let upkeep = relay.maintain().await.expect("upkeep");
+    assert_eq!(upkeep.compacted, 2, "the OrgUpdate rows between its oldest and newest");
+    assert_eq!(
+        pending_ids(&backend).await,
+        [ids[0], ids[1], ids[3], ids[5], ids[6], ids[7]]
+    );
+    assert_eq!(relay.maintain().await.expect("upkeep").compacted, 0);
+    relay.drain().await.expect("drain");
+    assert!(delivered(&recorder, 1).is_empty());
+
+    assert!(store.resume(&paused).await.expect("resume"));
+    assert!(!store.resume(&paused).await.expect("resume"), "resumed already");
+    assert!(store.pauses().await.expect("pauses").is_empty());
+    relay.drain().await.expect("drain");
+    assert_eq!(
+        recorder
+            .in_shard(&org_shard(1))
+            .iter()
+            .map(|seen| (seen.category, seen.seq))
+            .collect::<Vec<_>>(),
+        [
+            ("org_update", 7),
+            ("project_update", 2),
+            ("audit_event", 4),
+            ("audit_event", 6),
+            ("audit_event", 8),
+        ],
+        "each group once, in order, with its newest payload; every event"
+    );
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// S23: a scope's pause holds all its shards and no other scope's; a category's pause holds
+/// every shard with a message of it (all of that shard: its order is kept) and no other.
+pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(store.clone(), recorder.registry(), config("s23-kinds"));
+    let user_shard = outbox_core::ShardKey::local(UserScope::ID, 1);
+    let shards_seen = |recorder: &Recorder| {
+        let mut shards: Vec<_> = recorder
+            .seen()
+            .into_iter()
+            .map(|seen| seen.shard)
+            .collect();
+        shards.sort();
+        shards.dedup();
+        shards
+    };
+
+    let scope = PauseTarget::Scope(OrgScope::ID);
+    store.pause(&scope, None).await.expect("pause");
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<ProjectUpdate>(2, 1, 2),
+            note::<UserUpdate>(1, 1, 3),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+    assert_eq!(shards_seen(&recorder), [user_shard.clone()]);
+    store.resume(&scope).await.expect("resume");
+    relay.drain().await.expect("drain");
+    assert_eq!(
+        shards_seen(&recorder),
+        [org_shard(1), org_shard(2), user_shard.clone()]
+    );
+
+    let category = PauseTarget::Category(ProjectUpdate::ID);
+    store.pause(&category, Some("bad deploy")).await.expect("pause");
+    let before = recorder.seen().len();
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 4),
+            note::<OrgUpdate>(2, 1, 5),
+            note::<ProjectUpdate>(2, 1, 6),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+    let after: Vec<_> = recorder.seen()[before..]
+        .iter()
+        .map(|seen| (seen.shard.clone(), seen.seq))
+        .collect();
+    assert_eq!(after, [(org_shard(1), 4)], "shard 2 holds a ProjectUpdate");
+    store.resume(&category).await.expect("resume");
+    relay.drain().await.expect("drain");
+    let after: Vec<_> = recorder.seen()[before + 1..]
+        .iter()
+        .map(|seen| (seen.shard.clone(), seen.seq))
+        .collect();
+    assert_eq!(after, [(org_shard(2), 5), (org_shard(2), 6)]);
+    assert!(pending(&backend).await.is_empty());
+}
