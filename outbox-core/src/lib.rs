@@ -126,8 +126,8 @@ pub use crate::replicated::{
 pub use crate::replication::{Deletion, Replication};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{
-    Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget, ShardFilter,
-    ShardInfo, Store,
+    Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,
+    ShardFilter, ShardInfo, Store,
 };
 
 #[cfg(feature = "macros")]

@@ -635,8 +635,7 @@ pub trait Admin: Send + Sync {
 
     /// The outbox at a glance, with the `deepest` shards with the most pending messages. It
     /// counts every pending row: meant for operators, not for a tight loop.
-    fn status(&self, deepest: usize)
-    -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
+    fn status(&self, deepest: usize) -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
 
     /// The shards that pass `filter`, deepest first, at most `limit`.
     fn shards(

@@ -34,7 +34,7 @@ struct Archived;
 enum OrgEvent {
     #[category(id = 1)]
     Renamed(Renamed),
-    #[category(id = 2, name = "member_added", coalesce = false)]
+    #[category(id = 2, name = "member_added", coalesce = false, max_attempts = 3)]
     MemberAdded(MemberAdded),
     /// Other attributes of a variant are kept.
     #[category(id = 3, name = "organization_archived")]
@@ -65,6 +65,11 @@ fn each_variant_is_a_category_of_the_scope() {
     assert_eq!(
         (MemberAdded::ID, MemberAdded::NAME, MemberAdded::COALESCE),
         (CategoryId(2), "member_added", false)
+    );
+    assert_eq!(
+        (Renamed::MAX_ATTEMPTS, MemberAdded::MAX_ATTEMPTS),
+        (None, Some(3)),
+        "each variant's own dead-letter policy"
     );
     assert_eq!(
         (Archived::ID, Archived::NAME),

@@ -25,7 +25,13 @@ struct ProjectUpdate {
     name: String,
 }
 
-#[outbox_category(scope = AuditLog, id = 11, name = "audit_entry", coalesce = false)]
+#[outbox_category(
+    scope = AuditLog,
+    id = 11,
+    name = "audit_entry",
+    coalesce = false,
+    max_attempts = 5
+)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct AuditEntry {
     action: String,
@@ -124,17 +130,19 @@ fn discover_finds_every_declaration_with_its_handler() {
                 info.scope_name,
                 info.coalesce,
                 info.no_op,
+                info.max_attempts,
             )
         })
         .collect();
     assert_eq!(
         summary,
         [
-            (10, "project_update", "organization", true, false),
-            (11, "audit_entry", "audit", false, false),
-            (12, "cache_hint", "organization", true, true),
+            (10, "project_update", "organization", true, false, None),
+            (11, "audit_entry", "audit", false, false, Some(5)),
+            (12, "cache_hint", "organization", true, true, None),
         ]
     );
+    assert_eq!(AuditEntry::MAX_ATTEMPTS, Some(5));
 }
 
 #[test]

@@ -50,7 +50,8 @@ impl From<&Member> for MemberTombstone {
     shard = org,
     key = member_id,
     tombstone = MemberTombstone,
-    fan_out
+    fan_out,
+    max_attempts = 4
 )]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Member {
@@ -178,6 +179,12 @@ fn discover_knows_the_models_and_their_tables() {
         "a replicated model coalesces to its newest state"
     );
     assert!(!info.no_op);
+    assert_eq!(info.max_attempts, None, "blocks by default");
+    let member = registry.category(CategoryId(21)).expect("member");
+    assert_eq!(
+        (Member::MAX_ATTEMPTS, member.max_attempts),
+        (Some(4), Some(4))
+    );
 }
 
 #[tokio::test]

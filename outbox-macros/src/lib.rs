@@ -4,7 +4,8 @@
 //! - `#[outbox_scope(id = 1)]` on a unit struct declares a scope.
 //! - `#[outbox_category(scope = Organization, id = 2)]` on a payload type declares a category
 //!   carrying that payload (`coalesce = false` for event-style categories, `no_op` for one that
-//!   needs no handler, `name = "..."` to override the snake-case name).
+//!   needs no handler, `name = "..."` to override the snake-case name, `max_attempts = 5` to set
+//!   a failing group aside as dead letters after five attempts instead of blocking its shard).
 //! - `#[outbox_categories(scope = Organization)]` on an enum declares a scope's categories
 //!   together: each variant holds one category's payload (`#[category(id = 1)] Renamed(Renamed)`),
 //!   and one handler taking `Delivery<TheEnum>` handles them all.
@@ -54,7 +55,10 @@ pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// Options: `scope` (required, exactly one), `id` (required: the stable integer stored in
 /// every row), `name` (defaults to the type's name in snake case), `coalesce = false` (deliver
-/// every message in order instead of the newest per object), `no_op` (needs no handler).
+/// every message in order instead of the newest per object), `no_op` (needs no handler),
+/// `max_attempts = n` (the dead-letter policy: after `n` failed attempts, from 1, a failing
+/// group moves to the dead letters and its shard goes on; without it, the shard blocks on the
+/// group, retrying it with backoff until it succeeds).
 #[proc_macro_attribute]
 pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &category::MACRO).into()
@@ -75,7 +79,8 @@ pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// Each payload type becomes a category of the scope, as if declared with
 /// `#[outbox_category]` (`id` required; `name` defaults to the variant's name in snake case;
-/// `coalesce = false` for event-style categories). A handler taking `Delivery<OrgEvent>` is
+/// `coalesce = false` for event-style categories; `max_attempts = n` for its dead-letter
+/// policy). A handler taking `Delivery<OrgEvent>` is
 /// the handler of every one of them, and receives the variant of each message's category.
 /// Ids and names are checked unique in the enum (a compile error naming both variants) and in
 /// the crate.
@@ -87,7 +92,7 @@ pub fn outbox_categories(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Declares a replicated model on a struct with named fields:
 /// `#[replicated_model(scope = Organization, id = 3, table = "projects", shard = organization_id)]`.
 ///
-/// Options: `scope`, `id` and `name` as for `#[outbox_category]`; `table` (required: the
+/// Options: `scope`, `id`, `name` and `max_attempts` as for `#[outbox_category]`; `table` (required: the
 /// table holding the rows, whose columns are named like the fields); `shard` (required: the
 /// integer field holding the shard identifier); `key` (the integer field holding the primary
 /// key, `id` by default); `tombstone = T` (the payload saved with every write for the deletion

@@ -249,6 +249,22 @@ fn category_without_coalescing() {
 }
 
 #[test]
+fn category_with_a_dead_letter_policy() {
+    check_ok(
+        "category_with_a_dead_letter_policy",
+        "outbox_category",
+        &category::MACRO,
+        "scope = Organization, id = 13, max_attempts = 5",
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct Webhook {
+                url: String,
+            }
+        },
+    );
+}
+
+#[test]
 fn category_no_op() {
     check_ok(
         "category_no_op",

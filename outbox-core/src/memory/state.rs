@@ -10,7 +10,7 @@ use crate::id::Id;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
-    GroupKey, GroupTail, Lease, Outcome, OutboxStatus, Pause, PauseTarget, PendingMessage,
+    GroupKey, GroupTail, Lease, OutboxStatus, Outcome, Pause, PauseTarget, PendingMessage,
     ShardFilter, ShardInfo, ShardState, StoredMessage,
 };
 

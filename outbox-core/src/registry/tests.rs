@@ -138,7 +138,9 @@ fn a_policy_of_no_attempts_or_for_a_stranger_is_refused() {
     );
     let text = error.to_string();
     assert!(
-        text.contains("`max_attempts` for category `first` (id 1, at outbox-core/src/registry/tests.rs:"),
+        text.contains(
+            "`max_attempts` for category `first` (id 1, at outbox-core/src/registry/tests.rs:"
+        ),
         "{text}"
     );
 }

@@ -6,16 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::store::{
-    Acknowledgement, GroupKey, HandlerMode, Outcome, ShardSession,
-};
+use outbox_core::store::{Acknowledgement, GroupKey, HandlerMode, Outcome, ShardSession};
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
 use super::{claim_options, config, eventually, int, pending, pending_ids, write};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
-
 
 /// S15: many workers claiming one shard at the same instant, each with connections of its
 /// own: exactly one gets it, and the next claim carries a greater fencing token.

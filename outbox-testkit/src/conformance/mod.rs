@@ -139,6 +139,7 @@ macro_rules! store_conformance_tests {
             dead_letter_retention_purges_old_letters,
             s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group,
             s23_scope_and_category_pauses_hold_their_shards,
+            operators_see_status_shards_and_messages,
         );
     };
 }

@@ -108,8 +108,7 @@ pub async fn s22_a_group_is_dead_lettered_after_max_attempts_and_its_shard_goes_
     let backend = B::create().await;
     let store = backend.store();
     let recorder = Recorder::new();
-    let handler =
-        failing_while::<OrgAlert>(&recorder, |shard, object| shard == 1 && object == 1);
+    let handler = failing_while::<OrgAlert>(&recorder, |shard, object| shard == 1 && object == 1);
     let relay = Relay::with_config(
         store.clone(),
         recorder.registry_with::<OrgAlert>(handler),
@@ -211,7 +210,11 @@ pub async fn s22_dead_letters_are_listed_replayed_in_order_and_purged<B: StoreBa
     )
     .await;
     let report = relay.drain().await.expect("drain");
-    assert_eq!(report.dead_lettered.len(), 3, "each group at its first failure");
+    assert_eq!(
+        report.dead_lettered.len(),
+        3,
+        "each group at its first failure"
+    );
     assert!(pending(&backend).await.is_empty());
 
     let listed = |filter: DeadLetterFilter| {
@@ -414,8 +417,7 @@ pub async fn dead_letter_retention_purges_old_letters<B: StoreBackend>() {
 /// the rows between their oldest and newest (the newest carries the payload, the oldest the
 /// group's place), event categories keep every row; resuming delivers each group once, in
 /// order.
-pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: StoreBackend>()
-{
+pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
     let recorder = Recorder::new();
@@ -453,11 +455,17 @@ pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: 
     .await;
     let report = relay.drain().await.expect("drain");
     assert_eq!(report.shards_claimed, 1, "only shard 2");
-    assert!(delivered(&recorder, 1).is_empty(), "the paused shard delivers nothing");
+    assert!(
+        delivered(&recorder, 1).is_empty(),
+        "the paused shard delivers nothing"
+    );
     assert_eq!(delivered(&recorder, 2), [(1, 9)]);
 
     let upkeep = relay.maintain().await.expect("upkeep");
-    assert_eq!(upkeep.compacted, 2, "the OrgUpdate rows between its oldest and newest");
+    assert_eq!(
+        upkeep.compacted, 2,
+        "the OrgUpdate rows between its oldest and newest"
+    );
     assert_eq!(
         pending_ids(&backend).await,
         [ids[0], ids[1], ids[3], ids[5], ids[6], ids[7]]
@@ -467,7 +475,10 @@ pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: 
     assert!(delivered(&recorder, 1).is_empty());
 
     assert!(store.resume(&paused).await.expect("resume"));
-    assert!(!store.resume(&paused).await.expect("resume"), "resumed already");
+    assert!(
+        !store.resume(&paused).await.expect("resume"),
+        "resumed already"
+    );
     assert!(store.pauses().await.expect("pauses").is_empty());
     relay.drain().await.expect("drain");
     assert_eq!(
@@ -497,11 +508,7 @@ pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() 
     let relay = Relay::with_config(store.clone(), recorder.registry(), config("s23-kinds"));
     let user_shard = outbox_core::ShardKey::local(UserScope::ID, 1);
     let shards_seen = |recorder: &Recorder| {
-        let mut shards: Vec<_> = recorder
-            .seen()
-            .into_iter()
-            .map(|seen| seen.shard)
-            .collect();
+        let mut shards: Vec<_> = recorder.seen().into_iter().map(|seen| seen.shard).collect();
         shards.sort();
         shards.dedup();
         shards
@@ -519,7 +526,7 @@ pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() 
     )
     .await;
     relay.drain().await.expect("drain");
-    assert_eq!(shards_seen(&recorder), [user_shard.clone()]);
+    assert_eq!(shards_seen(&recorder), std::slice::from_ref(&user_shard));
     store.resume(&scope).await.expect("resume");
     relay.drain().await.expect("drain");
     assert_eq!(
@@ -528,7 +535,10 @@ pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() 
     );
 
     let category = PauseTarget::Category(ProjectUpdate::ID);
-    store.pause(&category, Some("bad deploy")).await.expect("pause");
+    store
+        .pause(&category, Some("bad deploy"))
+        .await
+        .expect("pause");
     let before = recorder.seen().len();
     write(
         &backend,
@@ -553,4 +563,118 @@ pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() 
         .collect();
     assert_eq!(after, [(org_shard(2), 5), (org_shard(2), 6)]);
     assert!(pending(&backend).await.is_empty());
+}
+
+/// What operators read: the status counts each kind of shard (due, backing off, parked,
+/// paused) and the dead letters, names the deepest shards; shards are listed by kind with
+/// their state; a shard's messages in order.
+pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler = failing_while::<OrgUpdate>(&recorder, |shard, _| shard == 1);
+    let failing_projects = failing_while::<ProjectUpdate>(&recorder, |_, _| true);
+    let registry = Registry::builder()
+        .handle::<OrgUpdate>(handler)
+        .handle::<ProjectUpdate>(failing_projects)
+        .max_attempts::<ProjectUpdate>(1)
+        .build()
+        .expect("a registry");
+    let relay = Relay::with_config(store.clone(), registry, config("operators"));
+    store
+        .pause(&PauseTarget::Shard(org_shard(2)), None)
+        .await
+        .expect("pause");
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(1, 2, 2),
+            note::<OrgUpdate>(2, 1, 3),
+            note::<OrgUpdate>(2, 2, 4),
+            note::<OrgUpdate>(2, 3, 5),
+            note::<crate::fixtures::FutureCategory>(3, 1, 6),
+            note::<ProjectUpdate>(5, 1, 7),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+    write(&backend, &[note::<OrgUpdate>(4, 1, 8)]).await;
+
+    let status = store.status(2).await.expect("status");
+    assert_eq!(
+        (
+            status.shards,
+            status.pending_messages,
+            status.shards_due,
+            status.shards_in_flight,
+            status.shards_in_backoff,
+            status.shards_parked,
+            status.shards_paused,
+            status.dead_letters,
+        ),
+        (4, 7, 1, 0, 1, 1, 1, 1),
+        "{status:?}"
+    );
+    assert!(status.oldest_pending_at.is_some() && status.oldest_dead_letter_at.is_some());
+    let deepest: Vec<_> = status
+        .deepest
+        .iter()
+        .map(|info| (info.shard.clone(), info.pending))
+        .collect();
+    assert_eq!(deepest, [(org_shard(2), 3), (org_shard(1), 2)]);
+
+    let listed = |filter| {
+        let store = store.clone();
+        async move {
+            store
+                .shards(filter, 10)
+                .await
+                .expect("list shards")
+                .into_iter()
+                .map(|info| int(info.shard.shard_identifier))
+                .collect::<Vec<_>>()
+        }
+    };
+    use outbox_core::ShardFilter;
+    assert_eq!(listed(ShardFilter::Pending).await, [2, 1, 3, 4]);
+    assert_eq!(listed(ShardFilter::Failing).await, [1, 3]);
+    assert_eq!(listed(ShardFilter::Paused).await, [2]);
+    assert_eq!(listed(ShardFilter::Parked).await, [3]);
+    let failing = store
+        .shards(ShardFilter::Failing, 1)
+        .await
+        .expect("list shards");
+    let [shard] = failing.as_slice() else {
+        panic!("one shard: {failing:?}")
+    };
+    assert_eq!((shard.attempts, shard.pending, shard.paused), (1, 2, false));
+    assert!(
+        shard
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("refused")),
+        "{shard:?}"
+    );
+    assert!(shard.retry_at.is_some() && shard.lease_owner.is_none());
+    let parked = store
+        .shards(ShardFilter::Parked, 10)
+        .await
+        .expect("list shards");
+    assert_eq!(
+        parked[0].parked_category,
+        Some(crate::fixtures::FutureCategory::ID)
+    );
+
+    let messages = store
+        .shard_messages(&org_shard(2), 2)
+        .await
+        .expect("a shard's messages");
+    assert_eq!(
+        messages
+            .iter()
+            .map(|message| message.id)
+            .collect::<Vec<_>>(),
+        ids[2..4]
+    );
 }
