@@ -81,6 +81,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+mod catalog;
 mod categories;
 pub mod columns;
 mod declare;
@@ -97,6 +98,7 @@ mod replication;
 mod shutdown;
 pub mod store;
 
+pub use crate::catalog::{Catalog, NamedCategory};
 pub use crate::categories::Deliverable;
 pub use crate::columns::{ColumnValue, ColumnVisitor, ModelColumns, ModelRow};
 pub use crate::declare::SourceLocation;

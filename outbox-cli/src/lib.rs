@@ -1,0 +1,515 @@
+//! # outbox-cli
+//!
+//! The `outbox` command: what an operator does to an outbox on PostgreSQL or SQLite without
+//! writing code. See the queue, the shards that fail and why, the dead letters; reschedule a
+//! shard; pause and resume a shard, a category or a scope; replay or purge dead letters; apply
+//! the migrations or print their SQL.
+//!
+//! ```text
+//! cargo install outbox-cli          # or: cargo install --path outbox-cli
+//! export DATABASE_URL=postgres://app@db/app
+//! outbox status
+//! outbox shards --failing
+//! outbox messages --shard organization:42
+//! outbox retry organization:42
+//! outbox pause --category webhook --reason "receiver down"
+//! outbox dead-letters list --category webhook
+//! outbox dead-letters replay --category webhook --dry-run
+//! outbox migrate --print > outbox.sql
+//! ```
+//!
+//! Every command prints a table, or JSON with `--json`. Exit codes: 0 done; 1 the database
+//! failed (unreachable, not migrated); 2 the command line is wrong; 3 refused, nothing
+//! changed (an unknown name, a dead letter that no longer exists, a shard with nothing to
+//! retry, a replay of a category this binary does not know).
+//!
+//! ## Names
+//!
+//! The installed binary knows no scope or category names: it shows ids, and takes ids on its
+//! command line. Built into a service's own binary, it knows the names of everything the
+//! service declares with the outbox macros, and refuses to replay dead letters of categories
+//! the service does not know (a replayed message of an unknown category would park its shard):
+//!
+//! ```no_run
+//! // src/bin/outbox.rs of your service
+//! // use my_service as _; // links the crate whose categories the command should know
+//! fn main() -> std::process::ExitCode {
+//!     outbox_cli::main()
+//! }
+//! ```
+
+mod migrate;
+mod names;
+mod output;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use outbox_core::{
+    Admin, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Error, MessageId, PauseTarget,
+    ShardFilter, Store,
+};
+
+use crate::output::Printer;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Inspect and operate a transactional outbox on PostgreSQL or SQLite",
+    after_help = "Exit codes: 0 done; 1 the database failed; 2 wrong command line; 3 refused, \
+                  nothing changed.\nShards are written SCOPE:IDENTIFIER[:DESTINATION], scopes \
+                  and categories by name (where this binary knows them) or number."
+)]
+pub struct Cli {
+    /// The database: `postgres://…` or `sqlite:PATH`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Pending messages, the oldest's age, shards by state, dead letters, the deepest shards.
+    Status {
+        /// How many of the deepest shards to show.
+        #[arg(long, default_value_t = 10)]
+        deepest: usize,
+    },
+    /// Shards with pending messages, deepest first, with attempts, next retry and last error.
+    Shards {
+        /// Only those whose head fails (backing off, or parked).
+        #[arg(long, group = "which")]
+        failing: bool,
+        /// Only those a pause holds.
+        #[arg(long, group = "which")]
+        paused: bool,
+        /// Only those parked on a category no running binary knows.
+        #[arg(long, group = "which")]
+        parked: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// A shard's pending messages, oldest first, with the shard's attempts and last error.
+    Messages {
+        /// The shard.
+        #[arg(long)]
+        shard: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Makes a shard that backs off after a failure due now (its attempts are kept).
+    Retry {
+        /// The shard.
+        shard: String,
+    },
+    /// Pauses a shard, a category or a scope: their shards deliver nothing until resumed.
+    Pause {
+        /// What to pause.
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Why, for the other operators.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resumes what a pause held.
+    Resume {
+        /// What to resume.
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+    /// The pauses in force.
+    Pauses,
+    /// Dead letters: list, replay, purge.
+    #[command(subcommand)]
+    DeadLetters(DeadLetterCommand),
+    /// Applies the outbox migrations (or prints their SQL, for a migration tool of your own).
+    Migrate {
+        /// Print the SQL instead of applying it: each migration, and the rows that record it
+        /// in `_outbox_migrations` (the relay checks them at start-up).
+        #[arg(long)]
+        print: bool,
+    },
+}
+
+/// A shard, `--category C` or `--scope S`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct TargetArgs {
+    /// The shard.
+    pub shard: Option<String>,
+    /// Every shard holding a message of this category.
+    #[arg(long)]
+    pub category: Option<String>,
+    /// Every shard of this scope.
+    #[arg(long)]
+    pub scope: Option<String>,
+}
+
+/// What to do with dead letters.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// Lists them, oldest message first.
+    List {
+        /// Which.
+        #[command(flatten)]
+        select: Selection,
+    },
+    /// Writes them back to the outbox as new messages, in their original order, and removes
+    /// them.
+    Replay {
+        /// Which.
+        #[command(flatten)]
+        select: Selection,
+        /// Show what would be replayed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Replay categories this binary does not know (they park their shard until a binary
+        /// that knows them runs).
+        #[arg(long)]
+        allow_unknown_categories: bool,
+    },
+    /// Deletes them for good.
+    Purge {
+        /// Which.
+        #[command(flatten)]
+        select: Selection,
+        /// Show what would be purged; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Which dead letters: by id, or by filter (`--all` for every one).
+#[derive(Debug, Args)]
+pub struct Selection {
+    /// These message ids (repeat the flag for more).
+    #[arg(long = "id")]
+    pub ids: Vec<i64>,
+    /// Of this category.
+    #[arg(long)]
+    pub category: Option<String>,
+    /// In this scope.
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// In this shard.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Set aside at least this long ago (`90s`, `2h`, `7d`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
+    /// At most this many.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Every dead letter (needed to replay or purge without another condition).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Why a command did not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// The outbox (its database) failed.
+    #[error("{}", describe(.0))]
+    Outbox(#[from] Error),
+    /// The request was refused and nothing changed.
+    #[error("{0}")]
+    Refused(String),
+    /// Writing the output failed.
+    #[error("writing the output failed: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The process's exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Outbox(Error::NoSuchDeadLetter { .. }) | Self::Refused(_) => EXIT_REFUSED,
+            Self::Outbox(_) | Self::Output(_) => EXIT_FAILED,
+        }
+    }
+}
+
+/// Exit code: the database failed.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code: refused, nothing changed.
+pub const EXIT_REFUSED: u8 = 3;
+
+/// One line saying what failed and what to do.
+fn describe(error: &Error) -> String {
+    match error {
+        Error::MigrationMissing { detail } => format!(
+            "the outbox tables are missing or out of date ({detail}): apply the migrations \
+             with `outbox migrate`"
+        ),
+        other => outbox_core::error_chain(other),
+    }
+}
+
+/// Runs the command line of this process, knowing the names declared in this binary
+/// ([`Catalog::discovered`]); returns its exit code. The whole of a `main`.
+pub fn main() -> ExitCode {
+    main_with(&Catalog::discovered())
+}
+
+/// Runs the command line of this process, knowing the names in `catalog`.
+pub fn main_with(catalog: &Catalog) -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let _ = writeln!(std::io::stderr(), "error: cannot start a runtime: {error}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    match runtime.block_on(run(cli, catalog, &mut stdout)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let _ = stdout.flush();
+            let _ = writeln!(std::io::stderr(), "error: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+/// Runs `cli`, writing what it shows to `out`.
+pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(), CliError> {
+    let printer = Printer::new(catalog, cli.json);
+    let url = cli.database_url.as_str();
+    if let Command::Migrate { print } = cli.command {
+        return migrate::run(url, print, &printer, out).await;
+    }
+    let database = migrate::Database::open(url).await?;
+    let result = match &database {
+        migrate::Database::Postgres(pool) => {
+            let store = outbox_postgres::PgStore::new(pool.clone());
+            execute(&store, cli.command, catalog, &printer, out).await
+        }
+        migrate::Database::Sqlite(pool) => {
+            let store = outbox_sqlite::SqliteStore::new(pool.clone());
+            execute(&store, cli.command, catalog, &printer, out).await
+        }
+    };
+    database.close().await;
+    result
+}
+
+/// Runs an operation on a store.
+async fn execute<S: Store + Admin>(
+    store: &S,
+    command: Command,
+    catalog: &Catalog,
+    printer: &Printer<'_>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    store.check_schema().await?;
+    match command {
+        Command::Status { deepest } => printer.status(out, &store.status(deepest).await?),
+        Command::Shards {
+            failing,
+            paused,
+            parked,
+            limit,
+        } => {
+            let filter = match (failing, paused, parked) {
+                (true, _, _) => ShardFilter::Failing,
+                (_, true, _) => ShardFilter::Paused,
+                (_, _, true) => ShardFilter::Parked,
+                _ => ShardFilter::Pending,
+            };
+            printer.shards(out, &store.shards(filter, limit).await?)
+        }
+        Command::Messages { shard, limit } => {
+            let shard = names::shard(catalog, &shard)?;
+            let state = store
+                .shard_states()
+                .await?
+                .into_iter()
+                .find(|state| state.shard == shard);
+            let messages = store.shard_messages(&shard, limit).await?;
+            printer.messages(out, &shard, state.as_ref(), &messages)
+        }
+        Command::Retry { shard } => {
+            let shard = names::shard(catalog, &shard)?;
+            if !store.reschedule(&shard).await? {
+                return Err(CliError::Refused(format!(
+                    "shard {} is not backing off: nothing to retry",
+                    names::shard_text(catalog, &shard)
+                )));
+            }
+            printer.done(
+                out,
+                &format!("shard {} is due now", names::shard_text(catalog, &shard)),
+            )
+        }
+        Command::Pause { target, reason } => {
+            let target = pause_target(catalog, target)?;
+            let paused = store.pause(&target, reason.as_deref()).await?;
+            let what = printer.target(&target);
+            printer.changed(
+                out,
+                paused,
+                &format!("paused {what}"),
+                &format!("{what} was paused already"),
+            )
+        }
+        Command::Resume { target } => {
+            let target = pause_target(catalog, target)?;
+            let what = printer.target(&target);
+            if !store.resume(&target).await? {
+                return Err(CliError::Refused(format!(
+                    "{what} is not paused (list the pauses with `outbox pauses`)"
+                )));
+            }
+            printer.done(out, &format!("resumed {what}"))
+        }
+        Command::Pauses => printer.pauses(out, &store.pauses().await?),
+        Command::DeadLetters(command) => dead_letters(store, command, catalog, printer, out).await,
+        Command::Migrate { .. } => unreachable!("migrations run before a store is opened"),
+    }
+}
+
+async fn dead_letters<S: Admin>(
+    store: &S,
+    command: DeadLetterCommand,
+    catalog: &Catalog,
+    printer: &Printer<'_>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    match command {
+        DeadLetterCommand::List { select } => {
+            let letters = selected(store, catalog, &select, false).await?;
+            printer.dead_letters(out, &letters)
+        }
+        DeadLetterCommand::Replay {
+            select,
+            dry_run,
+            allow_unknown_categories,
+        } => {
+            let letters = selected(store, catalog, &select, true).await?;
+            if !allow_unknown_categories {
+                refuse_unknown(catalog, &letters)?;
+            }
+            let ids: Vec<MessageId> = letters.iter().map(|letter| letter.message_id).collect();
+            let replayed = if dry_run || ids.is_empty() {
+                Vec::new()
+            } else {
+                store.replay_dead_letters(&ids).await?
+            };
+            printer.replayed(out, &letters, &replayed, dry_run)
+        }
+        DeadLetterCommand::Purge { select, dry_run } => {
+            let letters = selected(store, catalog, &select, true).await?;
+            let ids: Vec<MessageId> = letters.iter().map(|letter| letter.message_id).collect();
+            let purged = if dry_run || ids.is_empty() {
+                0
+            } else {
+                store.purge_dead_letters(&ids).await?
+            };
+            printer.purged(out, &letters, purged, dry_run)
+        }
+    }
+}
+
+/// The dead letters a selection names. Ids that are not dead letters are refused (nothing is
+/// done); a replay or purge needs a condition, or `--all`.
+async fn selected<S: Admin>(
+    store: &S,
+    catalog: &Catalog,
+    select: &Selection,
+    changes: bool,
+) -> Result<Vec<DeadLetter>, CliError> {
+    let mut filter = DeadLetterFilter::all();
+    if let Some(category) = &select.category {
+        filter = filter.category(names::category(catalog, category)?);
+    }
+    if let Some(scope) = &select.scope {
+        filter = filter.scope(names::scope(catalog, scope)?);
+    }
+    if let Some(shard) = &select.shard {
+        filter = filter.shard(names::shard(catalog, shard)?);
+    }
+    if let Some(age) = select.older_than {
+        filter = filter.older_than(age);
+    }
+    let conditions = filter != DeadLetterFilter::all() || !select.ids.is_empty();
+    if changes && !conditions && !select.all {
+        return Err(CliError::Refused(
+            "say which dead letters: --id, --category, --scope, --shard or --older-than, or \
+             --all for every one"
+                .into(),
+        ));
+    }
+    if select.ids.is_empty() {
+        if let Some(limit) = select.limit {
+            filter = filter.limit(limit);
+        }
+        return Ok(store.dead_letters(&filter).await?);
+    }
+    let wanted: Vec<MessageId> = select.ids.iter().copied().map(MessageId).collect();
+    let letters: Vec<DeadLetter> = store
+        .dead_letters(&filter)
+        .await?
+        .into_iter()
+        .filter(|letter| wanted.contains(&letter.message_id))
+        .take(select.limit.unwrap_or(usize::MAX))
+        .collect();
+    let missing: Vec<MessageId> = wanted
+        .iter()
+        .filter(|id| !letters.iter().any(|letter| letter.message_id == **id))
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::NoSuchDeadLetter { ids: missing }.into());
+    }
+    Ok(letters)
+}
+
+/// Refuses a replay of categories this binary does not know.
+fn refuse_unknown(catalog: &Catalog, letters: &[DeadLetter]) -> Result<(), CliError> {
+    let mut unknown: Vec<CategoryId> = letters
+        .iter()
+        .map(|letter| letter.category)
+        .filter(|category| catalog.category(*category).is_none())
+        .collect();
+    unknown.sort_unstable();
+    unknown.dedup();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = unknown.iter().map(|id| id.0.to_string()).collect();
+    Err(CliError::Refused(format!(
+        "this binary does not know categor{} {}: a replayed message of an unknown category parks \
+         its shard until a binary that knows it runs; run the `outbox` command built into your \
+         service, or pass --allow-unknown-categories",
+        if unknown.len() == 1 { "y" } else { "ies" },
+        list.join(", ")
+    )))
+}
+
+fn pause_target(catalog: &Catalog, target: TargetArgs) -> Result<PauseTarget, CliError> {
+    match (target.shard, target.category, target.scope) {
+        (Some(shard), _, _) => Ok(PauseTarget::Shard(names::shard(catalog, &shard)?)),
+        (_, Some(category), _) => Ok(PauseTarget::Category(names::category(catalog, &category)?)),
+        (_, _, Some(scope)) => Ok(PauseTarget::Scope(names::scope(catalog, &scope)?)),
+        (None, None, None) => Err(CliError::Refused(
+            "say what: a shard, --category or --scope".into(),
+        )),
+    }
+}

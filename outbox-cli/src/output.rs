@@ -1,0 +1,548 @@
+//! What the commands show: a table for people, JSON for scripts (`--json`).
+
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use comfy_table::{Table, presets};
+use outbox_core::store::{PendingMessage, ShardState};
+use outbox_core::{
+    Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget, ShardInfo, ShardKey,
+};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::CliError;
+use crate::migrate::Migrated;
+use crate::names;
+
+/// Writes what the commands show, with the names the catalog knows.
+#[derive(Debug)]
+pub(crate) struct Printer<'a> {
+    catalog: &'a Catalog,
+    json: bool,
+    now: SystemTime,
+}
+
+/// A time for JSON: RFC 3339, to the second.
+fn rfc3339(at: Option<SystemTime>) -> Value {
+    at.map_or(Value::Null, |at| {
+        Value::String(humantime::format_rfc3339_seconds(at).to_string())
+    })
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_header(header.to_vec());
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+}
+
+/// A table's lines without the padding at their ends.
+fn render(table: &Table) -> String {
+    table
+        .lines()
+        .map(|line| line.trim_end().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// At most `chars` characters of `text` on one line.
+fn clip(text: &str, chars: usize) -> String {
+    let line = text.replace('\n', " ");
+    if line.chars().count() <= chars {
+        line
+    } else {
+        let mut clipped: String = line.chars().take(chars.saturating_sub(1)).collect();
+        clipped.push('…');
+        clipped
+    }
+}
+
+impl<'a> Printer<'a> {
+    pub(crate) fn new(catalog: &'a Catalog, json: bool) -> Self {
+        Self {
+            catalog,
+            json,
+            now: SystemTime::now(),
+        }
+    }
+
+    /// How long before now `at` was, as people read it ("3m 12s"); "-" for none.
+    fn ago(&self, at: Option<SystemTime>) -> String {
+        at.map_or_else(
+            || "-".to_owned(),
+            |at| {
+                let age = self.now.duration_since(at).unwrap_or_default();
+                format!(
+                    "{} ago",
+                    humantime::format_duration(Duration::from_secs(age.as_secs()))
+                )
+            },
+        )
+    }
+
+    /// How long after now `at` is ("in 40s"), or "now" if it has passed; "-" for none.
+    fn until(&self, at: Option<SystemTime>) -> String {
+        at.map_or_else(
+            || "-".to_owned(),
+            |at| match at.duration_since(self.now) {
+                Ok(wait) if wait.as_secs() > 0 => format!(
+                    "in {}",
+                    humantime::format_duration(Duration::from_secs(wait.as_secs()))
+                ),
+                _ => "now".to_owned(),
+            },
+        )
+    }
+
+    fn age_seconds(&self, at: Option<SystemTime>) -> Value {
+        at.map_or(Value::Null, |at| {
+            json!(self.now.duration_since(at).unwrap_or_default().as_secs())
+        })
+    }
+
+    fn shard(&self, shard: &ShardKey) -> String {
+        names::shard_text(self.catalog, shard)
+    }
+
+    fn category(&self, category: outbox_core::CategoryId) -> String {
+        names::category_text(self.catalog, category)
+    }
+
+    /// What a pause target names, as people read it.
+    pub(crate) fn target(&self, target: &PauseTarget) -> String {
+        match target {
+            PauseTarget::Shard(shard) => format!("shard {}", self.shard(shard)),
+            PauseTarget::Category(category) => format!("category {}", self.category(*category)),
+            PauseTarget::Scope(scope) => {
+                format!("scope {}", names::scope_text(self.catalog, *scope))
+            }
+        }
+    }
+
+    fn emit(&self, out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
+        serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+        Ok(())
+    }
+
+    fn state(&self, info: &ShardInfo) -> &'static str {
+        let waiting = info.retry_at.is_some_and(|at| at > self.now);
+        if info.paused {
+            "paused"
+        } else if info.lease_owner.is_some() {
+            "in flight"
+        } else if waiting && info.parked_category.is_some() {
+            "parked"
+        } else if waiting {
+            "backing off"
+        } else {
+            "due"
+        }
+    }
+
+    fn shard_json(&self, info: &ShardInfo) -> Value {
+        json!({
+            "shard": self.shard(&info.shard),
+            "scope": info.shard.scope.0,
+            "identifier": info.shard.shard_identifier.to_string(),
+            "destination": info.shard.destination.as_ref().map(outbox_core::Destination::as_str),
+            "state": self.state(info),
+            "pending": info.pending,
+            "oldest_pending_at": rfc3339(info.oldest_pending_at),
+            "oldest_pending_age_seconds": self.age_seconds(info.oldest_pending_at),
+            "attempts": info.attempts,
+            "next_retry_at": rfc3339(info.retry_at),
+            "last_error": info.last_error,
+            "parked_category": info.parked_category.map(|category| self.category(category)),
+            "lease_owner": info.lease_owner,
+            "paused": info.paused,
+        })
+    }
+
+    fn shard_table(&self, shards: &[ShardInfo]) -> Table {
+        let mut table = table(&[
+            "SHARD",
+            "STATE",
+            "PENDING",
+            "OLDEST",
+            "ATTEMPTS",
+            "NEXT RETRY",
+            "LAST ERROR",
+        ]);
+        for info in shards {
+            table.add_row(vec![
+                self.shard(&info.shard),
+                self.state(info).to_owned(),
+                info.pending.to_string(),
+                self.ago(info.oldest_pending_at),
+                info.attempts.to_string(),
+                if info.attempts > 0 {
+                    self.until(info.retry_at)
+                } else {
+                    "-".to_owned()
+                },
+                info.last_error
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |error| clip(error, 60)),
+            ]);
+        }
+        table
+    }
+
+    pub(crate) fn status(
+        &self,
+        out: &mut dyn Write,
+        status: &OutboxStatus,
+    ) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(
+                out,
+                &json!({
+                    "pending_messages": status.pending_messages,
+                    "oldest_pending_at": rfc3339(status.oldest_pending_at),
+                    "oldest_pending_age_seconds": self.age_seconds(status.oldest_pending_at),
+                    "shards": status.shards,
+                    "shards_due": status.shards_due,
+                    "shards_in_flight": status.shards_in_flight,
+                    "shards_in_backoff": status.shards_in_backoff,
+                    "shards_parked": status.shards_parked,
+                    "shards_paused": status.shards_paused,
+                    "dead_letters": status.dead_letters,
+                    "oldest_dead_letter_at": rfc3339(status.oldest_dead_letter_at),
+                    "deepest": status.deepest.iter().map(|info| self.shard_json(info)).collect::<Vec<_>>(),
+                }),
+            );
+        }
+        writeln!(
+            out,
+            "pending messages  {} (oldest {})",
+            status.pending_messages,
+            self.ago(status.oldest_pending_at)
+        )?;
+        writeln!(
+            out,
+            "shards            {}: {} due, {} in flight, {} backing off, {} parked, {} paused",
+            status.shards,
+            status.shards_due,
+            status.shards_in_flight,
+            status.shards_in_backoff,
+            status.shards_parked,
+            status.shards_paused
+        )?;
+        writeln!(
+            out,
+            "dead letters      {} (oldest set aside {})",
+            status.dead_letters,
+            self.ago(status.oldest_dead_letter_at)
+        )?;
+        if !status.deepest.is_empty() {
+            writeln!(
+                out,
+                "\ndeepest shards\n{}",
+                render(&self.shard_table(&status.deepest))
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn shards(&self, out: &mut dyn Write, shards: &[ShardInfo]) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = shards.iter().map(|info| self.shard_json(info)).collect();
+            return self.emit(out, &listed);
+        }
+        if shards.is_empty() {
+            writeln!(out, "no shards")?;
+            return Ok(());
+        }
+        writeln!(out, "{}", render(&self.shard_table(shards)))?;
+        Ok(())
+    }
+
+    pub(crate) fn messages(
+        &self,
+        out: &mut dyn Write,
+        shard: &ShardKey,
+        state: Option<&ShardState>,
+        messages: &[PendingMessage],
+    ) -> Result<(), CliError> {
+        let attempts = state.map_or(0, |state| state.attempts);
+        let retry_at = state.and_then(|state| state.retry_at);
+        let last_error = state.and_then(|state| state.last_error.clone());
+        if self.json {
+            let listed: Vec<Value> = messages
+                .iter()
+                .map(|message| {
+                    json!({
+                        "id": message.id.0,
+                        "category": self.category(message.category),
+                        "object": message.object_identifier.to_string(),
+                        "created_at": rfc3339(Some(message.created_at)),
+                        "payload": message.payload_value(),
+                    })
+                })
+                .collect();
+            return self.emit(
+                out,
+                &json!({
+                    "shard": self.shard(shard),
+                    "attempts": attempts,
+                    "next_retry_at": rfc3339(retry_at),
+                    "last_error": last_error,
+                    "messages": listed,
+                }),
+            );
+        }
+        writeln!(
+            out,
+            "shard {}: {} attempt(s), next retry {}, last error: {}",
+            self.shard(shard),
+            attempts,
+            if attempts > 0 {
+                self.until(retry_at)
+            } else {
+                "-".to_owned()
+            },
+            last_error.as_deref().unwrap_or("-")
+        )?;
+        if messages.is_empty() {
+            writeln!(out, "no pending messages")?;
+            return Ok(());
+        }
+        let mut table = table(&["ID", "CATEGORY", "OBJECT", "WRITTEN", "PAYLOAD"]);
+        for message in messages {
+            table.add_row(vec![
+                message.id.0.to_string(),
+                self.category(message.category),
+                message.object_identifier.to_string(),
+                self.ago(Some(message.created_at)),
+                clip(&message.payload, 60),
+            ]);
+        }
+        writeln!(out, "{}", render(&table))?;
+        Ok(())
+    }
+
+    /// A change made.
+    pub(crate) fn done(&self, out: &mut dyn Write, what: &str) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(out, &json!({ "done": what }));
+        }
+        writeln!(out, "{what}")?;
+        Ok(())
+    }
+
+    /// A change that may have been made already.
+    pub(crate) fn changed(
+        &self,
+        out: &mut dyn Write,
+        changed: bool,
+        done: &str,
+        already: &str,
+    ) -> Result<(), CliError> {
+        if self.json {
+            let what = if changed { done } else { already };
+            return self.emit(out, &json!({ "changed": changed, "done": what }));
+        }
+        writeln!(out, "{}", if changed { done } else { already })?;
+        Ok(())
+    }
+
+    pub(crate) fn pauses(&self, out: &mut dyn Write, pauses: &[Pause]) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = pauses
+                .iter()
+                .map(|pause| {
+                    json!({
+                        "target": self.target(&pause.target),
+                        "reason": pause.reason,
+                        "paused_at": rfc3339(Some(pause.paused_at)),
+                    })
+                })
+                .collect();
+            return self.emit(out, &listed);
+        }
+        if pauses.is_empty() {
+            writeln!(out, "nothing is paused")?;
+            return Ok(());
+        }
+        let mut table = table(&["PAUSED", "SINCE", "REASON"]);
+        for pause in pauses {
+            table.add_row(vec![
+                self.target(&pause.target),
+                self.ago(Some(pause.paused_at)),
+                pause.reason.clone().unwrap_or_else(|| "-".to_owned()),
+            ]);
+        }
+        writeln!(out, "{}", render(&table))?;
+        Ok(())
+    }
+
+    fn letter_json(&self, letter: &DeadLetter) -> Value {
+        json!({
+            "message_id": letter.message_id.0,
+            "shard": self.shard(&letter.shard),
+            "category": self.category(letter.category),
+            "object": letter.object_identifier.to_string(),
+            "attempts": letter.attempts,
+            "error": letter.error,
+            "created_at": rfc3339(Some(letter.created_at)),
+            "first_failed_at": rfc3339(Some(letter.first_failed_at)),
+            "dead_lettered_at": rfc3339(Some(letter.dead_lettered_at)),
+            "lease_token": letter.lease_token,
+            "payload": serde_json::from_str::<Value>(&letter.payload).unwrap_or(Value::Null),
+        })
+    }
+
+    fn letter_table(&self, letters: &[DeadLetter]) -> Table {
+        let mut table = table(&[
+            "ID",
+            "SHARD",
+            "CATEGORY",
+            "OBJECT",
+            "ATTEMPTS",
+            "SET ASIDE",
+            "ERROR",
+        ]);
+        for letter in letters {
+            table.add_row(vec![
+                letter.message_id.0.to_string(),
+                self.shard(&letter.shard),
+                self.category(letter.category),
+                letter.object_identifier.to_string(),
+                letter.attempts.to_string(),
+                self.ago(Some(letter.dead_lettered_at)),
+                clip(&letter.error, 60),
+            ]);
+        }
+        table
+    }
+
+    pub(crate) fn dead_letters(
+        &self,
+        out: &mut dyn Write,
+        letters: &[DeadLetter],
+    ) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = letters
+                .iter()
+                .map(|letter| self.letter_json(letter))
+                .collect();
+            return self.emit(out, &listed);
+        }
+        if letters.is_empty() {
+            writeln!(out, "no dead letters")?;
+            return Ok(());
+        }
+        writeln!(out, "{}", render(&self.letter_table(letters)))?;
+        Ok(())
+    }
+
+    pub(crate) fn replayed(
+        &self,
+        out: &mut dyn Write,
+        letters: &[DeadLetter],
+        replayed: &[MessageId],
+        dry_run: bool,
+    ) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = letters
+                .iter()
+                .map(|letter| self.letter_json(letter))
+                .collect();
+            let ids: Vec<i64> = replayed.iter().map(|id| id.0).collect();
+            return self.emit(
+                out,
+                &json!({ "dry_run": dry_run, "dead_letters": listed, "replayed_as": ids }),
+            );
+        }
+        if dry_run {
+            writeln!(out, "would replay {} dead letter(s):", letters.len())?;
+        } else {
+            writeln!(
+                out,
+                "replayed {} dead letter(s) as messages {}",
+                replayed.len(),
+                replayed
+                    .iter()
+                    .map(|id| id.0.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )?;
+        }
+        if !letters.is_empty() {
+            writeln!(out, "{}", render(&self.letter_table(letters)))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn purged(
+        &self,
+        out: &mut dyn Write,
+        letters: &[DeadLetter],
+        purged: u64,
+        dry_run: bool,
+    ) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = letters
+                .iter()
+                .map(|letter| self.letter_json(letter))
+                .collect();
+            return self.emit(
+                out,
+                &json!({ "dry_run": dry_run, "dead_letters": listed, "purged": purged }),
+            );
+        }
+        if dry_run {
+            writeln!(out, "would purge {} dead letter(s):", letters.len())?;
+            if !letters.is_empty() {
+                writeln!(out, "{}", render(&self.letter_table(letters)))?;
+            }
+        } else {
+            writeln!(out, "purged {purged} dead letter(s)")?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sql(&self, out: &mut dyn Write, sql: &str) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(out, &json!({ "sql": sql }));
+        }
+        write!(out, "{sql}")?;
+        Ok(())
+    }
+
+    pub(crate) fn migrated(
+        &self,
+        out: &mut dyn Write,
+        migrated: &Migrated,
+    ) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(out, migrated);
+        }
+        let applied: Vec<i64> = migrated
+            .after
+            .iter()
+            .filter(|version| !migrated.before.contains(version))
+            .copied()
+            .collect();
+        if applied.is_empty() {
+            writeln!(
+                out,
+                "up to date: migrations {:?} applied before",
+                migrated.after
+            )?;
+        } else {
+            writeln!(
+                out,
+                "applied migrations {applied:?}; the database has {:?}",
+                migrated.after
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,543 @@
+//! The `outbox` command, run as a user runs it (the built binary), against real PostgreSQL
+//! and SQLite databases holding failing, parked, paused and dead-lettered shards.
+
+use std::process::Output;
+
+use assert_cmd::Command;
+use clap::Parser;
+use outbox_core::{
+    Admin, BoxError, Catalog, Delivery, Message, PauseTarget, Registry, Relay, ShardKey,
+};
+use outbox_sqlx::{Dialect, SqlxStore};
+use outbox_testkit::fixtures::{FutureCategory, OrgUpdate, ProjectUpdate, note};
+use outbox_testkit::postgres::{PgDatabase, PgTestDatabase};
+use outbox_testkit::sqlite::SqliteTestDatabase;
+use outbox_testkit::sqlx::{Provision, SqlxTestDatabase};
+use serde_json::Value;
+
+/// Where a test database is, as the command takes it.
+trait Url {
+    fn url(&self) -> String;
+}
+
+impl Url for PgTestDatabase {
+    fn url(&self) -> String {
+        SqlxTestDatabase::<PgDatabase>::url(self)
+    }
+}
+
+impl Url for SqliteTestDatabase {
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.path().display())
+    }
+}
+
+/// Runs `outbox ARGS` against `url`.
+fn outbox(url: &str, args: &[&str]) -> Output {
+    Command::cargo_bin("outbox")
+        .expect("the outbox binary")
+        .env("DATABASE_URL", url)
+        .args(args)
+        .output()
+        .expect("run outbox")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs `outbox ARGS`, expecting exit code `code`; its stdout.
+#[track_caller]
+fn expect(url: &str, args: &[&str], code: i32) -> String {
+    let output = outbox(url, args);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "outbox {args:?}\nstdout: {}\nstderr: {}",
+        stdout(&output),
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// Runs `outbox --json ARGS`, expecting success; its JSON.
+#[track_caller]
+fn json(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&expect(url, &all, 0)).expect("JSON output")
+}
+
+/// The organization scope's shard `n`.
+fn org(n: i64) -> ShardKey {
+    outbox_testkit::fixtures::org_shard(n)
+}
+
+/// A database with one shard of each kind: 1 backing off (its OrgUpdate handler fails, two
+/// messages), 2 paused (three messages), 3 parked on an unknown category, 4 due, and one dead
+/// letter (a ProjectUpdate of shard 5, set aside at its first failure).
+async fn operated<P: Provision>(database: &SqlxTestDatabase<P>) -> Registry {
+    let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
+    store
+        .pause(&PauseTarget::Shard(org(2)), Some("receiver maintenance"))
+        .await
+        .expect("pause");
+    let messages: Vec<Message> = vec![
+        note::<OrgUpdate>(1, 1, 1),
+        note::<OrgUpdate>(1, 2, 2),
+        note::<OrgUpdate>(2, 1, 3),
+        note::<OrgUpdate>(2, 2, 4),
+        note::<OrgUpdate>(2, 3, 5),
+        note::<FutureCategory>(3, 1, 6),
+        note::<ProjectUpdate>(5, 1, 7),
+    ];
+    write(database, &messages).await;
+    Relay::new(store, registry()).drain().await.expect("drain");
+    write(database, &[note::<OrgUpdate>(4, 1, 8)]).await;
+    registry()
+}
+
+/// Writes `messages` in a transaction of their own.
+async fn write<P: Provision>(database: &SqlxTestDatabase<P>, messages: &[Message]) {
+    let mut tx = outbox_sqlx::transaction::begin::<P::Dialect>(database.pool())
+        .await
+        .expect("begin");
+    tx.write_all(messages).await.expect("write");
+    tx.commit().await.expect("commit");
+}
+
+/// The test categories, with OrgUpdate failing in shard 1 and ProjectUpdate failing
+/// everywhere, set aside at its first failure.
+fn registry() -> Registry {
+    let org_update = |delivery: Delivery<OrgUpdate>| {
+        let fail = delivery.shard.shard_identifier == 1;
+        async move {
+            if fail {
+                return Err::<(), BoxError>("the receiver said 503".into());
+            }
+            Ok(())
+        }
+    };
+    let project_update =
+        |_: Delivery<ProjectUpdate>| async { Err::<(), BoxError>("no such project".into()) };
+    Registry::builder()
+        .handle::<OrgUpdate>(org_update)
+        .handle::<ProjectUpdate>(project_update)
+        .max_attempts::<ProjectUpdate>(1)
+        .build()
+        .expect("a registry")
+}
+
+/// `status`, `shards` and `messages` on a database with shards of every kind.
+async fn reads<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    operated(&database).await;
+    let url = database.url();
+
+    let status = expect(&url, &["status"], 0);
+    for line in [
+        "pending messages  7",
+        "shards            4: 1 due, 0 in flight, 1 backing off, 1 parked, 1 paused",
+        "dead letters      1",
+    ] {
+        assert!(status.contains(line), "{line:?} in:\n{status}");
+    }
+    let rows: Vec<Vec<&str>> = status
+        .lines()
+        .skip_while(|line| !line.starts_with("SHARD"))
+        .skip(1)
+        .map(|line| line.split_whitespace().take(3).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ["1:2", "paused", "3"],
+            ["1:1", "backing", "off"],
+            ["1:3", "parked", "1"],
+            ["1:4", "due", "1"],
+        ],
+        "{status}"
+    );
+    let status = json(&url, &["status", "--deepest", "2"]);
+    assert_eq!(status["pending_messages"], 7);
+    assert_eq!(status["shards_in_backoff"], 1);
+    assert_eq!(status["dead_letters"], 1);
+    let deepest: Vec<&str> = status["deepest"]
+        .as_array()
+        .expect("deepest")
+        .iter()
+        .map(|shard| shard["shard"].as_str().expect("a shard"))
+        .collect();
+    assert_eq!(deepest, ["1:2", "1:1"]);
+
+    let failing = json(&url, &["shards", "--failing"]);
+    let failing = failing.as_array().expect("shards");
+    assert_eq!(failing.len(), 2);
+    assert_eq!(failing[0]["shard"], "1:1");
+    assert_eq!(failing[0]["state"], "backing off");
+    assert_eq!(failing[0]["attempts"], 1);
+    assert!(
+        failing[0]["last_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("the receiver said 503"))
+    );
+    assert_eq!(failing[1]["state"], "parked");
+    assert_eq!(failing[1]["parked_category"], "99");
+    let paused = json(&url, &["shards", "--paused"]);
+    assert_eq!(paused[0]["shard"], "1:2");
+    let parked = json(&url, &["shards", "--parked"]);
+    assert_eq!(parked.as_array().map(Vec::len), Some(1));
+
+    let messages = expect(&url, &["messages", "--shard", "1:1"], 0);
+    assert!(
+        messages.contains("1 attempt(s)") && messages.contains("the receiver said 503"),
+        "{messages}"
+    );
+    let messages = json(&url, &["messages", "--shard", "1:2", "--limit", "2"]);
+    let listed = messages["messages"].as_array().expect("messages");
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["payload"]["seq"], 3);
+    assert_eq!(listed[1]["payload"]["seq"], 4);
+}
+
+/// `retry`, `pause`/`resume` and `dead-letters` change what they say, refuse what they
+/// cannot do with exit code 3, and change nothing then.
+async fn operations<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    operated(&database).await;
+    let url = database.url();
+    let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
+    let state = |shard: ShardKey| {
+        let store = store.clone();
+        async move {
+            store
+                .shard_states()
+                .await
+                .expect("states")
+                .into_iter()
+                .find(|state| state.shard == shard)
+                .expect("a state")
+        }
+    };
+
+    // Retry: due now, attempts kept; a second retry has nothing to do.
+    assert!(state(org(1)).await.retry_at > Some(std::time::SystemTime::now()));
+    expect(&url, &["retry", "1:1"], 0);
+    let retried = state(org(1)).await;
+    assert!(retried.retry_at <= Some(std::time::SystemTime::now()));
+    assert_eq!(retried.attempts, 1);
+    let refused = outbox(&url, &["retry", "1:1"]);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(
+        stderr(&refused).contains("not backing off"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // Pause and resume a scope; resuming what is not paused is refused.
+    expect(
+        &url,
+        &["pause", "--scope", "1", "--reason", "incident 42"],
+        0,
+    );
+    let pauses = json(&url, &["pauses"]);
+    let targets: Vec<&str> = pauses
+        .as_array()
+        .expect("pauses")
+        .iter()
+        .map(|pause| pause["target"].as_str().expect("a target"))
+        .collect();
+    assert_eq!(targets, ["shard 1:2", "scope 1"]);
+    assert_eq!(json(&url, &["status"])["shards_paused"], 4);
+    expect(&url, &["resume", "--scope", "1"], 0);
+    assert_eq!(expect(&url, &["resume", "--scope", "1"], 3), "");
+    expect(&url, &["pause", "--category", "2"], 0);
+    assert_eq!(store.pauses().await.expect("pauses").len(), 2);
+    expect(&url, &["resume", "--category", "2"], 0);
+    expect(&url, &["resume", "1:2"], 0);
+    assert!(store.pauses().await.expect("pauses").is_empty());
+
+    // Dead letters: listed; a replay of a category this binary does not know is refused.
+    let letters = json(&url, &["dead-letters", "list"]);
+    let letters = letters.as_array().expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["category"], "2");
+    assert!(
+        letters[0]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("no such project"))
+    );
+    let id = letters[0]["message_id"]
+        .as_i64()
+        .expect("an id")
+        .to_string();
+    let refused = outbox(&url, &["dead-letters", "replay", "--all"]);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(
+        stderr(&refused).contains("does not know category 2"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(
+        expect(&url, &["dead-letters", "replay"], 3),
+        "",
+        "a replay must say which"
+    );
+    let dry = json(
+        &url,
+        &[
+            "dead-letters",
+            "replay",
+            "--id",
+            &id,
+            "--allow-unknown-categories",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["dead_letters"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        store
+            .dead_letters(&Default::default())
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+
+    let pending_before = store.pending_messages(100).await.expect("pending").len();
+    let replayed = json(
+        &url,
+        &[
+            "dead-letters",
+            "replay",
+            "--id",
+            &id,
+            "--allow-unknown-categories",
+        ],
+    );
+    assert_eq!(replayed["replayed_as"].as_array().map(Vec::len), Some(1));
+    assert!(
+        store
+            .dead_letters(&Default::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    assert_eq!(
+        store.pending_messages(100).await.expect("pending").len(),
+        pending_before + 1
+    );
+    let again = outbox(
+        &url,
+        &[
+            "dead-letters",
+            "replay",
+            "--id",
+            &id,
+            "--allow-unknown-categories",
+        ],
+    );
+    assert_eq!(again.status.code(), Some(3));
+    assert!(
+        stderr(&again).contains(&format!("no dead letter with message id {id}")),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(
+        store.pending_messages(100).await.expect("pending").len(),
+        pending_before + 1,
+        "nothing changed"
+    );
+
+    // Purge: the replayed message fails again and is set aside again; purged for good.
+    Relay::new(store.clone(), registry())
+        .drain()
+        .await
+        .expect("drain");
+    let dry = json(
+        &url,
+        &["dead-letters", "purge", "--category", "2", "--dry-run"],
+    );
+    assert_eq!(dry["dead_letters"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        store
+            .dead_letters(&Default::default())
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+    let purged = json(&url, &["dead-letters", "purge", "--category", "2"]);
+    assert_eq!(purged["purged"], 1);
+    assert!(
+        store
+            .dead_letters(&Default::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}
+
+/// Names: a binary that knows the categories shows and reads them.
+async fn names<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    let registry = operated(&database).await;
+    let catalog = Catalog::of(&registry);
+    let url = database.url();
+    let run = |args: &[&str]| {
+        let catalog = catalog.clone();
+        let mut argv = vec!["outbox", "--database-url", url.as_str()];
+        argv.extend_from_slice(args);
+        let cli = outbox_cli::Cli::parse_from(argv);
+        async move {
+            let mut out = Vec::new();
+            let result = outbox_cli::run(cli, &catalog, &mut out).await;
+            (result, String::from_utf8(out).expect("UTF-8"))
+        }
+    };
+    let (result, shown) = run(&["shards"]).await;
+    result.expect("shards");
+    assert!(shown.contains("organization:1"), "{shown}");
+    let (result, shown) = run(&["messages", "--shard", "organization:1"]).await;
+    result.expect("messages");
+    assert!(shown.contains("org_update"), "{shown}");
+    let (result, shown) = run(&[
+        "--json",
+        "dead-letters",
+        "replay",
+        "--category",
+        "project_update",
+        "--dry-run",
+    ])
+    .await;
+    result.expect("a known category's replay is not refused");
+    assert!(
+        shown.contains("\"category\": \"project_update\""),
+        "{shown}"
+    );
+    let (result, _) = run(&["pause", "--category", "webhook"]).await;
+    let error = result.expect_err("an unknown name");
+    assert_eq!(error.exit_code(), 3);
+    assert!(error.to_string().contains("org_update"), "{error}");
+}
+
+/// Migrations: applied, then up to date; printed, applied by another tool, then found.
+async fn migrations<P: Provision>(database: SqlxTestDatabase<P>, printed: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    let versions: Vec<i64> = P::Dialect::MIGRATIONS.iter().map(|m| m.version).collect();
+    let url = database.url();
+    let refused = outbox(&url, &["status"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("apply the migrations with `outbox migrate`"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(stderr(&refused).lines().count(), 1, "one line");
+    let first = json(&url, &["migrate"]);
+    assert_eq!(first["before"], serde_json::json!([]));
+    assert_eq!(first["after"], serde_json::json!(versions));
+    assert!(expect(&url, &["migrate"], 0).contains("up to date"));
+    expect(&url, &["status"], 0);
+
+    let sql = expect(&printed.url(), &["migrate", "--print"], 0);
+    printed.execute(&sql).await;
+    assert!(expect(&printed.url(), &["migrate"], 0).contains("up to date"));
+    assert!(expect(&printed.url(), &["status"], 0).contains("pending messages  0"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_reads() {
+    reads(PgTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_reads() {
+    reads(SqliteTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_operations() {
+    operations(PgTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_operations() {
+    operations(SqliteTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_names() {
+    names(PgTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_names() {
+    names(SqliteTestDatabase::migrated().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_migrations() {
+    migrations(
+        PgTestDatabase::create().await,
+        PgTestDatabase::create().await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_migrations() {
+    migrations(
+        SqliteTestDatabase::create().await,
+        SqliteTestDatabase::create().await,
+    )
+    .await;
+}
+
+#[test]
+fn bad_input_is_one_line_and_a_testable_exit_code() {
+    let down = outbox("postgres://postgres@127.0.0.1:1/none", &["status"]);
+    assert_eq!(down.status.code(), Some(1));
+    assert!(
+        stderr(&down).contains("database unavailable"),
+        "{}",
+        stderr(&down)
+    );
+    assert_eq!(stderr(&down).lines().count(), 1, "{}", stderr(&down));
+
+    let dir = tempfile::tempdir().expect("a directory");
+    let missing = format!("sqlite://{}", dir.path().join("none.db").display());
+    let refused = outbox(&missing, &["status"]);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(
+        stderr(&refused).contains("no database file"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!dir.path().join("none.db").exists(), "nothing created");
+
+    let usage = Command::cargo_bin("outbox")
+        .expect("the outbox binary")
+        .env_remove("DATABASE_URL")
+        .arg("status")
+        .output()
+        .expect("run outbox");
+    assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
+
+    let mysql = outbox("mysql://db/app", &["status"]);
+    assert_eq!(mysql.status.code(), Some(1));
+    assert!(stderr(&mysql).contains("expected a `postgres://` or `sqlite:` URL"));
+}

@@ -1,0 +1,110 @@
+//! The names of scopes and categories a binary knows: for tools that show and read them
+//! (the `outbox` command), without handlers.
+
+use crate::declare::{CategoryDeclaration, ScopeDeclaration};
+use crate::model::{CategoryId, ScopeId};
+use crate::registry::Registry;
+
+/// A category's names, as a [`Catalog`] knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NamedCategory {
+    /// The stable id.
+    pub id: CategoryId,
+    /// The name.
+    pub name: &'static str,
+    /// The scope it belongs to.
+    pub scope: ScopeId,
+}
+
+/// The scopes and categories a binary knows by name: those declared with the attribute macros
+/// in any crate it links ([`Catalog::discovered`]), or a registry's ([`Catalog::of`]). What the
+/// `outbox` command uses to show names instead of ids, to read names given on its command
+/// line, and to refuse to replay a dead letter of a category this binary does not know.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Catalog {
+    scopes: Vec<(ScopeId, &'static str)>,
+    categories: Vec<NamedCategory>,
+}
+
+impl Catalog {
+    /// No names: every scope and category is shown by its id.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// The scopes and categories declared with `#[outbox_scope]`, `#[outbox_category]`,
+    /// `#[outbox_categories]` and `#[replicated_model]` in this binary (in any crate it links).
+    pub fn discovered() -> Self {
+        let mut catalog = Self::default();
+        for scope in inventory::iter::<ScopeDeclaration> {
+            catalog.add_scope(scope.id, scope.name);
+        }
+        for category in inventory::iter::<CategoryDeclaration> {
+            catalog.add_scope(category.scope, category.scope_name);
+            catalog.add_category(category.id, category.name, category.scope);
+        }
+        catalog
+    }
+
+    /// The scopes and categories of `registry`, added to this catalog's.
+    pub fn with_registry(mut self, registry: &Registry) -> Self {
+        for info in registry.categories() {
+            self.add_scope(info.scope, info.scope_name);
+            self.add_category(info.id, info.name, info.scope);
+        }
+        self
+    }
+
+    /// The scopes and categories of `registry`.
+    pub fn of(registry: &Registry) -> Self {
+        Self::empty().with_registry(registry)
+    }
+
+    fn add_scope(&mut self, id: ScopeId, name: &'static str) {
+        if !self.scopes.iter().any(|(known, _)| *known == id) {
+            self.scopes.push((id, name));
+            self.scopes.sort_unstable();
+        }
+    }
+
+    fn add_category(&mut self, id: CategoryId, name: &'static str, scope: ScopeId) {
+        if !self.categories.iter().any(|known| known.id == id) {
+            self.categories.push(NamedCategory { id, name, scope });
+            self.categories.sort_unstable_by_key(|category| category.id);
+        }
+    }
+
+    /// The category with id `id`, if known.
+    pub fn category(&self, id: CategoryId) -> Option<&NamedCategory> {
+        self.categories.iter().find(|category| category.id == id)
+    }
+
+    /// The category named `name`, if known.
+    pub fn category_named(&self, name: &str) -> Option<&NamedCategory> {
+        self.categories
+            .iter()
+            .find(|category| category.name == name)
+    }
+
+    /// Every known category, by id.
+    pub fn categories(&self) -> &[NamedCategory] {
+        &self.categories
+    }
+
+    /// The name of scope `id`, if known.
+    pub fn scope_name(&self, id: ScopeId) -> Option<&'static str> {
+        self.scopes
+            .iter()
+            .find(|(known, _)| *known == id)
+            .map(|(_, name)| *name)
+    }
+
+    /// The scope named `name`, if known.
+    pub fn scope_named(&self, name: &str) -> Option<ScopeId> {
+        self.scopes
+            .iter()
+            .find(|(_, known)| *known == name)
+            .map(|(id, _)| *id)
+    }
+}
