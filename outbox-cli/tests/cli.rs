@@ -537,7 +537,11 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
         .expect("run outbox");
     assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
 
-    let mysql = outbox("mysql://db/app", &["status"]);
+    let mysql = outbox("mysql://app:secret@db/app", &["migrate"]);
     assert_eq!(mysql.status.code(), Some(1));
     assert!(stderr(&mysql).contains("expected a `postgres://` or `sqlite:` URL"));
+    assert!(
+        !stderr(&mysql).contains("secret"),
+        "the URL's password is not shown"
+    );
 }
