@@ -459,52 +459,34 @@ where
     assert!(expect(&printed.url(), &["status"], 0).contains("pending messages  0"));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_reads() {
-    reads(PgTestDatabase::migrated().await).await;
+/// One test per backend for each scenario: `name(database…)`, each database fresh and
+/// `migrated` or `create`d empty.
+macro_rules! on_both_backends {
+    ($($scenario:ident($($made:ident),+);)+) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $scenario() {
+                    super::$scenario($(super::PgTestDatabase::$made().await),+).await;
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $scenario() {
+                    super::$scenario($(super::SqliteTestDatabase::$made().await),+).await;
+                }
+            )+
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sqlite_reads() {
-    reads(SqliteTestDatabase::migrated().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_operations() {
-    operations(PgTestDatabase::migrated().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sqlite_operations() {
-    operations(SqliteTestDatabase::migrated().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_names() {
-    names(PgTestDatabase::migrated().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sqlite_names() {
-    names(SqliteTestDatabase::migrated().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_migrations() {
-    migrations(
-        PgTestDatabase::create().await,
-        PgTestDatabase::create().await,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sqlite_migrations() {
-    migrations(
-        SqliteTestDatabase::create().await,
-        SqliteTestDatabase::create().await,
-    )
-    .await;
+on_both_backends! {
+    reads(migrated);
+    operations(migrated);
+    names(migrated);
+    migrations(create, create);
 }
 
 #[test]

@@ -371,39 +371,8 @@ const PAUSES: &str = "\
     FROM outbox_pauses ORDER BY paused_at, kind, shard_scope, shard_identifier, destination, \
         category";
 
-// The rows of paused shards: those of paused shards and scopes found through the shard index
-// from the (few) pauses; those of category pauses by a scan, which runs only while one is in
-// force. Of them, a coalescing row with an older and a newer row in its group goes.
-const COMPACT_PAUSED: &str = "\
-    DELETE FROM outbox_messages WHERE id IN ( \
-        SELECT x.id FROM ( \
-            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
-                ON x.shard_scope = p.shard_scope AND x.shard_identifier = p.shard_identifier \
-                AND x.destination = p.destination \
-            WHERE p.kind = 'shard' \
-            UNION ALL \
-            SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
-                ON x.shard_scope = p.shard_scope \
-            WHERE p.kind = 'scope' \
-            UNION ALL \
-            SELECT x.* FROM outbox_messages x \
-            WHERE EXISTS (SELECT 1 FROM outbox_pauses WHERE kind = 'category') \
-                AND EXISTS (SELECT 1 FROM outbox_pauses p WHERE p.kind = 'category' \
-                    AND EXISTS (SELECT 1 FROM outbox_messages pm \
-                        WHERE pm.shard_scope = x.shard_scope \
-                            AND pm.shard_identifier = x.shard_identifier \
-                            AND pm.destination = x.destination AND pm.category = p.category)) \
-        ) x \
-        WHERE x.category IN (SELECT value FROM json_each(?1)) \
-            AND EXISTS (SELECT 1 FROM outbox_messages o \
-                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
-                    AND o.destination = x.destination AND o.category = x.category \
-                    AND o.object_identifier = x.object_identifier AND o.id < x.id) \
-            AND EXISTS (SELECT 1 FROM outbox_messages o \
-                WHERE o.shard_scope = x.shard_scope AND o.shard_identifier = x.shard_identifier \
-                    AND o.destination = x.destination AND o.category = x.category \
-                    AND o.object_identifier = x.object_identifier AND o.id > x.id) \
-        LIMIT ?2)";
+const COMPACT_PAUSED: &str =
+    outbox_sqlx::compact_paused!("x.category IN (SELECT value FROM json_each(?1))", "", "?2");
 
 // Each shard with pending messages, with its state: what operators list and count.
 macro_rules! shard_view {

@@ -195,6 +195,62 @@ macro_rules! paused {
     };
 }
 
+/// The statement of [`Statements::compact_paused`], in the SQL both backends share: in paused
+/// shards, deletes the rows of coalescing groups that have an older and a newer row. The rows
+/// of paused shards and scopes are found through the shard index from the (few) pauses; those
+/// of category pauses by a scan, which runs only while one is in force. `$categories` is the
+/// condition that `x.category` is one of the categories given (in the dialect's way of binding
+/// a list), `$same_object` what more than `object_identifier` rows `o` and `x` share to hold
+/// the same object ("" if nothing), `$limit` the limit's parameter.
+#[macro_export]
+macro_rules! compact_paused {
+    ($categories:literal, $same_object:literal, $limit:literal) => {
+        concat!(
+            "DELETE FROM outbox_messages WHERE id IN ( \
+                SELECT x.id FROM ( \
+                    SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                        ON x.shard_scope = p.shard_scope \
+                        AND x.shard_identifier = p.shard_identifier \
+                        AND x.destination = p.destination \
+                    WHERE p.kind = 'shard' \
+                    UNION ALL \
+                    SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
+                        ON x.shard_scope = p.shard_scope \
+                    WHERE p.kind = 'scope' \
+                    UNION ALL \
+                    SELECT x.* FROM outbox_messages x \
+                    WHERE EXISTS (SELECT 1 FROM outbox_pauses WHERE kind = 'category') \
+                        AND EXISTS (SELECT 1 FROM outbox_pauses p WHERE p.kind = 'category' \
+                            AND EXISTS (SELECT 1 FROM outbox_messages pm \
+                                WHERE pm.shard_scope = x.shard_scope \
+                                    AND pm.shard_identifier = x.shard_identifier \
+                                    AND pm.destination = x.destination \
+                                    AND pm.category = p.category)) \
+                ) x \
+                WHERE ",
+            $categories,
+            " \
+                    AND EXISTS (SELECT 1 FROM outbox_messages o \
+                        WHERE o.shard_scope = x.shard_scope \
+                            AND o.shard_identifier = x.shard_identifier \
+                            AND o.destination = x.destination AND o.category = x.category \
+                            AND o.object_identifier = x.object_identifier ",
+            $same_object,
+            " AND o.id < x.id) \
+                    AND EXISTS (SELECT 1 FROM outbox_messages o \
+                        WHERE o.shard_scope = x.shard_scope \
+                            AND o.shard_identifier = x.shard_identifier \
+                            AND o.destination = x.destination AND o.category = x.category \
+                            AND o.object_identifier = x.object_identifier ",
+            $same_object,
+            " AND o.id > x.id) \
+                LIMIT ",
+            $limit,
+            ")"
+        )
+    };
+}
+
 /// A shard claim, as a backend's [`Dialect::claim`] makes it.
 #[derive(Debug)]
 pub struct Claim<D: Dialect> {
