@@ -112,10 +112,20 @@ pub struct Undelivered {
     pub messages: u64,
     /// How long the flush waited for the shard.
     pub waited: Duration,
+    /// Whether a pause holds the shard (S23): the flush did not wait for it, and its rows are
+    /// delivered once it is resumed.
+    pub paused: bool,
 }
 
 impl std::fmt::Display for Undelivered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.paused {
+            return write!(
+                f,
+                "{} message(s) in {}, which is paused: they are delivered once it is resumed",
+                self.messages, self.shard
+            );
+        }
         write!(
             f,
             "{} message(s) in {}, which another worker held (or which was backing off) for the \

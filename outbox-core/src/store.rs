@@ -597,6 +597,10 @@ pub trait Store: Clone + Send + Sync + 'static {
         up_to: MessageId,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// Whether a pause holds `shard` (S23): what a flush asks before it waits for a shard it
+    /// could not claim.
+    fn is_paused(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
+
     /// In paused shards, deletes up to `limit` rows of the `coalescing` categories that are
     /// neither the oldest nor the newest row of their group: what a long pause would otherwise
     /// pile up (S23). The newest row carries the payload to deliver and the oldest keeps the

@@ -480,6 +480,10 @@ impl Dialect for PgDialect {
                     AND shard_identifier = $3 AND destination = $4 AND category = $5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        is_paused: concat!(
+            "SELECT ",
+            outbox_sqlx::paused!("$1::smallint", "$2::bigint", "$3::text")
+        ),
         status: STATUS,
         shards: SHARDS,
         shard_messages: SHARD_MESSAGES,

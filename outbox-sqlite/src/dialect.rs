@@ -538,6 +538,7 @@ impl Dialect for SqliteDialect {
                     AND shard_identifier = ?3 AND destination = ?4 AND category = ?5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        is_paused: concat!("SELECT ", outbox_sqlx::paused!("?1", "?2", "?3")),
         status: STATUS,
         shards: SHARDS,
         shard_messages: SHARD_MESSAGES,

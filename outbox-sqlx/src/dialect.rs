@@ -145,6 +145,8 @@ pub struct Statements {
     pub resume: &'static str,
     /// Every pause: kind, scope, identifier, destination, category, reason, since (ms).
     pub pauses: &'static str,
+    /// Whether a pause holds a shard: `$1..$3` the shard; returns a boolean.
+    pub is_paused: &'static str,
     /// The outbox at a glance, in one row: shards with pending messages, pending messages,
     /// the oldest's creation time (ms), then the shards due, in flight, backing off, parked
     /// and paused (each `i64`), the dead letters and the oldest's time set aside (ms).

@@ -295,6 +295,11 @@ impl<D: Dialect> Store for SqlxStore<D> {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
+    async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {
+        let query = shard_keyed::<D>(D::SQL.is_paused, shard);
+        self.scalar(query, "reading a shard's pauses").await
+    }
+
     async fn compact_paused(&self, coalescing: &[CategoryId], limit: usize) -> Result<u64, Error> {
         let categories = coalescing.iter().map(|category| category.0).collect();
         let query = D::bind_categories(sqlx::query(D::SQL.compact_paused), categories)

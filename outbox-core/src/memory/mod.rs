@@ -380,6 +380,12 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {
+        self.operation("reading a shard's pauses", |tables, _| {
+            tables.is_paused(shard)
+        })
+    }
+
     async fn compact_paused(&self, coalescing: &[CategoryId], limit: usize) -> Result<u64, Error> {
         self.operation("compacting paused shards", |tables, _| {
             tables.compact_paused(coalescing, limit)

@@ -153,7 +153,7 @@ impl Tables {
     }
 
     /// Whether a pause holds `shard`.
-    fn is_paused(&self, shard: &ShardKey) -> bool {
+    pub(super) fn is_paused(&self, shard: &ShardKey) -> bool {
         self.pauses.keys().any(|target| {
             target.pauses(shard, |category| {
                 self.shards

@@ -24,7 +24,8 @@ impl<S: Store> Relay<S> {
     /// a [`FlushError::Delivery`], its data committed, its rows left for the relay, the
     /// shard's schedule not pushed back. Budgets do not cut a flush short. A shard another
     /// worker holds is waited for, up to [`RelayConfig::flush_wait`], then drained; past
-    /// that, the flush is a [`FlushError::Incomplete`] naming the rows left.
+    /// that, the flush is a [`FlushError::Incomplete`] naming the rows left. A paused shard
+    /// (S23) is not waited for: its rows are named at once, as paused.
     ///
     /// `written` comes from the backend's `OutboxTransaction::commit`: the shards of a
     /// transaction that has not committed cannot be had.
@@ -120,11 +121,14 @@ impl<S: Store> Inner<S> {
                 return Ok((runs, None));
             }
             let waited = started.elapsed();
-            if waited >= self.config.flush_wait {
+            // A paused shard is not waited for: a pause can last, and writers must not stall.
+            let paused = self.store.is_paused(shard).await?;
+            if paused || waited >= self.config.flush_wait {
                 let left = Undelivered {
                     shard: shard.clone(),
                     messages,
                     waited,
+                    paused,
                 };
                 return Ok((runs, Some(left)));
             }

@@ -260,7 +260,7 @@ pub async fn flush_due_leaves_cascades_for_the_next_pass<B: StoreBackend>() {
 }
 
 /// Writes `messages` with the flushing transaction and commits: what the commit gives to flush.
-async fn committed<B: StoreBackend>(backend: &B, messages: &[Message]) -> WrittenShards {
+pub(crate) async fn committed<B: StoreBackend>(backend: &B, messages: &[Message]) -> WrittenShards {
     backend.commit(messages).await.expect("write and commit")
 }
 

@@ -678,3 +678,48 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
         ids[2..4]
     );
 }
+
+/// S23 with S2: a flush does not wait for a paused shard (a pause can last, and writers must
+/// not stall): it delivers the other shards and names the paused one's rows at once, as paused,
+/// and they are delivered once it is resumed.
+pub async fn s23_a_flush_does_not_wait_for_a_paused_shard<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let config = config("s23-flush")
+        .to_builder()
+        .flush_wait(Duration::from_secs(60))
+        .build()
+        .expect("a valid relay configuration");
+    let relay = Relay::with_config(store.clone(), recorder.registry(), config);
+    let paused = PauseTarget::Scope(OrgScope::ID);
+    store.pause(&paused, None).await.expect("pause");
+    let written = super::flush::committed(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<UserUpdate>(1, 1, 2)],
+    )
+    .await;
+
+    let error = relay.flush(&written).await.expect_err("shard 1 is paused");
+    let outbox_core::FlushError::Incomplete { remaining, report } = &error else {
+        panic!("expected an incomplete flush, got {error:?}");
+    };
+    assert_eq!(report.deliveries, 1, "the user shard is delivered");
+    let [left] = remaining.as_slice() else {
+        panic!("one shard left: {remaining:?}");
+    };
+    assert_eq!(
+        (left.shard.clone(), left.messages, left.paused),
+        (org_shard(1), 1, true)
+    );
+    assert!(
+        left.waited < Duration::from_secs(60),
+        "not waited for: {:?}",
+        left.waited
+    );
+    assert!(error.to_string().contains("which is paused"), "{error}");
+
+    store.resume(&paused).await.expect("resume");
+    relay.flush(&written).await.expect("delivered once resumed");
+    assert_eq!(delivered(&recorder, 1), [(1, 1)]);
+}
