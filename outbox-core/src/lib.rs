@@ -118,8 +118,8 @@ pub use crate::model::{
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{
-    Backoff, DeadLettered, DrainReport, MaintenanceReport, Relay, RelayConfig, RelayConfigBuilder,
-    RunReport, ShardFailure,
+    Backoff, DeadLettered, DrainReport, Health, MaintenanceReport, Relay, RelayConfig,
+    RelayConfigBuilder, RunReport, ShardFailure,
 };
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,

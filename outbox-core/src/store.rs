@@ -597,6 +597,13 @@ pub trait Store: Clone + Send + Sync + 'static {
         up_to: MessageId,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// How long the oldest pending message of a shard that is due or held has waited (by the
+    /// database's clock); `None` if there is none. Shards backing off after a failure (and not
+    /// made due by a newer message) and paused shards are skipped: reading in id order, the
+    /// cost follows the rows of those ahead of the first due one. What
+    /// [`Relay::health`](crate::Relay::health) reports as lag.
+    fn oldest_due_age(&self) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+
     /// Whether a pause holds `shard` (S23): what a flush asks before it waits for a shard it
     /// could not claim.
     fn is_paused(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;

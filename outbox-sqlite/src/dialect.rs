@@ -371,6 +371,26 @@ const PAUSES: &str = "\
     FROM outbox_pauses ORDER BY paused_at, kind, shard_scope, shard_identifier, destination, \
         category";
 
+// In id order, the first row whose shard is not backing off (with no message newer than its
+// failure) nor paused.
+const OLDEST_DUE_AGE: &str = concat!(
+    "SELECT ",
+    now!(),
+    " - m.created_at \
+    FROM outbox_messages m \
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_shards s \
+            WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
+                AND s.destination = m.destination AND s.retry_at > ",
+    now!(),
+    " AND NOT EXISTS (SELECT 1 FROM outbox_messages n \
+                    WHERE n.shard_scope = m.shard_scope \
+                        AND n.shard_identifier = m.shard_identifier \
+                        AND n.destination = m.destination AND n.id > s.watermark)) \
+        AND NOT ",
+    outbox_sqlx::paused!("m.shard_scope", "m.shard_identifier", "m.destination"),
+    " ORDER BY m.id LIMIT 1"
+);
+
 const COMPACT_PAUSED: &str =
     outbox_sqlx::compact_paused!("x.category IN (SELECT value FROM json_each(?1))", "", "?2");
 
@@ -538,6 +558,7 @@ impl Dialect for SqliteDialect {
                     AND shard_identifier = ?3 AND destination = ?4 AND category = ?5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        oldest_due_age: OLDEST_DUE_AGE,
         is_paused: concat!("SELECT ", outbox_sqlx::paused!("?1", "?2", "?3")),
         status: STATUS,
         shards: SHARDS,

@@ -145,6 +145,10 @@ pub struct Statements {
     pub resume: &'static str,
     /// Every pause: kind, scope, identifier, destination, category, reason, since (ms).
     pub pauses: &'static str,
+    /// The age in milliseconds (`i64`) of the oldest pending message whose shard is not
+    /// backing off (with no message newer than its failure) nor paused; no row if there is
+    /// none. Reads in id order.
+    pub oldest_due_age: &'static str,
     /// Whether a pause holds a shard: `$1..$3` the shard; returns a boolean.
     pub is_paused: &'static str,
     /// The outbox at a glance, in one row: shards with pending messages, pending messages,

@@ -295,6 +295,18 @@ impl<D: Dialect> Store for SqlxStore<D> {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
+    async fn oldest_due_age(&self) -> Result<Option<Duration>, Error> {
+        const OPERATION: &str = "reading the oldest due message";
+        let rows = self
+            .rows(sqlx::query(D::SQL.oldest_due_age), OPERATION)
+            .await?;
+        rows.first()
+            .map(|row| get::<D::Database, i64>(row, 0))
+            .transpose()
+            .map(|ms| ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+            .map_err(database::<D>(OPERATION))
+    }
+
     async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {
         let query = shard_keyed::<D>(D::SQL.is_paused, shard);
         self.scalar(query, "reading a shard's pauses").await

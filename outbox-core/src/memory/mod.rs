@@ -380,6 +380,12 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn oldest_due_age(&self) -> Result<Option<Duration>, Error> {
+        self.operation("reading the oldest due message", |tables, now| {
+            tables.oldest_due_age(now)
+        })
+    }
+
     async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {
         self.operation("reading a shard's pauses", |tables, _| {
             tables.is_paused(shard)

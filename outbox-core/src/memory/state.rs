@@ -152,6 +152,22 @@ impl Tables {
             })
     }
 
+    /// How long the oldest message of a shard that is not backing off or paused has waited.
+    pub(super) fn oldest_due_age(&self, now: SystemTime) -> Option<Duration> {
+        self.messages
+            .values()
+            .find(|row| {
+                let waiting = self.records.get(&row.shard).is_some_and(|record| {
+                    record.retry_at.is_some_and(|at| at > now)
+                        && self
+                            .newest_in(&row.shard)
+                            .is_none_or(|newest| newest <= record.watermark)
+                });
+                !waiting && !self.is_paused(&row.shard)
+            })
+            .map(|row| now.duration_since(row.created_at).unwrap_or_default())
+    }
+
     /// Whether a pause holds `shard`.
     pub(super) fn is_paused(&self, shard: &ShardKey) -> bool {
         self.pauses.keys().any(|target| {

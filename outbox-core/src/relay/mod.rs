@@ -17,6 +17,7 @@
 mod config;
 mod deliver;
 mod flush;
+mod health;
 mod plan;
 mod pool;
 mod report;
@@ -30,6 +31,8 @@ use tokio::sync::{Notify, OnceCell, watch};
 use tracing::{Instrument, debug, info, info_span};
 
 pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};
+pub use self::health::Health;
+use self::health::Vitals;
 use self::pool::ShardPool;
 pub use self::report::{DrainReport, MaintenanceReport, RunReport};
 use self::run::RunLoop;
@@ -77,6 +80,8 @@ struct Inner<S> {
     prepared: OnceCell<()>,
     /// Leases of shards whose drain the database interrupted: released once it answers again.
     interrupted: std::sync::Mutex<Vec<Lease>>,
+    /// What [`Relay::health`] reports.
+    vitals: Vitals,
 }
 
 impl<S: Store> Relay<S> {
@@ -102,6 +107,7 @@ impl<S: Store> Relay<S> {
                 wake: Notify::new(),
                 prepared: OnceCell::new(),
                 interrupted: std::sync::Mutex::default(),
+                vitals: Vitals::default(),
             }),
         }
     }
@@ -185,6 +191,23 @@ impl<S: Store> Relay<S> {
             collect(drained, report, &mut first_error);
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The relay's health, for a service's liveness and readiness probes (see [`Health`]):
+    /// whether [`Relay::run`] runs, when this relay last claimed a shard and acknowledged
+    /// messages, the shards it drains now, and, from one query to the database (which says
+    /// whether it answers), how long the oldest message of a due shard has waited. That query
+    /// reads pending rows in id order, skipping those of shards backing off or paused ahead of
+    /// the first due one: cheap while the relays keep up. Never fails: a database that does
+    /// not answer is [`Health::database_reachable`] `false`.
+    pub async fn health(&self) -> Health {
+        let lag = self
+            .inner
+            .store
+            .oldest_due_age()
+            .await
+            .map_err(|error| crate::error::error_chain(&error));
+        self.inner.vitals.health(lag)
     }
 
     /// The relay's upkeep, once (what [`Relay::run`] does every
@@ -338,6 +361,7 @@ impl<S: Store> Inner<S> {
             let Some(session) = self.store.claim(shard, &self.claim).await? else {
                 return Ok(None);
             };
+            let _in_flight = self.vitals.claimed();
             let lease = session.lease().clone();
             let drained = shard::drain(session, self, stopping, mode).await;
             if drained.is_err() {

@@ -59,6 +59,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
 
     /// Runs until shutdown, then stops: the whole of [`Relay::run`](crate::Relay::run).
     pub(super) async fn run(mut self) -> Result<RunReport, Error> {
+        let inner: &'r Arc<Inner<S>> = self.inner;
+        let _running = inner.vitals.running();
         if self.prepare().await?.is_break() {
             return Ok(self.report);
         }

@@ -412,6 +412,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     async fn acknowledge(&mut self, acks: &[Acknowledgement]) -> Result<bool, Error> {
         match self.session.ack(acks).await {
             Ok(rows) => {
+                self.state.inner.vitals.acknowledged();
                 self.state.rows_acknowledged += rows;
                 self.state.progressed = true;
                 Ok(true)
@@ -434,6 +435,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         };
         match self.session.dead_letter(&letter).await {
             Ok(rows) => {
+                self.state.inner.vitals.acknowledged();
                 let shard = self.state.lease.shard.clone();
                 warn!(%shard, attempts = failed.attempt, rows, error = %letter.error, "group set aside as dead letters after its category's max_attempts; the shard goes on");
                 self.state.progressed = true;
@@ -458,6 +460,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         let Self { session, mut state } = self;
         match session.ack_and_finish(acks, Outcome::Drained).await {
             Ok((rows, released)) => {
+                state.inner.vitals.acknowledged();
                 state.rows_acknowledged += rows;
                 if !released {
                     warn!(shard = %state.lease.shard, "lease lost before releasing; another worker owns the shard");

@@ -178,3 +178,66 @@ async fn run_rides_out_an_outage() {
     assert_eq!(recorder.seen()[1].attempt, 2);
     assert_eq!(recorder.seen()[1].shard, shard(1).shard_identifier);
 }
+
+/// `Relay::health` for the probes: not live before `run`; live and ready while it runs, with
+/// the shards in flight, the last claim and acknowledgement; live but not ready while the
+/// database does not answer, ready again when it does; the lag of the oldest due message by
+/// the store's clock, not counting shards backing off.
+#[tokio::test]
+async fn health_tells_the_probes_what_they_need() {
+    let (store, clock) = clocked();
+    let recorder = Recorder::default();
+    let gate = Gate::new();
+    let relay = relay(
+        &store,
+        recorder.registry_with(gate.handler(&recorder)),
+        config("health"),
+    );
+    let idle = relay.health().await;
+    assert!(!idle.is_live() && !idle.is_ready(), "{idle:?}");
+    assert!(idle.database_reachable);
+    assert_eq!(
+        (idle.oldest_due_lag, idle.last_claim_at, idle.last_ack_at),
+        (None, None, None)
+    );
+
+    store.write(&msg::<Update>(1, 1, 1));
+    clock.advance(Duration::from_secs(42));
+    assert_eq!(
+        relay.health().await.oldest_due_lag,
+        Some(Duration::from_secs(42)),
+        "by the store's clock"
+    );
+
+    let (stopper, task) = running(&relay);
+    gate.entered().await;
+    let busy = relay.health().await;
+    assert!(busy.is_live() && busy.is_ready(), "{busy:?}");
+    assert_eq!(busy.shards_in_flight, 1);
+    assert!(busy.last_claim_at.is_some() && busy.last_ack_at.is_none());
+    assert_eq!(
+        busy.oldest_due_lag,
+        Some(Duration::from_secs(42)),
+        "in flight"
+    );
+
+    store.set_unavailable(true);
+    let outage = relay.health().await;
+    assert!(outage.is_live() && !outage.is_ready(), "{outage:?}");
+    assert!(
+        outage
+            .database_error
+            .as_deref()
+            .is_some_and(|error| error.contains("database unavailable")),
+        "{outage:?}"
+    );
+    store.set_unavailable(false);
+    gate.open();
+    eventually("the message is acknowledged", || store.pending().is_empty()).await;
+    let done = relay.health().await;
+    assert!(done.is_ready() && done.last_ack_at.is_some(), "{done:?}");
+    assert_eq!((done.shards_in_flight, done.oldest_due_lag), (0, None));
+
+    stop(stopper, task).await;
+    assert!(!relay.health().await.is_live(), "stopped");
+}

@@ -141,6 +141,7 @@ macro_rules! store_conformance_tests {
             s23_scope_and_category_pauses_hold_their_shards,
             operators_see_status_shards_and_messages,
             s23_a_flush_does_not_wait_for_a_paused_shard,
+            health_lag_counts_due_shards_only,
         );
     };
 }

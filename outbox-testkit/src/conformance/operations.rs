@@ -723,3 +723,46 @@ pub async fn s23_a_flush_does_not_wait_for_a_paused_shard<B: StoreBackend>() {
     relay.flush(&written).await.expect("delivered once resumed");
     assert_eq!(delivered(&recorder, 1), [(1, 1)]);
 }
+
+/// `Relay::health` on a real store: the database answers; the lag counts the oldest message
+/// of a due shard, not those of a shard backing off or paused; a relay that does not run is
+/// not live.
+pub async fn health_lag_counts_due_shards_only<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler = failing_while::<OrgUpdate>(&recorder, |shard, _| shard == 1);
+    let relay = Relay::with_config(
+        store.clone(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("health"),
+    );
+    let idle = relay.health().await;
+    assert!(idle.database_reachable && !idle.is_live(), "{idle:?}");
+    assert_eq!(idle.oldest_due_lag, None, "nothing pending");
+
+    write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    assert!(relay.health().await.oldest_due_lag.is_some(), "due");
+    relay.drain().await.expect("drain");
+    let failed = relay.health().await;
+    assert_eq!(failed.oldest_due_lag, None, "shard 1 backs off: {failed:?}");
+    assert!(failed.last_claim_at.is_some() && failed.last_ack_at.is_none());
+
+    store
+        .pause(&PauseTarget::Shard(org_shard(2)), None)
+        .await
+        .expect("pause");
+    write(&backend, &[note::<OrgUpdate>(2, 1, 2)]).await;
+    assert_eq!(
+        relay.health().await.oldest_due_lag,
+        None,
+        "shard 2 is paused"
+    );
+    write(&backend, &[note::<OrgUpdate>(3, 1, 3)]).await;
+    let lag = relay.health().await.oldest_due_lag.expect("shard 3 is due");
+    assert!(lag < Duration::from_secs(60), "{lag:?}");
+    relay.drain().await.expect("drain");
+    let drained = relay.health().await;
+    assert_eq!(drained.oldest_due_lag, None);
+    assert!(drained.last_ack_at.is_some());
+}

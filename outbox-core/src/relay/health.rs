@@ -1,0 +1,121 @@
+//! What a service's liveness and readiness probes read: [`Relay::health`](crate::Relay::health).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A relay's health, as [`Relay::health`](crate::Relay::health) found it.
+///
+/// Wire [`Health::is_live`] to the liveness probe (an orchestrator restarts an instance that
+/// fails it) and [`Health::is_ready`] to the readiness probe (it takes the instance out of
+/// service meanwhile). A database outage makes a relay not ready, never not live: restarting
+/// it would not bring the database back, and it reconnects by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Whether [`Relay::run`](crate::Relay::run) is running (it keeps running through
+    /// database outages, retrying).
+    pub running: bool,
+    /// Whether the database answered the health check's query just now.
+    pub database_reachable: bool,
+    /// The database's error, when it did not.
+    pub database_error: Option<String>,
+    /// When this relay last claimed a shard.
+    pub last_claim_at: Option<SystemTime>,
+    /// When this relay last acknowledged messages (delivered, or set aside as dead letters).
+    pub last_ack_at: Option<SystemTime>,
+    /// The shards this relay is draining now.
+    pub shards_in_flight: usize,
+    /// How long the oldest message of a shard that is due (or in flight) has waited: how far
+    /// the relays are behind. `None` when no such message is pending (or the database did not
+    /// answer). Shards backing off after a failure, parked or paused are not counted: `outbox
+    /// status` shows those.
+    pub oldest_due_lag: Option<Duration>,
+}
+
+impl Health {
+    /// Whether the relay is alive: its loop runs. For the liveness probe.
+    pub fn is_live(&self) -> bool {
+        self.running
+    }
+
+    /// Whether the relay can do its work: its loop runs and the database answers. For the
+    /// readiness probe.
+    pub fn is_ready(&self) -> bool {
+        self.running && self.database_reachable
+    }
+}
+
+/// What the relay records as it works, for [`Health`]: atomics, one store each.
+#[derive(Debug, Default)]
+pub(crate) struct Vitals {
+    running: AtomicUsize,
+    /// Milliseconds since the Unix epoch; 0 for never.
+    last_claim_ms: AtomicU64,
+    last_ack_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
+fn time(ms: u64) -> Option<SystemTime> {
+    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+impl Vitals {
+    pub(crate) fn claimed(&self) -> InFlight<'_> {
+        self.last_claim_ms.store(now_ms(), Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    pub(crate) fn acknowledged(&self) {
+        self.last_ack_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn running(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running(self)
+    }
+
+    pub(crate) fn health(&self, lag: Result<Option<Duration>, String>) -> Health {
+        let (database_reachable, oldest_due_lag, database_error) = match lag {
+            Ok(lag) => (true, lag, None),
+            Err(error) => (false, None, Some(error)),
+        };
+        Health {
+            running: self.running.load(Ordering::Relaxed) > 0,
+            database_reachable,
+            database_error,
+            last_claim_at: time(self.last_claim_ms.load(Ordering::Relaxed)),
+            last_ack_at: time(self.last_ack_ms.load(Ordering::Relaxed)),
+            shards_in_flight: self.in_flight.load(Ordering::Relaxed),
+            oldest_due_lag,
+        }
+    }
+}
+
+/// A shard being drained: counted in flight until dropped.
+pub(crate) struct InFlight<'a>(&'a Vitals);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A running [`Relay::run`](crate::Relay::run): counted until dropped.
+pub(crate) struct Running<'a>(&'a Vitals);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
