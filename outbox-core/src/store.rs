@@ -382,7 +382,8 @@ impl DeadLetterFilter {
 /// What a pause stops (S23): one shard, every shard of a scope, or every shard that holds a
 /// message of a category. A paused shard delivers nothing (and no group of it starts), so
 /// its order is kept; a category pause therefore holds back the other categories' messages
-/// in the shards it pauses.
+/// in the shards it pauses. Relays see a pause at their next claim: a drain in flight when it
+/// lands ends at its row or time budget, as any drain does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PauseTarget {
     /// One shard.
