@@ -72,6 +72,14 @@ fn json(url: &str, args: &[&str]) -> Value {
     serde_json::from_str(&expect(url, &all, 0)).expect("JSON output")
 }
 
+/// Every dead letter.
+async fn dead_letters<S: Admin>(store: &S) -> Vec<outbox_core::DeadLetter> {
+    store
+        .dead_letters(&Default::default())
+        .await
+        .expect("list dead letters")
+}
+
 /// The organization scope's shard `n`.
 fn org(n: i64) -> ShardKey {
     outbox_testkit::fixtures::org_shard(n)
@@ -304,14 +312,7 @@ where
     );
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["dead_letters"].as_array().map(Vec::len), Some(1));
-    assert_eq!(
-        store
-            .dead_letters(&Default::default())
-            .await
-            .expect("list")
-            .len(),
-        1
-    );
+    assert_eq!(dead_letters(&store).await.len(), 1);
 
     let pending_before = store.pending_messages(100).await.expect("pending").len();
     let replayed = json(
@@ -325,13 +326,7 @@ where
         ],
     );
     assert_eq!(replayed["replayed_as"].as_array().map(Vec::len), Some(1));
-    assert!(
-        store
-            .dead_letters(&Default::default())
-            .await
-            .expect("list")
-            .is_empty()
-    );
+    assert!(dead_letters(&store).await.is_empty());
     assert_eq!(
         store.pending_messages(100).await.expect("pending").len(),
         pending_before + 1
@@ -368,23 +363,10 @@ where
         &["dead-letters", "purge", "--category", "2", "--dry-run"],
     );
     assert_eq!(dry["dead_letters"].as_array().map(Vec::len), Some(1));
-    assert_eq!(
-        store
-            .dead_letters(&Default::default())
-            .await
-            .expect("list")
-            .len(),
-        1
-    );
+    assert_eq!(dead_letters(&store).await.len(), 1);
     let purged = json(&url, &["dead-letters", "purge", "--category", "2"]);
     assert_eq!(purged["purged"], 1);
-    assert!(
-        store
-            .dead_letters(&Default::default())
-            .await
-            .expect("list")
-            .is_empty()
-    );
+    assert!(dead_letters(&store).await.is_empty());
 }
 
 /// Names: a binary that knows the categories shows and reads them.
