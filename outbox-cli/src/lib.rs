@@ -456,20 +456,14 @@ async fn selected<S: Admin>(
                 .into(),
         ));
     }
+    if let Some(limit) = select.limit {
+        filter = filter.limit(limit);
+    }
     if select.ids.is_empty() {
-        if let Some(limit) = select.limit {
-            filter = filter.limit(limit);
-        }
         return Ok(store.dead_letters(&filter).await?);
     }
     let wanted: Vec<MessageId> = select.ids.iter().copied().map(MessageId).collect();
-    let letters: Vec<DeadLetter> = store
-        .dead_letters(&filter)
-        .await?
-        .into_iter()
-        .filter(|letter| wanted.contains(&letter.message_id))
-        .take(select.limit.unwrap_or(usize::MAX))
-        .collect();
+    let letters = store.dead_letters(&filter.ids(wanted.clone())).await?;
     let missing: Vec<MessageId> = wanted
         .iter()
         .filter(|id| !letters.iter().any(|letter| letter.message_id == **id))

@@ -325,6 +325,8 @@ pub struct DeadLetterFilter {
     pub older_than: Option<Duration>,
     /// At most this many (the oldest messages first).
     pub limit: Option<usize>,
+    /// Only those with these message ids.
+    pub ids: Option<Vec<MessageId>>,
 }
 
 impl DeadLetterFilter {
@@ -363,6 +365,12 @@ impl DeadLetterFilter {
         self
     }
 
+    /// Only those with message ids among `ids`.
+    pub fn ids(mut self, ids: impl IntoIterator<Item = MessageId>) -> Self {
+        self.ids = Some(ids.into_iter().collect());
+        self
+    }
+
     /// Whether `letter` passes the filter's conditions (the limit aside), at time `now`.
     pub fn matches(&self, letter: &DeadLetter, now: SystemTime) -> bool {
         self.category
@@ -372,6 +380,10 @@ impl DeadLetterFilter {
                 .shard
                 .as_ref()
                 .is_none_or(|shard| &letter.shard == shard)
+            && self
+                .ids
+                .as_ref()
+                .is_none_or(|ids| ids.contains(&letter.message_id))
             && self.older_than.is_none_or(|age| {
                 now.duration_since(letter.dead_lettered_at)
                     .is_ok_and(|since| since >= age)

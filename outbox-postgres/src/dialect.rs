@@ -340,6 +340,7 @@ const DEAD_LETTERS: &str = "\
         AND ($3::integer IS NULL \
             OR (shard_scope = $3 AND shard_identifier = $4 AND destination = $5)) \
         AND ($6::bigint IS NULL OR dead_lettered_at <= now() - $6 * interval '1 millisecond') \
+        AND ($8::integer = 0 OR message_id = ANY($9::bigint[])) \
     ORDER BY message_id LIMIT $7";
 
 const REPLAY_DEAD_LETTERS: &str = "\

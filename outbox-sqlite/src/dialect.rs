@@ -337,6 +337,7 @@ const DEAD_LETTERS: &str = concat!(
         AND (?6 IS NULL OR dead_lettered_at <= ",
     now!(),
     " - ?6) \
+        AND (?8 = 0 OR message_id IN (SELECT value FROM json_each(?9))) \
     ORDER BY message_id LIMIT ?7"
 );
 

@@ -122,7 +122,8 @@ pub struct Statements {
     /// Dead letters in message id order: `$1` category (`Option<i32>`), `$2` scope
     /// (`Option<i32>`), `$3` a shard's scope (`Option<i32>`; no shard condition if null), `$4`
     /// and `$5` its identifier and destination ([`Dialect::bind_shard`]), `$6` the least age
-    /// in milliseconds (`Option<i64>`), `$7` the limit (`i64`). Returns the message id, the
+    /// in milliseconds (`Option<i64>`), `$7` the limit (`i64`), `$8` whether to keep only the
+    /// ids `$9` (`i32`, 0 or 1; the ids bound with [`Dialect::bind_ids`]). Returns the message id, the
     /// shard's key, category, object ([`Dialect::OBJECT_COLUMNS`]), payload, creation time
     /// (ms), error, attempts (`i64`), first failure (ms), set aside (ms), lease token.
     pub dead_letters: &'static str,

@@ -465,7 +465,9 @@ impl<D: Dialect> Admin for SqlxStore<D> {
                 filter
                     .limit
                     .map_or(i64::MAX, |limit| i64::try_from(limit).unwrap_or(i64::MAX)),
-            );
+            )
+            .with(i32::from(filter.ids.is_some()));
+        let query = D::bind_ids(query, raw_ids(filter.ids.as_deref().unwrap_or_default()));
         let rows = self.rows(query, OPERATION).await?;
         let letter = |row: &<D::Database as Database>::Row| -> Result<DeadLetter, sqlx::Error> {
             let category = 1 + KEY_COLUMNS;

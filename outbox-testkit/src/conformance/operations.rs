@@ -252,6 +252,20 @@ pub async fn s22_dead_letters_are_listed_replayed_in_order_and_purged<B: StoreBa
         ids[..2]
     );
     assert_eq!(listed(DeadLetterFilter::all().limit(1)).await, ids[..1]);
+    assert_eq!(
+        listed(DeadLetterFilter::all().ids([ids[2], ids[0]])).await,
+        [ids[0], ids[2]]
+    );
+    assert!(listed(DeadLetterFilter::all().ids([])).await.is_empty());
+    assert_eq!(
+        listed(
+            DeadLetterFilter::all()
+                .shard(org_shard(1))
+                .ids([ids[2], ids[1]])
+        )
+        .await,
+        [ids[1]]
+    );
     assert!(
         listed(DeadLetterFilter::all().older_than(Duration::from_secs(3600)))
             .await
