@@ -447,6 +447,21 @@ pub enum DeliveryError {
         source: serde_json::Error,
     },
 
+    /// The stored metadata is not a JSON object of strings (the row was written around the
+    /// typed API).
+    #[error(
+        "metadata of message {message_id} of category `{category}` is not a JSON object of strings"
+    )]
+    Metadata {
+        /// The category's name.
+        category: &'static str,
+        /// The message whose metadata is malformed.
+        message_id: MessageId,
+        /// The deserializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// The relay could not read a replicated model's row.
     #[error(
         "reading object {object_identifier} of replicated model `{model}` from `{table}` failed"
@@ -561,6 +576,24 @@ pub enum DeliveryError {
 }
 
 impl DeliveryError {
+    /// The failure's kind, as a short stable name: the `kind` label of the
+    /// `outbox_handler_failures_total` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Handler { .. } => "handler",
+            Self::Payload { .. } => "payload",
+            Self::Metadata { .. } => "metadata",
+            Self::Lookup { .. } => "lookup",
+            Self::Row { .. } => "row",
+            Self::Extract { .. } => "extract",
+            Self::Panicked { .. } => "panicked",
+            Self::TimedOut { .. } => "timed_out",
+            Self::Undecodable { .. } => "undecodable",
+            Self::UnknownCategory { .. } => "unknown_category",
+            Self::ScopeMismatch { .. } => "scope_mismatch",
+        }
+    }
+
     /// The category that parks the shard, for errors that park it.
     pub fn parked_category(&self) -> Option<CategoryId> {
         match self {
@@ -580,6 +613,7 @@ impl DeliveryError {
             self,
             Self::Handler { .. }
                 | Self::Payload { .. }
+                | Self::Metadata { .. }
                 | Self::Row { .. }
                 | Self::Panicked { .. }
                 | Self::TimedOut { .. }

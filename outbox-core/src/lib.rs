@@ -90,6 +90,7 @@ mod flush;
 mod handler;
 mod id;
 pub mod memory;
+mod metadata;
 mod model;
 mod registry;
 mod relay;
@@ -97,6 +98,7 @@ mod replicated;
 mod replication;
 mod shutdown;
 pub mod store;
+mod trace;
 
 pub use crate::catalog::{Catalog, NamedCategory};
 pub use crate::categories::Deliverable;
@@ -112,6 +114,7 @@ pub use crate::handler::{
     HandlerFn, HandlerOutput, NoOp, Requirements, State, handler_fn,
 };
 pub use crate::id::{Id, IdOutOfRange, Identifier, ParseIdError};
+pub use crate::metadata::{Metadata, TRACEPARENT, TRACESTATE};
 pub use crate::model::{
     Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,
     RawMessage, Scope, ScopeId, ShardKey,
@@ -131,6 +134,7 @@ pub use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,
     ShardFilter, ShardInfo, Store,
 };
+pub use crate::trace::TraceRelation;
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::{

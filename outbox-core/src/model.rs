@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::id::{Id, Identifier};
+use crate::metadata::Metadata;
 use crate::registry::Registry;
 
 /// Stable identifier of a [`Scope`], stored in every outbox row.
@@ -282,8 +283,10 @@ impl fmt::Display for ShardKey {
 pub struct Message {
     shard: ShardKey,
     category: CategoryId,
+    category_name: &'static str,
     object_identifier: Id,
     payload: String,
+    metadata: Metadata,
 }
 
 impl Message {
@@ -301,8 +304,10 @@ impl Message {
         Ok(Self {
             shard: ShardKey::local(<C::Scope as Scope>::ID, shard_identifier),
             category: C::ID,
+            category_name: C::NAME,
             object_identifier: object_identifier.into_id(),
             payload,
+            metadata: crate::trace::current_metadata(),
         })
     }
 
@@ -353,8 +358,10 @@ impl Message {
                 destination: raw.destination,
             },
             category: raw.category,
+            category_name: info.name,
             object_identifier: raw.object_identifier,
             payload,
+            metadata: crate::trace::current_metadata(),
         })
     }
 
@@ -373,9 +380,27 @@ impl Message {
         self.object_identifier
     }
 
+    /// The category's name, as declared.
+    pub fn category_name(&self) -> &'static str {
+        self.category_name
+    }
+
     /// The payload as JSON text.
     pub fn payload_json(&self) -> &str {
         &self.payload
+    }
+
+    /// The metadata stored with the message: with the `opentelemetry` feature, the W3C trace
+    /// context of the span current when the message was built.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// This message with `value` stored under `key` in its metadata, for its handler to read
+    /// from [`Delivery::metadata`](crate::Delivery::metadata).
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key, value);
+        self
     }
 }
 

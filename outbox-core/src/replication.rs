@@ -2,10 +2,12 @@
 //! replication handler if it is there, or its deletion handler if it is gone.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::error::DeliveryError;
 use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
 use crate::id::{Id, IdOutOfRange, Identifier};
+use crate::metadata::Metadata;
 use crate::model::{Category, Destination, MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
 
@@ -26,6 +28,10 @@ pub struct Replication<M> {
     pub attempt: u32,
     /// The fencing token of the lease under which the delivery runs.
     pub fencing_token: i64,
+    /// When the delivered message was written (the database's clock).
+    pub created_at: SystemTime,
+    /// The delivered message's metadata: the producer's trace context, if any.
+    pub metadata: Metadata,
 }
 
 /// A replicated model whose row is gone at delivery: its identifiers and the tombstone its
@@ -45,6 +51,10 @@ pub struct Deletion<M: Category> {
     pub attempt: u32,
     /// The fencing token of the lease under which the delivery runs.
     pub fencing_token: i64,
+    /// When the delivered message was written (the database's clock).
+    pub created_at: SystemTime,
+    /// The delivered message's metadata: the producer's trace context, if any.
+    pub metadata: Metadata,
 }
 
 macro_rules! shard_accessors {

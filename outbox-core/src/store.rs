@@ -28,6 +28,10 @@ pub struct StoredMessage {
     pub object_identifier: Id,
     /// The payload as JSON text.
     pub payload: String,
+    /// When the row was written (the database's clock).
+    pub created_at: SystemTime,
+    /// The row's metadata as stored (a JSON object), if any.
+    pub metadata: Option<String>,
 }
 
 /// A claim on a shard, with the fencing token that proves it.
@@ -215,6 +219,8 @@ pub struct PendingMessage {
     pub payload: String,
     /// When the row was written.
     pub created_at: SystemTime,
+    /// The row's metadata as stored (a JSON object), if any.
+    pub metadata: Option<String>,
 }
 
 impl PendingMessage {
@@ -234,7 +240,14 @@ impl PendingMessage {
             object_identifier,
             payload,
             created_at,
+            metadata: None,
         }
+    }
+
+    /// This record with the row's stored metadata.
+    pub fn with_metadata(mut self, metadata: Option<String>) -> Self {
+        self.metadata = metadata;
+        self
     }
 
     /// The payload parsed as JSON.
@@ -272,6 +285,8 @@ pub struct DeadLetter {
     pub payload: String,
     /// When the message was written.
     pub created_at: SystemTime,
+    /// The message's metadata as stored (a JSON object), if any: a replay keeps it.
+    pub metadata: Option<String>,
     /// The last error, with its causes.
     pub error: String,
     /// The failed attempts at its group.
@@ -302,6 +317,7 @@ impl DeadLetter {
             object_identifier: message.object_identifier,
             payload: message.payload,
             created_at: message.created_at,
+            metadata: message.metadata,
             error,
             attempts,
             first_failed_at,

@@ -33,6 +33,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "dead letters and pauses",
         sql: include_str!("../migrations/0003_dead_letters_and_pauses.sql"),
     },
+    EmbeddedMigration {
+        version: 4,
+        description: "message metadata",
+        sql: include_str!("../migrations/0004_message_metadata.sql"),
+    },
 ];
 
 /// What starts a wide shard's stored destination: a control character, which no
@@ -100,23 +105,25 @@ fn stored_object(object: Id) -> (i64, Vec<u8>) {
 const INSERT_MESSAGE: &str = "\
     INSERT INTO outbox_messages \
         (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
-         payload) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb) \
+         payload, metadata) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8::text::jsonb) \
     RETURNING id";
 
 // One statement for any number of messages: the columns travel as arrays.
 const INSERT_MESSAGES: &str = "\
     INSERT INTO outbox_messages \
         (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
-         payload) \
-    SELECT scope, shard, destination, category, object, object_wide, payload::jsonb \
+         payload, metadata) \
+    SELECT scope, shard, destination, category, object, object_wide, payload::jsonb, \
+        metadata::jsonb \
     FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::integer[], $5::bigint[], \
-        $6::bytea[], $7::text[]) \
-        AS rows(scope, shard, destination, category, object, object_wide, payload) \
+        $6::bytea[], $7::text[], $8::text[]) \
+        AS rows(scope, shard, destination, category, object, object_wide, payload, metadata) \
     RETURNING id";
 
 pub(crate) const FETCH: &str = "\
-    SELECT id, category, shard_scope, object_identifier, object_wide, payload::text \
+    SELECT id, category, shard_scope, object_identifier, object_wide, payload::text, \
+        (extract(epoch FROM created_at) * 1000000)::bigint, metadata::text \
     FROM outbox_messages \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
@@ -125,7 +132,7 @@ pub(crate) const FETCH: &str = "\
 // and the newest one whole.
 pub(crate) const FETCH_NEWEST: &str = "\
     SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, m.payload::text, \
-        t.ids \
+        (extract(epoch FROM m.created_at) * 1000000)::bigint, m.metadata::text, t.ids \
     FROM unnest($4::integer[], $5::bigint[], $6::bytea[]) \
         AS g(category, object_identifier, object_wide) \
     CROSS JOIN LATERAL ( \
@@ -312,16 +319,17 @@ const RELEASE_INTERRUPTED: &str = "\
 
 const PENDING_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
-        object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint \
+        object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint, \
+        metadata::text \
     FROM outbox_messages ORDER BY id LIMIT $1";
 
 const DEAD_LETTER: &str = "\
     INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
         category, object_identifier, object_wide, payload, created_at, error, attempts, \
-        first_failed_at, lease_token) \
+        first_failed_at, lease_token, metadata) \
     SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
         m.object_identifier, m.object_wide, m.payload, m.created_at, $6, $7, \
-        coalesce(s.first_failed_at, now()), s.lease_token \
+        coalesce(s.first_failed_at, now()), s.lease_token, m.metadata \
     FROM outbox_messages m JOIN outbox_shards s \
         ON s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3 \
             AND s.lease_token = $4 \
@@ -333,7 +341,7 @@ const DEAD_LETTERS: &str = "\
         object_identifier, object_wide, payload::text, \
         (extract(epoch FROM created_at) * 1000)::bigint, error, attempts::bigint, \
         (extract(epoch FROM first_failed_at) * 1000)::bigint, \
-        (extract(epoch FROM dead_lettered_at) * 1000)::bigint, lease_token \
+        (extract(epoch FROM dead_lettered_at) * 1000)::bigint, lease_token, metadata::text \
     FROM outbox_dead_letters \
     WHERE ($1::integer IS NULL OR category = $1) \
         AND ($2::integer IS NULL OR shard_scope = $2) \
@@ -345,9 +353,9 @@ const DEAD_LETTERS: &str = "\
 
 const REPLAY_DEAD_LETTERS: &str = "\
     INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, category, \
-        object_identifier, object_wide, payload) \
+        object_identifier, object_wide, payload, metadata) \
     SELECT shard_scope, shard_identifier, destination, category, object_identifier, \
-        object_wide, payload \
+        object_wide, payload, metadata \
     FROM outbox_dead_letters WHERE message_id = ANY($1::bigint[]) ORDER BY message_id \
     RETURNING id";
 
@@ -438,7 +446,8 @@ const SHARDS: &str = concat!(
 
 const SHARD_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
-        object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint \
+        object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint, \
+        metadata::text \
     FROM outbox_messages \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
@@ -591,6 +600,7 @@ impl Dialect for PgDialect {
         let mut objects = Vec::with_capacity(messages.len());
         let mut object_wides = Vec::with_capacity(messages.len());
         let mut payloads = Vec::with_capacity(messages.len());
+        let mut metadata = Vec::with_capacity(messages.len());
         for message in messages {
             let shard = message.shard();
             let (shard_identifier, destination) = stored_shard(shard);
@@ -602,6 +612,7 @@ impl Dialect for PgDialect {
             objects.push(object);
             object_wides.push(object_wide);
             payloads.push(message.payload_json().to_owned());
+            metadata.push(message.metadata().to_json());
         }
         query
             .bind(scopes)
@@ -611,6 +622,7 @@ impl Dialect for PgDialect {
             .bind(objects)
             .bind(object_wides)
             .bind(payloads)
+            .bind(metadata)
     }
 
     fn decode_ids(row: &PgRow, index: usize) -> Result<Vec<i64>, Error> {

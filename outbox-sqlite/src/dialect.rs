@@ -59,6 +59,11 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "dead letters and pauses",
         sql: include_str!("../migrations/0004_dead_letters_and_pauses.sql"),
     },
+    EmbeddedMigration {
+        version: 5,
+        description: "message metadata",
+        sql: include_str!("../migrations/0005_message_metadata.sql"),
+    },
 ];
 
 /// A wide identifier in a JSON parameter: its 32 hex digits (JSON holds no bytes), which
@@ -85,23 +90,27 @@ fn id_from_json(value: &serde_json::Value) -> Option<Id> {
 
 const INSERT_MESSAGE: &str = "\
     INSERT INTO outbox_messages \
-        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload, \
+         metadata) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
     RETURNING id";
 
 // One statement for any number of messages: the rows travel as one JSON array parameter.
 const INSERT_MESSAGES: &str = "\
     INSERT INTO outbox_messages \
-        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload, \
+         metadata) \
     SELECT value ->> 0, iif(json_type(value, '$[1]') = 'text', unhex(value ->> 1), value ->> 1), \
         value ->> 2, value ->> 3, \
-        iif(json_type(value, '$[4]') = 'text', unhex(value ->> 4), value ->> 4), value ->> 5 \
+        iif(json_type(value, '$[4]') = 'text', unhex(value ->> 4), value ->> 4), value ->> 5, \
+        value ->> 6 \
     FROM json_each(?1) ORDER BY key \
     RETURNING id";
 
 macro_rules! fetch {
     () => {
-        "SELECT id, category, shard_scope, object_identifier, payload FROM outbox_messages \
+        "SELECT id, category, shard_scope, object_identifier, payload, \
+            created_at * 1000 AS created_us, metadata FROM outbox_messages \
          WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
          ORDER BY id LIMIT ?4"
     };
@@ -117,7 +126,7 @@ const FETCH_JSON: &str = concat!(
     "SELECT json_group_array(json_array(id, category, shard_scope, \
         iif(typeof(object_identifier) = 'blob', json_object('wide', hex(object_identifier)), \
             object_identifier), \
-        payload)) \
+        payload, created_us, metadata)) \
      FROM (",
     fetch!(),
     ")"
@@ -125,7 +134,8 @@ const FETCH_JSON: &str = concat!(
 
 // Each group's rows in `?5 < id <= ?6`: the newest whole, and the ids of all of them.
 pub(crate) const FETCH_NEWEST: &str = "\
-    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload, ( \
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.payload, \
+        m.created_at * 1000, m.metadata, ( \
         SELECT json_group_array(x.id) FROM outbox_messages x \
         WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
             AND x.category = m.category AND x.object_identifier = m.object_identifier \
@@ -304,20 +314,20 @@ const RESCHEDULE: &str = concat!(
 
 const PENDING_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
-        payload, created_at \
+        payload, created_at, metadata \
     FROM outbox_messages ORDER BY id LIMIT ?1";
 
 const DEAD_LETTER: &str = concat!(
     "\
     INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
         category, object_identifier, payload, created_at, error, attempts, first_failed_at, \
-        dead_lettered_at, lease_token) \
+        dead_lettered_at, lease_token, metadata) \
     SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
         m.object_identifier, m.payload, m.created_at, ?6, ?7, coalesce(s.first_failed_at, ",
     now!(),
     "), ",
     now!(),
-    ", s.lease_token \
+    ", s.lease_token, m.metadata \
     FROM outbox_messages m JOIN outbox_shards s \
         ON s.shard_scope = ?1 AND s.shard_identifier = ?2 AND s.destination = ?3 \
             AND s.lease_token = ?4 \
@@ -329,7 +339,7 @@ const DEAD_LETTERS: &str = concat!(
     "\
     SELECT message_id, shard_scope, shard_identifier, destination, category, \
         object_identifier, payload, created_at, error, attempts, first_failed_at, \
-        dead_lettered_at, lease_token \
+        dead_lettered_at, lease_token, metadata \
     FROM outbox_dead_letters \
     WHERE (?1 IS NULL OR category = ?1) \
         AND (?2 IS NULL OR shard_scope = ?2) \
@@ -343,8 +353,10 @@ const DEAD_LETTERS: &str = concat!(
 
 const REPLAY_DEAD_LETTERS: &str = "\
     INSERT INTO outbox_messages \
-        (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-    SELECT shard_scope, shard_identifier, destination, category, object_identifier, payload \
+        (shard_scope, shard_identifier, destination, category, object_identifier, payload, \
+         metadata) \
+    SELECT shard_scope, shard_identifier, destination, category, object_identifier, payload, \
+        metadata \
     FROM outbox_dead_letters WHERE message_id IN (SELECT value FROM json_each(?1)) \
     ORDER BY message_id \
     RETURNING id";
@@ -450,7 +462,7 @@ const SHARDS: &str = concat!(
 
 const SHARD_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
-        payload, created_at \
+        payload, created_at, metadata \
     FROM outbox_messages \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
     ORDER BY id LIMIT ?4";
@@ -460,7 +472,8 @@ const SHARD_STATES: &str = "\
         lease_owner, lease_expires_at, lease_token, parked_category \
     FROM outbox_shards ORDER BY shard_scope, shard_identifier, destination";
 
-/// One row of a shard's head, read as JSON `[id, category, scope, object, payload]`: a row that
+/// One row of a shard's head, read as JSON `[id, category, scope, object, payload, created_at
+/// (µs), metadata]`: a row that
 /// does not have the schema's form (written around its checks) is a typed error naming it.
 fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
     let id = row.first().and_then(serde_json::Value::as_i64);
@@ -486,6 +499,12 @@ fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
     let object_identifier = id_from_json(object)
         .ok_or_else(|| undecodable(format!("object_identifier is {object}, not an identifier")))?;
     let payload = field(4, "payload")?;
+    let created_at = integer(5, "created_at")?;
+    let metadata = match field(6, "metadata")? {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(text) => Some(text.clone()),
+        other => return Err(undecodable(format!("metadata is {other}, not JSON text"))),
+    };
     Ok(StoredMessage {
         id: MessageId(id),
         category: CategoryId(
@@ -501,6 +520,8 @@ fn decode(row: &[serde_json::Value]) -> Result<StoredMessage, Error> {
             .as_str()
             .ok_or_else(|| undecodable(format!("payload is {payload}, not JSON text")))?
             .to_owned(),
+        created_at: outbox_sqlx::session::from_micros(created_at),
+        metadata,
     })
 }
 
@@ -647,6 +668,7 @@ impl Dialect for SqliteDialect {
                     message.category().0,
                     id_json(message.object_identifier()),
                     message.payload_json(),
+                    message.metadata().to_json(),
                 ])
             })
             .collect();

@@ -1,7 +1,7 @@
 //! A claimed shard: its reads, acknowledgements and release.
 
 use std::any::Any;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::{
     Acknowledgement, DeadLettering, GroupKey, GroupTail, Lease, Outcome, ShardSession,
@@ -35,7 +35,7 @@ pub fn fenced<D: Dialect>(sql: &'static str, lease: &Lease) -> Statement<'static
     shard_keyed::<D>(sql, &lease.shard).with(lease.token)
 }
 
-/// A row (id, category, scope, object, payload) as a message, the object taking
+/// A row (id, category, scope, object, payload, creation time in µs, metadata) as a message, the object taking
 /// [`Dialect::OBJECT_COLUMNS`] columns; a row that does not have the schema's form (written
 /// around its checks) is a typed error naming it.
 pub(crate) fn stored<D: Dialect>(
@@ -54,7 +54,16 @@ pub(crate) fn stored<D: Dialect>(
         scope: ScopeId(get::<DB<D>, i16>(row, 2).map_err(undecodable)?),
         object_identifier: D::decode_object(row, 3).map_err(undecodable)?,
         payload: get::<DB<D>, String>(row, 3 + D::OBJECT_COLUMNS).map_err(undecodable)?,
+        created_at: from_micros(
+            get::<DB<D>, i64>(row, 4 + D::OBJECT_COLUMNS).map_err(undecodable)?,
+        ),
+        metadata: get::<DB<D>, Option<String>>(row, 5 + D::OBJECT_COLUMNS).map_err(undecodable)?,
     })
+}
+
+/// A time as the head's rows carry it: microseconds since the Unix epoch.
+pub fn from_micros(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(0))
 }
 
 /// The ids acknowledged, their lowest and their highest.
@@ -347,7 +356,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
             .map(|row| {
                 Ok(GroupTail {
                     newest: stored::<D>(row)?,
-                    ids: D::decode_ids(row, 4 + D::OBJECT_COLUMNS)?
+                    ids: D::decode_ids(row, 6 + D::OBJECT_COLUMNS)?
                         .into_iter()
                         .map(MessageId)
                         .collect(),

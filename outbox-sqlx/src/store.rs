@@ -120,7 +120,7 @@ fn from_ms(ms: i64) -> SystemTime {
 }
 
 /// A row of [`Statements::pending_messages`](crate::Statements::pending_messages) (id, the
-/// shard's key, category, object, payload, creation time in ms) as a message.
+/// shard's key, category, object, payload, creation time in ms, metadata) as a message.
 fn pending_message<D: Dialect>(
     row: &<D::Database as Database>::Row,
 ) -> Result<PendingMessage, sqlx::Error> {
@@ -133,7 +133,8 @@ fn pending_message<D: Dialect>(
         D::decode_object(row, category + 1)?,
         get::<D::Database, _>(row, payload)?,
         from_ms(get::<D::Database, _>(row, payload + 1)?),
-    ))
+    )
+    .with_metadata(get::<D::Database, _>(row, payload + 2)?))
 }
 
 /// A count as the statements return it.
@@ -480,7 +481,8 @@ impl<D: Dialect> Admin for SqlxStore<D> {
                 D::decode_object(row, category + 1)?,
                 get::<D::Database, _>(row, payload)?,
                 time(payload + 1)?,
-            );
+            )
+            .with_metadata(get::<D::Database, _>(row, payload + 7)?);
             Ok(DeadLetter::new(
                 message,
                 get::<D::Database, _>(row, payload + 2)?,

@@ -22,6 +22,7 @@ where
     .with(message.category().0);
     let row = D::bind_object(query, message.object_identifier())
         .with(message.payload_json())
+        .with(message.metadata().to_json())
         .fetch_one(executor)
         .await
         .map_err(database::<D>("writing an outbox message"))?;

@@ -200,6 +200,7 @@ impl<P: Provision> StoreBackend for SqlxBackend<P> {
         .with(category);
         let row = <P::Dialect as Dialect>::bind_object(query, object)
             .with(payload)
+            .with(None::<String>)
             .fetch_one(Db::<P>::on(&mut conn))
             .await
             .expect("insert a raw outbox row");

@@ -8,6 +8,7 @@ use super::{BoxFuture, Delivery, Handler};
 use crate::categories::Deliverable;
 use crate::columns::ModelRow;
 use crate::error::{BoxError, DeliveryError, ExtractError};
+use crate::metadata::Metadata;
 use crate::model::{MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
 use crate::replication::{Deletion, Replication};
@@ -24,6 +25,20 @@ pub(crate) struct RawDelivery<'a> {
     pub(crate) fencing_token: i64,
     /// For a replicated model: its row, if the relay found it.
     pub(crate) row: Option<&'a ModelRow>,
+}
+
+impl RawDelivery<'_> {
+    /// The message's metadata (S21: metadata that does not read is a precise failure).
+    fn metadata(&self) -> Result<Metadata, DeliveryError> {
+        match &self.message.metadata {
+            None => Ok(Metadata::new()),
+            Some(json) => Metadata::from_json(json).map_err(|source| DeliveryError::Metadata {
+                category: self.category,
+                message_id: self.message.id,
+                source,
+            }),
+        }
+    }
 }
 
 /// A delivery kind made from what the relay read.
@@ -49,6 +64,8 @@ impl<C: Deliverable> FromRaw for Delivery<C> {
             message_id,
             attempt: raw.attempt,
             fencing_token: raw.fencing_token,
+            created_at: raw.message.created_at,
+            metadata: raw.metadata()?,
         })
     }
 }
@@ -72,6 +89,8 @@ impl<M: ReplicatedModel> FromRaw for Replication<M> {
             message_id: raw.message.id,
             attempt: raw.attempt,
             fencing_token: raw.fencing_token,
+            created_at: raw.message.created_at,
+            metadata: raw.metadata()?,
         })
     }
 }
@@ -85,6 +104,8 @@ impl<M: ReplicatedModel> FromRaw for Deletion<M> {
             message_id,
             attempt,
             fencing_token,
+            created_at,
+            metadata,
         } = Delivery::<M>::from_raw(raw)?;
         Ok(Deletion {
             object_identifier,
@@ -93,6 +114,8 @@ impl<M: ReplicatedModel> FromRaw for Deletion<M> {
             message_id,
             attempt,
             fencing_token,
+            created_at,
+            metadata,
         })
     }
 }

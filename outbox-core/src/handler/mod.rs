@@ -14,10 +14,12 @@ mod function;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::SystemTime;
 
 use crate::categories::Deliverable;
 use crate::error::BoxError;
 use crate::id::Id;
+use crate::metadata::Metadata;
 use crate::model::{Destination, MessageId, ShardKey};
 
 pub(crate) use self::erased::{ErasedHandler, FromRaw, NoOpErased, RawDelivery, erase};
@@ -46,6 +48,12 @@ pub struct Delivery<C: Deliverable> {
     /// The fencing token of the lease under which the delivery runs. It increases with every
     /// claim of the shard, so a downstream system can refuse writes from a stale worker.
     pub fencing_token: i64,
+    /// When the delivered message was written (the database's clock: on PostgreSQL, the start
+    /// of the writing transaction).
+    pub created_at: SystemTime,
+    /// The delivered message's metadata: the producer's trace context, and entries set with
+    /// [`Message::with_metadata`](crate::Message::with_metadata).
+    pub metadata: Metadata,
 }
 
 impl<C: Deliverable> Delivery<C> {
@@ -74,6 +82,10 @@ pub trait DeliveryKind: Send + Sized + 'static {
     fn attempt(&self) -> u32;
     /// The fencing token of the lease under which the delivery runs.
     fn fencing_token(&self) -> i64;
+    /// When the delivered message was written.
+    fn created_at(&self) -> SystemTime;
+    /// The delivered message's metadata.
+    fn metadata(&self) -> &Metadata;
 }
 
 /// Implements [`DeliveryKind`] for a delivery type whose fields are named alike; `$object`
@@ -96,6 +108,12 @@ macro_rules! delivery_kind {
             }
             fn fencing_token(&self) -> i64 {
                 self.fencing_token
+            }
+            fn created_at(&self) -> ::std::time::SystemTime {
+                self.created_at
+            }
+            fn metadata(&self) -> &$crate::Metadata {
+                &self.metadata
             }
         }
     };

@@ -166,6 +166,7 @@ impl MemoryStore {
             object_identifier: object_identifier.into_id(),
             payload: payload.into(),
             created_at: self.now(),
+            metadata: None,
         };
         let id = self.tables(|tables| tables.insert(row));
         self.notify(std::iter::once(shard));
@@ -301,6 +302,7 @@ fn row(message: &Message, now: SystemTime) -> Row {
         object_identifier: message.object_identifier(),
         payload: message.payload_json().to_owned(),
         created_at: now,
+        metadata: message.metadata().to_json(),
     }
 }
 

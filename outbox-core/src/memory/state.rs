@@ -22,6 +22,7 @@ pub(super) struct Row {
     pub(super) object_identifier: Id,
     pub(super) payload: String,
     pub(super) created_at: SystemTime,
+    pub(super) metadata: Option<String>,
 }
 
 impl Row {
@@ -32,6 +33,8 @@ impl Row {
             scope: self.shard.scope,
             object_identifier: self.object_identifier,
             payload: self.payload.clone(),
+            created_at: self.created_at,
+            metadata: self.metadata.clone(),
         }
     }
 
@@ -51,6 +54,7 @@ impl Row {
             self.payload.clone(),
             self.created_at,
         )
+        .with_metadata(self.metadata.clone())
     }
 }
 
@@ -621,6 +625,7 @@ impl Tables {
                     object_identifier: letter.object_identifier,
                     payload: letter.payload,
                     created_at: now,
+                    metadata: letter.metadata,
                 });
                 (id, shard)
             })

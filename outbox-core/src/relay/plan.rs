@@ -177,6 +177,8 @@ mod tests {
             scope: ScopeId(1),
             object_identifier: object.into(),
             payload: id.to_string(),
+            created_at: std::time::UNIX_EPOCH,
+            metadata: None,
         }
     }
 
