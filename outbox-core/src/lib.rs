@@ -98,6 +98,7 @@ mod replicated;
 mod replication;
 mod shutdown;
 pub mod store;
+pub mod telemetry;
 mod trace;
 
 pub use crate::catalog::{Catalog, NamedCategory};

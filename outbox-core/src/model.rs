@@ -284,6 +284,7 @@ pub struct Message {
     shard: ShardKey,
     category: CategoryId,
     category_name: &'static str,
+    scope_name: &'static str,
     object_identifier: Id,
     payload: String,
     metadata: Metadata,
@@ -305,6 +306,7 @@ impl Message {
             shard: ShardKey::local(<C::Scope as Scope>::ID, shard_identifier),
             category: C::ID,
             category_name: C::NAME,
+            scope_name: <C::Scope as Scope>::NAME,
             object_identifier: object_identifier.into_id(),
             payload,
             metadata: crate::trace::current_metadata(),
@@ -359,6 +361,7 @@ impl Message {
             },
             category: raw.category,
             category_name: info.name,
+            scope_name: info.scope_name,
             object_identifier: raw.object_identifier,
             payload,
             metadata: crate::trace::current_metadata(),
@@ -383,6 +386,11 @@ impl Message {
     /// The category's name, as declared.
     pub fn category_name(&self) -> &'static str {
         self.category_name
+    }
+
+    /// The name of the category's scope, as declared.
+    pub fn scope_name(&self) -> &'static str {
+        self.scope_name
     }
 
     /// The payload as JSON text.

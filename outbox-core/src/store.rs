@@ -637,6 +637,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// could not claim.
     fn is_paused(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// The outbox's state for the relay's gauges (see [`crate::telemetry`]): what
+    /// [`Admin::status`] reads, without its deepest shards, in one query.
+    fn gauges(&self) -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
+
     /// In paused shards, deletes up to `limit` rows of the `coalescing` categories that are
     /// neither the oldest nor the newest row of their group: what a long pause would otherwise
     /// pile up (S23). The newest row carries the payload to deliver and the oldest keeps the

@@ -308,6 +308,10 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .map_err(database::<D>(OPERATION))
     }
 
+    async fn gauges(&self) -> Result<OutboxStatus, Error> {
+        Admin::status(self, 0).await
+    }
+
     async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {
         let query = shard_keyed::<D>(D::SQL.is_paused, shard);
         self.scalar(query, "reading a shard's pauses").await

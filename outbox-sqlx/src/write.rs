@@ -1,7 +1,8 @@
 //! Outbox messages written with the caller's executor.
 
-use outbox_core::{Error, Message, MessageId};
+use outbox_core::{Error, Message, MessageId, telemetry};
 use sqlx::Executor;
+use tracing::{Instrument, debug_span};
 
 use crate::dialect::Dialect;
 use crate::error::database;
@@ -10,6 +11,22 @@ use crate::sql::{With, get};
 /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
 /// or a pool. It commits or rolls back with the caller's transaction (S1).
 pub async fn write<'e, D, E>(executor: E, message: &Message) -> Result<MessageId, Error>
+where
+    D: Dialect,
+    E: Executor<'e, Database = D::Database>,
+{
+    let span = debug_span!(
+        "outbox.write",
+        category = message.category_name(),
+        shard = %message.shard(),
+        object = %message.object_identifier(),
+    );
+    let id = insert_one::<D, E>(executor, message).instrument(span).await?;
+    telemetry::record_written(std::slice::from_ref(message));
+    Ok(id)
+}
+
+async fn insert_one<'e, D, E>(executor: E, message: &Message) -> Result<MessageId, Error>
 where
     D: Dialect,
     E: Executor<'e, Database = D::Database>,
@@ -43,6 +60,7 @@ where
     }
     let rows = D::bind_messages(sqlx::query(D::SQL.insert_messages), messages)
         .fetch_all(executor)
+        .instrument(debug_span!("outbox.write", messages = messages.len()))
         .await
         .map_err(database::<D>("writing outbox messages"))?;
     let mut ids = rows
@@ -51,5 +69,6 @@ where
         .collect::<Result<Vec<_>, _>>()
         .map_err(database::<D>("writing outbox messages"))?;
     ids.sort_unstable();
+    telemetry::record_written(messages);
     Ok(ids.into_iter().map(MessageId).collect())
 }

@@ -147,6 +147,7 @@ impl MemoryStore {
                 .collect()
         });
         self.notify(messages.iter().map(Message::shard));
+        crate::telemetry::record_written(messages);
         ids
     }
 
@@ -386,6 +387,10 @@ impl Store for MemoryStore {
         self.operation("reading the oldest due message", |tables, now| {
             tables.oldest_due_age(now)
         })
+    }
+
+    async fn gauges(&self) -> Result<OutboxStatus, Error> {
+        Admin::status(self, 0).await
     }
 
     async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::store::HandlerMode;
+use crate::trace::TraceRelation;
 
 /// How the relay runs: a configuration checked when it was built, so that a relay never
 /// starts with settings that cannot work.
@@ -52,6 +53,8 @@ pub struct RelayConfig {
     pub(crate) flush_wait: Duration,
     pub(crate) maintenance_interval: Duration,
     pub(crate) dead_letter_retention: Option<Duration>,
+    pub(crate) gauge_interval: Option<Duration>,
+    pub(crate) trace_relation: TraceRelation,
 }
 
 impl Default for RelayConfig {
@@ -78,6 +81,8 @@ impl Default for RelayConfig {
             flush_wait: Duration::from_secs(5),
             maintenance_interval: Duration::from_secs(60),
             dead_letter_retention: None,
+            gauge_interval: Some(Duration::from_secs(15)),
+            trace_relation: TraceRelation::Link,
         }
     }
 }
@@ -182,6 +187,16 @@ impl RelayConfig {
         self.dead_letter_retention
     }
 
+    /// How often the background relay refreshes the outbox's gauges; `None`: never.
+    pub fn gauge_interval(&self) -> Option<Duration> {
+        self.gauge_interval
+    }
+
+    /// How a delivery's span relates to the trace of the request that wrote its message.
+    pub fn trace_relation(&self) -> TraceRelation {
+        self.trace_relation
+    }
+
     /// The first setting that cannot work, if any.
     fn check(&self) -> Result<(), Error> {
         let invalid =
@@ -259,6 +274,13 @@ impl RelayConfig {
             return invalid(
                 "worker_id",
                 "is empty: it names the leases the relay takes".into(),
+            );
+        }
+        if self.gauge_interval.is_some_and(|interval| interval.is_zero()) {
+            return invalid(
+                "gauge_interval",
+                "is zero: the gauges' query would run without pause (`None` turns it off)"
+                    .into(),
             );
         }
         if let Some(timeout) = self.handler_timeout {
@@ -428,6 +450,25 @@ impl RelayConfigBuilder {
     /// they are kept until an operator replays or purges them).
     pub fn dead_letter_retention(mut self, retention: Option<Duration>) -> Self {
         self.config.dead_letter_retention = retention;
+        self
+    }
+
+    /// How often [`Relay::run`](crate::Relay::run) refreshes the outbox's gauges (pending
+    /// messages, oldest pending age, shards by state, dead letters: see
+    /// [`telemetry`](crate::telemetry)) with one query (15 s by default; not zero; `None`:
+    /// never, for all relays but one of a deployment, or when no recorder is installed).
+    /// [`Relay::refresh_gauges`](crate::Relay::refresh_gauges) does it once, on demand.
+    pub fn gauge_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.gauge_interval = interval;
+        self
+    }
+
+    /// How a delivery's span relates to the trace of the request that wrote its message,
+    /// with the `opentelemetry` feature ([`TraceRelation::Link`] by default: a trace of its
+    /// own, linked to the producer's; [`TraceRelation::Child`]: one trace from the request to
+    /// the handler).
+    pub fn trace_relation(mut self, relation: TraceRelation) -> Self {
+        self.config.trace_relation = relation;
         self
     }
 }

@@ -2,11 +2,11 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use super::config::RelayConfig;
 use super::plan::Group;
@@ -14,10 +14,70 @@ use crate::error::{DeliveryError, error_chain};
 use crate::handler::{HandlerContext, RawDelivery};
 use crate::registry::Registry;
 use crate::store::{HandlerMode, Lease, ShardSession, Store};
+use crate::telemetry::CategoryLabels;
+
+/// Delivers `group` in a span of its own (`outbox.deliver`: category, message, object, shard,
+/// attempt, fencing token; related to the producer's trace with the `opentelemetry` feature),
+/// reporting its duration, lag and outcome as metrics and events: success at debug, failure at
+/// warn with the error's chain.
+pub(super) async fn deliver<S: ShardSession, St: Store>(
+    session: &mut S,
+    store: &St,
+    lease: &Lease,
+    group: &Group,
+    attempt: u32,
+    config: &RelayConfig,
+    registry: &Registry,
+) -> Result<(), DeliveryError> {
+    let message = &group.newest;
+    let span = info_span!(
+        "outbox.deliver",
+        category = group.info.name,
+        message_id = message.id.0,
+        object = %message.object_identifier,
+        shard = %lease.shard,
+        attempt,
+        fencing_token = lease.token,
+        rows = group.rows(),
+    );
+    #[cfg(feature = "opentelemetry")]
+    if let Some(metadata) = message
+        .metadata
+        .as_deref()
+        .and_then(|json| crate::Metadata::from_json(json).ok())
+    {
+        crate::trace::relate(&span, &metadata, config.trace_relation);
+    }
+    let labels = CategoryLabels {
+        category: group.info.name,
+        scope: group.info.scope_name,
+    };
+    let lag = SystemTime::now()
+        .duration_since(message.created_at)
+        .unwrap_or_default();
+    async {
+        let started = Instant::now();
+        let result = call_handler(session, store, lease, group, attempt, config, registry).await;
+        let took = started.elapsed();
+        match &result {
+            Ok(()) => {
+                labels.delivered(group.rows(), lag, took);
+                debug!(?took, "delivered");
+            }
+            Err(error) => {
+                labels.failed(error.kind(), lag, took);
+                warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
+            }
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
 
 /// Calls `group`'s handler (reading its model's row first, for a replicated model), under the
 /// handler timeout, with the lease kept alive beside it; a panic is a failed delivery.
-pub(super) async fn deliver<S: ShardSession, St: Store>(
+async fn call_handler<S: ShardSession, St: Store>(
     session: &mut S,
     store: &St,
     lease: &Lease,

@@ -221,6 +221,13 @@ impl<S: Store> Relay<S> {
         self.inner.maintain().await
     }
 
+    /// Reads the outbox's state with one query ([`Store::gauges`]) and sets the gauges of
+    /// [`telemetry`](crate::telemetry) from it: what [`Relay::run`] does every
+    /// [`gauge_interval`](RelayConfigBuilder::gauge_interval).
+    pub async fn refresh_gauges(&self) -> Result<(), Error> {
+        self.inner.refresh_gauges().await
+    }
+
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
@@ -290,6 +297,20 @@ where
 }
 
 impl<S: Store> Inner<S> {
+    /// See [`Relay::refresh_gauges`].
+    async fn refresh_gauges(&self) -> Result<(), Error> {
+        match self.store.gauges().await {
+            Ok(status) => {
+                crate::telemetry::gauges(&status, std::time::SystemTime::now());
+                Ok(())
+            }
+            Err(error) => {
+                crate::telemetry::database_error("gauges");
+                Err(error)
+            }
+        }
+    }
+
     /// See [`Relay::maintain`].
     async fn maintain(&self) -> Result<MaintenanceReport, Error> {
         let coalescing = self.registry.coalescing_category_ids();
@@ -363,7 +384,17 @@ impl<S: Store> Inner<S> {
             };
             let _in_flight = self.vitals.claimed();
             let lease = session.lease().clone();
+            let started = tokio::time::Instant::now();
             let drained = shard::drain(session, self, stopping, mode).await;
+            if let Ok(run) = &drained {
+                let scope = self.registry.scope_name(shard.scope).unwrap_or("unknown");
+                crate::telemetry::drained(
+                    scope,
+                    started.elapsed(),
+                    run.rows_acknowledged,
+                    run.lost_lease(),
+                );
+            }
             if drained.is_err() {
                 self.interrupted
                     .lock()

@@ -80,6 +80,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 }
                 Err(error) if error.is_unavailable() => {
                     self.report.database_errors += 1;
+                    crate::telemetry::database_error("prepare");
                     let delay = self.reconnect.next_delay();
                     warn!(error = %error_chain(&error), ?delay, "database unavailable at start; retrying");
                     if self.pause(delay).await.is_break() {
@@ -128,6 +129,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             }
             Err(error) => {
                 self.report.database_errors += 1;
+                crate::telemetry::database_error("discover");
                 let delay = self.reconnect.next_delay();
                 if error.is_unavailable() {
                     self.outage.retry(&error);
@@ -222,28 +224,59 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     }
 }
 
-/// The relay's upkeep ([`Relay::maintain`](crate::Relay::maintain)) every maintenance
-/// interval, as a task of its own beside the loop; stopped when dropped.
-struct Upkeep(tokio::task::JoinHandle<()>);
+/// The relay's periodic tasks beside the loop: its upkeep
+/// ([`Relay::maintain`](crate::Relay::maintain)) every maintenance interval, and its gauges
+/// ([`Relay::refresh_gauges`](crate::Relay::refresh_gauges)) every gauge interval; stopped
+/// when dropped.
+struct Upkeep(Vec<tokio::task::JoinHandle<()>>);
 
 impl Upkeep {
     fn start<S: Store>(inner: &Arc<Inner<S>>) -> Self {
-        let inner = Arc::clone(inner);
-        Self(tokio::spawn(async move {
-            let interval = inner.config.maintenance_interval;
-            loop {
-                tokio::time::sleep(interval).await;
-                if let Err(error) = inner.maintain().await {
-                    warn!(error = %error_chain(&error), "relay upkeep failed; retried at the next interval");
-                }
+        let config = &inner.config;
+        let upkeep = config.maintenance_interval;
+        let mut tasks = vec![every(inner, upkeep, upkeep, |inner| async move {
+            if let Err(error) = inner.maintain().await {
+                warn!(error = %error_chain(&error), "relay upkeep failed; retried at the next interval");
             }
-        }))
+        })];
+        if let Some(interval) = config.gauge_interval {
+            tasks.push(every(inner, Duration::ZERO, interval, |inner| async move {
+                if let Err(error) = inner.refresh_gauges().await {
+                    debug!(error = %error_chain(&error), "refreshing the outbox's gauges failed; retried at the next interval");
+                }
+            }));
+        }
+        Self(tasks)
     }
+}
+
+/// Runs `task` after `first`, then every `interval`, in a task of its own.
+fn every<S: Store, F, Fut>(
+    inner: &Arc<Inner<S>>,
+    first: Duration,
+    interval: Duration,
+    task: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Arc<Inner<S>>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(Instant::now() + first, interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            task(Arc::clone(&inner)).await;
+        }
+    })
 }
 
 impl Drop for Upkeep {
     fn drop(&mut self) {
-        self.0.abort();
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -253,6 +286,7 @@ fn finished(report: &mut RunReport, outage: &mut Outage, shard: &ShardKey, drain
         Ok(run) => report.absorb(run.as_ref()),
         Err(error) => {
             report.database_errors += 1;
+            crate::telemetry::database_error("drain");
             if error.is_unavailable() {
                 outage.interrupted(shard, &error);
             } else {

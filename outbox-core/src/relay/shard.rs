@@ -14,6 +14,7 @@ use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::model::{MessageId, ShardKey};
 use crate::store::{Acknowledgement, DeadLettering, Failure, Lease, Outcome, ShardSession, Store};
+use crate::telemetry::CategoryLabels;
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -136,6 +137,8 @@ struct Failed {
     attempt: u32,
     /// Its category's dead-letter policy.
     max_attempts: Option<u32>,
+    /// Its category's metric labels.
+    labels: CategoryLabels,
 }
 
 impl Failed {
@@ -341,6 +344,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                         rows: group.acknowledgement(),
                         attempt,
                         max_attempts: group.info.max_attempts,
+                        labels: CategoryLabels {
+                            category: group.info.name,
+                            scope: group.info.scope_name,
+                        },
                     });
                     break;
                 }
@@ -390,12 +397,13 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 }
                 None
             }
-            Some(failed) => Some(failed.error),
-            None if all_delivered => read.plan.blocked,
+            // The delivery's span reported the error.
+            Some(failed) => Some((failed.error, true)),
+            None if all_delivered => read.plan.blocked.map(|error| (error, false)),
             None => None,
         };
-        if let Some(error) = failure {
-            return self.fail(error).await.map(ControlFlow::Break);
+        if let Some((error, reported)) = failure {
+            return self.fail(error, reported).await.map(ControlFlow::Break);
         }
         if out_of_budget || self.state.budget_spent() {
             let state = &self.state;
@@ -436,6 +444,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         match self.session.dead_letter(&letter).await {
             Ok(rows) => {
                 self.state.inner.vitals.acknowledged();
+                failed.labels.dead_lettered(rows);
                 let shard = self.state.lease.shard.clone();
                 warn!(%shard, attempts = failed.attempt, rows, error = %letter.error, "group set aside as dead letters after its category's max_attempts; the shard goes on");
                 self.state.progressed = true;
@@ -496,12 +505,13 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         let error = DeliveryError::Undecodable {
             source: Box::new(error),
         };
-        self.fail(error).await
+        self.fail(error, false).await
     }
 
     /// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it
-    /// as it was and reports the failure (S2).
-    async fn fail(self, error: DeliveryError) -> Result<ShardRun, Error> {
+    /// as it was and reports the failure (S2). The error is logged here unless `reported`
+    /// (by the delivery's span).
+    async fn fail(self, error: DeliveryError, reported: bool) -> Result<ShardRun, Error> {
         let state = &self.state;
         let shard = state.lease.shard.clone();
         if let DrainMode::Flush { .. } = state.mode {
@@ -518,7 +528,11 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         }
         let attempts = state.head_attempt();
         let retry_in = state.inner.config.backoff.delay(attempts);
-        warn!(%shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+        if reported {
+            info!(%shard, attempts, ?retry_in, "shard backs off after a failed delivery");
+        } else {
+            warn!(%shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+        }
         let recorded = Failure {
             error: error_chain(&error),
             attempts,

@@ -1,0 +1,239 @@
+//! What the outbox reports through the [`metrics`] facade: the names below, each with its
+//! labels and unit. Install any `metrics` recorder (a Prometheus exporter, StatsD, ...) and
+//! the writers and relays of the process report to it; without one, each report costs a
+//! relaxed atomic load.
+//!
+//! Labels are bounded: a category's and a scope's declared names, an error's
+//! [kind](crate::DeliveryError::kind), a shard's state. Shard and object identifiers never
+//! appear in a label (they are in the spans).
+//!
+//! | name | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | `outbox_messages_written_total` | counter | `category`, `scope` | messages inserted by `write`, `write_all` and model writes (counted at the insert; a rollback after it does not take it back) |
+//! | `outbox_deliveries_total` | counter | `category`, `scope` | handler calls that succeeded |
+//! | `outbox_handler_failures_total` | counter | `category`, `scope`, `kind` | deliveries that failed, by [`DeliveryError::kind`](crate::DeliveryError::kind) |
+//! | `outbox_rows_acknowledged_total` | counter | `scope` | rows deleted after their delivery |
+//! | `outbox_rows_coalesced_total` | counter | `category`, `scope` | rows a delivery covered without delivering them (a group's older rows) |
+//! | `outbox_dead_lettered_total` | counter | `category`, `scope` | rows set aside as dead letters |
+//! | `outbox_lease_losses_total` | counter | `scope` | drains that found their shard taken over by another worker |
+//! | `outbox_database_errors_total` | counter | `operation` | failed database calls of the relay (`discover`, `drain`, `gauges`) |
+//! | `outbox_handler_duration_seconds` | histogram | `category`, `scope` | how long a handler ran (failures included) |
+//! | `outbox_delivery_lag_seconds` | histogram | `category`, `scope` | from the delivered message's creation (the database's clock) to its handler's start |
+//! | `outbox_shard_drain_duration_seconds` | histogram | `scope` | how long a claimed shard's drain took |
+//! | `outbox_shard_drain_rows` | histogram | `scope` | rows one drain acknowledged |
+//! | `outbox_pending_messages` | gauge | | pending messages |
+//! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending message (0 when none) |
+//! | `outbox_shards` | gauge | `state` | shards with pending messages by state: `due`, `in_flight`, `backoff`, `parked`, `paused` |
+//! | `outbox_dead_letters` | gauge | | dead letters kept |
+//!
+//! The gauges come from one query that [`Relay::run`](crate::Relay::run) makes every
+//! [`gauge_interval`](crate::RelayConfigBuilder::gauge_interval) (or
+//! [`Relay::refresh_gauges`](crate::Relay::refresh_gauges) on demand); every relay of a
+//! deployment reports the same values, so aggregate them with `max`, not `sum`.
+//!
+//! [`describe`] gives a recorder each metric's description and unit.
+
+use std::time::{Duration, SystemTime};
+
+use metrics::Unit;
+
+use crate::model::Message;
+use crate::store::OutboxStatus;
+
+/// Messages inserted (counter; `category`, `scope`).
+pub const MESSAGES_WRITTEN: &str = "outbox_messages_written_total";
+/// Handler calls that succeeded (counter; `category`, `scope`).
+pub const DELIVERIES: &str = "outbox_deliveries_total";
+/// Deliveries that failed (counter; `category`, `scope`, `kind`).
+pub const HANDLER_FAILURES: &str = "outbox_handler_failures_total";
+/// Rows deleted after their delivery (counter; `scope`).
+pub const ROWS_ACKNOWLEDGED: &str = "outbox_rows_acknowledged_total";
+/// Rows a delivery covered without delivering them (counter; `category`, `scope`).
+pub const ROWS_COALESCED: &str = "outbox_rows_coalesced_total";
+/// Rows set aside as dead letters (counter; `category`, `scope`).
+pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
+/// Drains that lost their lease to another worker (counter; `scope`).
+pub const LEASE_LOSSES: &str = "outbox_lease_losses_total";
+/// Failed database calls of the relay (counter; `operation`).
+pub const DATABASE_ERRORS: &str = "outbox_database_errors_total";
+/// How long handlers ran (histogram, seconds; `category`, `scope`).
+pub const HANDLER_DURATION: &str = "outbox_handler_duration_seconds";
+/// From a message's creation to its handler's start (histogram, seconds; `category`, `scope`).
+pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
+/// How long shard drains took (histogram, seconds; `scope`).
+pub const DRAIN_DURATION: &str = "outbox_shard_drain_duration_seconds";
+/// Rows each drain acknowledged (histogram; `scope`).
+pub const DRAIN_ROWS: &str = "outbox_shard_drain_rows";
+/// Pending messages (gauge).
+pub const PENDING_MESSAGES: &str = "outbox_pending_messages";
+/// Age of the oldest pending message (gauge, seconds).
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Shards with pending messages by `state` (gauge).
+pub const SHARDS: &str = "outbox_shards";
+/// Dead letters kept (gauge).
+pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+
+/// The states of the [`SHARDS`] gauge's `state` label.
+pub const SHARD_STATES: [&str; 5] = ["due", "in_flight", "backoff", "parked", "paused"];
+
+/// Gives the installed recorder every metric's description and unit (call it once, after
+/// installing the recorder; the metrics are reported without it too).
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(MESSAGES_WRITTEN, Unit::Count, "Outbox messages inserted");
+    describe_counter!(DELIVERIES, Unit::Count, "Handler calls that succeeded");
+    describe_counter!(HANDLER_FAILURES, Unit::Count, "Deliveries that failed, by kind");
+    describe_counter!(
+        ROWS_ACKNOWLEDGED,
+        Unit::Count,
+        "Outbox rows deleted after their delivery"
+    );
+    describe_counter!(
+        ROWS_COALESCED,
+        Unit::Count,
+        "Outbox rows covered by a delivery of a newer row of their group"
+    );
+    describe_counter!(DEAD_LETTERED, Unit::Count, "Rows set aside as dead letters");
+    describe_counter!(
+        LEASE_LOSSES,
+        Unit::Count,
+        "Drains whose shard another worker took over"
+    );
+    describe_counter!(
+        DATABASE_ERRORS,
+        Unit::Count,
+        "Failed database calls of the relay"
+    );
+    describe_histogram!(HANDLER_DURATION, Unit::Seconds, "How long handlers ran");
+    describe_histogram!(
+        DELIVERY_LAG,
+        Unit::Seconds,
+        "From a message's creation to its handler's start"
+    );
+    describe_histogram!(DRAIN_DURATION, Unit::Seconds, "How long shard drains took");
+    describe_histogram!(DRAIN_ROWS, Unit::Count, "Rows each shard drain acknowledged");
+    describe_gauge!(PENDING_MESSAGES, Unit::Count, "Pending outbox messages");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending outbox message"
+    );
+    describe_gauge!(SHARDS, Unit::Count, "Shards with pending messages, by state");
+    describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept");
+}
+
+/// Counts `messages` as written: one increment per category and scope met.
+pub fn record_written(messages: &[Message]) {
+    let mut run: Option<(&Message, u64)> = None;
+    for message in messages {
+        match &mut run {
+            Some((first, count)) if same_category(first, message) => *count += 1,
+            _ => {
+                if let Some((first, count)) = run.take() {
+                    written(first, count);
+                }
+                run = Some((message, 1));
+            }
+        }
+    }
+    if let Some((first, count)) = run {
+        written(first, count);
+    }
+}
+
+fn same_category(a: &Message, b: &Message) -> bool {
+    a.category() == b.category() && a.shard().scope == b.shard().scope
+}
+
+fn written(message: &Message, count: u64) {
+    metrics::counter!(
+        MESSAGES_WRITTEN,
+        "category" => message.category_name(),
+        "scope" => message.scope_name(),
+    )
+    .increment(count);
+}
+
+/// A category's labels, as the relay reports its deliveries.
+#[derive(Clone, Copy)]
+pub(crate) struct CategoryLabels {
+    pub(crate) category: &'static str,
+    pub(crate) scope: &'static str,
+}
+
+impl CategoryLabels {
+    pub(crate) fn delivered(self, rows: u64, lag: Duration, took: Duration) {
+        let Self { category, scope } = self;
+        metrics::counter!(DELIVERIES, "category" => category, "scope" => scope).increment(1);
+        if rows > 1 {
+            metrics::counter!(ROWS_COALESCED, "category" => category, "scope" => scope)
+                .increment(rows - 1);
+        }
+        self.timed(lag, took);
+    }
+
+    pub(crate) fn failed(self, kind: &'static str, lag: Duration, took: Duration) {
+        let Self { category, scope } = self;
+        metrics::counter!(
+            HANDLER_FAILURES,
+            "category" => category,
+            "scope" => scope,
+            "kind" => kind,
+        )
+        .increment(1);
+        self.timed(lag, took);
+    }
+
+    /// The handler's duration, and the lag from the message's creation to its start.
+    fn timed(self, lag: Duration, took: Duration) {
+        let Self { category, scope } = self;
+        metrics::histogram!(HANDLER_DURATION, "category" => category, "scope" => scope)
+            .record(took.as_secs_f64());
+        metrics::histogram!(DELIVERY_LAG, "category" => category, "scope" => scope)
+            .record(lag.as_secs_f64());
+    }
+
+    pub(crate) fn dead_lettered(self, rows: u64) {
+        let Self { category, scope } = self;
+        metrics::counter!(DEAD_LETTERED, "category" => category, "scope" => scope)
+            .increment(rows);
+    }
+}
+
+/// A drain's end: its duration and rows, and whether it lost its lease.
+pub(crate) fn drained(scope: &'static str, took: Duration, rows: u64, lost_lease: bool) {
+    metrics::histogram!(DRAIN_DURATION, "scope" => scope).record(took.as_secs_f64());
+    metrics::histogram!(DRAIN_ROWS, "scope" => scope).record(rows as f64);
+    if rows > 0 {
+        metrics::counter!(ROWS_ACKNOWLEDGED, "scope" => scope).increment(rows);
+    }
+    if lost_lease {
+        metrics::counter!(LEASE_LOSSES, "scope" => scope).increment(1);
+    }
+}
+
+/// A failed database call of the relay.
+pub(crate) fn database_error(operation: &'static str) {
+    metrics::counter!(DATABASE_ERRORS, "operation" => operation).increment(1);
+}
+
+/// Sets the gauges from one reading of the outbox's state.
+pub(crate) fn gauges(status: &OutboxStatus, now: SystemTime) {
+    metrics::gauge!(PENDING_MESSAGES).set(status.pending_messages as f64);
+    let age = status
+        .oldest_pending_at
+        .and_then(|at| now.duration_since(at).ok())
+        .unwrap_or_default();
+    metrics::gauge!(OLDEST_PENDING_AGE).set(age.as_secs_f64());
+    let counts = [
+        status.shards_due,
+        status.shards_in_flight,
+        status.shards_in_backoff,
+        status.shards_parked,
+        status.shards_paused,
+    ];
+    for (state, count) in SHARD_STATES.into_iter().zip(counts) {
+        metrics::gauge!(SHARDS, "state" => state).set(count as f64);
+    }
+    metrics::gauge!(DEAD_LETTERS).set(status.dead_letters as f64);
+}
