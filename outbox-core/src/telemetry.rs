@@ -82,7 +82,11 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(MESSAGES_WRITTEN, Unit::Count, "Outbox messages inserted");
     describe_counter!(DELIVERIES, Unit::Count, "Handler calls that succeeded");
-    describe_counter!(HANDLER_FAILURES, Unit::Count, "Deliveries that failed, by kind");
+    describe_counter!(
+        HANDLER_FAILURES,
+        Unit::Count,
+        "Deliveries that failed, by kind"
+    );
     describe_counter!(
         ROWS_ACKNOWLEDGED,
         Unit::Count,
@@ -111,14 +115,22 @@ pub fn describe() {
         "From a message's creation to its handler's start"
     );
     describe_histogram!(DRAIN_DURATION, Unit::Seconds, "How long shard drains took");
-    describe_histogram!(DRAIN_ROWS, Unit::Count, "Rows each shard drain acknowledged");
+    describe_histogram!(
+        DRAIN_ROWS,
+        Unit::Count,
+        "Rows each shard drain acknowledged"
+    );
     describe_gauge!(PENDING_MESSAGES, Unit::Count, "Pending outbox messages");
     describe_gauge!(
         OLDEST_PENDING_AGE,
         Unit::Seconds,
         "Age of the oldest pending outbox message"
     );
-    describe_gauge!(SHARDS, Unit::Count, "Shards with pending messages, by state");
+    describe_gauge!(
+        SHARDS,
+        Unit::Count,
+        "Shards with pending messages, by state"
+    );
     describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept");
 }
 
@@ -195,8 +207,7 @@ impl CategoryLabels {
 
     pub(crate) fn dead_lettered(self, rows: u64) {
         let Self { category, scope } = self;
-        metrics::counter!(DEAD_LETTERED, "category" => category, "scope" => scope)
-            .increment(rows);
+        metrics::counter!(DEAD_LETTERED, "category" => category, "scope" => scope).increment(rows);
     }
 }
 

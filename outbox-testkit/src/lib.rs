@@ -90,6 +90,7 @@ pub mod runner;
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod sqlx;
+pub mod telemetry;
 
 pub use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend};
 pub use crate::runner::{RunnerError, outbox_runner};

@@ -139,6 +139,7 @@ impl MemoryStore {
     /// Writes `messages` at once (no relay sees some of them without the others); returns
     /// their ids, in order.
     pub fn write_all(&self, messages: &[Message]) -> Vec<MessageId> {
+        let _span = tracing::debug_span!("outbox.write", messages = messages.len()).entered();
         let now = self.now();
         let ids = self.tables(|tables| {
             messages

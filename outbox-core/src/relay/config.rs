@@ -276,11 +276,13 @@ impl RelayConfig {
                 "is empty: it names the leases the relay takes".into(),
             );
         }
-        if self.gauge_interval.is_some_and(|interval| interval.is_zero()) {
+        if self
+            .gauge_interval
+            .is_some_and(|interval| interval.is_zero())
+        {
             return invalid(
                 "gauge_interval",
-                "is zero: the gauges' query would run without pause (`None` turns it off)"
-                    .into(),
+                "is zero: the gauges' query would run without pause (`None` turns it off)".into(),
             );
         }
         if let Some(timeout) = self.handler_timeout {

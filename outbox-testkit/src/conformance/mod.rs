@@ -22,6 +22,7 @@ mod flush;
 mod models;
 mod operations;
 mod relay;
+mod telemetry;
 mod write;
 
 use std::future::Future;
@@ -42,6 +43,7 @@ pub use self::flush::*;
 pub use self::models::*;
 pub use self::operations::*;
 pub use self::relay::*;
+pub use self::telemetry::*;
 pub use self::write::*;
 use crate::backend::StoreBackend;
 use crate::fixtures::{Note, Recorder};
@@ -82,6 +84,14 @@ macro_rules! conformance_tests {
             older_binary_runs_on_a_newer_schema,
             error_chains_print_each_cause_once,
         );
+    };
+    (@captured $backend:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$name::<$backend>();
+            }
+        )*
     };
     (@each $backend:ty; $($name:ident),* $(,)?) => {
         $(
@@ -142,6 +152,10 @@ macro_rules! store_conformance_tests {
             operators_see_status_shards_and_messages,
             s23_a_flush_does_not_wait_for_a_paused_shard,
             health_lag_counts_due_shards_only,
+        );
+        $crate::conformance_tests!(@captured $backend;
+            telemetry_counts_writes_deliveries_and_coalescing,
+            telemetry_reports_failures_dead_letters_and_gauges,
         );
     };
 }
