@@ -152,6 +152,7 @@ macro_rules! store_conformance_tests {
             operators_see_status_shards_and_messages,
             s23_a_flush_does_not_wait_for_a_paused_shard,
             health_lag_counts_due_shards_only,
+            metadata_and_creation_time_reach_the_handler,
         );
         $crate::conformance_tests!(@captured $backend;
             telemetry_counts_writes_deliveries_and_coalescing,

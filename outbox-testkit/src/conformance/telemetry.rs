@@ -280,3 +280,183 @@ fn assert_bounded_labels(telemetry: &Telemetry) {
         }
     }
 }
+
+/// The producer's trace reaches the handler (SPEC §10, with the `opentelemetry` feature): the
+/// W3C trace context of the span current at `Message::new` is stored with the message; the
+/// delivery's span is linked to the producer's span (the default), or made its child
+/// ([`TraceRelation::Child`](outbox_core::TraceRelation::Child)); the handler reads the trace
+/// id from [`Delivery::metadata`] either way.
+#[cfg(feature = "opentelemetry")]
+pub fn trace_context_reaches_the_handler<B: StoreBackend>() {
+    use opentelemetry::trace::{TraceContextExt, TracerProvider};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use outbox_core::{RelayConfig, TraceRelation};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    for relation in [TraceRelation::Link, TraceRelation::Child] {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+        let ((producer, seen), _) = crate::telemetry::capture_with(subscriber, |_| async move {
+            let backend = B::create().await;
+            let request = tracing::info_span!("request");
+            let (message, producer) = {
+                let _entered = request.enter();
+                let message = note::<OrgUpdate>(1, 1, 1);
+                (message, request.context().span().span_context().clone())
+            };
+            write(&backend, &[message]).await;
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let handler = {
+                let seen = Arc::clone(&seen);
+                move |delivery: Delivery<OrgUpdate>| {
+                    let current = tracing::Span::current()
+                        .context()
+                        .span()
+                        .span_context()
+                        .clone();
+                    let written = delivery.metadata.trace_id().map(str::to_owned);
+                    seen.lock().expect("not poisoned").push((written, current));
+                    async { Ok::<_, BoxError>(()) }
+                }
+            };
+            let config = RelayConfig::builder()
+                .trace_relation(relation)
+                .build()
+                .expect("a valid relay configuration");
+            let registry = Recorder::new().registry_with::<OrgUpdate>(handler);
+            Relay::with_config(backend.store(), registry, config)
+                .drain()
+                .await
+                .expect("drain");
+            let seen = seen.lock().expect("not poisoned").clone();
+            (producer, seen)
+        });
+        assert!(producer.is_valid(), "the producer's span has a trace");
+        let producer_trace = producer.trace_id().to_string();
+        let [(written, handler)] = <[_; 1]>::try_from(seen).expect("one delivery");
+        assert_eq!(
+            written.as_deref(),
+            Some(producer_trace.as_str()),
+            "{relation:?}: the trace id the producer wrote is the one the handler reads"
+        );
+        provider.force_flush().expect("flush the spans");
+        let spans = exporter.get_finished_spans().expect("the finished spans");
+        let delivery = spans
+            .iter()
+            .find(|span| span.name == "outbox.deliver")
+            .expect("the delivery's span");
+        assert_eq!(delivery.span_context.span_id(), handler.span_id());
+        match relation {
+            TraceRelation::Child => {
+                assert_eq!(handler.trace_id(), producer.trace_id(), "one trace");
+                assert_eq!(delivery.parent_span_id, producer.span_id());
+            }
+            _ => {
+                assert_ne!(
+                    handler.trace_id(),
+                    producer.trace_id(),
+                    "a trace of its own"
+                );
+                assert!(
+                    delivery
+                        .links
+                        .iter()
+                        .any(|link| link.span_context.trace_id() == producer.trace_id()
+                            && link.span_context.span_id() == producer.span_id()),
+                    "linked to the producer's span: {:?}",
+                    delivery.links
+                );
+            }
+        }
+    }
+}
+
+/// A message's metadata and creation time reach its handler; a message written outside any
+/// trace stores none (a `NULL`); a dead letter keeps its metadata and its replay writes it
+/// back.
+pub async fn metadata_and_creation_time_reach_the_handler<B: StoreBackend>() {
+    use outbox_core::{DeadLetterFilter, Metadata};
+
+    let backend = B::create().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(
+        Metadata,
+        std::time::SystemTime,
+    )>::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |delivery: Delivery<OrgAlert>| {
+            seen.lock()
+                .expect("not poisoned")
+                .push((delivery.metadata.clone(), delivery.created_at));
+            async { Err::<(), BoxError>("refused".into()) }
+        }
+    };
+    let store = backend.store();
+    let relay = Relay::with_config(
+        store.clone(),
+        Recorder::new().registry_with::<OrgAlert>(handler),
+        config("metadata"),
+    );
+    let before = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    write(
+        &backend,
+        &[
+            note::<OrgAlert>(1, 1, 1).with_metadata("tenant", "acme"),
+            note::<OrgUpdate>(2, 1, 2),
+        ],
+    )
+    .await;
+    let stored = |metadata: &Option<String>| {
+        metadata
+            .as_deref()
+            .map(|json| Metadata::from_json(json).expect("a JSON object of strings"))
+    };
+    let tenant: Metadata = [("tenant", "acme")].into_iter().collect();
+    let rows = pending(&backend).await;
+    assert_eq!(
+        rows.iter()
+            .map(|row| stored(&row.metadata))
+            .collect::<Vec<_>>(),
+        [Some(tenant.clone()), None],
+        "metadata stored as a JSON object, none as NULL"
+    );
+
+    let shard = ShardKey::local(outbox_core::ScopeId(1), 1);
+    relay.drain().await.expect("first attempt");
+    store.reschedule(&shard).await.expect("reschedule");
+    relay.drain().await.expect("second attempt: dead-lettered");
+    let deliveries = seen.lock().expect("not poisoned").clone();
+    assert_eq!(deliveries.len(), 2);
+    for (metadata, created_at) in &deliveries {
+        assert_eq!(metadata.get("tenant"), Some("acme"));
+        assert!(
+            *created_at > before && *created_at < before + std::time::Duration::from_secs(120),
+            "the creation time, by the database's clock"
+        );
+    }
+
+    let letters = store
+        .dead_letters(&DeadLetterFilter::all())
+        .await
+        .expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(stored(&letters[0].metadata), Some(tenant.clone()));
+    store
+        .replay_dead_letters(&[letters[0].message_id])
+        .await
+        .expect("replay");
+    let replayed = pending(&backend).await;
+    assert_eq!(
+        replayed
+            .iter()
+            .map(|row| stored(&row.metadata))
+            .collect::<Vec<_>>(),
+        [Some(tenant)],
+        "the replay keeps the metadata"
+    );
+}
