@@ -155,6 +155,17 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for CaptureLayer {
     }
 }
 
+/// A metric as reported: its kind, name and labels (sorted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricKey {
+    /// Counter, gauge or histogram.
+    pub kind: MetricKind,
+    /// Its name.
+    pub name: String,
+    /// Its labels, sorted by key.
+    pub labels: Vec<(String, String)>,
+}
+
 /// A recorder that keeps every value reported to it, readable at any time.
 #[derive(Clone)]
 struct Keeping(Arc<Registry<Key, AtomicStorage>>);
@@ -244,16 +255,22 @@ impl Telemetry {
         find(&handles, name, labels).map_or_else(Vec::new, |bucket| bucket.data())
     }
 
-    /// Every metric reported, as `(kind, name, sorted labels)`.
-    pub fn metric_keys(&self) -> Vec<(MetricKind, String, Vec<(String, String)>)> {
+    /// Every metric reported, by name and labels.
+    pub fn metric_keys(&self) -> Vec<MetricKey> {
         let registry = &self.metrics.0;
-        let entry = |kind| move |key: Key| (kind, key.name().to_owned(), labels_of(&key));
+        let entry = |kind| {
+            move |key: Key| MetricKey {
+                kind,
+                name: key.name().to_owned(),
+                labels: labels_of(&key),
+            }
+        };
         let mut keys: Vec<_> = (registry.get_counter_handles().into_keys())
             .map(entry(MetricKind::Counter))
             .chain((registry.get_gauge_handles().into_keys()).map(entry(MetricKind::Gauge)))
             .chain((registry.get_histogram_handles().into_keys()).map(entry(MetricKind::Histogram)))
             .collect();
-        keys.sort_unstable_by(|a, b| (a.1.as_str(), &a.2).cmp(&(b.1.as_str(), &b.2)));
+        keys.sort_unstable_by(|a, b| (&a.name, &a.labels).cmp(&(&b.name, &b.labels)));
         keys
     }
 

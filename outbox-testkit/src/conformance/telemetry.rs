@@ -110,7 +110,7 @@ pub fn telemetry_counts_writes_deliveries_and_coalescing<B: StoreBackend>() {
         !telemetry
             .metric_keys()
             .iter()
-            .any(|(_, name, _)| name == HANDLER_FAILURES),
+            .any(|key| key.name == HANDLER_FAILURES),
         "no failure reported"
     );
 
@@ -271,8 +271,9 @@ impl Gauges {
 
 /// No metric carries an identifier in a label: only names, kinds and states.
 fn assert_bounded_labels(telemetry: &Telemetry) {
-    for (_, name, labels) in telemetry.metric_keys() {
-        for (key, _) in &labels {
+    for metric in telemetry.metric_keys() {
+        let name = &metric.name;
+        for (key, _) in &metric.labels {
             assert!(
                 ["category", "scope", "kind", "state", "operation"].contains(&key.as_str()),
                 "{name} has an unbounded label {key}"
