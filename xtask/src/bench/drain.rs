@@ -83,7 +83,7 @@ async fn raw_loop_pg(pool: &PgPool) -> Result<(u64, f64), String> {
 }
 
 /// Drains with the relay: `(rows, handler calls, seconds)`.
-async fn relay_pg(pool: &PgPool) -> Result<(u64, u64, f64), String> {
+pub(super) async fn relay_pg(pool: &PgPool) -> Result<(u64, u64, f64), String> {
     let (relay, calls) = counting_relay(PgStore::new(pool.clone()), RelayConfig::default());
     let started = Instant::now();
     let report = relay

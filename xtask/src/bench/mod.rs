@@ -9,6 +9,7 @@ mod memory;
 mod models;
 mod report;
 mod setup;
+mod telemetry;
 mod write;
 
 use std::path::PathBuf;
@@ -38,7 +39,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite).
+    /// coalescing, latency, memory, models, sqlite, metrics).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -67,7 +68,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 8] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -75,6 +76,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("memory", |a, s| Box::pin(memory::run(a, s))),
         ("models", |a, s| Box::pin(models::postgres(a, s))),
         ("sqlite", |a, _| Box::pin(sqlite(a))),
+        ("metrics", |a, s| Box::pin(telemetry::postgres(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {

@@ -59,13 +59,7 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
     let workers = 8u64;
     let database = server.database(workers as u32 + 2).await?;
     let pool = database.pool.clone();
-    sqlx::raw_sql(
-        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL); \
-         INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 10000) g",
-    )
-    .execute(&pool)
-    .await
-    .map_err(failed("creating the accounts"))?;
+    accounts_pg(&pool).await?;
 
     let transactions = args.sized(40_000, 400) / workers * workers;
     let (engine, baseline) = compare(transactions, |side| {
@@ -94,6 +88,18 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
             Target::None,
         ),
     ])
+}
+
+/// The accounts the business transactions update.
+pub(super) async fn accounts_pg(pool: &PgPool) -> Result<(), String> {
+    sqlx::raw_sql(
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL); \
+         INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 10000) g",
+    )
+    .execute(pool)
+    .await
+    .map_err(failed("creating the accounts"))?;
+    Ok(())
 }
 
 /// Runs `workers` tasks at once, each making `each` calls of `transaction(pool, worker, i)`
@@ -125,7 +131,7 @@ where
     Ok(started.elapsed())
 }
 
-async fn truncate_pg(pool: &PgPool) -> Result<(), String> {
+pub(super) async fn truncate_pg(pool: &PgPool) -> Result<(), String> {
     sqlx::query("TRUNCATE outbox_messages")
         .execute(pool)
         .await
@@ -133,7 +139,7 @@ async fn truncate_pg(pool: &PgPool) -> Result<(), String> {
     Ok(())
 }
 
-async fn one_message_pg(
+pub(super) async fn one_message_pg(
     pool: PgPool,
     side: Side,
     workers: u64,
