@@ -1,7 +1,6 @@
 //! Delivery semantics: S10–S14, S24 and fan-out.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use outbox_core::{BoxError, Delivery, Destination, Id, Message, Relay, Scope, ShardKey};
 
@@ -119,21 +118,7 @@ pub async fn s12_categories_and_shards_are_separate_groups<B: StoreBackend>() {
 pub async fn s13_row_written_during_delivery_survives<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();
-    let wrote = Arc::new(AtomicBool::new(false));
-    let handler = {
-        let (backend, recorder, wrote) =
-            (Arc::clone(&backend), recorder.clone(), Arc::clone(&wrote));
-        move |delivery: Delivery<OrgUpdate>| {
-            recorder.record(&delivery);
-            let (backend, wrote) = (Arc::clone(&backend), Arc::clone(&wrote));
-            async move {
-                if !wrote.swap(true, Ordering::SeqCst) {
-                    write(&*backend, &[note::<OrgUpdate>(1, 1, 2)]).await;
-                }
-                Ok::<_, BoxError>(())
-            }
-        }
-    };
+    let handler = writing_once_during_delivery(&backend, &recorder, note::<OrgUpdate>(1, 1, 2));
     let registry = Recorder::new().registry_with::<OrgUpdate>(handler);
     let relay = Relay::with_config(backend.store(), registry, config("s13"));
 
@@ -145,6 +130,28 @@ pub async fn s13_row_written_during_delivery_survives<B: StoreBackend>() {
         "the row written during delivery was delivered after it"
     );
     assert!(pending(&*backend).await.is_empty());
+}
+
+/// A handler of `OrgUpdate` that records each delivery with `recorder` and, during the first,
+/// writes `message`.
+pub(crate) fn writing_once_during_delivery<B: StoreBackend>(
+    backend: &Arc<B>,
+    recorder: &Recorder,
+    message: Message,
+) -> impl outbox_core::Handler<Delivery<OrgUpdate>> + use<B> {
+    let (backend, recorder) = (Arc::clone(backend), recorder.clone());
+    let pending = Arc::new(std::sync::Mutex::new(Some(message)));
+    move |delivery: Delivery<OrgUpdate>| {
+        recorder.record(&delivery);
+        let backend = Arc::clone(&backend);
+        let message = pending.lock().expect("not poisoned").take();
+        async move {
+            if let Some(message) = message {
+                write(&*backend, &[message]).await;
+            }
+            Ok::<_, BoxError>(())
+        }
+    }
 }
 
 /// S14: messages of a non-coalescing category are each delivered, in write order within the

@@ -5,7 +5,6 @@
 //! it alone: these tests are plain functions, not `async fn`s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use outbox_core::telemetry::{
     DEAD_LETTERED, DEAD_LETTERS, DELIVERIES, DELIVERY_LAG, DRAIN_ROWS, HANDLER_DURATION,
@@ -15,6 +14,7 @@ use outbox_core::telemetry::{
 use outbox_core::{Admin, BoxError, Delivery, Relay, ShardKey};
 use tracing::Level;
 
+use super::delivery::writing_once_during_delivery;
 use super::{config, pending, write};
 use crate::backend::StoreBackend;
 use crate::fixtures::{AuditEvent, OrgAlert, OrgUpdate, Recorder, UserUpdate, note};
@@ -31,21 +31,8 @@ pub fn telemetry_counts_writes_deliveries_and_coalescing<B: StoreBackend>() {
     let (delivered, telemetry) = capture(|_| async {
         let backend = Arc::new(B::create().await);
         let recorder = Recorder::new();
-        let wrote = Arc::new(AtomicBool::new(false));
-        let during_delivery = {
-            let (backend, recorder, wrote) =
-                (Arc::clone(&backend), recorder.clone(), Arc::clone(&wrote));
-            move |delivery: Delivery<OrgUpdate>| {
-                recorder.record(&delivery);
-                let (backend, wrote) = (Arc::clone(&backend), Arc::clone(&wrote));
-                async move {
-                    if !wrote.swap(true, Ordering::SeqCst) {
-                        write(&*backend, &[note::<OrgUpdate>(1, 1, 5)]).await;
-                    }
-                    Ok::<_, BoxError>(())
-                }
-            }
-        };
+        let during_delivery =
+            writing_once_during_delivery(&backend, &recorder, note::<OrgUpdate>(1, 1, 5));
         let registry = recorder.registry_with::<OrgUpdate>(during_delivery);
         write(
             &*backend,
