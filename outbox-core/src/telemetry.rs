@@ -16,7 +16,7 @@
 //! | `outbox_rows_coalesced_total` | counter | `category`, `scope` | rows a delivery covered without delivering them (a group's older rows) |
 //! | `outbox_dead_lettered_total` | counter | `category`, `scope` | rows set aside as dead letters |
 //! | `outbox_lease_losses_total` | counter | `scope` | drains that found their shard taken over by another worker |
-//! | `outbox_database_errors_total` | counter | `operation` | failed database calls of the relay (`discover`, `drain`, `gauges`) |
+//! | `outbox_database_errors_total` | counter | `operation` | failed database calls of the relay (`prepare`, `discover`, `drain`, `gauges`) |
 //! | `outbox_handler_duration_seconds` | histogram | `category`, `scope` | how long a handler ran (failures included) |
 //! | `outbox_delivery_lag_seconds` | histogram | `category`, `scope` | from the delivered message's creation (the database's clock) to its handler's start |
 //! | `outbox_shard_drain_duration_seconds` | histogram | `scope` | how long a claimed shard's drain took |
@@ -32,6 +32,9 @@
 //! deployment reports the same values, so aggregate them with `max`, not `sum`.
 //!
 //! [`describe`] gives a recorder each metric's description and unit.
+//! [`Relay::run`](crate::Relay::run) reports every counter of its registry's categories and
+//! scopes at 0 when it starts ([`register`]), so that a counter is in a scrape before its first
+//! event and a `rate` or `increase` sees that event.
 
 use std::time::{Duration, SystemTime};
 
@@ -72,6 +75,9 @@ pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 pub const SHARDS: &str = "outbox_shards";
 /// Dead letters kept (gauge).
 pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+
+/// The operations of the [`DATABASE_ERRORS`] counter's `operation` label.
+pub const DATABASE_OPERATIONS: [&str; 4] = ["prepare", "discover", "drain", "gauges"];
 
 /// The states of the [`SHARDS`] gauge's `state` label.
 pub const SHARD_STATES: [&str; 5] = ["due", "in_flight", "backoff", "parked", "paused"];
@@ -132,6 +138,25 @@ pub fn describe() {
         "Shards with pending messages, by state"
     );
     describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept");
+}
+
+/// Reports every counter at 0 for each category and scope of `registry` (and each database
+/// operation), so that they are in a scrape before their first event: what
+/// [`Relay::run`](crate::Relay::run) does when it starts. Counters already counting keep
+/// their values.
+pub fn register(registry: &crate::Registry) {
+    for info in registry.categories() {
+        let (category, scope) = (info.name, info.scope_name);
+        for name in [MESSAGES_WRITTEN, DELIVERIES, ROWS_COALESCED, DEAD_LETTERED] {
+            metrics::counter!(name, "category" => category, "scope" => scope).increment(0);
+        }
+        for name in [ROWS_ACKNOWLEDGED, LEASE_LOSSES] {
+            metrics::counter!(name, "scope" => scope).increment(0);
+        }
+    }
+    for operation in DATABASE_OPERATIONS {
+        metrics::counter!(DATABASE_ERRORS, "operation" => operation).increment(0);
+    }
 }
 
 /// Counts `messages` as written: one increment per category and scope met.

@@ -5,6 +5,16 @@
 //! - `POST /orders` (`{"total_cents": 1250}`) inserts an order and, in the same transaction,
 //!   an `OrderPlaced` outbox message; the relay delivers it after commit to a handler that
 //!   books the shipment (a row in `shipments`).
+//! - The carrier insures parcels up to $10,000: the handler refuses an order above that
+//!   (`{"total_cents": 1500000}`). The relay retries it with backoff (from
+//!   `--backoff-initial-ms`, doubling; a retry is picked up at the next poll,
+//!   `--poll-interval-ms`) and after 3 failed attempts (`max_attempts = 3`) sets it aside as
+//!   a dead letter (`outbox dead-letters list`), while the other orders' shards flow.
+//! - `GET /metrics` is the Prometheus scrape: the outbox's metrics
+//!   ([`outbox_core::telemetry`]) through `metrics-exporter-prometheus`, its histograms as
+//!   Prometheus histograms (`_bucket` series), its gauges refreshed at each scrape.
+//!   `docs/grafana/outbox.json` is a Grafana dashboard over them (`docs/grafana/README.md`
+//!   describes its panels).
 //! - `GET /healthz` is the liveness probe (200 while the relay's loop runs) and `GET /readyz`
 //!   the readiness probe (200 while it runs and the database answers), each with the
 //!   relay's `Health` as JSON.
@@ -15,19 +25,22 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1/shop cargo run -p service -- --listen 127.0.0.1:8080
 //! curl -X POST -H 'content-type: application/json' -d '{"total_cents":1250}' localhost:8080/orders
 //! curl localhost:8080/readyz
+//! curl localhost:8080/metrics
 //! ```
 
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State as Extract;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox_core::telemetry;
 use outbox_core::{
-    BoxError, Delivery, Health, Message, Registry, Relay, State, outbox_category, outbox_handler,
-    outbox_scope, shutdown_signal,
+    Backoff, BoxError, Delivery, Health, Message, Registry, Relay, RelayConfig, State,
+    outbox_category, outbox_handler, outbox_scope, shutdown_signal,
 };
 use outbox_postgres::PgStore;
 use serde::{Deserialize, Serialize};
@@ -44,26 +57,47 @@ struct Args {
     /// Where to serve HTTP.
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// How long a shard whose delivery failed waits before its first retry, in milliseconds
+    /// (doubling at each failure, up to an hour).
+    #[arg(long, env = "BACKOFF_INITIAL_MS", default_value_t = 2_000)]
+    backoff_initial_ms: u64,
+    /// How often the relay looks for due shards when no commit woke it (retries after a
+    /// backoff are found this way), in milliseconds.
+    #[arg(long, env = "POLL_INTERVAL_MS", default_value_t = 1_000)]
+    poll_interval_ms: u64,
 }
 
 /// Orders are sharded by customer; here, every order is its own shard.
 #[outbox_scope(id = 1)]
 struct Orders;
 
-/// An order was placed: book its shipment.
-#[outbox_category(scope = Orders, id = 1, max_attempts = 10)]
+/// An order was placed: book its shipment. A delivery the carrier refuses is retried with
+/// backoff, and set aside as a dead letter after its third failure.
+#[outbox_category(scope = Orders, id = 1, max_attempts = 3)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct OrderPlaced {
     total_cents: i64,
 }
 
-/// Books the shipment of a placed order, once however often it is delivered.
+/// The most the carrier insures a parcel for: $10,000.
+const INSURED_UP_TO_CENTS: i64 = 1_000_000;
+
+/// Books the shipment of a placed order, once however often it is delivered; fails for an
+/// order worth more than the carrier insures.
 #[outbox_handler]
 async fn book_shipment(
     delivery: Delivery<OrderPlaced>,
     State(pool): State<PgPool>,
 ) -> Result<(), BoxError> {
     let order_id = i64::try_from(delivery.object_identifier)?;
+    let total = delivery.payload.total_cents;
+    if total > INSURED_UP_TO_CENTS {
+        let limit = INSURED_UP_TO_CENTS;
+        return Err(format!(
+            "the carrier insures up to {limit} cents, not order {order_id}'s {total}"
+        )
+        .into());
+    }
     sqlx::query(
         "INSERT INTO shipments (order_id, total_cents) VALUES ($1, $2) \
          ON CONFLICT (order_id) DO NOTHING",
@@ -80,6 +114,7 @@ async fn book_shipment(
 struct App {
     pool: PgPool,
     relay: Relay<PgStore>,
+    metrics: PrometheusHandle,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,10 +183,52 @@ async fn readyz(Extract(app): Extract<App>) -> (StatusCode, Json<Value>) {
     (status(health.is_ready()), body(&health))
 }
 
+/// The Prometheus scrape, its gauges read from the database just before: never staler than
+/// the scrape. A failed read is logged and the last values are served.
+async fn scrape(Extract(app): Extract<App>) -> ([(header::HeaderName, &'static str); 1], String) {
+    if let Err(error) = app.relay.refresh_gauges().await {
+        let error = outbox_core::error_chain(&error);
+        tracing::warn!(%error, "refreshing the outbox's gauges failed; serving the last values");
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+}
+
+/// Seconds, from a millisecond up to an hour: handler durations, delivery lag (which grows
+/// with a backlog or a backoff) and drain durations.
+const SECONDS_BUCKETS: [f64; 18] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0,
+];
+
+/// Rows one drain acknowledged: none (a drain that failed or found its rows taken) up to the
+/// shard row budget (1,000 by default).
+const ROWS_BUCKETS: [f64; 11] = [
+    0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+];
+
+/// Installs the Prometheus recorder, with buckets for the outbox's histograms (so that they
+/// are Prometheus histograms, `_bucket` series that aggregate across instances, rather than
+/// summaries), and gives it the metrics' descriptions.
+fn install_metrics() -> Result<PrometheusHandle, BoxError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(telemetry::DRAIN_ROWS.into()), &ROWS_BUCKETS)?
+        .install_recorder()?;
+    telemetry::describe();
+    Ok(handle)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt().with_env_filter("info").init();
     let args = Args::parse();
+    let prometheus = install_metrics()?;
     let pool = outbox_postgres::connect(&args.database_url).await?;
     outbox_postgres::migrate(&pool).await?;
     sqlx::raw_sql(
@@ -164,7 +241,24 @@ async fn main() -> Result<(), BoxError> {
         .discovered()
         .state(pool.clone())
         .build()?;
-    let relay = Relay::new(PgStore::new(pool.clone()), registry);
+    let config = RelayConfig::builder()
+        .backoff(Backoff::new(
+            Duration::from_millis(args.backoff_initial_ms),
+            Backoff::default().max,
+        ))
+        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+        .build()?;
+    let relay = Relay::with_config(PgStore::new(pool.clone()), registry, config);
+
+    // The recorder's upkeep: folds histogram samples into their buckets between scrapes.
+    let upkeep = prometheus.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
 
     // One signal, heard by the relay and the server.
     let (stop, stopping) = watch::channel(false);
@@ -185,9 +279,11 @@ async fn main() -> Result<(), BoxError> {
         .route("/orders", post(place_order))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(scrape))
         .with_state(App {
             pool: pool.clone(),
             relay,
+            metrics: prometheus,
         });
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(address = %args.listen, "serving");

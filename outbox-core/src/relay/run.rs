@@ -61,6 +61,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     pub(super) async fn run(mut self) -> Result<RunReport, Error> {
         let inner: &'r Arc<Inner<S>> = self.inner;
         let _running = inner.vitals.running();
+        crate::telemetry::register(&inner.registry);
         if self.prepare().await?.is_break() {
             return Ok(self.report);
         }

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use outbox_core::telemetry::{
-    DEAD_LETTERED, DEAD_LETTERS, DELIVERIES, DELIVERY_LAG, DRAIN_ROWS, HANDLER_DURATION,
-    HANDLER_FAILURES, MESSAGES_WRITTEN, OLDEST_PENDING_AGE, PENDING_MESSAGES, ROWS_ACKNOWLEDGED,
-    ROWS_COALESCED, SHARDS,
+    DATABASE_ERRORS, DEAD_LETTERED, DEAD_LETTERS, DELIVERIES, DELIVERY_LAG, DRAIN_ROWS,
+    HANDLER_DURATION, HANDLER_FAILURES, LEASE_LOSSES, MESSAGES_WRITTEN, OLDEST_PENDING_AGE,
+    PENDING_MESSAGES, ROWS_ACKNOWLEDGED, ROWS_COALESCED, SHARDS,
 };
 use outbox_core::{Admin, BoxError, Delivery, Relay, ShardKey};
 use tracing::Level;
@@ -156,6 +156,29 @@ pub fn telemetry_reports_failures_dead_letters_and_gauges<B: StoreBackend>() {
         });
         let store = backend.store();
         let relay = Relay::with_config(store.clone(), registry, config("telemetry-failure"));
+        // A relay that starts reports its counters at 0: in a scrape before their first event.
+        relay
+            .run(std::future::ready(()))
+            .await
+            .expect("run, then stop");
+        let registered = probe.metric_keys();
+        for (name, labels) in [
+            (LEASE_LOSSES, vec![("scope", "organization")]),
+            (DEAD_LETTERED, ORG_ALERT.to_vec()),
+            (DATABASE_ERRORS, vec![("operation", "discover")]),
+        ] {
+            assert!(
+                registered.iter().any(|key| key.name == name
+                    && key
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .eq(labels.iter().copied())),
+                "{name} {labels:?} reported at 0 by a starting relay"
+            );
+            assert_eq!(probe.counter(name, &labels), 0);
+        }
+
         write(
             &backend,
             &[note::<OrgAlert>(1, 1, 1), note::<OrgUpdate>(2, 1, 2)],
