@@ -21,7 +21,9 @@ where
         shard = %message.shard(),
         object = %message.object_identifier(),
     );
-    let id = insert_one::<D, E>(executor, message).instrument(span).await?;
+    let id = insert_one::<D, E>(executor, message)
+        .instrument(span)
+        .await?;
     telemetry::record_written(std::slice::from_ref(message));
     Ok(id)
 }
