@@ -291,6 +291,54 @@ impl Telemetry {
     }
 }
 
+/// Installs [`Silent`] as the global default subscriber, once per process, unless another is.
+///
+/// Without a global subscriber, `tracing` computes the interest of a callsite that another
+/// thread meets first, and the global maximum level, from that thread's default alone (no
+/// subscriber: nothing enabled) whenever a single dispatcher is registered: a test's
+/// thread-local capture would then miss events at random, as tests run beside it.
+fn silence_other_threads() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(Silent);
+    });
+}
+
+/// A subscriber that records nothing but leaves every callsite's interest open
+/// (`sometimes`), so that thread-local subscribers decide for their own threads.
+struct Silent;
+
+impl Subscriber for Silent {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, _: &Event<'_>) {}
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
 /// Runs the future `test` makes (given a [`Probe`]) on a new runtime of one thread, with a
 /// metrics recorder and a capturing `tracing` subscriber installed for that thread; returns
 /// its output and what it reported.
@@ -310,6 +358,7 @@ where
     F: FnOnce(Probe) -> Fut,
     Fut: Future,
 {
+    silence_other_threads();
     let telemetry = Telemetry {
         metrics: Keeping(Arc::new(Registry::atomic())),
         layer: CaptureLayer::default(),
