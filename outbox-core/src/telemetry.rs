@@ -36,11 +36,12 @@
 //! scopes at 0 when it starts ([`register`]), so that a counter is in a scrape before its first
 //! event and a `rate` or `increase` sees that event.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use metrics::Unit;
+use metrics::{Counter, Histogram, Unit};
 
-use crate::model::Message;
+use crate::model::{CategoryId, Message, ScopeId};
 use crate::store::OutboxStatus;
 
 /// Messages inserted (counter; `category`, `scope`).
@@ -191,30 +192,106 @@ fn written(message: &Message, count: u64) {
     .increment(count);
 }
 
-/// A category's labels, as the relay reports its deliveries.
-#[derive(Clone, Copy)]
-pub(crate) struct CategoryLabels {
-    pub(crate) category: &'static str,
-    pub(crate) scope: &'static str,
+/// The handles a relay reports through, resolved once (at its first delivery) for each
+/// category and scope of its registry: a delivery then costs atomic adds, not a lookup of
+/// each metric by name and labels in the recorder.
+pub(crate) struct RelayMetrics {
+    categories: HashMap<CategoryId, CategoryMetrics>,
+    scopes: HashMap<ScopeId, ScopeMetrics>,
 }
 
-impl CategoryLabels {
-    pub(crate) fn delivered(self, rows: u64, lag: Duration, took: Duration) {
-        let Self { category, scope } = self;
-        metrics::counter!(DELIVERIES, "category" => category, "scope" => scope).increment(1);
+impl RelayMetrics {
+    pub(crate) fn new(registry: &crate::Registry) -> Self {
+        let categories = registry
+            .categories()
+            .into_iter()
+            .map(|info| (info.id, CategoryMetrics::new(info.name, info.scope_name)))
+            .collect();
+        let scopes = registry
+            .categories()
+            .into_iter()
+            .map(|info| (info.scope, ScopeMetrics::new(info.scope_name)))
+            .collect();
+        Self { categories, scopes }
+    }
+
+    /// A known category's handles.
+    pub(crate) fn category(&self, id: CategoryId) -> Option<&CategoryMetrics> {
+        self.categories.get(&id)
+    }
+
+    /// A drain's end: its duration and rows, and whether it lost its lease.
+    pub(crate) fn drained(&self, scope: ScopeId, took: Duration, rows: u64, lost_lease: bool) {
+        let Some(metrics) = self.scopes.get(&scope) else {
+            return;
+        };
+        metrics.drain_duration.record(took.as_secs_f64());
+        metrics.drain_rows.record(rows as f64);
+        if rows > 0 {
+            metrics.acknowledged.increment(rows);
+        }
+        if lost_lease {
+            metrics.lease_losses.increment(1);
+        }
+    }
+}
+
+/// A scope's handles.
+struct ScopeMetrics {
+    acknowledged: Counter,
+    lease_losses: Counter,
+    drain_duration: Histogram,
+    drain_rows: Histogram,
+}
+
+impl ScopeMetrics {
+    fn new(scope: &'static str) -> Self {
+        Self {
+            acknowledged: metrics::counter!(ROWS_ACKNOWLEDGED, "scope" => scope),
+            lease_losses: metrics::counter!(LEASE_LOSSES, "scope" => scope),
+            drain_duration: metrics::histogram!(DRAIN_DURATION, "scope" => scope),
+            drain_rows: metrics::histogram!(DRAIN_ROWS, "scope" => scope),
+        }
+    }
+}
+
+/// A category's handles, and its labels for the rarer reports (failures by kind, dead
+/// letters), which are looked up when they happen.
+pub(crate) struct CategoryMetrics {
+    category: &'static str,
+    scope: &'static str,
+    deliveries: Counter,
+    coalesced: Counter,
+    duration: Histogram,
+    lag: Histogram,
+}
+
+impl CategoryMetrics {
+    fn new(category: &'static str, scope: &'static str) -> Self {
+        let labels = [("category", category), ("scope", scope)];
+        Self {
+            category,
+            scope,
+            deliveries: metrics::counter!(DELIVERIES, &labels),
+            coalesced: metrics::counter!(ROWS_COALESCED, &labels),
+            duration: metrics::histogram!(HANDLER_DURATION, &labels),
+            lag: metrics::histogram!(DELIVERY_LAG, &labels),
+        }
+    }
+
+    pub(crate) fn delivered(&self, rows: u64, lag: Duration, took: Duration) {
+        self.deliveries.increment(1);
         if rows > 1 {
-            metrics::counter!(ROWS_COALESCED, "category" => category, "scope" => scope)
-                .increment(rows - 1);
+            self.coalesced.increment(rows - 1);
         }
         self.timed(lag, took);
     }
 
-    pub(crate) fn failed(self, kind: &'static str, lag: Duration, took: Duration) {
-        let Self { category, scope } = self;
+    pub(crate) fn failed(&self, kind: &'static str, lag: Duration, took: Duration) {
         metrics::counter!(
             HANDLER_FAILURES,
-            "category" => category,
-            "scope" => scope,
+            "category" => self.category,
+            "scope" => self.scope,
             "kind" => kind,
         )
         .increment(1);
@@ -222,29 +299,14 @@ impl CategoryLabels {
     }
 
     /// The handler's duration, and the lag from the message's creation to its start.
-    fn timed(self, lag: Duration, took: Duration) {
-        let Self { category, scope } = self;
-        metrics::histogram!(HANDLER_DURATION, "category" => category, "scope" => scope)
-            .record(took.as_secs_f64());
-        metrics::histogram!(DELIVERY_LAG, "category" => category, "scope" => scope)
-            .record(lag.as_secs_f64());
+    fn timed(&self, lag: Duration, took: Duration) {
+        self.duration.record(took.as_secs_f64());
+        self.lag.record(lag.as_secs_f64());
     }
 
-    pub(crate) fn dead_lettered(self, rows: u64) {
-        let Self { category, scope } = self;
-        metrics::counter!(DEAD_LETTERED, "category" => category, "scope" => scope).increment(rows);
-    }
-}
-
-/// A drain's end: its duration and rows, and whether it lost its lease.
-pub(crate) fn drained(scope: &'static str, took: Duration, rows: u64, lost_lease: bool) {
-    metrics::histogram!(DRAIN_DURATION, "scope" => scope).record(took.as_secs_f64());
-    metrics::histogram!(DRAIN_ROWS, "scope" => scope).record(rows as f64);
-    if rows > 0 {
-        metrics::counter!(ROWS_ACKNOWLEDGED, "scope" => scope).increment(rows);
-    }
-    if lost_lease {
-        metrics::counter!(LEASE_LOSSES, "scope" => scope).increment(1);
+    pub(crate) fn dead_lettered(&self, rows: u64) {
+        metrics::counter!(DEAD_LETTERED, "category" => self.category, "scope" => self.scope)
+            .increment(rows);
     }
 }
 

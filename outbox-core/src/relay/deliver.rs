@@ -8,13 +8,13 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::Inner;
 use super::config::RelayConfig;
 use super::plan::Group;
 use crate::error::{DeliveryError, error_chain};
 use crate::handler::{HandlerContext, RawDelivery};
 use crate::registry::Registry;
 use crate::store::{HandlerMode, Lease, ShardSession, Store};
-use crate::telemetry::CategoryLabels;
 
 /// Delivers `group` in a span of its own (`outbox.deliver`: category, message, object, shard,
 /// attempt, fencing token; related to the producer's trace with the `opentelemetry` feature),
@@ -22,13 +22,13 @@ use crate::telemetry::CategoryLabels;
 /// warn with the error's chain.
 pub(super) async fn deliver<S: ShardSession, St: Store>(
     session: &mut S,
-    store: &St,
+    inner: &Inner<St>,
     lease: &Lease,
     group: &Group,
     attempt: u32,
-    config: &RelayConfig,
-    registry: &Registry,
 ) -> Result<(), DeliveryError> {
+    let (store, config, registry) = (&inner.store, &inner.config, &inner.registry);
+    let metrics = inner.metrics().category(group.info.id);
     let message = &group.newest;
     let span = info_span!(
         "outbox.deliver",
@@ -48,10 +48,6 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
     {
         crate::trace::relate(&span, &metadata, config.trace_relation);
     }
-    let labels = CategoryLabels {
-        category: group.info.name,
-        scope: group.info.scope_name,
-    };
     let lag = SystemTime::now()
         .duration_since(message.created_at)
         .unwrap_or_default();
@@ -61,11 +57,15 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
         let took = started.elapsed();
         match &result {
             Ok(()) => {
-                labels.delivered(group.rows(), lag, took);
+                if let Some(metrics) = metrics {
+                    metrics.delivered(group.rows(), lag, took);
+                }
                 debug!(?took, "delivered");
             }
             Err(error) => {
-                labels.failed(error.kind(), lag, took);
+                if let Some(metrics) = metrics {
+                    metrics.failed(error.kind(), lag, took);
+                }
                 warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
             }
         }

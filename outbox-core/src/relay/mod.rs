@@ -82,6 +82,8 @@ struct Inner<S> {
     interrupted: std::sync::Mutex<Vec<Lease>>,
     /// What [`Relay::health`] reports.
     vitals: Vitals,
+    /// The metrics' handles, resolved at the first delivery.
+    metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
 }
 
 impl<S: Store> Relay<S> {
@@ -108,6 +110,7 @@ impl<S: Store> Relay<S> {
                 prepared: OnceCell::new(),
                 interrupted: std::sync::Mutex::default(),
                 vitals: Vitals::default(),
+                metrics: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -297,6 +300,13 @@ where
 }
 
 impl<S: Store> Inner<S> {
+    /// The metrics' handles (resolved from the recorder installed at the first call: install
+    /// it before the relay delivers).
+    pub(super) fn metrics(&self) -> &crate::telemetry::RelayMetrics {
+        self.metrics
+            .get_or_init(|| crate::telemetry::RelayMetrics::new(&self.registry))
+    }
+
     /// See [`Relay::refresh_gauges`].
     async fn refresh_gauges(&self) -> Result<(), Error> {
         match self.store.gauges().await {
@@ -387,9 +397,8 @@ impl<S: Store> Inner<S> {
             let started = tokio::time::Instant::now();
             let drained = shard::drain(session, self, stopping, mode).await;
             if let Ok(run) = &drained {
-                let scope = self.registry.scope_name(shard.scope).unwrap_or("unknown");
-                crate::telemetry::drained(
-                    scope,
+                self.metrics().drained(
+                    shard.scope,
                     started.elapsed(),
                     run.rows_acknowledged,
                     run.lost_lease(),

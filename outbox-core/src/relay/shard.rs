@@ -14,7 +14,6 @@ use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::model::{MessageId, ShardKey};
 use crate::store::{Acknowledgement, DeadLettering, Failure, Lease, Outcome, ShardSession, Store};
-use crate::telemetry::CategoryLabels;
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -137,8 +136,8 @@ struct Failed {
     attempt: u32,
     /// Its category's dead-letter policy.
     max_attempts: Option<u32>,
-    /// Its category's metric labels.
-    labels: CategoryLabels,
+    /// Its category.
+    category: crate::model::CategoryId,
 }
 
 impl Failed {
@@ -316,17 +315,8 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 break;
             }
             self.session.before_handler().await?;
-            let inner = state.inner;
-            let result = deliver(
-                &mut self.session,
-                &inner.store,
-                &state.lease,
-                group,
-                attempt,
-                &inner.config,
-                &inner.registry,
-            )
-            .await;
+            let result =
+                deliver(&mut self.session, state.inner, &state.lease, group, attempt).await;
             self.session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {
@@ -344,10 +334,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                         rows: group.acknowledgement(),
                         attempt,
                         max_attempts: group.info.max_attempts,
-                        labels: CategoryLabels {
-                            category: group.info.name,
-                            scope: group.info.scope_name,
-                        },
+                        category: group.info.id,
                     });
                     break;
                 }
@@ -444,7 +431,9 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         match self.session.dead_letter(&letter).await {
             Ok(rows) => {
                 self.state.inner.vitals.acknowledged();
-                failed.labels.dead_lettered(rows);
+                if let Some(metrics) = self.state.inner.metrics().category(failed.category) {
+                    metrics.dead_lettered(rows);
+                }
                 let shard = self.state.lease.shard.clone();
                 warn!(%shard, attempts = failed.attempt, rows, error = %letter.error, "group set aside as dead letters after its category's max_attempts; the shard goes on");
                 self.state.progressed = true;

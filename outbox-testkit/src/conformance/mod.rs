@@ -83,6 +83,7 @@ macro_rules! conformance_tests {
             unreadable_model_rows_are_precise_failures,
             older_binary_runs_on_a_newer_schema,
             error_chains_print_each_cause_once,
+            malformed_metadata_is_a_precise_failure,
         );
     };
     (@captured $backend:ty; $($name:ident),* $(,)?) => {

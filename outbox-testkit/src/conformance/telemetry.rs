@@ -471,3 +471,37 @@ pub async fn metadata_and_creation_time_reach_the_handler<B: StoreBackend>() {
         "the replay keeps the metadata"
     );
 }
+
+/// S21 for metadata: a row whose metadata is not a JSON object of strings (written around the
+/// typed API) is a precise failure of its shard, and the row is kept.
+pub async fn malformed_metadata_is_a_precise_failure<B: crate::TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(backend.store(), recorder.registry(), config("metadata"));
+    backend
+        .execute(
+            "INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, category, \
+                object_identifier, payload, metadata) \
+             VALUES (1, 1, '', 1, 1, '{\"seq\": 1, \"text\": \"x\"}', '{\"attempt\": 1}')",
+        )
+        .await;
+    write(&backend, &[note::<OrgUpdate>(2, 2, 2)]).await;
+    let report = relay
+        .drain()
+        .await
+        .expect("bad metadata does not fail the drain");
+    assert_eq!(recorder.triples(), [("org_update", 2, 2)]);
+    assert_eq!(report.failures.len(), 1);
+    let error = &report.failures[0].error;
+    assert!(
+        matches!(error, outbox_core::DeliveryError::Metadata { category: "org_update", .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.kind(), "metadata");
+    let text = outbox_core::error_chain(error);
+    assert!(
+        text.contains("not a JSON object of strings") && text.contains("invalid type"),
+        "{text}"
+    );
+    assert_eq!(pending(&backend).await.len(), 1, "the row is kept");
+}
