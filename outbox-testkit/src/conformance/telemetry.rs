@@ -494,7 +494,13 @@ pub async fn malformed_metadata_is_a_precise_failure<B: crate::TestBackend>() {
     assert_eq!(report.failures.len(), 1);
     let error = &report.failures[0].error;
     assert!(
-        matches!(error, outbox_core::DeliveryError::Metadata { category: "org_update", .. }),
+        matches!(
+            error,
+            outbox_core::DeliveryError::Metadata {
+                category: "org_update",
+                ..
+            }
+        ),
         "{error:?}"
     );
     assert_eq!(error.kind(), "metadata");
