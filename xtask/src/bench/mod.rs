@@ -3,6 +3,7 @@
 //! machine. Prints a table and writes it, with the machine and the command, to
 //! `BENCHMARKS.md`.
 
+mod baselines;
 mod drain;
 mod latency;
 mod memory;
