@@ -1,5 +1,5 @@
 //! Scenarios 2, 3 (and 6): draining a backlog with a no-op handler; on PostgreSQL against the
-//! best of plain-SQL deletes that return every row ([`baselines`](super::baselines)), on
+//! best of plain-SQL deletes that return every row ([`super::baselines`]), on
 //! SQLite against a raw delete loop.
 
 use std::sync::Arc;
