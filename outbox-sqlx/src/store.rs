@@ -1,6 +1,6 @@
 //! The outbox store on a `sqlx` pool.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use outbox_core::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
@@ -116,7 +116,7 @@ impl<D: Dialect> SqlxStore<D> {
 }
 
 fn from_ms(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    crate::session::from_micros(ms.saturating_mul(1_000))
 }
 
 /// A row of [`Statements::pending_messages`](crate::Statements::pending_messages) (id, the

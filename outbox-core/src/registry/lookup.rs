@@ -53,7 +53,6 @@ impl fmt::Debug for CategoryInfo {
 #[derive(Clone, Default)]
 pub struct Registry {
     categories: Arc<HashMap<CategoryId, CategoryInfo>>,
-    scopes: Arc<HashMap<ScopeId, &'static str>>,
     state: Arc<StateMap>,
 }
 
@@ -89,11 +88,6 @@ impl Registry {
         all
     }
 
-    /// The name of a scope that a known category belongs to.
-    pub fn scope_name(&self, scope: ScopeId) -> Option<&'static str> {
-        self.scopes.get(&scope).copied()
-    }
-
     /// The ids of all known categories.
     pub fn category_ids(&self) -> Vec<CategoryId> {
         self.categories().into_iter().map(|info| info.id).collect()
@@ -111,12 +105,7 @@ impl Registry {
 
     /// A registry of `categories` whose handlers take their states from `state`.
     pub(super) fn new(categories: HashMap<CategoryId, CategoryInfo>, state: StateMap) -> Self {
-        let scopes = categories
-            .values()
-            .map(|info| (info.scope, info.scope_name))
-            .collect();
         Self {
-            scopes: Arc::new(scopes),
             categories: Arc::new(categories),
             state: Arc::new(state),
         }

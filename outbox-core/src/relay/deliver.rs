@@ -13,7 +13,6 @@ use super::config::RelayConfig;
 use super::plan::Group;
 use crate::error::{DeliveryError, error_chain};
 use crate::handler::{HandlerContext, RawDelivery};
-use crate::registry::Registry;
 use crate::store::{HandlerMode, Lease, ShardSession, Store};
 
 /// Delivers `group` in a span of its own (`outbox.deliver`: category, message, object, shard,
@@ -27,7 +26,6 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
-    let (store, config, registry) = (&inner.store, &inner.config, &inner.registry);
     let metrics = inner.metrics().category(group.info.id);
     let message = &group.newest;
     let span = info_span!(
@@ -46,14 +44,14 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
         .as_deref()
         .and_then(|json| crate::Metadata::from_json(json).ok())
     {
-        crate::trace::relate(&span, &metadata, config.trace_relation);
+        crate::trace::relate(&span, &metadata, inner.config.trace_relation);
     }
     let lag = SystemTime::now()
         .duration_since(message.created_at)
         .unwrap_or_default();
     async {
         let started = Instant::now();
-        let result = call_handler(session, store, lease, group, attempt, config, registry).await;
+        let result = call_handler(session, inner, lease, group, attempt).await;
         let took = started.elapsed();
         match &result {
             Ok(()) => {
@@ -79,13 +77,12 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
 /// handler timeout, with the lease kept alive beside it; a panic is a failed delivery.
 async fn call_handler<S: ShardSession, St: Store>(
     session: &mut S,
-    store: &St,
+    inner: &Inner<St>,
     lease: &Lease,
     group: &Group,
     attempt: u32,
-    config: &RelayConfig,
-    registry: &Registry,
 ) -> Result<(), DeliveryError> {
+    let (store, config) = (&inner.store, &inner.config);
     let row = match &group.info.model {
         Some(table) => session
             .load_model(table, group.newest.object_identifier)
@@ -98,7 +95,7 @@ async fn call_handler<S: ShardSession, St: Store>(
             })?,
         None => None,
     };
-    let mut cx = HandlerContext::new(session.handler_connection(), registry.state());
+    let mut cx = HandlerContext::new(session.handler_connection(), inner.registry.state());
     let call = group.info.handler.call(
         RawDelivery {
             category: group.info.name,
