@@ -38,6 +38,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "message metadata",
         sql: include_str!("../migrations/0004_message_metadata.sql"),
     },
+    EmbeddedMigration {
+        version: 5,
+        description: "wake-ups after commit",
+        sql: include_str!("../migrations/0005_wake_up_after_commit.sql"),
+    },
 ];
 
 /// What starts a wide shard's stored destination: a control character, which no
@@ -50,7 +55,7 @@ const WIDE: char = '\u{1}';
 /// identifier's 32 hex digits after [`WIDE`], then the destination: the tables, their
 /// indexes and the statements are the integer path's, and a wide shard is never an integer
 /// one (no destination starts with a control character).
-fn stored_shard(shard: &ShardKey) -> (i64, String) {
+pub(crate) fn stored_shard(shard: &ShardKey) -> (i64, String) {
     match shard.shard_identifier.as_wide() {
         None => (
             shard.shard_identifier.as_integer().unwrap_or_default(),
@@ -703,6 +708,14 @@ impl Dialect for PgDialect {
 
     async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {
         PgWakeups::listen(pool).await.map(Some)
+    }
+
+    fn database_key(pool: &PgPool) -> String {
+        crate::wakeups::database_key(pool)
+    }
+
+    fn announce_elsewhere(pool: &PgPool, database: &str, shards: &[ShardKey]) {
+        crate::wakeups::notify(pool, database, shards);
     }
 }
 

@@ -17,7 +17,15 @@
 //!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay
 //!   (S3).
 //! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
-//!   share one database. A trigger notifies `LISTEN`ing relays on commit; turn
+//!   share one database.
+//! - Wake-ups cost the writers' commits nothing: once an [`OutboxTransaction`] commits, the
+//!   relays of this process on the same database are woken directly, and those of other
+//!   processes by one `NOTIFY` sent after the commit, outside it, coalesced per process
+//!   ([`outbox_sqlx::wake`]). Messages written with a plain transaction ([`write()`] and the
+//!   model functions) are found by the relay's polling: within
+//!   `RelayConfig::poll_interval` at worst, sooner while messages keep arriving. With few
+//!   concurrent writers, [`enable_commit_trigger`] makes every insert notify at its commit
+//!   instead (at the cost of serialising the commits of those transactions). Turn
 //!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
 //!
 //! ## TLS
@@ -142,6 +150,42 @@ pub async fn begin(pool: &PgPool) -> Result<OutboxTransaction<'static>, Error> {
 }
 
 outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);
+
+/// Installs a trigger that notifies the relays (on [`NOTIFY_CHANNEL`]) at the commit of every
+/// transaction that inserts outbox messages, however they were written: relays in other
+/// processes then hear of messages written with a plain transaction at once, rather than at
+/// their next poll.
+///
+/// It has a cost: PostgreSQL commits the transactions that queued a `NOTIFY` one after
+/// another, behind one lock held through the commit's WAL flush, so concurrent writers lose
+/// group commit (on a 2-core machine, 16 writers commit at about half the rate). Use it with
+/// few concurrent writers; [`OutboxTransaction`]s wake the relays without it. Idempotent;
+/// undone by [`disable_commit_trigger`]. Apply the migrations ([`migrate`]) first.
+pub async fn enable_commit_trigger(pool: &PgPool) -> Result<(), Error> {
+    sqlx::raw_sql(
+        "DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages; \
+         CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages \
+         REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()",
+    )
+    .execute(pool)
+    .await
+    .map_err(outbox_sqlx::error::database::<PgDialect>(
+        "installing the commit trigger",
+    ))?;
+    Ok(())
+}
+
+/// Removes the trigger [`enable_commit_trigger`] installs (the default since migration 5).
+/// Idempotent.
+pub async fn disable_commit_trigger(pool: &PgPool) -> Result<(), Error> {
+    sqlx::raw_sql("DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages")
+        .execute(pool)
+        .await
+        .map_err(outbox_sqlx::error::database::<PgDialect>(
+            "removing the commit trigger",
+        ))?;
+    Ok(())
+}
 
 #[cfg(test)]
 mod explain;

@@ -1,20 +1,150 @@
-//! Wake-ups on commit: the outbox trigger's notifications, through `LISTEN`.
+//! Wake-ups across processes: a `NOTIFY` sent after an [`OutboxTransaction`](crate::OutboxTransaction)
+//! commits, outside it and coalesced per process, heard through `LISTEN`.
+//!
+//! The writers' transactions queue no `NOTIFY`: PostgreSQL commits every transaction that did
+//! one after another (behind one lock, held through the commit's WAL flush), which would halve
+//! the commit rate of many concurrent writers. Instead, once a transaction has committed, this
+//! process sends one `NOTIFY` on a pooled connection, naming the shards written since its last
+//! one; while one is in flight, the announcements wait and go in the next.
 
-use outbox_core::Error;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
 use outbox_core::store::{Wakeup, WakeupStream};
+use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
+use outbox_sqlx::wake::process_nonce;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use tracing::debug;
 
-use crate::dialect::{PgDialect, shard_from_stored};
+use crate::dialect::{PgDialect, shard_from_stored, stored_shard};
 
-/// The channel on which the outbox trigger notifies relays of committed messages.
+/// The channel on which committed messages are announced to relays (by this library after
+/// commit, and by the trigger [`enable_commit_trigger`](crate::enable_commit_trigger) installs).
 pub const NOTIFY_CHANNEL: &str = "outbox_messages";
 
-/// Commit notifications from the outbox trigger, through `LISTEN`.
+/// A notification names at most this many shards; more are sent as `*` (any).
+const MOST_SHARDS: usize = 20;
+
+/// The identity of the database a pool connects to.
+pub(crate) fn database_key(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+/// Announcements waiting for this process's next `NOTIFY` to a database.
+#[derive(Debug, Default)]
+struct Outgoing {
+    shards: BTreeSet<ShardKey>,
+    any: bool,
+    /// Whether a task is sending (it takes what waits here before it stops).
+    sending: bool,
+}
+
+/// This process's outgoing announcements, per database.
+static OUTGOING: LazyLock<Mutex<HashMap<String, Arc<Mutex<Outgoing>>>>> =
+    LazyLock::new(Mutex::default);
+
+/// Sends, after a commit, a `NOTIFY` naming `shards` (empty: any) to the relays of other
+/// processes: by a task on the current runtime, coalesced with the announcements made while
+/// one is in flight. Without a runtime, or if sending fails, the relays' polling finds the
+/// messages.
+pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let outgoing = Arc::clone(
+        OUTGOING
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(database.to_owned())
+            .or_default(),
+    );
+    {
+        let mut waiting = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+        if shards.is_empty() {
+            waiting.any = true;
+        } else if !waiting.any {
+            waiting.shards.extend(shards.iter().cloned());
+        }
+        if std::mem::replace(&mut waiting.sending, true) {
+            return;
+        }
+    }
+    let (pool, database) = (pool.clone(), database.to_owned());
+    runtime.spawn(async move {
+        // Cleared if the task is dropped mid-send (its runtime shutting down).
+        let mut sender = Sending(Some(Arc::clone(&outgoing)));
+        loop {
+            let payload = {
+                let mut waiting = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+                if !waiting.any && waiting.shards.is_empty() {
+                    // Under the lock: an announcement made after this starts a new task.
+                    waiting.sending = false;
+                    sender.0 = None;
+                    break;
+                }
+                let shards = std::mem::take(&mut waiting.shards);
+                let any = std::mem::take(&mut waiting.any);
+                payload(&database, (!any).then_some(&shards))
+            };
+            if let Err(error) = sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(NOTIFY_CHANNEL)
+                .bind(payload)
+                .execute(&pool)
+                .await
+            {
+                debug!(%error, "announcing committed messages to other processes failed; their relays will poll");
+            }
+        }
+    });
+}
+
+/// Marks the database's announcements as no longer being sent if the task sending them is
+/// dropped before it is done.
+struct Sending(Option<Arc<Mutex<Outgoing>>>);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if let Some(outgoing) = &self.0 {
+            outgoing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sending = false;
+        }
+    }
+}
+
+/// A notification's text: `@` this process's nonce and the database, then one
+/// `scope:shard:destination` per line, or `*` (any).
+fn payload(database: &str, shards: Option<&BTreeSet<ShardKey>>) -> String {
+    let mut text = format!("@{:016x} {database}", process_nonce());
+    match shards.filter(|shards| shards.len() <= MOST_SHARDS) {
+        Some(shards) => {
+            for shard in shards {
+                let (identifier, destination) = stored_shard(shard);
+                let _ = write!(text, "\n{}:{identifier}:{destination}", shard.scope.0);
+            }
+        }
+        None => text.push_str("\n*"),
+    }
+    text
+}
+
+/// Commit notifications from other processes, through `LISTEN`.
 #[derive(Debug)]
 pub struct PgWakeups {
     listener: PgListener,
+    /// What starts this process's own notifications to this database, which the relay has
+    /// heard directly already.
+    own: String,
 }
 
 impl PgWakeups {
@@ -27,23 +157,36 @@ impl PgWakeups {
             .listen(NOTIFY_CHANNEL)
             .await
             .map_err(database::<PgDialect>("listening for commits"))?;
-        Ok(Self { listener })
+        let own = format!("@{:016x} {}", process_nonce(), database_key(pool));
+        Ok(Self { listener, own })
     }
 }
 
 impl WakeupStream for PgWakeups {
     async fn next(&mut self) -> Result<Wakeup, Error> {
-        match self.listener.try_recv().await {
-            Ok(Some(notification)) => Ok(parse_wakeup(notification.payload())),
-            // The connection was lost and has been re-established (listening again):
-            // commits in between went unannounced, so the relay should look for itself.
-            Ok(None) => Ok(Wakeup::Any),
-            Err(error) => Err(database::<PgDialect>("listening for commits")(error)),
+        loop {
+            match self.listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    let payload = notification.payload();
+                    let (sender, shards) = match payload.strip_prefix('@') {
+                        Some(_) => payload.split_once('\n').unwrap_or((payload, "")),
+                        None => ("", payload),
+                    };
+                    if sender == self.own {
+                        continue;
+                    }
+                    return Ok(parse_wakeup(shards));
+                }
+                // The connection was lost and has been re-established (listening again):
+                // commits in between went unannounced, so the relay should look for itself.
+                Ok(None) => return Ok(Wakeup::Any),
+                Err(error) => return Err(database::<PgDialect>("listening for commits")(error)),
+            }
         }
     }
 }
 
-/// Parses the trigger's payload: one `scope:shard:destination` per line, or `*`.
+/// Parses a notification's shards: one `scope:shard:destination` per line, or `*`.
 fn parse_wakeup(payload: &str) -> Wakeup {
     let mut shards = Vec::new();
     for line in payload.lines() {

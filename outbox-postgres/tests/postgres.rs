@@ -6,17 +6,19 @@ use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
 use outbox_testkit::postgres::{PgTestDatabase, server_url};
-use sqlx::postgres::{PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgListener, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A relay that only finds new work when told by a commit: it polls once an hour.
+/// A relay that polls every `poll_interval`, however recently it found work: with an hour, it
+/// only finds new work when woken.
 fn config(worker: &str, wake_on_commit: bool, poll_interval: Duration) -> RelayConfig {
     RelayConfig::builder()
         .worker_id(worker.to_owned())
         .wake_on_commit(wake_on_commit)
         .poll_interval(poll_interval)
+        .min_poll_interval(poll_interval)
         .max_reconnect_delay(Duration::from_millis(500))
         .build()
         .expect("a valid relay configuration")
@@ -58,12 +60,53 @@ impl Running {
     }
 }
 
+/// Writes `message` with a plain transaction: nothing announces it.
 async fn write(pool: &PgPool, message: Message) {
     let mut tx = pool.begin().await.expect("begin");
     outbox_postgres::write(&mut *tx, &message)
         .await
         .expect("write");
     tx.commit().await.expect("commit");
+}
+
+/// Writes `message` in an `OutboxTransaction`, which announces it after its commit.
+async fn write_announced(pool: &PgPool, message: Message) {
+    let mut tx = outbox_postgres::begin(pool).await.expect("begin");
+    tx.write(&message).await.expect("write");
+    tx.commit().await.expect("commit");
+}
+
+/// A listener on the relays' channel, as another process's relay would listen.
+async fn eavesdrop(database: &PgTestDatabase) -> PgListener {
+    let mut listener = PgListener::connect_with(database.pool())
+        .await
+        .expect("connect a listener");
+    listener
+        .listen(outbox_postgres::NOTIFY_CHANNEL)
+        .await
+        .expect("listen");
+    listener
+}
+
+/// Sends what another process's `OutboxTransaction` sends after committing to `shards`.
+async fn notify_from_elsewhere(database: &PgTestDatabase, shards: &str) {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(outbox_postgres::NOTIFY_CHANNEL)
+        .bind(format!(
+            "@0000000000000001 elsewhere:5432/{}\n{shards}",
+            database.name()
+        ))
+        .execute(database.pool())
+        .await
+        .expect("notify");
+}
+
+/// The next notification on `listener` within `within`, if any.
+async fn notification(listener: &mut PgListener, within: Duration) -> Option<String> {
+    tokio::time::timeout(within, listener.recv())
+        .await
+        .ok()
+        .map(|received| received.expect("a notification").payload().to_owned())
 }
 
 async fn delivered(recorder: &Recorder, seq: u64, within: Duration) {
@@ -92,25 +135,122 @@ async fn listeners(database: &PgTestDatabase) -> i64 {
 const HOUR: Duration = Duration::from_secs(3600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commit_notifications_wake_an_idle_relay() {
+async fn commits_wake_an_idle_relay_in_the_same_process() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    // Its own pool, on the same database: woken by this process's commits directly.
+    let store = PgStore::new(database.connect().await);
+    let relay = Relay::with_config(store, recorder.registry(), config("listener", true, HOUR));
+    let running = Running::start(&relay);
+
+    write_announced(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    delivered(&recorder, 1, Duration::from_secs(15)).await;
+    // The relay is now idle until woken, or an hour from now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(listeners(&database).await, 1, "the relay listens");
+
+    for seq in 2..=4 {
+        write_announced(
+            database.pool(),
+            note::<OrgUpdate>(seq as i64, seq as i64, seq),
+        )
+        .await;
+        delivered(&recorder, seq, Duration::from_secs(10)).await;
+    }
+    // A nested scope's writes, deferred or not, are announced with the outermost commit.
+    let mut tx = outbox_postgres::begin(database.pool())
+        .await
+        .expect("begin");
+    let mut deferred = tx.deferred().await.expect("a deferred scope");
+    deferred
+        .write(&note::<OrgUpdate>(7, 1, 5))
+        .await
+        .expect("write");
+    deferred.commit().await.expect("release the savepoint");
+    tx.commit().await.expect("commit");
+    delivered(&recorder, 5, Duration::from_secs(10)).await;
+    let report = running.stop().await;
+    assert_eq!(report.deliveries, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_are_announced_to_other_processes_after_the_commit_and_outside_it() {
+    let database = migrated().await;
+    let mut other = eavesdrop(&database).await;
+
+    // A plain transaction announces nothing: no trigger notifies inside the writers' commits.
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    assert_eq!(
+        notification(&mut other, Duration::from_millis(500)).await,
+        None
+    );
+
+    // An OutboxTransaction's commit is followed by one NOTIFY naming its shards, marked
+    // as this process's (whose relays heard it directly).
+    let mut tx = outbox_postgres::begin(database.pool())
+        .await
+        .expect("begin");
+    tx.write_all(&[note::<OrgUpdate>(2, 2, 2), note::<OrgUpdate>(3, 3, 3)])
+        .await
+        .expect("write");
+    tx.commit().await.expect("commit");
+    let payload = notification(&mut other, Duration::from_secs(10))
+        .await
+        .expect("a notification after the commit");
+    let mut lines = payload.lines();
+    let sender = lines.next().expect("the sender's line");
+    assert!(
+        sender.starts_with('@') && sender.ends_with(&format!("/{}", database.name())),
+        "{payload:?}"
+    );
+    assert_eq!(lines.collect::<Vec<_>>(), ["1:2:", "1:3:"], "{payload:?}");
+
+    // With the trigger enabled, every insert notifies at its commit.
+    outbox_postgres::enable_commit_trigger(database.pool())
+        .await
+        .expect("enable the trigger");
+    outbox_postgres::enable_commit_trigger(database.pool())
+        .await
+        .expect("enabling it twice");
+    write(database.pool(), note::<OrgUpdate>(4, 4, 4)).await;
+    assert_eq!(
+        notification(&mut other, Duration::from_secs(10)).await,
+        Some("1:4:".to_owned())
+    );
+    outbox_postgres::disable_commit_trigger(database.pool())
+        .await
+        .expect("disable the trigger");
+    write(database.pool(), note::<OrgUpdate>(5, 5, 5)).await;
+    assert_eq!(
+        notification(&mut other, Duration::from_millis(500)).await,
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_processs_announcement_wakes_an_idle_relay() {
     let database = migrated().await;
     let recorder = Recorder::new();
     let store = PgStore::new(database.connect().await);
     let relay = Relay::with_config(store, recorder.registry(), config("listener", true, HOUR));
     let running = Running::start(&relay);
-
-    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
-    delivered(&recorder, 1, Duration::from_secs(15)).await;
-    // The relay is now idle until a commit, or an hour from now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(listeners(&database).await, 1, "the relay listens");
 
-    for seq in 2..=4 {
-        write(database.pool(), note::<OrgUpdate>(seq as i64, 1, seq)).await;
-        delivered(&recorder, seq, Duration::from_secs(10)).await;
-    }
+    // Written without an announcement: what another process's NOTIFY names is what wakes it.
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    notify_from_elsewhere(&database, "1:1:").await;
+    delivered(&recorder, 1, Duration::from_secs(10)).await;
+    // And the trigger's notifications (no sender line) too.
+    write(database.pool(), note::<OrgUpdate>(2, 1, 2)).await;
+    sqlx::query("SELECT pg_notify($1, '1:2:')")
+        .bind(outbox_postgres::NOTIFY_CHANNEL)
+        .execute(database.pool())
+        .await
+        .expect("notify");
+    delivered(&recorder, 2, Duration::from_secs(10)).await;
     let report = running.stop().await;
-    assert_eq!(report.deliveries, 4);
+    assert_eq!(report.deliveries, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +281,7 @@ async fn relay_survives_its_connections_being_killed() {
     let relay = Relay::with_config(store, recorder.registry(), config("survivor", true, HOUR));
     let running = Running::start(&relay);
 
-    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    write_announced(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
     delivered(&recorder, 1, Duration::from_secs(15)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -161,11 +301,12 @@ async fn relay_survives_its_connections_being_killed() {
         "the relay's pool and its listener were connected"
     );
 
-    write(database.pool(), note::<OrgUpdate>(2, 1, 2)).await;
+    write_announced(database.pool(), note::<OrgUpdate>(2, 1, 2)).await;
     delivered(&recorder, 2, Duration::from_secs(15)).await;
-    // And notifications work again afterwards.
+    // And other processes' notifications wake it again afterwards.
     tokio::time::sleep(Duration::from_millis(300)).await;
     write(database.pool(), note::<OrgUpdate>(3, 1, 3)).await;
+    notify_from_elsewhere(&database, "1:1:").await;
     delivered(&recorder, 3, Duration::from_secs(10)).await;
 
     let report = running.stop().await;

@@ -777,6 +777,10 @@ impl Dialect for SqliteDialect {
         Ok(None)
     }
 
+    fn database_key(pool: &SqlitePool) -> String {
+        pool.connect_options().get_filename().display().to_string()
+    }
+
     async fn check_schema(pool: &SqlitePool) -> Result<(), Error> {
         let rejected: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rejected_messages")
             .fetch_one(pool)

@@ -427,10 +427,24 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         options: &ClaimOptions,
     ) -> impl Future<Output = Result<Option<Claim<Self>>, Error>> + Send;
 
-    /// A stream of wake-ups on commit, if the backend has one.
+    /// A stream of the wake-ups that other processes' commits send, if the backend has one
+    /// (the relay hears this process's own commits directly: see [`crate::wake`]).
     fn wakeups(
         pool: &Pool<Self::Database>,
     ) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
+
+    /// The identity of the database `pool` connects to (PostgreSQL's host, port and
+    /// database; SQLite's file): the relays of this process on the same database hear the
+    /// commits made on `pool` ([`crate::wake`]).
+    fn database_key(pool: &Pool<Self::Database>) -> String;
+
+    /// Tells the relays of other processes, after the commit and outside it, that `shards`
+    /// were committed on `pool` (whose [`database_key`](Self::database_key) is `database`).
+    /// PostgreSQL sends a `NOTIFY`, coalesced with the others this process makes while one is
+    /// in flight; by default, nothing (the relays' polling finds the messages).
+    fn announce_elsewhere(pool: &Pool<Self::Database>, database: &str, shards: &[ShardKey]) {
+        let _ = (pool, database, shards);
+    }
 
     /// Checks beyond the migrations, once the schema is known to be current (say, rows set
     /// aside by a migration that an operator should look at). None by default.

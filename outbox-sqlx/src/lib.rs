@@ -36,6 +36,7 @@ pub mod session;
 pub mod sql;
 pub mod store;
 pub mod transaction;
+pub mod wake;
 pub mod write;
 
 pub use crate::dialect::{Ack, Claim, Claiming, Dialect, Fault, Statements};
@@ -44,6 +45,7 @@ pub use crate::model::{Columns, Writable, Write};
 pub use crate::session::SqlxSession;
 pub use crate::store::SqlxStore;
 pub use crate::transaction::{OutboxTransaction, begin};
+pub use crate::wake::SqlxWakeups;
 pub use crate::write::{write, write_all};
 
 /// What [`backend_functions!`] expands to uses. Not public API.

@@ -14,6 +14,7 @@ use crate::dialect::{Claim, Dialect};
 use crate::error::database;
 use crate::session::{SqlxSession, Writer, duration_ms, fenced, shard_keyed};
 use crate::sql::{Executes, Statement, With, get};
+use crate::wake::SqlxWakeups;
 
 const APPLIED_MIGRATIONS: &str = "SELECT version FROM _outbox_migrations WHERE success";
 const NEWEST_MESSAGE: &str = "SELECT max(id) FROM outbox_messages";
@@ -183,7 +184,7 @@ fn shard_key<D: Dialect>(
 
 impl<D: Dialect> Store for SqlxStore<D> {
     type Session = SqlxSession<D>;
-    type Wakeups = D::Wakeups;
+    type Wakeups = SqlxWakeups<D>;
 
     async fn check_schema(&self) -> Result<(), Error> {
         const OPERATION: &str = "checking the outbox schema";
@@ -259,8 +260,8 @@ impl<D: Dialect> Store for SqlxStore<D> {
         )))
     }
 
-    async fn wakeups(&self) -> Result<Option<D::Wakeups>, Error> {
-        D::wakeups(&self.pool).await
+    async fn wakeups(&self) -> Result<Option<SqlxWakeups<D>>, Error> {
+        SqlxWakeups::open(&self.pool).await.map(Some)
     }
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
@@ -538,6 +539,7 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             .await
             .map_err(database::<D>(OPERATION))?;
         writer.commit(OPERATION).await?;
+        crate::wake::committed::<D>(Some(&self.pool), &[]);
         Ok(replayed)
     }
 

@@ -1,6 +1,7 @@
 //! A transaction that remembers the outboxes it writes, so that they can be delivered as soon
 //! as it commits (S2), and whose nested scopes can defer theirs to the relay (S3).
 
+use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
 use outbox_core::{Error, IntoModelBatch, Message, MessageId, ShardKey, WrittenShards};
@@ -20,7 +21,9 @@ pub async fn begin<D: Dialect>(
         .begin_with(D::BEGIN)
         .await
         .map_err(database::<D>("beginning a transaction"))?;
-    Ok(OutboxTransaction::new(tx))
+    let mut tx = OutboxTransaction::new(tx);
+    tx.pool = Some(pool.clone());
+    Ok(tx)
 }
 
 /// A transaction that remembers the shards its outboxes went to.
@@ -31,12 +34,34 @@ pub async fn begin<D: Dialect>(
 /// Nested scopes are savepoints: [`nested`](Self::nested) flushes with its parent,
 /// [`deferred`](Self::deferred) leaves its writes to the background relay; a scope rolled
 /// back (or dropped) forgets what it wrote.
+///
+/// Once the outermost transaction commits, it wakes the relays on the shards it wrote (all
+/// of them, flushed or deferred): directly those of this process, and, when it was begun
+/// from a pool ([`begin`]), those of other processes through the backend (see
+/// [`crate::wake`]). Nothing is sent inside the transaction: the wake-up adds nothing to the
+/// commit.
 #[derive(Debug)]
 pub struct OutboxTransaction<'c, D: Dialect> {
     tx: Transaction<'c, D::Database>,
-    written: WrittenShards,
+    recorded: Recorded,
     flush: bool,
-    parent: Option<&'c mut WrittenShards>,
+    parent: Option<&'c mut Recorded>,
+    /// The pool it was begun from, through which other processes' relays are woken.
+    pool: Option<Pool<D::Database>>,
+}
+
+/// What a scope wrote: the shards to flush, and every shard to wake relays on.
+#[derive(Debug, Default)]
+struct Recorded {
+    flush: WrittenShards,
+    touched: BTreeSet<ShardKey>,
+}
+
+impl Recorded {
+    fn merge(&mut self, other: Self) {
+        self.flush.merge(other.flush);
+        self.touched.extend(other.touched);
+    }
 }
 
 impl<'c, D: Dialect> OutboxTransaction<'c, D> {
@@ -44,9 +69,10 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     pub fn new(tx: Transaction<'c, D::Database>) -> Self {
         Self {
             tx,
-            written: WrittenShards::new(),
+            recorded: Recorded::default(),
             flush: true,
             parent: None,
+            pool: None,
         }
     }
 
@@ -83,15 +109,25 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
             .map_err(database::<D>("opening a savepoint"))?;
         Ok(OutboxTransaction {
             tx,
-            written: WrittenShards::new(),
+            recorded: Recorded::default(),
             flush,
-            parent: Some(&mut self.written),
+            parent: Some(&mut self.recorded),
+            pool: None,
         })
     }
 
     fn record(&mut self, message: &Message, id: MessageId) {
         if self.flush {
-            self.written.record(message.shard(), id);
+            self.recorded.flush.record(message.shard(), id);
+        }
+        self.touch([message]);
+    }
+
+    fn touch<'m>(&mut self, messages: impl IntoIterator<Item = &'m Message>) {
+        for message in messages {
+            if !self.recorded.touched.contains(message.shard()) {
+                self.recorded.touched.insert(message.shard().clone());
+            }
         }
     }
 
@@ -106,8 +142,9 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     pub async fn write_all(&mut self, messages: &[Message]) -> Result<Vec<MessageId>, Error> {
         let ids = write_all::<D, _>(D::Database::on(&mut self.tx), messages).await?;
         if self.flush {
-            self.written.record_all(messages, &ids);
+            self.recorded.flush.record_all(messages, &ids);
         }
+        self.touch(messages);
         Ok(ids)
     }
 
@@ -123,8 +160,9 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
             ids,
         } = apply::<D, M, _>(&mut self.tx, write, &batch).await?;
         if self.flush {
-            self.written.record_all(&messages, &ids);
+            self.recorded.flush.record_all(&messages, &ids);
         }
+        self.touch(&messages);
         Ok(rows)
     }
 
@@ -164,17 +202,19 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
     /// from [`commit`](Self::commit): the shards of a transaction that has not committed
     /// cannot be flushed.
     pub fn shards_written(&self) -> impl Iterator<Item = &ShardKey> {
-        self.written.iter().map(|(shard, _)| shard)
+        self.recorded.flush.iter().map(|(shard, _)| shard)
     }
 
     /// Commits. The outermost transaction returns what its flushing scopes wrote, for
     /// [`Relay::flush`](outbox_core::Relay::flush); a nested scope hands it to its parent
-    /// and returns nothing.
+    /// and returns nothing. The outermost commit then wakes the relays on every shard written
+    /// (see the type's documentation).
     pub async fn commit(self) -> Result<WrittenShards, Error> {
         let Self {
             tx,
-            written,
+            recorded,
             parent,
+            pool,
             ..
         } = self;
         tx.commit()
@@ -182,10 +222,16 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
             .map_err(database::<D>("committing a transaction"))?;
         match parent {
             Some(parent) => {
-                parent.merge(written);
+                parent.merge(recorded);
                 Ok(WrittenShards::new())
             }
-            None => Ok(written),
+            None => {
+                if !recorded.touched.is_empty() {
+                    let touched: Vec<ShardKey> = recorded.touched.into_iter().collect();
+                    crate::wake::committed::<D>(pool.as_ref(), &touched);
+                }
+                Ok(recorded.flush)
+            }
         }
     }
 

@@ -46,6 +46,7 @@ pub struct RelayConfig {
     pub(crate) handler_mode: HandlerMode,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) poll_interval: Duration,
+    pub(crate) min_poll_interval: Duration,
     pub(crate) wake_on_commit: bool,
     pub(crate) discovery_page: usize,
     pub(crate) shutdown_deadline: Duration,
@@ -74,6 +75,7 @@ impl Default for RelayConfig {
             handler_mode: HandlerMode::Leased,
             handler_timeout: None,
             poll_interval: Duration::from_secs(1),
+            min_poll_interval: Duration::from_millis(10),
             wake_on_commit: true,
             discovery_page: 256,
             shutdown_deadline: Duration::from_secs(30),
@@ -150,6 +152,12 @@ impl RelayConfig {
     /// How often an idle background relay looks for due shards.
     pub fn poll_interval(&self) -> Duration {
         self.poll_interval
+    }
+
+    /// How soon a background relay that just found work looks again (at most the poll
+    /// interval).
+    pub fn min_poll_interval(&self) -> Duration {
+        self.min_poll_interval.min(self.poll_interval)
     }
 
     /// Whether the background relay listens for commits.
@@ -239,6 +247,11 @@ impl RelayConfig {
                 "poll_interval",
                 self.poll_interval,
                 "an idle relay would poll without pause",
+            ),
+            (
+                "min_poll_interval",
+                self.min_poll_interval,
+                "a relay that found work would poll without pause",
             ),
             (
                 "maintenance_interval",
@@ -390,15 +403,29 @@ impl RelayConfigBuilder {
     }
 
     /// How often an idle [`Relay::run`](crate::Relay::run) looks for due shards when nothing
-    /// wakes it (1 s by default; not zero). Only the background relay polls.
+    /// wakes it (1 s by default; not zero): the longest a message written without a wake-up
+    /// (with a plain transaction, or by another program) waits for a relay that has been idle
+    /// a while. Only the background relay polls.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
         self
     }
 
-    /// Whether [`Relay::run`](crate::Relay::run) listens for commits (PostgreSQL
-    /// `LISTEN/NOTIFY`; on by default). Turn off behind connection poolers that break
-    /// `LISTEN`, such as PgBouncer in transaction mode: the relay then polls. Only the
+    /// Polling adapts to the work: after a sweep that found due shards, an idle
+    /// [`Relay::run`](crate::Relay::run) looks again after this interval (10 ms by default;
+    /// not zero; at most [`poll_interval`](Self::poll_interval)), then after twice as long at
+    /// each sweep that finds nothing, up to the poll interval. So messages written without a
+    /// wake-up, while messages keep arriving, wait about this long rather than the poll
+    /// interval; an idle relay costs one discovery query per poll interval.
+    pub fn min_poll_interval(mut self, interval: Duration) -> Self {
+        self.config.min_poll_interval = interval;
+        self
+    }
+
+    /// Whether [`Relay::run`](crate::Relay::run) listens for commits (on by default):
+    /// wake-ups from the backends' `OutboxTransaction`s committing in this process, and on PostgreSQL
+    /// those of other processes, through `LISTEN`. Turn off behind connection poolers that
+    /// break `LISTEN`, such as PgBouncer in transaction mode: the relay then polls. Only the
     /// background relay listens.
     pub fn wake_on_commit(mut self, wake: bool) -> Self {
         self.config.wake_on_commit = wake;
@@ -641,6 +668,10 @@ mod tests {
             ),
             (RelayConfig::builder().lease(zero), "lease"),
             (RelayConfig::builder().poll_interval(zero), "poll_interval"),
+            (
+                RelayConfig::builder().min_poll_interval(zero),
+                "min_poll_interval",
+            ),
             (
                 RelayConfig::builder().max_reconnect_delay(zero),
                 "max_reconnect_delay",

@@ -156,7 +156,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     /// A whole sweep found nothing due: waits for a reason to look again (the poll interval,
     /// a wake, a drain ending, a commit notification), then acts on it.
     async fn idle(&mut self) -> ControlFlow<()> {
-        let poll = Instant::now() + self.inner.config.poll_interval;
+        let poll = Instant::now() + self.sweep.poll_after(&self.inner.config);
         let until = self.listener.idle_until(poll);
         let draining = !self.pool.is_empty();
         let woken = tokio::select! {
@@ -297,11 +297,24 @@ fn finished(report: &mut RunReport, outage: &mut Outage, shard: &ShardKey, drain
     }
 }
 
-/// Where the sweep stands: the next page, and whether it found a due shard so far.
-#[derive(Debug, Default)]
+/// Where the sweep stands: the next page, whether it found a due shard so far, and how many
+/// whole sweeps in a row found none.
+#[derive(Debug)]
 struct Sweep {
     cursor: Option<ShardKey>,
     found: bool,
+    quiet: u32,
+}
+
+impl Default for Sweep {
+    /// A relay that has found nothing yet polls at the poll interval.
+    fn default() -> Self {
+        Self {
+            cursor: None,
+            found: false,
+            quiet: u32::MAX,
+        }
+    }
 }
 
 impl Sweep {
@@ -309,7 +322,24 @@ impl Sweep {
     /// sweep after one that found due shards) rather than wait.
     fn advance(&mut self, next: Option<ShardKey>) -> bool {
         self.cursor = next;
-        self.cursor.is_some() || std::mem::take(&mut self.found)
+        if self.cursor.is_some() {
+            return true;
+        }
+        let found = std::mem::take(&mut self.found);
+        self.quiet = if found {
+            0
+        } else {
+            self.quiet.saturating_add(1)
+        };
+        found
+    }
+
+    /// How long an idle relay waits before it polls: the minimum poll interval after the
+    /// first sweep that found nothing following work, doubling with each further one, up
+    /// to the poll interval.
+    fn poll_after(&self, config: &crate::RelayConfig) -> Duration {
+        let doublings = self.quiet.saturating_sub(1).min(20);
+        (config.min_poll_interval() * 2u32.pow(doublings)).min(config.poll_interval)
     }
 }
 
@@ -476,6 +506,35 @@ impl Reconnect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn polling_speeds_up_after_work_and_slows_down_to_the_poll_interval() {
+        let config = crate::RelayConfig::builder()
+            .poll_interval(Duration::from_millis(100))
+            .min_poll_interval(Duration::from_millis(10))
+            .build()
+            .unwrap();
+        let mut sweep = Sweep::default();
+        let mut waits = |sweep: &mut Sweep, found: &[bool]| -> Vec<u128> {
+            found
+                .iter()
+                .map(|&found| {
+                    sweep.found = found;
+                    assert_eq!(sweep.advance(None), found);
+                    sweep.poll_after(&config).as_millis()
+                })
+                .collect()
+        };
+        assert_eq!(waits(&mut sweep, &[false]), [100], "idle from the start");
+        assert_eq!(
+            waits(&mut sweep, &[true, false, false, false, false, false]),
+            [10, 10, 20, 40, 80, 100]
+        );
+        assert_eq!(waits(&mut sweep, &[true, false]), [10, 10]);
+        sweep.found = true;
+        assert!(sweep.advance(Some(ShardKey::local(crate::ScopeId(1), 1))));
+        assert!(sweep.found, "a sweep's pages share what it found");
+    }
 
     #[test]
     fn reconnect_pauses_double_to_the_cap_and_reset() {

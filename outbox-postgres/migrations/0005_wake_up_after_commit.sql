@@ -1,0 +1,11 @@
+-- The writers' commits no longer notify the relays. PostgreSQL commits the transactions that
+-- queued a NOTIFY one at a time (behind one lock, held through the commit's WAL flush), so the
+-- trigger halved the commit rate of concurrent writers. Relays are now woken after the commit,
+-- outside it: directly in the writer's process, and by one coalesced NOTIFY per process for
+-- the others; messages written any other way are found by polling. The trigger function stays:
+-- `outbox_postgres::enable_commit_trigger` puts the trigger back for those who want every
+-- insert announced at commit and have few concurrent writers.
+--
+-- During a rolling deploy, relays of older binaries are no longer notified and find new
+-- messages by polling (within their poll interval).
+DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;
