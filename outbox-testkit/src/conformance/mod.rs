@@ -84,6 +84,7 @@ macro_rules! conformance_tests {
             older_binary_runs_on_a_newer_schema,
             error_chains_print_each_cause_once,
             malformed_metadata_is_a_precise_failure,
+            a_committed_transaction_wakes_an_idle_relay,
         );
     };
     (@captured $backend:ty; $($name:ident),* $(,)?) => {

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Admin, Relay};
+use outbox_core::{Admin, Message, Relay};
 use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;
 use super::{config, eventually, pending, write};
-use crate::backend::StoreBackend;
+use crate::backend::{Scoped, StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
 /// A shard drain yields after its row budget, so one hot shard cannot starve the others.
@@ -155,4 +155,76 @@ pub async fn shutdown_deadline_abandons_stuck_shards<B: StoreBackend>() {
             .expect("pending")
             .is_empty()
     );
+}
+
+/// The commit of the backend's outbox transaction wakes an idle relay of the same process on
+/// the shards it wrote, deferred scopes included, with nothing sent inside the transaction; a
+/// transaction rolled back wakes nothing that could be delivered. The relay polls only hourly,
+/// so nothing else can find the messages.
+pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
+    let backend = B::create().await;
+    let recorder = Recorder::new();
+    let hour = Duration::from_secs(3600);
+    let config = config("woken")
+        .to_builder()
+        .poll_interval(hour)
+        .min_poll_interval(hour)
+        .build()
+        .expect("a valid relay configuration");
+    // A store on a pool of its own, as a relay beside the writers would have.
+    let relay = Relay::with_config(backend.connect_store().await, recorder.registry(), config);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+    // (written at the top, in a deferred scope, in a scope rolled back; what is delivered)
+    let rounds: [(Vec<Message>, Vec<Message>, Vec<Message>, &[u64]); 3] = [
+        (vec![note::<OrgUpdate>(1, 1, 1)], vec![], vec![], &[1]),
+        (
+            vec![note::<OrgUpdate>(2, 2, 2)],
+            vec![note::<AuditEvent>(3, 3, 3)],
+            vec![note::<OrgUpdate>(4, 4, 4)],
+            &[2, 3],
+        ),
+        (vec![], vec![note::<OrgUpdate>(5, 5, 5)], vec![], &[5]),
+    ];
+    let mut expected = Vec::new();
+    for (round, (top, deferred, rolled_back, delivered)) in rounds.iter().enumerate() {
+        // Settle: the relay has finished the sweep after its last delivery and is idle.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        backend
+            .write_scoped(
+                Scoped {
+                    top,
+                    nested: &[],
+                    deferred,
+                    rolled_back,
+                },
+                true,
+            )
+            .await
+            .expect("write and commit");
+        expected.extend_from_slice(delivered);
+        eventually(&format!("round {round} is delivered"), || {
+            recorder.seen().len() >= expected.len()
+        })
+        .await;
+    }
+    let _ = stop.send(());
+    let report = running
+        .await
+        .expect("the relay task does not panic")
+        .expect("the relay stops cleanly");
+    let mut seen: Vec<u64> = recorder.seen().iter().map(|seen| seen.seq).collect();
+    seen.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(seen, expected, "nothing rolled back was delivered");
+    assert_eq!(report.deliveries, expected.len() as u64);
 }
