@@ -515,7 +515,7 @@ mod tests {
             .build()
             .unwrap();
         let mut sweep = Sweep::default();
-        let mut waits = |sweep: &mut Sweep, found: &[bool]| -> Vec<u128> {
+        let waits = |sweep: &mut Sweep, found: &[bool]| -> Vec<u128> {
             found
                 .iter()
                 .map(|&found| {

@@ -184,8 +184,9 @@ pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
                 .await
         }
     });
-    // (written at the top, in a deferred scope, in a scope rolled back; what is delivered)
-    let rounds: [(Vec<Message>, Vec<Message>, Vec<Message>, &[u64]); 3] = [
+    // Written at the top, in a deferred scope, in a scope rolled back; what is delivered.
+    type Round = (Vec<Message>, Vec<Message>, Vec<Message>, &'static [u64]);
+    let rounds: [Round; 3] = [
         (vec![note::<OrgUpdate>(1, 1, 1)], vec![], vec![], &[1]),
         (
             vec![note::<OrgUpdate>(2, 2, 2)],
