@@ -99,7 +99,7 @@ use sqlx::PgPool;
 
 pub use crate::connect::connect;
 pub use crate::dialect::PgDialect;
-pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups};
+pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups, set_announce_interval};
 pub use outbox_core::store::MIGRATIONS_TABLE;
 /// A replicated model this backend writes (`M: Writable<PgDialect>`): every field of a type
 /// the driver encodes. The bound for code generic over models.

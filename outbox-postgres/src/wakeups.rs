@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
 
 use outbox_core::store::{Wakeup, WakeupStream};
 use outbox_core::{Error, ShardKey};
@@ -46,6 +48,27 @@ struct Outgoing {
     any: bool,
     /// Whether a task is sending (it takes what waits here before it stops).
     sending: bool,
+    /// When the last one was sent.
+    sent_at: Option<tokio::time::Instant>,
+}
+
+/// The shortest time between two of this process's `NOTIFY`s to one database, in
+/// microseconds; `u64::MAX`: none are sent.
+static ANNOUNCE_INTERVAL: AtomicU64 = AtomicU64::new(5_000);
+
+/// Sets how often, at most, this process announces its [`OutboxTransaction`](crate::OutboxTransaction)s'
+/// commits to the relays of other processes, with one `NOTIFY` per database naming every shard
+/// committed since the last (5 ms by default). The first commit after a quiet spell is
+/// announced at once; those that follow within the interval wait for the next `NOTIFY`, so a
+/// relay in another process hears of a commit within about this interval, and a process sends
+/// at most one `NOTIFY` per interval however fast it commits (each costs the database about as
+/// much as a small transaction). `None` sends none: for deployments whose relays all run in
+/// the writers' processes (woken directly), or that are content with the relays' polling.
+pub fn set_announce_interval(interval: Option<Duration>) {
+    let micros = interval.map_or(u64::MAX, |interval| {
+        u64::try_from(interval.as_micros()).unwrap_or(u64::MAX - 1)
+    });
+    ANNOUNCE_INTERVAL.store(micros, Ordering::Relaxed);
 }
 
 /// This process's outgoing announcements, per database.
@@ -57,6 +80,11 @@ static OUTGOING: LazyLock<Mutex<HashMap<String, Arc<Mutex<Outgoing>>>>> =
 /// one is in flight. Without a runtime, or if sending fails, the relays' polling finds the
 /// messages.
 pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
+    let interval = ANNOUNCE_INTERVAL.load(Ordering::Relaxed);
+    if interval == u64::MAX {
+        return;
+    }
+    let interval = Duration::from_micros(interval);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -83,6 +111,14 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
         // Cleared if the task is dropped mid-send (its runtime shutting down).
         let mut sender = Sending(Some(Arc::clone(&outgoing)));
         loop {
+            let next = outgoing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sent_at
+                .map(|sent| sent + interval);
+            if let Some(next) = next {
+                tokio::time::sleep_until(next).await;
+            }
             let payload = {
                 let mut waiting = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
                 if !waiting.any && waiting.shards.is_empty() {
@@ -93,6 +129,7 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                 }
                 let shards = std::mem::take(&mut waiting.shards);
                 let any = std::mem::take(&mut waiting.any);
+                waiting.sent_at = Some(tokio::time::Instant::now());
                 payload(&database, (!any).then_some(&shards))
             };
             if let Err(error) = sqlx::query("SELECT pg_notify($1, $2)")

@@ -225,6 +225,18 @@ async fn commits_are_announced_to_other_processes_after_the_commit_and_outside_i
         notification(&mut other, Duration::from_millis(500)).await,
         None
     );
+
+    // Announcements to other processes turned off (no other test in this binary needs them).
+    outbox_postgres::set_announce_interval(None);
+    write_announced(database.pool(), note::<OrgUpdate>(6, 6, 6)).await;
+    let silent = notification(&mut other, Duration::from_millis(500)).await;
+    outbox_postgres::set_announce_interval(Some(Duration::from_millis(5)));
+    assert_eq!(silent, None);
+    write_announced(database.pool(), note::<OrgUpdate>(7, 7, 7)).await;
+    let payload = notification(&mut other, Duration::from_secs(10))
+        .await
+        .expect("announced again");
+    assert!(payload.ends_with("\n1:7:"), "{payload:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,6 +102,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             return ControlFlow::Continue(());
         };
         for shard in page.due {
+            self.sweep.busy = true;
             if self.pool.is_draining(&shard) {
                 continue;
             }
@@ -297,12 +298,14 @@ fn finished(report: &mut RunReport, outage: &mut Outage, shard: &ShardKey, drain
     }
 }
 
-/// Where the sweep stands: the next page, whether it found a due shard so far, and how many
-/// whole sweeps in a row found none.
+/// Where the sweep stands: the next page, whether it found a due shard to start so far,
+/// whether it found any due shard (one being drained included), and how many whole sweeps in
+/// a row found none.
 #[derive(Debug)]
 struct Sweep {
     cursor: Option<ShardKey>,
     found: bool,
+    busy: bool,
     quiet: u32,
 }
 
@@ -312,6 +315,7 @@ impl Default for Sweep {
         Self {
             cursor: None,
             found: false,
+            busy: false,
             quiet: u32::MAX,
         }
     }
@@ -326,7 +330,7 @@ impl Sweep {
             return true;
         }
         let found = std::mem::take(&mut self.found);
-        self.quiet = if found {
+        self.quiet = if std::mem::take(&mut self.busy) {
             0
         } else {
             self.quiet.saturating_add(1)
@@ -520,6 +524,7 @@ mod tests {
                 .iter()
                 .map(|&found| {
                     sweep.found = found;
+                    sweep.busy = found;
                     assert_eq!(sweep.advance(None), found);
                     sweep.poll_after(&config).as_millis()
                 })
@@ -531,6 +536,12 @@ mod tests {
             [10, 10, 20, 40, 80, 100]
         );
         assert_eq!(waits(&mut sweep, &[true, false]), [10, 10]);
+        // A sweep whose due shards are all being drained already starts nothing, but work is
+        // still arriving: the next poll comes soon.
+        waits(&mut sweep, &[false, false, false]);
+        sweep.busy = true;
+        assert!(!sweep.advance(None));
+        assert_eq!(sweep.poll_after(&config).as_millis(), 10);
         sweep.found = true;
         assert!(sweep.advance(Some(ShardKey::local(crate::ScopeId(1), 1))));
         assert!(sweep.found, "a sweep's pages share what it found");
