@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Admin, Message, Relay};
+use outbox_core::{Admin, Message, Relay, RunReport, Store};
 use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;
@@ -60,17 +60,7 @@ pub async fn run_delivers_new_writes_and_stops_gracefully<B: StoreBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("runner"));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
+    let (stop, running) = run_until_stopped(&relay);
 
     write(
         &backend,
@@ -173,17 +163,7 @@ pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
         .expect("a valid relay configuration");
     // A store on a pool of its own, as a relay beside the writers would have.
     let relay = Relay::with_config(backend.connect_store().await, recorder.registry(), config);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
+    let (stop, running) = run_until_stopped(&relay);
     // Written at the top, in a deferred scope, in a scope rolled back; what is delivered.
     type Round = (Vec<Message>, Vec<Message>, Vec<Message>, &'static [u64]);
     let rounds: [Round; 3] = [
@@ -228,4 +208,21 @@ pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
     expected.sort_unstable();
     assert_eq!(seen, expected, "nothing rolled back was delivered");
     assert_eq!(report.deliveries, expected.len() as u64);
+}
+
+/// A relay running in a task of its own.
+type Running = tokio::task::JoinHandle<Result<RunReport, outbox_core::Error>>;
+
+/// Runs `relay` in a task until the returned sender is sent to (or dropped).
+fn run_until_stopped<S: Store>(relay: &Relay<S>) -> (oneshot::Sender<()>, Running) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let relay = relay.clone();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, running)
 }
