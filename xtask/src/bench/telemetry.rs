@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -13,7 +14,7 @@ use super::BenchArgs;
 use super::drain::{relay_pg, seed_pg};
 use super::report::{Row, Target};
 use super::setup::{Server, failed};
-use super::write::{Side, accounts_pg, one_message_pg, truncate_pg};
+use super::write::{Side, accounts_pg, compare, one_message_pg, truncate_pg};
 
 /// A Prometheus recorder that reports only while switched on.
 #[derive(Clone)]
@@ -80,10 +81,8 @@ fn switch() -> Result<(&'static AtomicBool, PrometheusHandle), String> {
     Ok((on, handle.clone()))
 }
 
-/// Runs `run` six times, off and on in the order off, on, on, off, off, on (so that a drift
-/// of the machine or the tables along the runs favours neither side); the best rate of each
-/// side, as `(with the recorder, without)`. Three runs a side: the write scenario's own noise
-/// between runs (a few percent) is of the order of the target.
+/// Runs `run` with the recorder switched off (the baseline side) and on (the engine side),
+/// in [`compare`]'s order: the best rate of each side, as `(with the recorder, without)`.
 async fn with_and_without<F, Fut>(
     on: &AtomicBool,
     operations: u64,
@@ -93,15 +92,14 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<f64, String>>,
 {
-    let mut best = [0.0f64; 2];
-    for recording in [false, true, true, false, false, true] {
-        on.store(recording, Ordering::Relaxed);
-        let seconds = run().await?;
-        let slot = usize::from(recording);
-        best[slot] = best[slot].max(operations as f64 / seconds);
-    }
+    let rates = compare(operations, |side| {
+        on.store(side == Side::Engine, Ordering::Relaxed);
+        let running = run();
+        async move { running.await.map(Duration::from_secs_f64) }
+    })
+    .await;
     on.store(false, Ordering::Relaxed);
-    Ok((best[1], best[0]))
+    rates
 }
 
 /// Scenario 8 on PostgreSQL.
