@@ -7,7 +7,7 @@
 //! process sends one `NOTIFY` on a pooled connection, naming the shards written since its last
 //! one; while one is in flight, the announcements wait and go in the next.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
@@ -16,7 +16,7 @@ use std::time::Duration;
 use outbox_core::store::{Wakeup, WakeupStream};
 use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
-use outbox_sqlx::wake::process_nonce;
+use outbox_sqlx::wake::{Announced, process_nonce};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tracing::debug;
@@ -44,8 +44,7 @@ pub(crate) fn database_key(pool: &PgPool) -> String {
 /// Announcements waiting for this process's next `NOTIFY` to a database.
 #[derive(Debug, Default)]
 struct Outgoing {
-    shards: BTreeSet<ShardKey>,
-    any: bool,
+    waiting: Announced,
     /// Whether a task is sending (it takes what waits here before it stops).
     sending: bool,
     /// When the last one was sent.
@@ -88,21 +87,17 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let outgoing = Arc::clone(
-        OUTGOING
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(database.to_owned())
-            .or_default(),
-    );
-    {
-        let mut waiting = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
-        if shards.is_empty() {
-            waiting.any = true;
-        } else if !waiting.any {
-            waiting.shards.extend(shards.iter().cloned());
+    let outgoing = {
+        let mut databases = OUTGOING.lock().unwrap_or_else(PoisonError::into_inner);
+        match databases.get(database) {
+            Some(outgoing) => Arc::clone(outgoing),
+            None => Arc::clone(databases.entry(database.to_owned()).or_default()),
         }
-        if std::mem::replace(&mut waiting.sending, true) {
+    };
+    {
+        let mut outgoing = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+        outgoing.waiting.add(shards);
+        if std::mem::replace(&mut outgoing.sending, true) {
             return;
         }
     }
@@ -120,17 +115,15 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                 tokio::time::sleep_until(next).await;
             }
             let payload = {
-                let mut waiting = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
-                if !waiting.any && waiting.shards.is_empty() {
+                let mut outgoing = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+                let Some(wakeup) = outgoing.waiting.take() else {
                     // Under the lock: an announcement made after this starts a new task.
-                    waiting.sending = false;
+                    outgoing.sending = false;
                     sender.0 = None;
                     break;
-                }
-                let shards = std::mem::take(&mut waiting.shards);
-                let any = std::mem::take(&mut waiting.any);
-                waiting.sent_at = Some(tokio::time::Instant::now());
-                payload(&database, (!any).then_some(&shards))
+                };
+                outgoing.sent_at = Some(tokio::time::Instant::now());
+                payload(&database, &wakeup)
             };
             if let Err(error) = sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(NOTIFY_CHANNEL)
@@ -161,16 +154,16 @@ impl Drop for Sending {
 
 /// A notification's text: `@` this process's nonce and the database, then one
 /// `scope:shard:destination` per line, or `*` (any).
-fn payload(database: &str, shards: Option<&BTreeSet<ShardKey>>) -> String {
+fn payload(database: &str, wakeup: &Wakeup) -> String {
     let mut text = format!("@{:016x} {database}", process_nonce());
-    match shards.filter(|shards| shards.len() <= MOST_SHARDS) {
-        Some(shards) => {
+    match wakeup {
+        Wakeup::Shards(shards) if shards.len() <= MOST_SHARDS => {
             for shard in shards {
                 let (identifier, destination) = stored_shard(shard);
                 let _ = write!(text, "\n{}:{identifier}:{destination}", shard.scope.0);
             }
         }
-        None => text.push_str("\n*"),
+        _ => text.push_str("\n*"),
     }
     text
 }

@@ -27,7 +27,7 @@ use sqlx::Pool;
 
 use crate::dialect::Dialect;
 
-/// More shards than this waiting in one inbox become [`Wakeup::Any`]: the relay sweeps.
+/// More shards than this waiting in one [`Announced`] become [`Wakeup::Any`]: the relay sweeps.
 const MOST_SHARDS: usize = 1_000;
 
 /// Every live inbox of this process.
@@ -45,19 +45,21 @@ pub fn process_nonce() -> u64 {
 struct Inbox {
     backend: TypeId,
     database: String,
-    pending: Mutex<Pending>,
+    pending: Mutex<Announced>,
     arrived: tokio::sync::Notify,
 }
 
-/// Announcements an inbox holds until its relay takes them.
+/// Announcements of commits, merged until they are taken: what a relay's inbox holds, and
+/// what a backend's [`Dialect::announce_elsewhere`] keeps for its next message.
 #[derive(Debug, Default)]
-struct Pending {
+pub struct Announced {
     shards: BTreeSet<ShardKey>,
     any: bool,
 }
 
-impl Pending {
-    fn add<'a>(&mut self, shards: impl IntoIterator<Item = &'a ShardKey>) {
+impl Announced {
+    /// Adds `shards`; none means "some, anywhere" ([`Wakeup::Any`]), as do too many.
+    pub fn add<'a>(&mut self, shards: impl IntoIterator<Item = &'a ShardKey>) {
         let mut added = false;
         if !self.any {
             for shard in shards {
@@ -71,7 +73,8 @@ impl Pending {
         }
     }
 
-    fn take(&mut self) -> Option<Wakeup> {
+    /// Takes what was announced since the last take, if anything.
+    pub fn take(&mut self) -> Option<Wakeup> {
         if std::mem::take(&mut self.any) {
             Some(Wakeup::Any)
         } else if self.shards.is_empty() {
@@ -184,7 +187,7 @@ mod tests {
     #[test]
     fn pending_announcements_merge_and_overflow_to_any() {
         let shard = |n| ShardKey::local(ScopeId(1), n);
-        let mut pending = Pending::default();
+        let mut pending = Announced::default();
         assert_eq!(pending.take(), None);
         pending.add(&[shard(2), shard(1)]);
         pending.add(&[shard(2)]);
