@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{Delivery, Message, Registry, Relay, RelayConfig};
 use outbox_postgres::PgStore;
+use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 
@@ -27,6 +28,26 @@ fn note(instants: &Instants, object: i64) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(object, Instant::now());
+}
+
+/// Writes one message about `object` (on shard `object % SHARDS`) through an
+/// `OutboxTransaction`, and commits it.
+async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String> {
+    let message = Message::new::<Transferred>(
+        object % SHARDS,
+        object,
+        &Transfer {
+            account: object,
+            amount: 1,
+        },
+    )
+    .map_err(failed("message"))?;
+    let mut tx = outbox_postgres::begin(pool)
+        .await
+        .map_err(failed("begin"))?;
+    tx.write(&message).await.map_err(failed("write"))?;
+    tx.commit().await.map_err(failed("commit"))?;
+    Ok(())
 }
 
 /// The percentile `p` (0 to 1) of sorted `values`.
@@ -150,20 +171,7 @@ async fn measure(
     // Let the relay start listening, then warm it up with one message: the figures are the
     // steady state's (a relay idle since its start polls at its poll interval, 1 s, at worst).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let warm_up = Message::new::<Transferred>(
-        0,
-        -1,
-        &Transfer {
-            account: -1,
-            amount: 1,
-        },
-    )
-    .map_err(failed("message"))?;
-    let mut tx = outbox_postgres::begin(&database.pool)
-        .await
-        .map_err(failed("begin"))?;
-    tx.write(&warm_up).await.map_err(failed("write"))?;
-    tx.commit().await.map_err(failed("commit"))?;
+    commit_one(&database.pool, -1).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while started
         .lock()
@@ -188,20 +196,7 @@ async fn measure(
             for i in 0..per_writer {
                 tokio::time::sleep_until(begin + offset + interval * i as u32).await;
                 let object = (writer * per_writer + i) as i64;
-                let message = Message::new::<Transferred>(
-                    object % SHARDS,
-                    object,
-                    &Transfer {
-                        account: object,
-                        amount: 1,
-                    },
-                )
-                .map_err(failed("message"))?;
-                let mut tx = outbox_postgres::begin(&pool)
-                    .await
-                    .map_err(failed("begin"))?;
-                tx.write(&message).await.map_err(failed("write"))?;
-                tx.commit().await.map_err(failed("commit"))?;
+                commit_one(&pool, object).await?;
                 note(&committed, object);
             }
             Ok::<(), String>(())
