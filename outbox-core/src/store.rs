@@ -592,6 +592,26 @@ pub trait Store: Clone + Send + Sync + 'static {
         options: &ClaimOptions,
     ) -> impl Future<Output = Result<Option<Self::Session>, Error>> + Send;
 
+    /// Claims those of `shards` that are due and free, as [`claim`](Self::claim) claims each
+    /// (the same guarantees, shard by shard), and returns their sessions, in no particular
+    /// order; the others are left alone. A backend may claim them all in one round trip; the
+    /// default claims them one at a time.
+    fn claim_many(
+        &self,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+    ) -> impl Future<Output = Result<Vec<Self::Session>, Error>> + Send {
+        async move {
+            let mut sessions = Vec::with_capacity(shards.len());
+            for shard in shards {
+                if let Some(session) = self.claim(shard, options).await? {
+                    sessions.push(session);
+                }
+            }
+            Ok(sessions)
+        }
+    }
+
     /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
     fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
 

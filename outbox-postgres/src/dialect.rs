@@ -165,38 +165,25 @@ pub(crate) const ACK: &str = "\
         RETURNING 1) \
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
 
-// A drained shard's last acknowledgement and its release, in one statement. The shard's state
-// row goes if no row is left besides those acknowledged (a row written meanwhile keeps it, and
-// it is released, still due).
+// A drained shard's last acknowledgement and its release, in one statement: the shard's state
+// row goes with its lease. A drained shard's state is all reset anyway (no attempts, no
+// backoff, not parked), and a shard with no state row is due: a row written meanwhile is
+// found by the next sweep, as it would be if the row stayed, released. (Looking for such a
+// row here would read the whole head again: the rows just deleted are still visible to the
+// statement that deletes them.)
 pub(crate) const ACK_AND_RELEASE: &str = "\
     WITH held AS ( \
-        SELECT 1 FROM outbox_shards \
+        DELETE FROM outbox_shards \
         WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
-        FOR UPDATE), \
+        RETURNING 1), \
      acked AS ( \
         DELETE FROM outbox_messages m \
         WHERE EXISTS (SELECT 1 FROM held) \
             AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
             AND m.id BETWEEN $5 AND $6 AND m.id = ANY($7::bigint[]) \
-        RETURNING m.id), \
-     gone AS ( \
-        DELETE FROM outbox_shards \
-        WHERE EXISTS (SELECT 1 FROM held) \
-            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
-            AND lease_token = $4 \
-            AND NOT EXISTS (SELECT 1 FROM outbox_messages x \
-                WHERE x.shard_scope = $1 AND x.shard_identifier = $2 AND x.destination = $3 \
-                    AND x.id NOT IN (SELECT id FROM acked)) \
-        RETURNING 1), \
-     released AS ( \
-        UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
-            first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
-        WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM gone) \
-            AND shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
-            AND lease_token = $4 \
         RETURNING 1) \
     SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
-        (SELECT count(*) FROM gone) + (SELECT count(*) FROM released)";
+        (SELECT count(*) FROM held)";
 
 // A lease extended from beside a running handler.
 const EXTEND_LEASE: &str = "\
@@ -305,6 +292,52 @@ pub(crate) const CLAIM: &str = concat!(
      taken AS (",
     take_lease!(),
     ") SELECT * FROM fresh UNION ALL SELECT * FROM taken"
+);
+
+// Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays). New state
+// rows go in key order, so that two relays claiming overlapping sets never wait on each
+// other's inserts in a cycle.
+pub(crate) const CLAIM_MANY: &str = concat!(
+    "WITH want AS ( \
+        SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination \
+        FROM unnest($1::smallint[], $2::bigint[], $3::text[]) \
+            AS w(shard_scope, shard_identifier, destination)), \
+     fresh AS ( \
+        INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+            lease_token, lease_expires_at) \
+        SELECT w.shard_scope, w.shard_identifier, w.destination, $4::text, \
+            nextval('outbox_lease_tokens'), now() + $5::bigint * interval '1 millisecond' \
+        FROM want w WHERE NOT ",
+    outbox_sqlx::paused!("w.shard_scope", "w.shard_identifier", "w.destination"),
+    " \
+        ORDER BY w.shard_scope, w.shard_identifier, w.destination \
+        ON CONFLICT DO NOTHING \
+        RETURNING shard_scope, shard_identifier, destination, lease_token, attempts, \
+            NULL::text AS previous_owner), \
+     taken AS ( \
+        UPDATE outbox_shards s SET lease_owner = $4, \
+            lease_token = nextval('outbox_lease_tokens'), \
+            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+            attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
+        FROM (SELECT o.shard_scope, o.shard_identifier, o.destination, \
+                  o.lease_owner AS previous_owner \
+              FROM outbox_shards o JOIN want w ON o.shard_scope = w.shard_scope \
+                  AND o.shard_identifier = w.shard_identifier AND o.destination = w.destination \
+              WHERE (o.lease_expires_at IS NULL OR o.lease_expires_at <= now()) \
+                AND (o.retry_at IS NULL OR o.retry_at <= now() OR EXISTS ( \
+                    SELECT 1 FROM outbox_messages m \
+                    WHERE m.shard_scope = o.shard_scope AND m.shard_identifier = o.shard_identifier \
+                        AND m.destination = o.destination AND m.id > o.watermark)) \
+                AND NOT ",
+    outbox_sqlx::paused!("o.shard_scope", "o.shard_identifier", "o.destination"),
+    " \
+              ORDER BY o.shard_scope, o.shard_identifier, o.destination \
+              FOR UPDATE OF o SKIP LOCKED) due \
+        WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
+            AND s.destination = due.destination \
+        RETURNING s.shard_scope, s.shard_identifier, s.destination, s.lease_token, s.attempts, \
+            due.previous_owner) \
+    SELECT * FROM fresh UNION ALL SELECT * FROM taken"
 );
 
 // In-transaction mode: the state row is created (committed) first, so the long claiming
@@ -704,6 +737,55 @@ impl Dialect for PgDialect {
             },
             claiming,
         }))
+    }
+
+    async fn claim_many(
+        &self,
+        pool: &PgPool,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+    ) -> Result<Vec<Claim<Self>>, Error> {
+        if options.mode == HandlerMode::InTransaction || shards.len() < 2 {
+            let mut claims = Vec::with_capacity(shards.len());
+            for shard in shards {
+                claims.extend(self.claim(pool, shard, options).await?);
+            }
+            return Ok(claims);
+        }
+        const OPERATION: &str = "claiming shards";
+        let mut scopes = Vec::with_capacity(shards.len());
+        let mut identifiers = Vec::with_capacity(shards.len());
+        let mut destinations = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let (identifier, destination) = stored_shard(shard);
+            scopes.push(shard.scope.0);
+            identifiers.push(identifier);
+            destinations.push(destination);
+        }
+        let rows = sqlx::query(CLAIM_MANY)
+            .bind(scopes)
+            .bind(identifiers)
+            .bind(destinations)
+            .bind(&options.worker)
+            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+            .fetch_all(pool)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        rows.iter()
+            .map(|row| {
+                let attempts: i32 = row.try_get(4)?;
+                Ok(Claim {
+                    lease: Lease {
+                        shard: Self::decode_shard(row, 0)?,
+                        token: row.try_get(3)?,
+                        attempts: u32::try_from(attempts).unwrap_or(0),
+                        previous_owner: row.try_get(5)?,
+                    },
+                    claiming: None,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(database::<Self>(OPERATION))
     }
 
     async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
 use outbox_postgres::PgStore;
-use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
+use outbox_testkit::fixtures::{OrgUpdate, Recorder, note, org_shard};
 use outbox_testkit::postgres::{PgTestDatabase, server_url};
 use sqlx::postgres::{PgListener, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -517,4 +517,115 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     assert!(seen[1].token > seen[0].token);
     let report = running.stop().await;
     assert!(report.database_errors >= 1, "{report:?}");
+}
+
+/// The shards of a `claim_many` call that it claimed, by identifier.
+async fn claimed_by_many(store: &PgStore, shards: &[i64]) -> Vec<i64> {
+    use outbox_core::Store;
+    use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
+    let keys: Vec<_> = shards.iter().map(|&shard| org_shard(shard)).collect();
+    let options = ClaimOptions {
+        worker: "many".to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    };
+    let sessions = tokio::time::timeout(Duration::from_secs(10), store.claim_many(&keys, &options))
+        .await
+        .expect("claiming does not wait for a held shard")
+        .expect("claim");
+    let mut claimed = Vec::new();
+    for session in sessions {
+        claimed.push(
+            session
+                .lease()
+                .shard
+                .shard_identifier
+                .as_integer()
+                .expect("integer"),
+        );
+        session.finish(Outcome::Yielded).await.expect("release");
+    }
+    claimed.sort_unstable();
+    claimed
+}
+
+/// Claiming several shards in one statement, stepped against another transaction: a shard
+/// whose state row that transaction holds is skipped, not waited for; a shard whose state row
+/// it is inserting (with a lease of its own) is waited for, then left to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
+    let database = migrated().await;
+    for shard in 1..=4u64 {
+        write(database.pool(), note::<OrgUpdate>(shard, 1, shard)).await;
+    }
+    let store = PgStore::new(database.connect().await);
+    let scope = org_shard(1).scope.0;
+    let mut other = PgConnection::connect_with(&database.connect_options())
+        .await
+        .expect("another connection");
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) VALUES ($1, 1, '')",
+    )
+    .bind(scope)
+    .execute(&mut other)
+    .await
+    .expect("shard 1's state row");
+
+    // Shard 1's row is locked: skipped at once.
+    sqlx::query("BEGIN")
+        .execute(&mut other)
+        .await
+        .expect("begin");
+    sqlx::query(
+        "SELECT 1 FROM outbox_shards WHERE shard_scope = $1 AND shard_identifier = 1 FOR UPDATE",
+    )
+    .bind(scope)
+    .execute(&mut other)
+    .await
+    .expect("lock shard 1");
+    assert_eq!(claimed_by_many(&store, &[1, 3]).await, [3]);
+
+    // Shard 2's row is being inserted, leased: the claim waits for it, then leaves it.
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+         lease_token, lease_expires_at) \
+         VALUES ($1, 2, '', 'other', nextval('outbox_lease_tokens'), now() + interval '1 hour')",
+    )
+    .bind(scope)
+    .execute(&mut other)
+    .await
+    .expect("insert shard 2's state row");
+    let claiming = {
+        let store = store.clone();
+        tokio::spawn(async move { claimed_by_many(&store, &[4, 2]).await })
+    };
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("admin connection");
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
+         AND query LIKE 'WITH want AS%'",
+        database.name()
+    );
+    loop {
+        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_one(&mut admin)
+            .await
+            .expect("pg_stat_activity");
+        if waiters > 0 {
+            break;
+        }
+        assert!(
+            !claiming.is_finished(),
+            "the claim did not wait for the inserted row"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sqlx::query("COMMIT")
+        .execute(&mut other)
+        .await
+        .expect("commit");
+    assert_eq!(claiming.await.expect("claim task"), [4]);
+    // Shard 1, free now, is claimed as any due shard.
+    assert_eq!(claimed_by_many(&store, &[1, 2]).await, [1]);
 }

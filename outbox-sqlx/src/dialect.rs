@@ -427,6 +427,25 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         options: &ClaimOptions,
     ) -> impl Future<Output = Result<Option<Claim<Self>>, Error>> + Send;
 
+    /// Claims those of `shards` that are due and free, as [`Dialect::claim`] claims each,
+    /// in one round trip if the backend can. The default claims them one at a time.
+    fn claim_many(
+        &self,
+        pool: &Pool<Self::Database>,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+    ) -> impl Future<Output = Result<Vec<Claim<Self>>, Error>> + Send {
+        async move {
+            let mut claims = Vec::with_capacity(shards.len());
+            for shard in shards {
+                if let Some(claim) = self.claim(pool, shard, options).await? {
+                    claims.push(claim);
+                }
+            }
+            Ok(claims)
+        }
+    }
+
     /// A stream of the wake-ups that other processes' commits send, if the backend has one
     /// (the relay hears this process's own commits directly: see [`crate::wake`]).
     fn wakeups(

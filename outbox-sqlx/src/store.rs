@@ -53,6 +53,17 @@ impl<D: Dialect> SqlxStore<D> {
         &self.pool
     }
 
+    /// The session on `claim`.
+    fn session(&self, claim: Claim<D>, options: &ClaimOptions) -> SqlxSession<D> {
+        SqlxSession::new(
+            self.pool.clone(),
+            self.dialect.clone(),
+            claim.lease,
+            options.lease,
+            claim.claiming,
+        )
+    }
+
     /// Runs `query` on a pooled connection: its rows.
     async fn rows(
         &self,
@@ -246,18 +257,20 @@ impl<D: Dialect> Store for SqlxStore<D> {
         shard: &ShardKey,
         options: &ClaimOptions,
     ) -> Result<Option<SqlxSession<D>>, Error> {
-        let Some(Claim { lease, claiming }) =
-            self.dialect.claim(&self.pool, shard, options).await?
-        else {
-            return Ok(None);
-        };
-        Ok(Some(SqlxSession::new(
-            self.pool.clone(),
-            self.dialect.clone(),
-            lease,
-            options.lease,
-            claiming,
-        )))
+        let claim = self.dialect.claim(&self.pool, shard, options).await?;
+        Ok(claim.map(|claim| self.session(claim, options)))
+    }
+
+    async fn claim_many(
+        &self,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+    ) -> Result<Vec<SqlxSession<D>>, Error> {
+        let claims = self.dialect.claim_many(&self.pool, shards, options).await?;
+        Ok(claims
+            .into_iter()
+            .map(|claim| self.session(claim, options))
+            .collect())
     }
 
     async fn wakeups(&self) -> Result<Option<SqlxWakeups<D>>, Error> {

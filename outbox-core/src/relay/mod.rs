@@ -179,8 +179,11 @@ impl<S: Store> Relay<S> {
             if cursor.is_none() {
                 self.inner.release_interrupted().await;
             }
-            for shard in page.due {
-                self.start(&mut pool, shard, mode).await;
+            let mut due = page.due;
+            while !due.is_empty() {
+                if let Err(error) = self.inner.start_many(&mut pool, &mut due, mode).await {
+                    first_error.get_or_insert(error);
+                }
                 while let Some((_, drained)) = pool.finished() {
                     collect(drained, report, &mut first_error);
                 }
@@ -373,15 +376,77 @@ impl<S: Store> Inner<S> {
         self.drain_shard(&shard, &stopping, mode).await
     }
 
-    /// Claims `shard` if it is due and free, and drains it. A drain the database interrupted
-    /// leaves its lease to be released once the database answers again, rather than leave the
-    /// shard to wait for the lease to lapse.
+    /// Claims `shard` if it is due and free, and drains it.
     async fn drain_shard(
         &self,
         shard: &ShardKey,
         stopping: &watch::Receiver<bool>,
         mode: DrainMode,
     ) -> Drained {
+        let Some(session) = self.store.claim(shard, &self.claim).await? else {
+            return Ok(None);
+        };
+        self.drain_claimed(session, stopping, mode).await
+    }
+
+    /// Claims as many of `due` as `pool` has free permits for (waiting for one), front first,
+    /// and starts draining them: [`Inner::start_claimed`] after [`ShardPool::permits`].
+    async fn start_many(
+        self: &Arc<Self>,
+        pool: &mut ShardPool<Drained>,
+        due: &mut Vec<ShardKey>,
+        mode: DrainMode,
+    ) -> Result<(), Error> {
+        due.retain(|shard| !pool.is_draining(shard));
+        let permits = pool.permits(due.len()).await;
+        self.start_claimed(pool, due, permits, mode).await
+    }
+
+    /// Claims one of `due` per permit, front first, in one call to the store
+    /// ([`Store::claim_many`]: one round trip, on PostgreSQL), and starts
+    /// draining those it claimed; the permits left go back. Shards the pool is draining
+    /// already are skipped. Not to be cancelled once started: the claims would be left to
+    /// lapse. The claim's error, if it failed.
+    async fn start_claimed(
+        self: &Arc<Self>,
+        pool: &mut ShardPool<Drained>,
+        due: &mut Vec<ShardKey>,
+        mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+        mode: DrainMode,
+    ) -> Result<(), Error> {
+        due.retain(|shard| !pool.is_draining(shard));
+        let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let sessions = self
+            .store
+            .claim_many(&batch, &self.claim)
+            .instrument(info_span!("outbox.claim_shards", shards = batch.len()))
+            .await?;
+        for session in sessions {
+            let Some(permit) = permits.pop() else {
+                break;
+            };
+            let shard = session.lease().shard.clone();
+            let (inner, stopping) = (Arc::clone(self), pool.stopping());
+            let drain = async move { inner.drain_claimed(session, &stopping, mode).await };
+            pool.spawn(shard, permit, drain);
+        }
+        Ok(())
+    }
+
+    /// Drains a claimed shard. A drain the database interrupted leaves its lease to be
+    /// released once the database answers again, rather than leave the shard to wait for the
+    /// lease to lapse.
+    async fn drain_claimed(
+        &self,
+        session: S::Session,
+        stopping: &watch::Receiver<bool>,
+        mode: DrainMode,
+    ) -> Drained {
+        let lease = session.lease().clone();
+        let shard = &lease.shard;
         let span = info_span!(
             "outbox.drain_shard",
             scope = shard.scope.0,
@@ -389,11 +454,7 @@ impl<S: Store> Inner<S> {
             destination = shard.destination_str(),
         );
         async {
-            let Some(session) = self.store.claim(shard, &self.claim).await? else {
-                return Ok(None);
-            };
             let _in_flight = self.vitals.claimed();
-            let lease = session.lease().clone();
             let started = tokio::time::Instant::now();
             let drained = shard::drain(session, self, stopping, mode).await;
             if let Ok(run) = &drained {
@@ -408,7 +469,7 @@ impl<S: Store> Inner<S> {
                 self.interrupted
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(lease);
+                    .push(lease.clone());
             }
             drained.map(Some)
         }

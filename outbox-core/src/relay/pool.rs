@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 
 use crate::model::ShardKey;
@@ -54,17 +54,46 @@ impl<T: Send + 'static> ShardPool<T> {
         if self.in_flight.contains(&shard) {
             return false;
         }
-        let permit = Arc::clone(&self.permits)
+        let Some(permit) = self.permits(1).await.pop() else {
+            return false;
+        };
+        self.spawn(shard, permit, begin());
+        true
+    }
+
+    /// Up to `want` permits (at least one, if `want` is): waits for the first, then takes
+    /// those free at once. Cancel-safe. Each starts one drain
+    /// ([`ShardPool::spawn`]); those left unused go back when dropped.
+    pub(super) async fn permits(&self, want: usize) -> Vec<OwnedSemaphorePermit> {
+        if want == 0 {
+            return Vec::new();
+        }
+        let first = Arc::clone(&self.permits)
             .acquire_owned()
             .await
             .expect("the pool never closes its semaphore");
+        let mut permits = vec![first];
+        while permits.len() < want {
+            match Arc::clone(&self.permits).try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        permits
+    }
+
+    /// Starts `work` on `shard` under `permit` (from [`ShardPool::permits`]): what a claim
+    /// made for this pool drains. The shard must not be draining in this pool already.
+    pub(super) fn spawn<F>(&mut self, shard: ShardKey, permit: OwnedSemaphorePermit, work: F)
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        debug_assert!(!self.in_flight.contains(&shard), "{shard} drains twice");
         self.in_flight.insert(shard.clone());
-        let work = begin();
         self.tasks.spawn(async move {
             let _permit = permit;
             (shard, work.await)
         });
-        true
     }
 
     /// A drain that has ended, if one has.

@@ -101,14 +101,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         let Some(page) = self.discover().await? else {
             return ControlFlow::Continue(());
         };
-        for shard in page.due {
-            self.sweep.busy = true;
-            if self.pool.is_draining(&shard) {
-                continue;
-            }
-            self.sweep.found = true;
-            self.start(shard).await?;
-        }
+        self.sweep.busy |= !page.due.is_empty();
+        self.sweep.found |= page.due.iter().any(|shard| !self.pool.is_draining(shard));
+        self.start(page.due).await?;
         if self.sweep.advance(page.next) {
             return ControlFlow::Continue(());
         }
@@ -144,13 +139,38 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         }
     }
 
-    /// Starts draining `shard` once a permit is free, unless it is being drained already.
-    async fn start(&mut self, shard: ShardKey) -> ControlFlow<()> {
-        let (inner, stopping, key) = (Arc::clone(self.inner), self.pool.stopping(), shard.clone());
-        let begin = move || Inner::drain_owned(inner, key, stopping, DrainMode::Relay);
-        tokio::select! {
-            () = &mut self.shutdown => ControlFlow::Break(()),
-            _ = self.pool.start(shard, begin) => ControlFlow::Continue(()),
+    /// Claims the `due` shards that are not being drained already as permits come free,
+    /// several per round trip, and starts draining those claimed.
+    async fn start(&mut self, mut due: Vec<ShardKey>) -> ControlFlow<()> {
+        let inner: &'r Arc<Inner<S>> = self.inner;
+        loop {
+            due.retain(|shard| !self.pool.is_draining(shard));
+            if due.is_empty() {
+                return ControlFlow::Continue(());
+            }
+            let permits = tokio::select! {
+                () = &mut self.shutdown => return ControlFlow::Break(()),
+                permits = self.pool.permits(due.len()) => permits,
+            };
+            // Once claiming, not cancelled: the claims would be left to lapse.
+            if let Err(error) = inner
+                .start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay)
+                .await
+            {
+                self.claim_failed(&error);
+            }
+            self.take_finished();
+        }
+    }
+
+    /// A claim failed: counted, and logged once per outage; the sweep finds its shards again.
+    fn claim_failed(&mut self, error: &Error) {
+        self.report.database_errors += 1;
+        crate::telemetry::database_error("drain");
+        if error.is_unavailable() {
+            self.outage.begin(error, "claiming shards");
+        } else {
+            warn!(error = %error_chain(error), "claiming shards failed; the sweep finds them again");
         }
     }
 
@@ -175,11 +195,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 let (shard, drained) = *done;
                 finished(&mut self.report, &mut self.outage, &shard, drained);
             }
-            Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
-                for shard in shards {
-                    self.start(shard).await?;
-                }
-            }
+            Woken::Wakeup(Ok(Wakeup::Shards(shards))) => self.start(shards).await?,
             Woken::Wakeup(Err(error)) => self.listener.broke(&error),
         }
         ControlFlow::Continue(())

@@ -519,3 +519,146 @@ pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
     relay.drain().await.expect("drain");
     assert_eq!(recorder.seen()[1].attempt, 1);
 }
+
+/// S15 for claims of several shards at once ([`Store::claim_many`]): workers with
+/// connections of their own claim overlapping sets of shards, in different orders, at the
+/// same instant. Each due shard is claimed exactly once, with a fencing token greater than
+/// every earlier one; a shard another worker holds, a paused shard and a shard backing off
+/// are left alone, and a lapsed lease is taken over as a single claim takes it (an attempt
+/// more, and its previous owner).
+pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
+    use outbox_core::Admin;
+    use outbox_core::store::{Failure, PauseTarget};
+
+    let backend = B::create().await;
+    let shards: Vec<i64> = (1..=24).collect();
+    let messages: Vec<_> = shards
+        .iter()
+        .map(|&shard| note::<OrgUpdate>(shard, 1, u64::try_from(shard).expect("small")))
+        .collect();
+    let ids = write(&backend, &messages).await;
+    let newest = ids.iter().copied().max().expect("written");
+    let store = backend.store();
+
+    // Shard 3 is held, 4 paused, 5 backing off; 6's lease lapses.
+    let held = store
+        .claim(&org_shard(3), &claim_options("holder"))
+        .await
+        .expect("claim")
+        .expect("due");
+    store
+        .pause(&PauseTarget::Shard(org_shard(4)), Some("test"))
+        .await
+        .expect("pause");
+    let failing = store
+        .claim(&org_shard(5), &claim_options("failing"))
+        .await
+        .expect("claim")
+        .expect("due");
+    failing
+        .finish(Outcome::Failed(Failure {
+            error: "down".to_owned(),
+            attempts: 1,
+            retry_in: Duration::from_secs(3600),
+            watermark: newest,
+            parked_category: None,
+        }))
+        .await
+        .expect("back off");
+    let mut short = claim_options("crashed");
+    short.lease = Duration::from_millis(100);
+    let lapsing = store
+        .claim(&org_shard(6), &short)
+        .await
+        .expect("claim")
+        .expect("due");
+    let earlier = held.lease().token.max(lapsing.lease().token);
+    drop(lapsing); // crashed: never released
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let contenders = 4;
+    let barrier = Arc::new(Barrier::new(contenders));
+    let mut tasks = Vec::new();
+    for worker in 0..contenders {
+        let store = backend.connect_store().await;
+        let barrier = Arc::clone(&barrier);
+        // Each asks for most shards, in its own order, one of them twice.
+        let mut wanted: Vec<ShardKey> = shards
+            .iter()
+            .filter(|&&shard| shard % 4 != i64::try_from(worker).expect("small"))
+            .map(|&shard| org_shard(shard))
+            .collect();
+        wanted.rotate_left(worker * 5);
+        if worker % 2 == 1 {
+            wanted.reverse();
+        }
+        wanted.push(wanted[0].clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .claim_many(&wanted, &claim_options(&format!("worker-{worker}")))
+                .await
+                .expect("claiming does not fail")
+        }));
+    }
+    let mut claimed: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    let mut sessions = Vec::new();
+    for task in tasks {
+        for session in task.await.expect("claim task") {
+            let lease = session.lease();
+            assert!(
+                lease.token > earlier,
+                "fencing tokens increase: {} after {earlier}",
+                lease.token
+            );
+            claimed
+                .entry(int(lease.shard.shard_identifier))
+                .or_default()
+                .push(lease.token);
+            sessions.push(session);
+        }
+    }
+    let expected: Vec<i64> = shards
+        .iter()
+        .copied()
+        .filter(|shard| ![3, 4, 5].contains(shard))
+        .collect();
+    assert_eq!(
+        claimed.keys().copied().collect::<Vec<_>>(),
+        expected,
+        "every due shard, and only those"
+    );
+    for (shard, tokens) in &claimed {
+        assert_eq!(tokens.len(), 1, "shard {shard} was claimed more than once");
+    }
+    let taken_over = sessions
+        .iter()
+        .find(|session| int(session.lease().shard.shard_identifier) == 6)
+        .expect("shard 6 claimed");
+    assert_eq!(
+        taken_over.lease().attempts,
+        1,
+        "a lapsed claim is an attempt"
+    );
+    assert_eq!(
+        taken_over.lease().previous_owner.as_deref(),
+        Some("crashed")
+    );
+    let untouched = sessions
+        .iter()
+        .find(|session| int(session.lease().shard.shard_identifier) == 7)
+        .expect("shard 7 claimed");
+    assert_eq!(
+        (
+            untouched.lease().attempts,
+            untouched.lease().previous_owner.clone()
+        ),
+        (0, None)
+    );
+    for mut session in sessions {
+        let head = session.fetch(10).await.expect("fetch");
+        assert_eq!(head.len(), 1, "each claimed shard reads its own message");
+        session.finish(Outcome::Drained).await.expect("release");
+    }
+    held.finish(Outcome::Yielded).await.expect("release");
+}

@@ -129,6 +129,7 @@ macro_rules! store_conformance_tests {
             s14_non_coalescing_messages_in_write_order,
             s15_concurrent_claims_grant_one_lease,
             s15_two_relays_share_shards_without_overlap,
+            s15_claiming_many_shards_grants_each_once,
             s16_stale_worker_cannot_acknowledge,
             s16_a_long_handler_keeps_its_lease,
             s17_a_lapsed_claim_counts_as_an_attempt,
