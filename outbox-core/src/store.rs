@@ -594,13 +594,18 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Claims those of `shards` that are due and free, as [`claim`](Self::claim) claims each
     /// (the same guarantees, shard by shard), and returns their sessions, in no particular
-    /// order; the others are left alone. A backend may claim them all in one round trip; the
-    /// default claims them one at a time.
+    /// order; the others are left alone. A backend may claim them all in one round trip, and
+    /// read each claimed shard's head with its claim: a session may then answer its first
+    /// [`fetch`](ShardSession::fetch) of `first_read` rows from that read, if no row of it
+    /// was deleted since (a row committed since is read by the next fetch, as a row committed
+    /// after any fetch is). The default claims them one at a time.
     fn claim_many(
         &self,
         shards: &[ShardKey],
         options: &ClaimOptions,
+        first_read: usize,
     ) -> impl Future<Output = Result<Vec<Self::Session>, Error>> + Send {
+        let _ = first_read;
         async move {
             let mut sessions = Vec::with_capacity(shards.len());
             for shard in shards {

@@ -294,9 +294,17 @@ pub(crate) const CLAIM: &str = concat!(
     ") SELECT * FROM fresh UNION ALL SELECT * FROM taken"
 );
 
-// Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays). New state
-// rows go in key order, so that two relays claiming overlapping sets never wait on each
-// other's inserts in a cycle.
+// Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays), with the
+// first `$6` rows of each claimed shard's head (NULL message columns for a shard with none).
+// New state rows go in key order, so that two relays claiming overlapping sets never wait on
+// each other's inserts in a cycle.
+//
+// The rows are read in the statement's snapshot, taken before its claims: a worker that
+// held a shard may have acknowledged (deleted) rows of it and released it since, the claim
+// then waiting for it or finding its state row changed. Such a row is still visible here,
+// but its `xmax` (the deleting transaction) is set: each row says whether it is `stale`, and
+// a head with a stale row is read again by the session. Once claimed, nobody else deletes
+// rows of the shard.
 pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want AS ( \
         SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination \
@@ -336,8 +344,21 @@ pub(crate) const CLAIM_MANY: &str = concat!(
         WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
             AND s.destination = due.destination \
         RETURNING s.shard_scope, s.shard_identifier, s.destination, s.lease_token, s.attempts, \
-            due.previous_owner) \
-    SELECT * FROM fresh UNION ALL SELECT * FROM taken"
+            due.previous_owner), \
+     claimed AS (SELECT * FROM fresh UNION ALL SELECT * FROM taken) \
+    SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
+        h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
+        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false) \
+    FROM claimed c LEFT JOIN LATERAL ( \
+        SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
+            m.payload::text AS payload, \
+            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
+            m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
+        FROM outbox_messages m \
+        WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
+            AND m.destination = c.destination \
+        ORDER BY m.id LIMIT $6) h ON true \
+    ORDER BY c.lease_token, h.id"
 );
 
 // In-transaction mode: the state row is created (committed) first, so the long claiming
@@ -489,6 +510,22 @@ const SHARD_MESSAGES: &str = "\
     FROM outbox_messages \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
+
+/// A claim of [`CLAIM_MANY`] from the first row of its shard (the key at 8, the attempts at
+/// 12, the previous owner at 13), with an empty head of `first_read` rows to fill.
+fn claimed(row: &PgRow, token: i64, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
+    let attempts: i32 = row.try_get(12)?;
+    Ok(Claim {
+        lease: Lease {
+            shard: PgDialect::decode_shard(row, 8)?,
+            token,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            previous_owner: row.try_get(13)?,
+        },
+        claiming: None,
+        head: Some((Vec::new(), first_read)),
+    })
+}
 
 const SHARD_STATES: &str = "\
     SELECT shard_scope, shard_identifier, destination, attempts::bigint, last_error, \
@@ -736,6 +773,7 @@ impl Dialect for PgDialect {
                 previous_owner,
             },
             claiming,
+            head: None,
         }))
     }
 
@@ -744,15 +782,16 @@ impl Dialect for PgDialect {
         pool: &PgPool,
         shards: &[ShardKey],
         options: &ClaimOptions,
+        first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
-        if options.mode == HandlerMode::InTransaction || shards.len() < 2 {
+        const OPERATION: &str = "claiming shards";
+        if options.mode == HandlerMode::InTransaction {
             let mut claims = Vec::with_capacity(shards.len());
             for shard in shards {
                 claims.extend(self.claim(pool, shard, options).await?);
             }
             return Ok(claims);
         }
-        const OPERATION: &str = "claiming shards";
         let mut scopes = Vec::with_capacity(shards.len());
         let mut identifiers = Vec::with_capacity(shards.len());
         let mut destinations = Vec::with_capacity(shards.len());
@@ -768,24 +807,38 @@ impl Dialect for PgDialect {
             .bind(destinations)
             .bind(&options.worker)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
             .fetch_all(pool)
             .await
             .map_err(database::<Self>(OPERATION))?;
-        rows.iter()
-            .map(|row| {
-                let attempts: i32 = row.try_get(4)?;
-                Ok(Claim {
-                    lease: Lease {
-                        shard: Self::decode_shard(row, 0)?,
-                        token: row.try_get(3)?,
-                        attempts: u32::try_from(attempts).unwrap_or(0),
-                        previous_owner: row.try_get(5)?,
-                    },
-                    claiming: None,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(database::<Self>(OPERATION))
+        // By claim (in token order), each claim's rows in id order.
+        let mut claims: Vec<Claim<Self>> = Vec::new();
+        for row in &rows {
+            let token: i64 = row.try_get(11).map_err(database::<Self>(OPERATION))?;
+            if claims.last().is_none_or(|claim| claim.lease.token != token) {
+                claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
+            }
+            let Some(claim) = claims.last_mut() else {
+                continue;
+            };
+            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
+            let stale: bool = row.try_get(14).map_err(database::<Self>(OPERATION))?;
+            if id.is_none() {
+                continue;
+            }
+            // A stale read, or a row that does not decode, leaves the claim without its
+            // read: the session's first fetch reads again (and meets the row where the relay
+            // handles it).
+            match (
+                stale,
+                outbox_sqlx::session::stored::<Self>(row),
+                &mut claim.head,
+            ) {
+                (false, Ok(message), Some((head, _))) => head.push(message),
+                (_, _, head) => *head = None,
+            }
+        }
+        Ok(claims)
     }
 
     async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {

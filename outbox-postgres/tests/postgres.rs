@@ -529,10 +529,13 @@ async fn claimed_by_many(store: &PgStore, shards: &[i64]) -> Vec<i64> {
         lease: Duration::from_secs(30),
         mode: HandlerMode::Leased,
     };
-    let sessions = tokio::time::timeout(Duration::from_secs(10), store.claim_many(&keys, &options))
-        .await
-        .expect("claiming does not wait for a held shard")
-        .expect("claim");
+    let sessions = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim_many(&keys, &options, 10),
+    )
+    .await
+    .expect("claiming does not wait for a held shard")
+    .expect("claim");
     let mut claimed = Vec::new();
     for session in sessions {
         claimed.push(
@@ -628,4 +631,103 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
     assert_eq!(claiming.await.expect("claim task"), [4]);
     // Shard 1, free now, is claimed as any due shard.
     assert_eq!(claimed_by_many(&store, &[1, 2]).await, [1]);
+}
+
+/// A claim of several shards reads their heads in the statement's snapshot, taken before it
+/// claims: stepped so that another worker acknowledges a shard's rows and drops its state row
+/// while the claim waits for that row, the claim still gets the shard, and its session does
+/// not deliver the rows already gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
+    use outbox_core::Store;
+    use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
+    let database = migrated().await;
+    for shard in [7u64, 8] {
+        write(database.pool(), note::<OrgUpdate>(shard, 1, shard)).await;
+    }
+    let store = PgStore::new(database.connect().await);
+    let options = |worker: &str| ClaimOptions {
+        worker: worker.to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    };
+    let first = store
+        .claim(&org_shard(7), &options("first"))
+        .await
+        .expect("claim")
+        .expect("due");
+    // The first worker's last acknowledgement, stepped: its rows and its state row deleted,
+    // not yet committed.
+    let mut other = PgConnection::connect_with(&database.connect_options())
+        .await
+        .expect("another connection");
+    sqlx::query("BEGIN")
+        .execute(&mut other)
+        .await
+        .expect("begin");
+    for sql in [
+        "DELETE FROM outbox_messages WHERE shard_scope = $1 AND shard_identifier = 7",
+        "DELETE FROM outbox_shards WHERE shard_scope = $1 AND shard_identifier = 7",
+    ] {
+        sqlx::query(sql)
+            .bind(org_shard(7).scope.0)
+            .execute(&mut other)
+            .await
+            .expect("acknowledge");
+    }
+    let claiming = {
+        let (store, options) = (store.clone(), options("second"));
+        tokio::spawn(async move {
+            store
+                .claim_many(&[org_shard(7), org_shard(8)], &options, 10)
+                .await
+                .expect("claim")
+        })
+    };
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("admin connection");
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
+         AND query LIKE 'WITH want AS%'",
+        database.name()
+    );
+    loop {
+        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_one(&mut admin)
+            .await
+            .expect("pg_stat_activity");
+        if waiters > 0 {
+            break;
+        }
+        assert!(
+            !claiming.is_finished(),
+            "the claim did not wait for the deleted state row"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sqlx::query("COMMIT")
+        .execute(&mut other)
+        .await
+        .expect("commit");
+    let sessions = claiming.await.expect("claim task");
+    let mut heads = Vec::new();
+    for mut session in sessions {
+        let shard = session
+            .lease()
+            .shard
+            .shard_identifier
+            .as_integer()
+            .expect("integer");
+        let head = session.fetch(10).await.expect("fetch");
+        heads.push((shard, head.len()));
+        session.finish(Outcome::Drained).await.expect("release");
+    }
+    heads.sort_unstable();
+    assert_eq!(
+        heads,
+        [(7, 0), (8, 1)],
+        "shard 7's row was acknowledged before the claim"
+    );
+    drop(first);
 }

@@ -770,7 +770,11 @@ impl Dialect for SqliteDialect {
             }
             HandlerMode::InTransaction => Some(Claiming { tx, turn }),
         };
-        Ok(Some(Claim { lease, claiming }))
+        Ok(Some(Claim {
+            lease,
+            claiming,
+            head: None,
+        }))
     }
 
     async fn wakeups(_pool: &SqlitePool) -> Result<Option<NoWakeups>, Error> {

@@ -266,6 +266,10 @@ pub struct Claim<D: Dialect> {
     /// In in-transaction handler mode, the claiming transaction (and the backend's turn, held
     /// as long as the transaction).
     pub claiming: Option<Claiming<D>>,
+    /// The shard's head as the claim read it, with how many rows it asked for, if it read it
+    /// (see [`Store::claim_many`](outbox_core::Store::claim_many)): what the session's first
+    /// fetch of that many rows answers.
+    pub head: Option<(Vec<StoredMessage>, usize)>,
 }
 
 /// A claiming transaction that the session keeps for its handlers.
@@ -427,14 +431,18 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         options: &ClaimOptions,
     ) -> impl Future<Output = Result<Option<Claim<Self>>, Error>> + Send;
 
-    /// Claims those of `shards` that are due and free, as [`Dialect::claim`] claims each,
-    /// in one round trip if the backend can. The default claims them one at a time.
+    /// Claims those of `shards` that are due and free, as [`Dialect::claim`] claims each, in
+    /// one round trip if the backend can, reading up to `first_read` rows of each claimed
+    /// shard's head with it if it can ([`Claim::head`]). The default claims them one at a
+    /// time.
     fn claim_many(
         &self,
         pool: &Pool<Self::Database>,
         shards: &[ShardKey],
         options: &ClaimOptions,
+        first_read: usize,
     ) -> impl Future<Output = Result<Vec<Claim<Self>>, Error>> + Send {
+        let _ = first_read;
         async move {
             let mut claims = Vec::with_capacity(shards.len());
             for shard in shards {

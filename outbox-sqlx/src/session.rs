@@ -38,9 +38,7 @@ pub fn fenced<D: Dialect>(sql: &'static str, lease: &Lease) -> Statement<'static
 /// A row (id, category, scope, object, payload, creation time in µs, metadata) as a message, the object taking
 /// [`Dialect::OBJECT_COLUMNS`] columns; a row that does not have the schema's form (written
 /// around its checks) is a typed error naming it.
-pub(crate) fn stored<D: Dialect>(
-    row: &<D::Database as Database>::Row,
-) -> Result<StoredMessage, Error> {
+pub fn stored<D: Dialect>(row: &<D::Database as Database>::Row) -> Result<StoredMessage, Error> {
     type DB<D> = <D as Dialect>::Database;
     let id = get::<DB<D>, i64>(row, 0).ok();
     let undecodable = |error: sqlx::Error| Error::Undecodable {
@@ -144,6 +142,8 @@ pub struct SqlxSession<D: Dialect> {
     lease: Lease,
     lease_duration: Duration,
     claiming: Option<Claiming<D>>,
+    /// The head as the claim read it, and how many rows it asked for: the first fetch.
+    head: Option<(Vec<StoredMessage>, usize)>,
 }
 
 /// A connection to read on: the claiming transaction's, or one from the pool.
@@ -176,7 +176,16 @@ impl<D: Dialect> SqlxSession<D> {
             lease,
             lease_duration,
             claiming,
+            head: None,
         }
+    }
+
+    /// This session answering its first fetch of `head.1` rows with `head.0`, the shard's
+    /// head as its claim read it (see [`Claim::head`](crate::dialect::Claim::head)).
+    #[must_use]
+    pub fn with_head(mut self, head: Option<(Vec<StoredMessage>, usize)>) -> Self {
+        self.head = head;
+        self
     }
 
     async fn reader(&mut self) -> Result<Reader<'_, D::Database>, Error> {
@@ -329,6 +338,12 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     }
 
     async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
+        // The claim's read answers the first fetch, if it read as many rows as asked for.
+        if let Some((head, read)) = self.head.take()
+            && read == limit
+        {
+            return Ok(head);
+        }
         let query = shard_keyed::<D>(D::SQL.fetch, &self.lease.shard)
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut reader = self.reader().await?;

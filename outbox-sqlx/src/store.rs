@@ -62,6 +62,7 @@ impl<D: Dialect> SqlxStore<D> {
             options.lease,
             claim.claiming,
         )
+        .with_head(claim.head)
     }
 
     /// Runs `query` on a pooled connection: its rows.
@@ -265,8 +266,11 @@ impl<D: Dialect> Store for SqlxStore<D> {
         &self,
         shards: &[ShardKey],
         options: &ClaimOptions,
+        first_read: usize,
     ) -> Result<Vec<SqlxSession<D>>, Error> {
-        let claims = self.dialect.claim_many(&self.pool, shards, options).await?;
+        let claims = (self.dialect)
+            .claim_many(&self.pool, shards, options, first_read)
+            .await?;
         Ok(claims
             .into_iter()
             .map(|claim| self.session(claim, options))

@@ -403,7 +403,8 @@ impl<S: Store> Inner<S> {
     }
 
     /// Claims one of `due` per permit, front first, in one call to the store
-    /// ([`Store::claim_many`]: one round trip, on PostgreSQL), and starts
+    /// ([`Store::claim_many`]: one round trip, which reads each shard's head too, on
+    /// PostgreSQL), and starts
     /// draining those it claimed; the permits left go back. Shards the pool is draining
     /// already are skipped. Not to be cancelled once started: the claims would be left to
     /// lapse. The claim's error, if it failed.
@@ -421,7 +422,7 @@ impl<S: Store> Inner<S> {
         }
         let sessions = self
             .store
-            .claim_many(&batch, &self.claim)
+            .claim_many(&batch, &self.claim, self.config.batch_size)
             .instrument(info_span!("outbox.claim_shards", shards = batch.len()))
             .await?;
         for session in sessions {

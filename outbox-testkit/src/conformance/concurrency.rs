@@ -525,7 +525,8 @@ pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
 /// same instant. Each due shard is claimed exactly once, with a fencing token greater than
 /// every earlier one; a shard another worker holds, a paused shard and a shard backing off
 /// are left alone, and a lapsed lease is taken over as a single claim takes it (an attempt
-/// more, and its previous owner).
+/// more, and its previous owner). Each session reads its own shard's head (which a backend may
+/// have read with the claim).
 pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
     use outbox_core::Admin;
     use outbox_core::store::{Failure, PauseTarget};
@@ -596,7 +597,7 @@ pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             store
-                .claim_many(&wanted, &claim_options(&format!("worker-{worker}")))
+                .claim_many(&wanted, &claim_options(&format!("worker-{worker}")), 10)
                 .await
                 .expect("claiming does not fail")
         }));
