@@ -318,7 +318,7 @@ async fn relay_survives_its_connections_being_killed() {
     // And other processes' notifications wake it again afterwards.
     tokio::time::sleep(Duration::from_millis(300)).await;
     write(database.pool(), note::<OrgUpdate>(3, 1, 3)).await;
-    notify_from_elsewhere(&database, "1:1:").await;
+    notify_from_elsewhere(&database, "1:3:").await;
     delivered(&recorder, 3, Duration::from_secs(10)).await;
 
     let report = running.stop().await;

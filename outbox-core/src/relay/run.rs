@@ -1,5 +1,6 @@
 //! The background relay ([`Relay::run`](crate::Relay::run)) as a loop of small steps.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
@@ -12,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::config::Backoff;
 use super::pool::ShardPool;
 use super::report::RunReport;
-use super::shard::DrainMode;
+use super::shard::{DrainEnd, DrainMode};
 use super::{Drained, Inner};
 use crate::error::{Error, error_chain};
 use crate::model::ShardKey;
@@ -27,6 +28,13 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     pool: ShardPool<Drained>,
     listener: Listener<S::Wakeups>,
     sweep: Sweep,
+    /// Shards a commit notification named while they were draining: drained again when
+    /// their drain ends.
+    rewake: HashSet<ShardKey>,
+    /// Shards to drain again, whose drain ended with rows left (or perhaps left).
+    again: Vec<ShardKey>,
+    /// Whether a claim failed since the last sweep.
+    resweep: bool,
     outage: Outage,
     reconnect: Reconnect,
     report: RunReport,
@@ -51,6 +59,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             pool: ShardPool::new(config.max_concurrent_shards),
             listener: Listener::new(config.wake_on_commit),
             sweep: Sweep::default(),
+            rewake: HashSet::new(),
+            again: Vec::new(),
+            resweep: false,
             outage: Outage::default(),
             reconnect: Reconnect::new(config.max_reconnect_delay, config.backoff.jitter),
             report: RunReport::default(),
@@ -97,6 +108,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     /// sweep and start draining its due shards; after a sweep that found nothing due, wait.
     async fn turn(&mut self) -> ControlFlow<()> {
         self.take_finished();
+        self.start_again().await?;
+        self.resweep = false;
         self.listener.listen(&self.inner.store).await;
         let Some(page) = self.discover().await? else {
             return ControlFlow::Continue(());
@@ -163,8 +176,10 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         }
     }
 
-    /// A claim failed: counted, and logged once per outage; the sweep finds its shards again.
+    /// A claim failed: counted, and logged once per outage; the next sweep, which the relay
+    /// makes at once, finds its shards again.
     fn claim_failed(&mut self, error: &Error) {
+        self.resweep = true;
         self.report.database_errors += 1;
         crate::telemetry::database_error("drain");
         if error.is_unavailable() {
@@ -175,30 +190,49 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     }
 
     /// A whole sweep found nothing due: waits for a reason to look again (the poll interval,
-    /// a wake, a drain ending, a commit notification), then acts on it.
+    /// a wake, a commit notification naming no shard), then returns to sweep. Meanwhile it
+    /// takes in the drains that end and starts the shards that commit notifications name,
+    /// without sweeping: the shards a commit names are all it wrote, and any other message
+    /// is found by the next poll.
     async fn idle(&mut self) -> ControlFlow<()> {
         let poll = Instant::now() + self.sweep.poll_after(&self.inner.config);
-        let until = self.listener.idle_until(poll);
-        let draining = !self.pool.is_empty();
-        let woken = tokio::select! {
-            () = &mut self.shutdown => return ControlFlow::Break(()),
-            () = self.inner.wake.notified() => Woken::Look,
-            () = tokio::time::sleep_until(until) => Woken::Look,
-            Some((shard, drained)) = self.pool.next_finished(), if draining => {
-                Woken::Finished(Box::new((shard, drained)))
+        loop {
+            self.start_again().await?;
+            if std::mem::take(&mut self.resweep) {
+                // Sweep (and retry with backoff) rather than wait: the shards are still due.
+                return ControlFlow::Continue(());
             }
-            wakeup = self.listener.next() => Woken::Wakeup(wakeup),
-        };
-        match woken {
-            Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => {}
-            Woken::Finished(done) => {
-                let (shard, drained) = *done;
-                finished(&mut self.report, &mut self.outage, &shard, drained);
+            let until = self.listener.idle_until(poll);
+            let draining = !self.pool.is_empty();
+            let woken = tokio::select! {
+                () = &mut self.shutdown => return ControlFlow::Break(()),
+                () = self.inner.wake.notified() => Woken::Look,
+                () = tokio::time::sleep_until(until) => Woken::Look,
+                Some((shard, drained)) = self.pool.next_finished(), if draining => {
+                    Woken::Finished(Box::new((shard, drained)))
+                }
+                wakeup = self.listener.next() => Woken::Wakeup(wakeup),
+            };
+            match woken {
+                Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => return ControlFlow::Continue(()),
+                Woken::Finished(done) => {
+                    let (shard, drained) = *done;
+                    self.absorb(shard, drained);
+                }
+                Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
+                    let busy = shards.iter().filter(|shard| self.pool.is_draining(shard));
+                    self.rewake.extend(busy.cloned());
+                    self.start(shards).await?;
+                    if std::mem::take(&mut self.resweep) {
+                        return ControlFlow::Continue(());
+                    }
+                }
+                Woken::Wakeup(Err(error)) => {
+                    self.listener.broke(&error);
+                    return ControlFlow::Continue(());
+                }
             }
-            Woken::Wakeup(Ok(Wakeup::Shards(shards))) => self.start(shards).await?,
-            Woken::Wakeup(Err(error)) => self.listener.broke(&error),
         }
-        ControlFlow::Continue(())
     }
 
     /// Sleeps for `delay`, unless shutdown comes first.
@@ -211,8 +245,27 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
 
     fn take_finished(&mut self) {
         while let Some((shard, drained)) = self.pool.finished() {
-            finished(&mut self.report, &mut self.outage, &shard, drained);
+            self.absorb(shard, drained);
         }
+    }
+
+    /// Takes in a drain that ended. A shard that yielded has rows left, and one a commit
+    /// named while it drained may have: it is drained again ([`RunLoop::start_again`]).
+    fn absorb(&mut self, shard: ShardKey, drained: Drained) {
+        let yielded = matches!(&drained, Ok(Some(run)) if matches!(run.end, DrainEnd::Yielded));
+        finished(&mut self.report, &mut self.outage, &shard, drained);
+        if self.rewake.remove(&shard) || yielded {
+            self.again.push(shard);
+        }
+    }
+
+    /// Drains again the shards [`RunLoop::absorb`] set aside.
+    async fn start_again(&mut self) -> ControlFlow<()> {
+        if self.again.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        let again = std::mem::take(&mut self.again);
+        self.start(again).await
     }
 
     /// Stops claiming, and gives the drains in flight until the shutdown deadline to finish

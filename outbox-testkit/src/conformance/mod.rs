@@ -85,6 +85,7 @@ macro_rules! conformance_tests {
             error_chains_print_each_cause_once,
             malformed_metadata_is_a_precise_failure,
             a_committed_transaction_wakes_an_idle_relay,
+            a_shard_woken_while_draining_is_drained_again,
         );
     };
     (@captured $backend:ty; $($name:ident),* $(,)?) => {

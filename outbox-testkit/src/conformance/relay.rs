@@ -210,6 +210,93 @@ pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
     assert_eq!(report.deliveries, expected.len() as u64);
 }
 
+/// An idle relay woken on a shard drains it again when its drain ends with rows left: rows a
+/// commit wrote to it while it was draining, and rows beyond the drain's budget. The relay
+/// polls only hourly, so nothing else can find them.
+pub async fn a_shard_woken_while_draining_is_drained_again<B: TestBackend>() {
+    let backend = B::create().await;
+    // Rows left by a commit during the drain (the budget holds them all), then by the budget.
+    for (shard, budget) in [(1i64, 1_000usize), (2, 1)] {
+        let recorder = Recorder::new();
+        let hour = Duration::from_secs(3600);
+        let config = config("again")
+            .to_builder()
+            .poll_interval(hour)
+            .min_poll_interval(hour)
+            .shard_row_budget(budget)
+            .build()
+            .expect("a valid relay configuration");
+        let (entered, gate) = (
+            Arc::new(Notify::new()),
+            Arc::new(tokio::sync::Semaphore::new(0)),
+        );
+        let handler = {
+            let (recorder, entered, gate) =
+                (recorder.clone(), Arc::clone(&entered), Arc::clone(&gate));
+            move |delivery: outbox_core::Delivery<OrgUpdate>| {
+                recorder.record(&delivery);
+                let first = delivery.payload.seq == 1;
+                let (entered, gate) = (Arc::clone(&entered), Arc::clone(&gate));
+                async move {
+                    if first {
+                        entered.notify_one();
+                        gate.acquire().await.expect("the gate").forget();
+                    }
+                    Ok::<(), outbox_core::BoxError>(())
+                }
+            }
+        };
+        let relay = Relay::with_config(
+            backend.connect_store().await,
+            recorder.registry_with::<OrgUpdate>(handler),
+            config,
+        );
+        let (stop, running) = run_until_stopped(&relay);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let commit = |messages: Vec<Message>| {
+            let backend = &backend;
+            async move {
+                let top = messages;
+                backend
+                    .write_scoped(
+                        Scoped {
+                            top: &top,
+                            nested: &[],
+                            deferred: &[],
+                            rolled_back: &[],
+                        },
+                        true,
+                    )
+                    .await
+                    .expect("write and commit");
+            }
+        };
+        commit(vec![note::<OrgUpdate>(shard, 1, 1)]).await;
+        entered.notified().await;
+        // The shard is draining, its handler held: three more rows.
+        commit(vec![
+            note::<OrgUpdate>(shard, 2, 2),
+            note::<OrgUpdate>(shard, 3, 3),
+            note::<OrgUpdate>(shard, 4, 4),
+        ])
+        .await;
+        gate.add_permits(1);
+        eventually(
+            &format!("every row of shard {shard} is delivered (budget {budget})"),
+            || recorder.seen().len() >= 4,
+        )
+        .await;
+        let _ = stop.send(());
+        let report = running
+            .await
+            .expect("the relay task does not panic")
+            .expect("the relay stops cleanly");
+        let seen: Vec<u64> = recorder.seen().iter().map(|seen| seen.seq).collect();
+        assert_eq!(seen, [1, 2, 3, 4], "in order, each once");
+        assert_eq!(report.deliveries, 4);
+    }
+}
+
 /// A relay running in a task of its own.
 type Running = tokio::task::JoinHandle<Result<RunReport, outbox_core::Error>>;
 
