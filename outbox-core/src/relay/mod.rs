@@ -181,9 +181,7 @@ impl<S: Store> Relay<S> {
             }
             let mut due = page.due;
             while !due.is_empty() {
-                if let Err(error) = self.inner.start_many(&mut pool, &mut due, mode).await {
-                    first_error.get_or_insert(error);
-                }
+                self.inner.start_many(&mut pool, &mut due, mode).await;
                 while let Some((_, drained)) = pool.finished() {
                     collect(drained, report, &mut first_error);
                 }
@@ -396,45 +394,40 @@ impl<S: Store> Inner<S> {
         pool: &mut ShardPool<Drained>,
         due: &mut Vec<ShardKey>,
         mode: DrainMode,
-    ) -> Result<(), Error> {
+    ) {
         due.retain(|shard| !pool.is_draining(shard));
         let permits = pool.permits(due.len()).await;
-        self.start_claimed(pool, due, permits, mode).await
+        self.start_claimed(pool, due, permits, mode);
     }
 
-    /// Claims one of `due` per permit, front first, in one call to the store
-    /// ([`Store::claim_many`]: one round trip, which reads each shard's head too, on
-    /// PostgreSQL), and starts
-    /// draining those it claimed; the permits left go back. Shards the pool is draining
-    /// already are skipped. Not to be cancelled once started: the claims would be left to
-    /// lapse. The claim's error, if it failed.
-    async fn start_claimed(
+    /// Starts draining one of `due` per permit, front first (shards the pool is draining
+    /// already skipped), each in a task of the pool, claiming them all with one call to the
+    /// store ([`Store::claim_many`]: one round trip, which reads each shard's head too, on
+    /// PostgreSQL) made by the first of those tasks: the caller does not wait for the claim.
+    /// A shard not claimed ends its task at once; a failed claim is the error of one of them.
+    fn start_claimed(
         self: &Arc<Self>,
         pool: &mut ShardPool<Drained>,
         due: &mut Vec<ShardKey>,
-        mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+        permits: Vec<tokio::sync::OwnedSemaphorePermit>,
         mode: DrainMode,
-    ) -> Result<(), Error> {
+    ) {
         due.retain(|shard| !pool.is_draining(shard));
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
         if batch.is_empty() {
-            return Ok(());
+            return;
         }
-        let sessions = self
-            .store
-            .claim_many(&batch, &self.claim, self.config.batch_size)
-            .instrument(info_span!("outbox.claim_shards", shards = batch.len()))
-            .await?;
-        for session in sessions {
-            let Some(permit) = permits.pop() else {
-                break;
-            };
-            let shard = session.lease().shard.clone();
-            let (inner, stopping) = (Arc::clone(self), pool.stopping());
-            let drain = async move { inner.drain_claimed(session, &stopping, mode).await };
-            pool.spawn(shard, permit, drain);
+        let claim = Arc::new(BatchClaim::new(batch.clone()));
+        for (shard, permit) in batch.into_iter().zip(permits) {
+            let (inner, stopping, claim) = (Arc::clone(self), pool.stopping(), Arc::clone(&claim));
+            let key = shard.clone();
+            pool.spawn(shard, permit, async move {
+                match claim.session(&inner, &key).await? {
+                    Some(session) => inner.drain_claimed(session, &stopping, mode).await,
+                    None => Ok(None),
+                }
+            });
         }
-        Ok(())
     }
 
     /// Drains a claimed shard. A drain the database interrupted leaves its lease to be
@@ -511,5 +504,75 @@ impl<S: Store> Inner<S> {
                 "released the shards whose drain the database interrupted"
             );
         }
+    }
+}
+
+/// One claim of several shards shared by their drain tasks: the first task to ask makes it,
+/// and each takes its own shard's session (or the claim's error, which only one gets).
+struct BatchClaim<S: Store> {
+    shards: Vec<ShardKey>,
+    made: OnceCell<()>,
+    sessions: std::sync::Mutex<std::collections::HashMap<ShardKey, S::Session>>,
+    error: std::sync::Mutex<Option<Error>>,
+}
+
+impl<S: Store> BatchClaim<S> {
+    fn new(shards: Vec<ShardKey>) -> Self {
+        Self {
+            shards,
+            made: OnceCell::new(),
+            sessions: std::sync::Mutex::default(),
+            error: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `shard`'s session, if the claim got it.
+    async fn session(
+        &self,
+        inner: &Inner<S>,
+        shard: &ShardKey,
+    ) -> Result<Option<S::Session>, Error> {
+        self.made
+            .get_or_init(|| async {
+                let claimed = inner
+                    .store
+                    .claim_many(&self.shards, &inner.claim, inner.config.batch_size)
+                    .instrument(info_span!(
+                        "outbox.claim_shards",
+                        shards = self.shards.len()
+                    ))
+                    .await;
+                match claimed {
+                    Ok(sessions) => self
+                        .sessions
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend(
+                            sessions
+                                .into_iter()
+                                .map(|session| (session.lease().shard.clone(), session)),
+                        ),
+                    Err(error) => {
+                        *self
+                            .error
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+                    }
+                }
+            })
+            .await;
+        if let Some(error) = self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            return Err(error);
+        }
+        Ok(self
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(shard))
     }
 }

@@ -33,7 +33,7 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     rewake: HashSet<ShardKey>,
     /// Shards to drain again, whose drain ended with rows left (or perhaps left).
     again: Vec<ShardKey>,
-    /// Whether a claim failed since the last sweep.
+    /// Whether a drain or a claim failed since the last sweep.
     resweep: bool,
     outage: Outage,
     reconnect: Reconnect,
@@ -165,27 +165,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 () = &mut self.shutdown => return ControlFlow::Break(()),
                 permits = self.pool.permits(due.len()) => permits,
             };
-            // Once claiming, not cancelled: the claims would be left to lapse.
-            if let Err(error) = inner
-                .start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay)
-                .await
-            {
-                self.claim_failed(&error);
-            }
+            inner.start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay);
             self.take_finished();
-        }
-    }
-
-    /// A claim failed: counted, and logged once per outage; the next sweep, which the relay
-    /// makes at once, finds its shards again.
-    fn claim_failed(&mut self, error: &Error) {
-        self.resweep = true;
-        self.report.database_errors += 1;
-        crate::telemetry::database_error("drain");
-        if error.is_unavailable() {
-            self.outage.begin(error, "claiming shards");
-        } else {
-            warn!(error = %error_chain(error), "claiming shards failed; the sweep finds them again");
         }
     }
 
@@ -218,6 +199,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 Woken::Finished(done) => {
                     let (shard, drained) = *done;
                     self.absorb(shard, drained);
+                    if std::mem::take(&mut self.resweep) {
+                        return ControlFlow::Continue(());
+                    }
                 }
                 Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
                     let busy = shards.iter().filter(|shard| self.pool.is_draining(shard));
@@ -250,9 +234,11 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     }
 
     /// Takes in a drain that ended. A shard that yielded has rows left, and one a commit
-    /// named while it drained may have: it is drained again ([`RunLoop::start_again`]).
+    /// named while it drained may have: it is drained again ([`RunLoop::start_again`]). A
+    /// drain (or claim) that failed makes the relay sweep, retrying with backoff.
     fn absorb(&mut self, shard: ShardKey, drained: Drained) {
         let yielded = matches!(&drained, Ok(Some(run)) if matches!(run.end, DrainEnd::Yielded));
+        self.resweep |= drained.is_err();
         finished(&mut self.report, &mut self.outage, &shard, drained);
         if self.rewake.remove(&shard) || yielded {
             self.again.push(shard);
