@@ -519,6 +519,34 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     assert!(report.database_errors >= 1, "{report:?}");
 }
 
+/// Waits until a claim statement (of [`outbox_postgres`]'s claims of several shards) of
+/// `database` waits on a lock, failing with `otherwise` if `claiming` ends first.
+async fn claim_waits_on_a_lock<T>(
+    database: &PgTestDatabase,
+    claiming: &JoinHandle<T>,
+    otherwise: &str,
+) {
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("admin connection");
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
+         AND query LIKE 'WITH want AS%'",
+        database.name()
+    );
+    loop {
+        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_one(&mut admin)
+            .await
+            .expect("pg_stat_activity");
+        if waiters > 0 {
+            return;
+        }
+        assert!(!claiming.is_finished(), "{otherwise}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The shards of a `claim_many` call that it claimed, by identifier.
 async fn claimed_by_many(store: &PgStore, shards: &[i64]) -> Vec<i64> {
     use outbox_core::Store;
@@ -602,28 +630,12 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
         let store = store.clone();
         tokio::spawn(async move { claimed_by_many(&store, &[4, 2]).await })
     };
-    let mut admin = PgConnection::connect(&server_url())
-        .await
-        .expect("admin connection");
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE 'WITH want AS%'",
-        database.name()
-    );
-    loop {
-        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
-            .fetch_one(&mut admin)
-            .await
-            .expect("pg_stat_activity");
-        if waiters > 0 {
-            break;
-        }
-        assert!(
-            !claiming.is_finished(),
-            "the claim did not wait for the inserted row"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    claim_waits_on_a_lock(
+        &database,
+        &claiming,
+        "the claim did not wait for the inserted row",
+    )
+    .await;
     sqlx::query("COMMIT")
         .execute(&mut other)
         .await
@@ -684,28 +696,12 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
                 .expect("claim")
         })
     };
-    let mut admin = PgConnection::connect(&server_url())
-        .await
-        .expect("admin connection");
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE 'WITH want AS%'",
-        database.name()
-    );
-    loop {
-        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
-            .fetch_one(&mut admin)
-            .await
-            .expect("pg_stat_activity");
-        if waiters > 0 {
-            break;
-        }
-        assert!(
-            !claiming.is_finished(),
-            "the claim did not wait for the deleted state row"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    claim_waits_on_a_lock(
+        &database,
+        &claiming,
+        "the claim did not wait for the deleted state row",
+    )
+    .await;
     sqlx::query("COMMIT")
         .execute(&mut other)
         .await

@@ -154,13 +154,7 @@ pub async fn shutdown_deadline_abandons_stuck_shards<B: StoreBackend>() {
 pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
     let backend = B::create().await;
     let recorder = Recorder::new();
-    let hour = Duration::from_secs(3600);
-    let config = config("woken")
-        .to_builder()
-        .poll_interval(hour)
-        .min_poll_interval(hour)
-        .build()
-        .expect("a valid relay configuration");
+    let config = polling_hourly("woken", 1_000);
     // A store on a pool of its own, as a relay beside the writers would have.
     let relay = Relay::with_config(backend.connect_store().await, recorder.registry(), config);
     let (stop, running) = run_until_stopped(&relay);
@@ -218,14 +212,7 @@ pub async fn a_shard_woken_while_draining_is_drained_again<B: TestBackend>() {
     // Rows left by a commit during the drain (the budget holds them all), then by the budget.
     for (shard, budget) in [(1i64, 1_000usize), (2, 1)] {
         let recorder = Recorder::new();
-        let hour = Duration::from_secs(3600);
-        let config = config("again")
-            .to_builder()
-            .poll_interval(hour)
-            .min_poll_interval(hour)
-            .shard_row_budget(budget)
-            .build()
-            .expect("a valid relay configuration");
+        let config = polling_hourly("again", budget);
         let (entered, gate) = (
             Arc::new(Notify::new()),
             Arc::new(tokio::sync::Semaphore::new(0)),
@@ -295,6 +282,19 @@ pub async fn a_shard_woken_while_draining_is_drained_again<B: TestBackend>() {
         assert_eq!(seen, [1, 2, 3, 4], "in order, each once");
         assert_eq!(report.deliveries, 4);
     }
+}
+
+/// A test relay's configuration, polling only hourly (so that only a wake-up finds a new
+/// message in time), with a row budget of `budget` per drain.
+fn polling_hourly(worker: &str, budget: usize) -> outbox_core::RelayConfig {
+    let hour = Duration::from_secs(3600);
+    config(worker)
+        .to_builder()
+        .poll_interval(hour)
+        .min_poll_interval(hour)
+        .shard_row_budget(budget)
+        .build()
+        .expect("a valid relay configuration")
 }
 
 /// A relay running in a task of its own.
