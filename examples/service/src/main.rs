@@ -122,14 +122,17 @@ struct NewOrder {
     total_cents: i64,
 }
 
-/// Inserts the order and its outbox message in one transaction: both, or neither.
+/// Inserts the order and its outbox message in one transaction: both, or neither. The
+/// transaction is an `OutboxTransaction`: its commit wakes the relay on the order's shard.
 async fn place_order(
     Extract(app): Extract<App>,
     Json(order): Json<NewOrder>,
 ) -> Result<(StatusCode, Json<Value>), (StatusCode, String)> {
     let failed =
         |error: &dyn std::fmt::Display| (StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
-    let mut tx = app.pool.begin().await.map_err(|e| failed(&e))?;
+    let mut tx = outbox_postgres::begin(&app.pool)
+        .await
+        .map_err(|e| failed(&e))?;
     let (id,): (i64,) = sqlx::query_as("INSERT INTO orders (total_cents) VALUES ($1) RETURNING id")
         .bind(order.total_cents)
         .fetch_one(&mut *tx)
@@ -139,9 +142,7 @@ async fn place_order(
         total_cents: order.total_cents,
     };
     let message = Message::new::<OrderPlaced>(id, id, &placed).map_err(|e| failed(&e))?;
-    outbox_postgres::write(&mut *tx, &message)
-        .await
-        .map_err(|e| failed(&e))?;
+    tx.write(&message).await.map_err(|e| failed(&e))?;
     tx.commit().await.map_err(|e| failed(&e))?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
