@@ -786,11 +786,7 @@ impl Dialect for PgDialect {
     ) -> Result<Vec<Claim<Self>>, Error> {
         const OPERATION: &str = "claiming shards";
         if options.mode == HandlerMode::InTransaction {
-            let mut claims = Vec::with_capacity(shards.len());
-            for shard in shards {
-                claims.extend(self.claim(pool, shard, options).await?);
-            }
-            return Ok(claims);
+            return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
         }
         let mut scopes = Vec::with_capacity(shards.len());
         let mut identifiers = Vec::with_capacity(shards.len());
@@ -818,14 +814,11 @@ impl Dialect for PgDialect {
             if claims.last().is_none_or(|claim| claim.lease.token != token) {
                 claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
             }
-            let Some(claim) = claims.last_mut() else {
+            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
+            let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
                 continue;
             };
-            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
             let stale: bool = row.try_get(14).map_err(database::<Self>(OPERATION))?;
-            if id.is_none() {
-                continue;
-            }
             // A stale read, or a row that does not decode, leaves the claim without its
             // read: the session's first fetch reads again (and meets the row where the relay
             // handles it).

@@ -272,6 +272,22 @@ pub struct Claim<D: Dialect> {
     pub head: Option<(Vec<StoredMessage>, usize)>,
 }
 
+/// Claims those of `shards` that are due and free with [`Dialect::claim`], one at a time:
+/// the default [`Dialect::claim_many`], and what a backend's own falls back to where it has
+/// no single statement.
+pub async fn claim_each<D: Dialect>(
+    dialect: &D,
+    pool: &Pool<D::Database>,
+    shards: &[ShardKey],
+    options: &ClaimOptions,
+) -> Result<Vec<Claim<D>>, Error> {
+    let mut claims = Vec::with_capacity(shards.len());
+    for shard in shards {
+        claims.extend(dialect.claim(pool, shard, options).await?);
+    }
+    Ok(claims)
+}
+
 /// A claiming transaction that the session keeps for its handlers.
 #[derive(Debug)]
 pub struct Claiming<D: Dialect> {
@@ -443,15 +459,7 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         first_read: usize,
     ) -> impl Future<Output = Result<Vec<Claim<Self>>, Error>> + Send {
         let _ = first_read;
-        async move {
-            let mut claims = Vec::with_capacity(shards.len());
-            for shard in shards {
-                if let Some(claim) = self.claim(pool, shard, options).await? {
-                    claims.push(claim);
-                }
-            }
-            Ok(claims)
-        }
+        claim_each(self, pool, shards, options)
     }
 
     /// A stream of the wake-ups that other processes' commits send, if the backend has one

@@ -400,8 +400,8 @@ impl<S: Store> Inner<S> {
         self.start_claimed(pool, due, permits, mode);
     }
 
-    /// Starts draining one of `due` per permit, front first (shards the pool is draining
-    /// already skipped), each in a task of the pool, claiming them all with one call to the
+    /// Starts draining one of `due` (none of which the pool is draining) per permit, front
+    /// first, each in a task of the pool, claiming them all with one call to the
     /// store ([`Store::claim_many`]: one round trip, which reads each shard's head too, on
     /// PostgreSQL) made by the first of those tasks: the caller does not wait for the claim.
     /// A shard not claimed ends its task at once; a failed claim is the error of one of them.
@@ -412,7 +412,6 @@ impl<S: Store> Inner<S> {
         permits: Vec<tokio::sync::OwnedSemaphorePermit>,
         mode: DrainMode,
     ) {
-        due.retain(|shard| !pool.is_draining(shard));
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
         if batch.is_empty() {
             return;
@@ -511,18 +510,18 @@ impl<S: Store> Inner<S> {
 /// and each takes its own shard's session (or the claim's error, which only one gets).
 struct BatchClaim<S: Store> {
     shards: Vec<ShardKey>,
-    made: OnceCell<()>,
-    sessions: std::sync::Mutex<std::collections::HashMap<ShardKey, S::Session>>,
-    error: std::sync::Mutex<Option<Error>>,
+    /// The sessions claimed, by shard, or the claim's error until a task takes it.
+    claimed: OnceCell<std::sync::Mutex<Claimed<S::Session>>>,
 }
+
+/// What a [`BatchClaim`] got.
+type Claimed<T> = Result<std::collections::HashMap<ShardKey, T>, Option<Error>>;
 
 impl<S: Store> BatchClaim<S> {
     fn new(shards: Vec<ShardKey>) -> Self {
         Self {
             shards,
-            made: OnceCell::new(),
-            sessions: std::sync::Mutex::default(),
-            error: std::sync::Mutex::default(),
+            claimed: OnceCell::new(),
         }
     }
 
@@ -532,9 +531,10 @@ impl<S: Store> BatchClaim<S> {
         inner: &Inner<S>,
         shard: &ShardKey,
     ) -> Result<Option<S::Session>, Error> {
-        self.made
+        let claimed = self
+            .claimed
             .get_or_init(|| async {
-                let claimed = inner
+                let sessions = inner
                     .store
                     .claim_many(&self.shards, &inner.claim, inner.config.batch_size)
                     .instrument(info_span!(
@@ -542,37 +542,24 @@ impl<S: Store> BatchClaim<S> {
                         shards = self.shards.len()
                     ))
                     .await;
-                match claimed {
-                    Ok(sessions) => self
-                        .sessions
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .extend(
+                std::sync::Mutex::new(
+                    sessions
+                        .map(|sessions| {
                             sessions
                                 .into_iter()
-                                .map(|session| (session.lease().shard.clone(), session)),
-                        ),
-                    Err(error) => {
-                        *self
-                            .error
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
-                    }
-                }
+                                .map(|session| (session.lease().shard.clone(), session))
+                                .collect()
+                        })
+                        .map_err(Some),
+                )
             })
             .await;
-        if let Some(error) = self
-            .error
+        match &mut *claimed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
         {
-            return Err(error);
+            Ok(sessions) => Ok(sessions.remove(shard)),
+            Err(error) => error.take().map_or(Ok(None), Err),
         }
-        Ok(self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(shard))
     }
 }

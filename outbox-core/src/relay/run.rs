@@ -180,7 +180,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         loop {
             self.start_again().await?;
             if std::mem::take(&mut self.resweep) {
-                // Sweep (and retry with backoff) rather than wait: the shards are still due.
+                // A drain or a claim failed: sweep (and retry with backoff) rather than wait,
+                // its shards are still due.
                 return ControlFlow::Continue(());
             }
             let until = self.listener.idle_until(poll);
@@ -199,17 +200,11 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 Woken::Finished(done) => {
                     let (shard, drained) = *done;
                     self.absorb(shard, drained);
-                    if std::mem::take(&mut self.resweep) {
-                        return ControlFlow::Continue(());
-                    }
                 }
                 Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
                     let busy = shards.iter().filter(|shard| self.pool.is_draining(shard));
                     self.rewake.extend(busy.cloned());
                     self.start(shards).await?;
-                    if std::mem::take(&mut self.resweep) {
-                        return ControlFlow::Continue(());
-                    }
                 }
                 Woken::Wakeup(Err(error)) => {
                     self.listener.broke(&error);

@@ -192,11 +192,7 @@ pub async fn a_committed_transaction_wakes_an_idle_relay<B: TestBackend>() {
         })
         .await;
     }
-    let _ = stop.send(());
-    let report = running
-        .await
-        .expect("the relay task does not panic")
-        .expect("the relay stops cleanly");
+    let report = stopped(stop, running).await;
     let mut seen: Vec<u64> = recorder.seen().iter().map(|seen| seen.seq).collect();
     seen.sort_unstable();
     expected.sort_unstable();
@@ -273,15 +269,20 @@ pub async fn a_shard_woken_while_draining_is_drained_again<B: TestBackend>() {
             || recorder.seen().len() >= 4,
         )
         .await;
-        let _ = stop.send(());
-        let report = running
-            .await
-            .expect("the relay task does not panic")
-            .expect("the relay stops cleanly");
+        let report = stopped(stop, running).await;
         let seen: Vec<u64> = recorder.seen().iter().map(|seen| seen.seq).collect();
         assert_eq!(seen, [1, 2, 3, 4], "in order, each once");
         assert_eq!(report.deliveries, 4);
     }
+}
+
+/// Stops a relay [`run_until_stopped`] runs: its report.
+async fn stopped(stop: oneshot::Sender<()>, running: Running) -> RunReport {
+    let _ = stop.send(());
+    running
+        .await
+        .expect("the relay task does not panic")
+        .expect("the relay stops cleanly")
 }
 
 /// A test relay's configuration, polling only hourly (so that only a wake-up finds a new
