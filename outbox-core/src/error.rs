@@ -531,6 +531,20 @@ pub enum DeliveryError {
         timeout: Duration,
     },
 
+    /// The handler's downstream system (a sink's broker) is unreachable: its breaker is open.
+    /// The relay parks the shard until the breaker closes, and counts no attempt (nothing
+    /// says the message is wrong).
+    #[error("handler for category `{category}` could not reach its system on message {message_id}")]
+    Unavailable {
+        /// The category's name.
+        category: &'static str,
+        /// The newest message of the delivered group.
+        message_id: MessageId,
+        /// The breaker, and why the system is thought unreachable.
+        #[source]
+        source: crate::sink::Unavailable,
+    },
+
     /// A row at the shard's head cannot be read (see [`Error::Undecodable`]): the shard waits,
     /// backing off, and nothing is deleted.
     #[error("the shard's head cannot be read")]
@@ -588,9 +602,18 @@ impl DeliveryError {
             Self::Extract { .. } => "extract",
             Self::Panicked { .. } => "panicked",
             Self::TimedOut { .. } => "timed_out",
+            Self::Unavailable { .. } => "unavailable",
             Self::Undecodable { .. } => "undecodable",
             Self::UnknownCategory { .. } => "unknown_category",
             Self::ScopeMismatch { .. } => "scope_mismatch",
+        }
+    }
+
+    /// The breaker of the unreachable system, for [`DeliveryError::Unavailable`].
+    pub fn breaker(&self) -> Option<&crate::sink::Breaker> {
+        match self {
+            Self::Unavailable { source, .. } => Some(&source.breaker),
+            _ => None,
         }
     }
 
@@ -605,8 +628,8 @@ impl DeliveryError {
     /// Whether the failure is the message's own (its handler failed, panicked or timed out on
     /// it; its payload or its model's row does not deserialize), and so counts towards its
     /// category's dead-letter policy (S22). What would fail every message alike is not: a
-    /// handler that cannot be called, a model table the database cannot read, a row the
-    /// relay cannot decode, an unknown category (S20) or a scope mismatch. Those block the
+    /// handler that cannot be called, a system it cannot reach (its breaker counts no attempt), a
+    /// model table the database cannot read, a row the relay cannot decode, an unknown category (S20) or a scope mismatch. Those block the
     /// shard whatever the policy.
     pub fn is_message_failure(&self) -> bool {
         matches!(

@@ -97,6 +97,7 @@ mod relay;
 mod replicated;
 mod replication;
 mod shutdown;
+pub mod sink;
 pub mod store;
 pub mod telemetry;
 mod trace;
@@ -123,7 +124,7 @@ pub use crate::model::{
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{
     Backoff, DeadLettered, DrainReport, Health, MaintenanceReport, Relay, RelayConfig,
-    RelayConfigBuilder, RunReport, ShardFailure,
+    RelayConfigBuilder, RunReport, ShardFailure, WaitingShard,
 };
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,

@@ -86,6 +86,7 @@ pub mod memory;
 pub mod postgres;
 pub mod recorder;
 pub mod runner;
+pub mod sink;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

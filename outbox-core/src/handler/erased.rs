@@ -11,6 +11,7 @@ use crate::error::{BoxError, DeliveryError, ExtractError};
 use crate::metadata::Metadata;
 use crate::model::{MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
+use crate::sink::Unavailable;
 use crate::replication::{Deletion, Replication};
 use crate::store::StoredMessage;
 
@@ -19,6 +20,8 @@ use crate::store::StoredMessage;
 pub(crate) struct RawDelivery<'a> {
     /// The category's name, as the registry knows it.
     pub(crate) category: &'static str,
+    /// The name of the category's scope.
+    pub(crate) scope_name: &'static str,
     pub(crate) shard: &'a ShardKey,
     pub(crate) message: &'a StoredMessage,
     pub(crate) attempt: u32,
@@ -163,18 +166,28 @@ impl<D: FromRaw + 'static, H: Handler<D>> ErasedHandler for Erased<D, H> {
     }
 }
 
-/// A handler's error as the failure of a delivery: an argument it could not be given, or its
-/// own error.
+/// A handler's error as the failure of a delivery: an argument it could not be given, its
+/// downstream system unreachable ([`Unavailable`]), or its own error.
 fn handler_failed(
     category: &'static str,
     message_id: MessageId,
     source: BoxError,
 ) -> DeliveryError {
-    match source.downcast::<ExtractError>() {
-        Ok(extract) => DeliveryError::Extract {
+    let source = match source.downcast::<ExtractError>() {
+        Ok(extract) => {
+            return DeliveryError::Extract {
+                category,
+                message_id,
+                source: *extract,
+            };
+        }
+        Err(source) => source,
+    };
+    match source.downcast::<Unavailable>() {
+        Ok(unavailable) => DeliveryError::Unavailable {
             category,
             message_id,
-            source: *extract,
+            source: *unavailable,
         },
         Err(source) => DeliveryError::Handler {
             category,

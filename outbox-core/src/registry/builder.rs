@@ -13,6 +13,7 @@ use crate::handler::{Delivery, ErasedHandler, FromRaw, Handler, NoOp, Requiremen
 use crate::model::{Category, CategoryId, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
 use crate::replication::{Deletion, Replication};
+use crate::sink::{Publisher, Sink};
 
 /// A category as declared (or, without declarations, as a handler names it).
 #[derive(Clone, Copy)]
@@ -157,6 +158,32 @@ impl RegistryBuilder {
         self.handle_declared(handler, SourceLocation::caller())
     }
 
+    /// Registers `sink` as the handler of category `C` (or of each category of a category
+    /// enum): each delivery is published to the sink's destination for its category, its
+    /// payload the category's JSON, and acknowledged once the broker confirmed it. For another
+    /// destination, encoder or de-duplication prefix, give a [`Publisher`] to
+    /// [`RegistryBuilder::publish`].
+    #[track_caller]
+    pub fn sink<C: Deliverable, K: Sink>(self, sink: K) -> Self {
+        self.publish(Publisher::<C, K>::new(sink))
+    }
+
+    /// Registers `publisher` as the handler of category `C` (or of each category of a
+    /// category enum).
+    #[track_caller]
+    pub fn publish<C: Deliverable, K: Sink>(self, publisher: Publisher<C, K>) -> Self {
+        let at = SourceLocation::caller();
+        let categories = C::categories()
+            .into_iter()
+            .map(|spec| Declared::of_spec(spec, false, Some(at)));
+        self.push_erased(
+            categories,
+            Role::Delivery,
+            Arc::new(publisher),
+            Requirements::default(),
+        )
+    }
+
     /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
     /// come. Without this (or `no_op` in its declaration), a category without a handler is
     /// refused.
@@ -228,7 +255,7 @@ impl RegistryBuilder {
     /// Registers `handler` as the handler of each of `categories` (those of a category enum).
     /// What it requires is checked once, with the first.
     fn push_each<D, H>(
-        mut self,
+        self,
         categories: impl IntoIterator<Item = Declared>,
         role: Role,
         handler: H,
@@ -240,6 +267,17 @@ impl RegistryBuilder {
         let mut requirements = Requirements::default();
         handler.requires(&mut requirements);
         let handler: Arc<dyn ErasedHandler> = Arc::new(erase::<D, H>(handler));
+        self.push_erased(categories, role, handler, requirements)
+    }
+
+    /// Registers an erased handler as the handler of each of `categories`.
+    fn push_erased(
+        mut self,
+        categories: impl IntoIterator<Item = Declared>,
+        role: Role,
+        handler: Arc<dyn ErasedHandler>,
+        mut requirements: Requirements,
+    ) -> Self {
         for category in categories {
             self.handlers.push(HandlerEntry {
                 category,

@@ -99,6 +99,7 @@ async fn call_handler<S: ShardSession, St: Store>(
     let call = group.info.handler.call(
         RawDelivery {
             category: group.info.name,
+            scope_name: group.info.scope_name,
             shard: &lease.shard,
             message: &group.newest,
             attempt,

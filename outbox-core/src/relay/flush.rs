@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::parked::ParkedShards;
 use super::pool::ShardPool;
 use super::report::DrainReport;
 use super::shard::{DrainMode, ShardRun};
@@ -83,7 +84,11 @@ impl<S: Store> Relay<S> {
             return Ok(DrainReport::default());
         };
         let mut report = DrainReport::default();
-        self.pass(DrainMode::Flush { up_to: newest }, &mut report)
+        self.pass(
+            DrainMode::Flush { up_to: newest },
+            &mut report,
+            &ParkedShards::default(),
+        )
             .await
             .map_err(FlushError::Store)?;
         FlushError::check(report, Vec::new())

@@ -19,6 +19,7 @@ mod deliver;
 mod flush;
 mod health;
 mod plan;
+mod parked;
 mod pool;
 mod report;
 mod run;
@@ -33,6 +34,8 @@ use tracing::{Instrument, debug, info, info_span};
 pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};
 pub use self::health::Health;
 use self::health::Vitals;
+use self::parked::ParkedShards;
+pub use self::parked::WaitingShard;
 use self::pool::ShardPool;
 pub use self::report::{DrainReport, MaintenanceReport, RunReport};
 use self::run::RunLoop;
@@ -147,18 +150,29 @@ impl<S: Store> Relay<S> {
     pub async fn drain(&self) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
         let mut report = DrainReport::default();
+        let mut parked = ParkedShards::default();
         loop {
             let claimed_before = report.shards_claimed;
-            self.pass(DrainMode::Relay, &mut report).await?;
+            let unavailable_before = report.unavailable.len();
+            self.pass(DrainMode::Relay, &mut report, &mut parked)
+                .await?;
             if report.shards_claimed == claimed_before {
                 return Ok(report);
+            }
+            for waiting in &report.unavailable[unavailable_before..] {
+                parked.park(waiting.shard.clone(), waiting.breaker.clone());
             }
         }
     }
 
     /// One pass: every due shard drained once, in `mode`, concurrently. The first page's
     /// discovery, once it succeeds, releases the leases an outage interrupted.
-    async fn pass(&self, mode: DrainMode, report: &mut DrainReport) -> Result<(), Error> {
+    async fn pass(
+        &self,
+        mode: DrainMode,
+        report: &mut DrainReport,
+        parked: &ParkedShards,
+    ) -> Result<(), Error> {
         let config = &self.inner.config;
         let mut pool = ShardPool::new(config.max_concurrent_shards);
         let mut first_error = None;
@@ -180,6 +194,7 @@ impl<S: Store> Relay<S> {
                 self.inner.release_interrupted().await;
             }
             let mut due = page.due;
+            due.retain(|shard| !parked.holds(shard));
             while !due.is_empty() {
                 self.inner.start_many(&mut pool, &mut due, mode).await;
                 while let Some((_, drained)) = pool.finished() {

@@ -1,5 +1,6 @@
 //! What the relay reports: of a drain or flush, and of a run.
 
+use super::parked::WaitingShard;
 use super::shard::{DeadLettered, DrainEnd, ShardFailure, ShardRun};
 use crate::model::ShardKey;
 
@@ -22,16 +23,20 @@ pub struct DrainReport {
     pub yielded: Vec<ShardKey>,
     /// The failing groups set aside as dead letters by their category's policy (S22).
     pub dead_lettered: Vec<DeadLettered>,
+    /// Shards whose delivery found its system unreachable (a sink's breaker open): released
+    /// with no attempt counted, still due. [`Relay::drain`](crate::Relay::drain) does not
+    /// claim them again while the breaker stays open.
+    pub unavailable: Vec<WaitingShard>,
 }
 
 impl DrainReport {
-    /// Whether nothing failed and no lease was lost.
+    /// Whether nothing failed, no lease was lost and no system was unreachable.
     pub fn is_clean(&self) -> bool {
-        self.failures.is_empty() && self.lost_leases.is_empty()
+        self.failures.is_empty() && self.lost_leases.is_empty() && self.unavailable.is_empty()
     }
 
-    /// Whether shards were left with messages pending: failed, lost to another worker, or
-    /// out of budget.
+    /// Whether shards were left with messages pending: failed, lost to another worker,
+    /// waiting for an unreachable system, or out of budget.
     pub fn rows_remain(&self) -> bool {
         !self.is_clean() || !self.yielded.is_empty()
     }
@@ -51,6 +56,10 @@ impl DrainReport {
         match run.end {
             DrainEnd::Failed(failure) => self.failures.push(failure),
             DrainEnd::Yielded => self.yielded.push(run.shard),
+            DrainEnd::Unavailable(breaker) => self.unavailable.push(WaitingShard {
+                shard: run.shard,
+                breaker,
+            }),
             DrainEnd::Drained | DrainEnd::LeaseLost | DrainEnd::ReleasedUnchanged => {}
         }
     }
@@ -72,6 +81,9 @@ pub struct RunReport {
     pub lost_leases: u64,
     /// How many failing groups were set aside as dead letters (S22).
     pub dead_lettered: u64,
+    /// How many drains ended on an unreachable system (a sink's breaker open), their shards
+    /// parked until it answered.
+    pub unavailable: u64,
     /// How many database errors the relay rode out.
     pub database_errors: u64,
     /// Shards still in flight when the shutdown deadline passed; their leases expire and
@@ -91,6 +103,7 @@ impl RunReport {
         self.failures += u64::from(run.failure().is_some());
         self.lost_leases += u64::from(run.lost_lease());
         self.dead_lettered += run.dead_lettered.len() as u64;
+        self.unavailable += u64::from(matches!(run.end, DrainEnd::Unavailable(_)));
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::config::Backoff;
+use super::parked::Parked;
 use super::pool::ShardPool;
 use super::report::RunReport;
 use super::shard::{DrainEnd, DrainMode};
@@ -35,6 +36,8 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     again: Vec<ShardKey>,
     /// Whether a drain or a claim failed since the last sweep.
     resweep: bool,
+    /// Shards whose delivery found a breaker open: not claimed until it closes.
+    parked: Parked,
     outage: Outage,
     reconnect: Reconnect,
     report: RunReport,
@@ -48,6 +51,8 @@ enum Woken {
     Finished(Box<(ShardKey, Drained)>),
     /// A commit notification, or its stream broke.
     Wakeup(Result<Wakeup, Error>),
+    /// A breaker closed: the shards parked on it.
+    Closed(Vec<ShardKey>),
 }
 
 impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
@@ -62,6 +67,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             rewake: HashSet::new(),
             again: Vec::new(),
             resweep: false,
+            parked: Parked::default(),
             outage: Outage::default(),
             reconnect: Reconnect::new(config.max_reconnect_delay, config.backoff.jitter),
             report: RunReport::default(),
@@ -114,9 +120,13 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         let Some(page) = self.discover().await? else {
             return ControlFlow::Continue(());
         };
-        self.sweep.busy |= !page.due.is_empty();
-        self.sweep.found |= page.due.iter().any(|shard| !self.pool.is_draining(shard));
-        self.start(page.due).await?;
+        // Shards parked on an open breaker are neither work found nor work going on: during
+        // an outage the relay polls at its pace instead of sweeping again and again.
+        let mut due = page.due;
+        due.retain(|shard| !self.parked.holds(shard));
+        self.sweep.busy |= !due.is_empty();
+        self.sweep.found |= due.iter().any(|shard| !self.pool.is_draining(shard));
+        self.start(due).await?;
         if self.sweep.advance(page.next) {
             return ControlFlow::Continue(());
         }
@@ -157,7 +167,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     async fn start(&mut self, mut due: Vec<ShardKey>) -> ControlFlow<()> {
         let inner: &'r Arc<Inner<S>> = self.inner;
         loop {
-            due.retain(|shard| !self.pool.is_draining(shard));
+            due.retain(|shard| !self.pool.is_draining(shard) && !self.parked.holds(shard));
             if due.is_empty() {
                 return ControlFlow::Continue(());
             }
@@ -186,6 +196,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             }
             let until = self.listener.idle_until(poll);
             let draining = !self.pool.is_empty();
+            let parked = self.parked.is_waiting();
             let woken = tokio::select! {
                 () = &mut self.shutdown => return ControlFlow::Break(()),
                 () = self.inner.wake.notified() => Woken::Look,
@@ -194,6 +205,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                     Woken::Finished(Box::new((shard, drained)))
                 }
                 wakeup = self.listener.next() => Woken::Wakeup(wakeup),
+                shards = self.parked.next_closed(), if parked => Woken::Closed(shards),
             };
             match woken {
                 Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => return ControlFlow::Continue(()),
@@ -206,6 +218,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                     self.rewake.extend(busy.cloned());
                     self.start(shards).await?;
                 }
+                Woken::Closed(shards) => self.start(shards).await?,
                 Woken::Wakeup(Err(error)) => {
                     self.listener.broke(&error);
                     return ControlFlow::Continue(());
@@ -233,6 +246,11 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     /// drain (or claim) that failed makes the relay sweep, retrying with backoff.
     fn absorb(&mut self, shard: ShardKey, drained: Drained) {
         let yielded = matches!(&drained, Ok(Some(run)) if matches!(run.end, DrainEnd::Yielded));
+        if let Ok(Some(run)) = &drained
+            && let DrainEnd::Unavailable(breaker) = &run.end
+        {
+            self.parked.park(shard.clone(), breaker.clone());
+        }
         self.resweep |= drained.is_err();
         finished(&mut self.report, &mut self.outage, &shard, drained);
         if self.rewake.remove(&shard) || yielded {
@@ -240,8 +258,11 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         }
     }
 
-    /// Drains again the shards [`RunLoop::absorb`] set aside.
+    /// Drains again the shards [`RunLoop::absorb`] set aside, and those parked on a breaker
+    /// that closed.
     async fn start_again(&mut self) -> ControlFlow<()> {
+        let closed = self.parked.closed_now();
+        self.again.extend(closed);
         if self.again.is_empty() {
             return ControlFlow::Continue(());
         }

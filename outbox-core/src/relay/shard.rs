@@ -13,6 +13,7 @@ use super::deliver::deliver;
 use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::model::{MessageId, ShardKey};
+use crate::sink::Breaker;
 use crate::store::{Acknowledgement, DeadLettering, Failure, Lease, Outcome, ShardSession, Store};
 
 /// A delivery failure that backed a shard off.
@@ -84,6 +85,9 @@ pub(crate) enum DrainEnd {
     LeaseLost,
     /// A flush found none of its rows left: released with its recorded state as it was.
     ReleasedUnchanged,
+    /// A delivery found its system unreachable (a sink's breaker is open): released with no
+    /// attempt counted, to be drained again when the breaker closes.
+    Unavailable(Breaker),
 }
 
 /// What one drain of one claimed shard did.
@@ -376,6 +380,9 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         }
         let dead_letters = self.state.mode == DrainMode::Relay;
         let failure = match failure {
+            Some(failed) if dead_letters && failed.error.breaker().is_some() => {
+                return self.park(failed.error).await.map(ControlFlow::Break);
+            }
             Some(failed) if dead_letters && failed.dead_letters() => {
                 if !self.dead_letter(failed).await? {
                     return Ok(ControlFlow::Break(
@@ -495,6 +502,22 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             source: Box::new(error),
         };
         self.fail(error, false).await
+    }
+
+    /// Ends the relay's drain on a delivery that found its system unreachable: the shard is
+    /// released with no attempt counted (its failures reset if this drain got a group
+    /// through), and waits for the breaker to close.
+    async fn park(self, error: DeliveryError) -> Result<ShardRun, Error> {
+        let Some(breaker) = error.breaker().cloned() else {
+            return self.fail(error, true).await;
+        };
+        debug!(shard = %self.state.lease.shard, breaker = breaker.name(), "shard waits for its breaker to close");
+        let outcome = if self.state.progressed {
+            Outcome::Yielded
+        } else {
+            Outcome::Released
+        };
+        self.release(outcome, DrainEnd::Unavailable(breaker)).await
     }
 
     /// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it

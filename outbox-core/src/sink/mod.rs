@@ -1,0 +1,296 @@
+//! Sinks: ready-made handlers that publish each delivery to a broker and wait for its
+//! confirmation before the outbox acknowledges.
+//!
+//! A [`Sink`] is a broker connection (the `outbox-nats`, `outbox-redis`, `outbox-rabbitmq` and
+//! `outbox-kafka` crates each provide one). A [`Publisher`] makes it the handler of a category:
+//! it maps each delivery to an [`Envelope`] (destination, ordering key, de-duplication key,
+//! [`headers`], payload), publishes it, and returns once the broker confirmed it. Register one
+//! with [`RegistryBuilder::sink`](crate::RegistryBuilder::sink) (the category's default
+//! destination, its stored JSON as the payload) or
+//! [`RegistryBuilder::publish`](crate::RegistryBuilder::publish) (a [`Publisher`] configured
+//! with its own destination, encoder or de-duplication prefix).
+//!
+//! Order: the relay delivers a shard's groups one at a time, so a shard's publish N+1 starts
+//! only once N was confirmed; shards are published concurrently, up to the relay's
+//! `max_concurrent_shards`.
+//!
+//! Outages: a sink reports an unreachable broker as [`SinkError::Unavailable`]. That opens
+//! its [`Breaker`]: the relay parks the shards that found it open, counts no attempt against
+//! them, and drains them again as soon as the breaker's probe finds the broker answering. A
+//! message the broker refuses ([`SinkError::Refused`]: too large, no such stream) is a failure
+//! of that message: its shard backs off, and its category's dead-letter policy applies.
+
+mod breaker;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+pub use self::breaker::{Breaker, ProbeDelays, Unavailable};
+use crate::categories::Deliverable;
+use crate::error::{BoxError, DeliveryError};
+use crate::handler::{BoxFuture, Delivery, ErasedHandler, FromRaw, HandlerContext, RawDelivery};
+use crate::model::{MessageId, ShardKey};
+
+/// The names of the headers (or fields) every sink sends with a message, beside the message's
+/// own metadata entries (its trace context: `traceparent`, `tracestate`).
+pub mod headers {
+    /// The outbox message's id, as decimal digits (after the publisher's de-duplication
+    /// prefix, if it has one): the same for every delivery of the message.
+    pub const MESSAGE_ID: &str = "Outbox-Message-Id";
+    /// The category's name.
+    pub const CATEGORY: &str = "Outbox-Category";
+    /// The name of the category's scope.
+    pub const SCOPE: &str = "Outbox-Scope";
+    /// The shard's ordering key (see [`ordering_key`](super::ordering_key)).
+    pub const SHARD: &str = "Outbox-Shard";
+    /// The object the message is about.
+    pub const OBJECT: &str = "Outbox-Object";
+    /// When the message was written, RFC 3339 in UTC.
+    pub const CREATED_AT: &str = "Outbox-Created-At";
+    /// The payload's media type: `application/json` unless an encoder says otherwise.
+    pub const CONTENT_TYPE: &str = "Content-Type";
+}
+
+/// One message as a sink publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Envelope {
+    /// Where it goes: a subject, topic, routing key or stream key.
+    pub destination: String,
+    /// The ordering key: the shard's ([`ordering_key`]). Kafka's partition key; the others
+    /// keep order because a shard publishes one message at a time.
+    pub key: String,
+    /// The de-duplication key: the outbox message id (behind the publisher's prefix, if
+    /// any). A redelivery after a relay crash carries the same one.
+    pub dedup_key: String,
+    /// The outbox message.
+    pub message_id: MessageId,
+    /// Its category's name.
+    pub category: &'static str,
+    /// The headers: those of [`headers`], then the message's metadata entries.
+    pub headers: Vec<(Cow<'static, str>, String)>,
+    /// The encoded payload: the category's JSON unless the publisher has an encoder.
+    pub payload: Vec<u8>,
+}
+
+impl Envelope {
+    /// The value of header `name`, if it has one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// Why a publish failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// The broker did not answer, or the connection to it is down: nothing says the message
+    /// is wrong. Opens the sink's breaker.
+    #[error("the broker is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The broker answered and refused this message (too large, no such stream, not
+    /// allowed): a failure of the message, counted towards its category's dead-letter
+    /// policy.
+    #[error("the broker refused the message")]
+    Refused(#[source] BoxError),
+}
+
+/// A broker connection that publishes envelopes and waits for their confirmation.
+pub trait Sink: Send + Sync + 'static {
+    /// Publishes `envelope` and returns once the broker confirmed it (a JetStream ack, a
+    /// Kafka delivery report, a RabbitMQ confirm, an `XADD` reply).
+    fn publish(&self, envelope: Envelope) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// The breaker in front of the broker: opened by [`SinkError::Unavailable`], closed when
+    /// its probe finds the broker answering.
+    fn breaker(&self) -> &Breaker;
+
+    /// Where a category's messages go unless the publisher says otherwise.
+    fn destination(&self, category: &'static str) -> String;
+}
+
+/// The ordering key of a shard: `scope:identifier`, then `:destination` for a fan-out shard.
+pub fn ordering_key(shard: &ShardKey) -> String {
+    match &shard.destination {
+        None => format!("{}:{}", shard.scope.0, shard.shard_identifier),
+        Some(destination) => format!(
+            "{}:{}:{destination}",
+            shard.scope.0, shard.shard_identifier
+        ),
+    }
+}
+
+type Route<C> = dyn Fn(&Delivery<C>) -> String + Send + Sync;
+type Encode<C> = dyn Fn(&Delivery<C>) -> Result<Vec<u8>, BoxError> + Send + Sync;
+
+/// The handler that publishes category `C`'s deliveries through sink `K`.
+///
+/// By default a delivery goes to the sink's destination for its category, its payload is
+/// the category's JSON as stored, and its de-duplication key is the message id.
+pub struct Publisher<C: Deliverable, K> {
+    sink: K,
+    route: Option<Arc<Route<C>>>,
+    encoder: Option<(Cow<'static, str>, Arc<Encode<C>>)>,
+    dedup_prefix: String,
+    category: PhantomData<fn() -> C>,
+}
+
+impl<C: Deliverable, K> fmt::Debug for Publisher<C, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("category", &std::any::type_name::<C>())
+            .field("routed", &self.route.is_some())
+            .field("content_type", &self.encoder.as_ref().map(|(kind, _)| kind))
+            .field("dedup_prefix", &self.dedup_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Deliverable, K: Sink> Publisher<C, K> {
+    /// Publishes through `sink`, with the defaults.
+    pub fn new(sink: K) -> Self {
+        Self {
+            sink,
+            route: None,
+            encoder: None,
+            dedup_prefix: String::new(),
+            category: PhantomData,
+        }
+    }
+
+    /// Sends each delivery where `route` says (a subject, topic, routing key or stream key),
+    /// rather than to the sink's destination for its category.
+    pub fn to(mut self, route: impl Fn(&Delivery<C>) -> String + Send + Sync + 'static) -> Self {
+        self.route = Some(Arc::new(route));
+        self
+    }
+
+    /// Encodes each delivery's payload with `encode`, sent with media type `content_type`,
+    /// rather than as the category's JSON. An encoding error is a failure of that message.
+    pub fn encode_with<E>(
+        mut self,
+        content_type: impl Into<Cow<'static, str>>,
+        encode: impl Fn(&Delivery<C>) -> Result<Vec<u8>, E> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: Into<BoxError>,
+    {
+        let encode = move |delivery: &Delivery<C>| encode(delivery).map_err(Into::into);
+        self.encoder = Some((content_type.into(), Arc::new(encode)));
+        self
+    }
+
+    /// Puts `prefix` before every de-duplication key: for several outboxes (databases,
+    /// regions) publishing to one stream, whose message ids would collide.
+    pub fn dedup_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.dedup_prefix = prefix.into();
+        self
+    }
+
+    /// The envelope of one delivery.
+    fn envelope(
+        &self,
+        raw: &RawDelivery<'_>,
+        delivery: &Delivery<C>,
+    ) -> Result<Envelope, BoxError> {
+        let (content_type, payload) = match &self.encoder {
+            Some((content_type, encode)) => (content_type.clone(), encode(delivery)?),
+            None => (
+                Cow::Borrowed("application/json"),
+                raw.message.payload.as_bytes().to_vec(),
+            ),
+        };
+        let destination = match &self.route {
+            Some(route) => route(delivery),
+            None => self.sink.destination(raw.category),
+        };
+        let key = ordering_key(raw.shard);
+        let dedup_key = format!("{}{}", self.dedup_prefix, raw.message.id.0);
+        let mut headers: Vec<(Cow<'static, str>, String)> = vec![
+            (headers::MESSAGE_ID.into(), dedup_key.clone()),
+            (headers::CATEGORY.into(), raw.category.to_owned()),
+            (headers::SCOPE.into(), raw.scope_name.to_owned()),
+            (headers::SHARD.into(), key.clone()),
+            (
+                headers::OBJECT.into(),
+                raw.message.object_identifier.to_string(),
+            ),
+            (
+                headers::CREATED_AT.into(),
+                rfc3339(raw.message.created_at),
+            ),
+            (headers::CONTENT_TYPE.into(), content_type.into_owned()),
+        ];
+        headers.extend(
+            delivery
+                .metadata
+                .iter()
+                .map(|(name, value)| (Cow::Owned(name.to_owned()), value.to_owned())),
+        );
+        Ok(Envelope {
+            destination,
+            key,
+            dedup_key,
+            message_id: raw.message.id,
+            category: raw.category,
+            headers,
+            payload,
+        })
+    }
+}
+
+/// `time` as RFC 3339 in UTC, to the microsecond.
+fn rfc3339(time: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(time)
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
+    fn call<'a>(
+        &'a self,
+        raw: RawDelivery<'a>,
+        _cx: &'a mut HandlerContext<'_>,
+    ) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let (category, message_id) = (raw.category, raw.message.id);
+            // S21: a payload that does not read as the category's fails here, whatever the
+            // encoder.
+            let delivery = Delivery::<C>::from_raw(&raw)?;
+            let breaker = self.sink.breaker();
+            let unavailable = |source: Unavailable| DeliveryError::Unavailable {
+                category,
+                message_id,
+                source,
+            };
+            if breaker.is_open() {
+                return Err(unavailable(Unavailable {
+                    breaker: breaker.clone(),
+                    source: "its breaker is open: waiting for a probe to find it answering".into(),
+                }));
+            }
+            let envelope =
+                self.envelope(&raw, &delivery)
+                    .map_err(|source| DeliveryError::Handler {
+                        category,
+                        message_id,
+                        source,
+                    })?;
+            match self.sink.publish(envelope).await {
+                Ok(()) => Ok(()),
+                Err(SinkError::Unavailable(source)) => Err(unavailable(breaker.unavailable(source))),
+                Err(refused) => Err(DeliveryError::Handler {
+                    category,
+                    message_id,
+                    source: Box::new(refused),
+                }),
+            }
+        })
+    }
+}
