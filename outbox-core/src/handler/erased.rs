@@ -11,8 +11,8 @@ use crate::error::{BoxError, DeliveryError, ExtractError};
 use crate::metadata::Metadata;
 use crate::model::{MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
-use crate::sink::Unavailable;
 use crate::replication::{Deletion, Replication};
+use crate::sink::Unavailable;
 use crate::store::StoredMessage;
 
 /// What the relay hands a type-erased handler.

@@ -89,8 +89,8 @@ impl<S: Store> Relay<S> {
             &mut report,
             &ParkedShards::default(),
         )
-            .await
-            .map_err(FlushError::Store)?;
+        .await
+        .map_err(FlushError::Store)?;
         FlushError::check(report, Vec::new())
     }
 }

@@ -121,7 +121,10 @@ impl Breaker {
     /// a task of its own on the current tokio runtime. The error to return from a delivery is
     /// [`Breaker::unavailable`]'s.
     pub fn open(&self, error: &(dyn std::error::Error + 'static)) {
-        let opened = self.inner.open.send_if_modified(|open| !std::mem::replace(open, true));
+        let opened = self
+            .inner
+            .open
+            .send_if_modified(|open| !std::mem::replace(open, true));
         if opened {
             warn!(breaker = %self.inner.name, error = %error_chain(error), "unavailable; its shards wait until it answers");
         }
@@ -142,7 +145,11 @@ impl Breaker {
     /// Closes the breaker: the system answers. Probes do this; a caller that learns it
     /// otherwise may too.
     pub fn close(&self) {
-        if self.inner.open.send_if_modified(|open| std::mem::replace(open, false)) {
+        if self
+            .inner
+            .open
+            .send_if_modified(|open| std::mem::replace(open, false))
+        {
             info!(breaker = %self.inner.name, "answers again; its shards resume");
         }
     }

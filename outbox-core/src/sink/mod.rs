@@ -120,10 +120,7 @@ pub trait Sink: Send + Sync + 'static {
 pub fn ordering_key(shard: &ShardKey) -> String {
     match &shard.destination {
         None => format!("{}:{}", shard.scope.0, shard.shard_identifier),
-        Some(destination) => format!(
-            "{}:{}:{destination}",
-            shard.scope.0, shard.shard_identifier
-        ),
+        Some(destination) => format!("{}:{}:{destination}", shard.scope.0, shard.shard_identifier),
     }
 }
 
@@ -222,10 +219,7 @@ impl<C: Deliverable, K: Sink> Publisher<C, K> {
                 headers::OBJECT.into(),
                 raw.message.object_identifier.to_string(),
             ),
-            (
-                headers::CREATED_AT.into(),
-                rfc3339(raw.message.created_at),
-            ),
+            (headers::CREATED_AT.into(), rfc3339(raw.message.created_at)),
             (headers::CONTENT_TYPE.into(), content_type.into_owned()),
         ];
         headers.extend(
@@ -248,8 +242,7 @@ impl<C: Deliverable, K: Sink> Publisher<C, K> {
 
 /// `time` as RFC 3339 in UTC, to the microsecond.
 fn rfc3339(time: SystemTime) -> String {
-    chrono::DateTime::<chrono::Utc>::from(time)
-        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
@@ -284,7 +277,9 @@ impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
                     })?;
             match self.sink.publish(envelope).await {
                 Ok(()) => Ok(()),
-                Err(SinkError::Unavailable(source)) => Err(unavailable(breaker.unavailable(source))),
+                Err(SinkError::Unavailable(source)) => {
+                    Err(unavailable(breaker.unavailable(source)))
+                }
                 Err(refused) => Err(DeliveryError::Handler {
                     category,
                     message_id,

@@ -22,6 +22,7 @@ mod flush;
 mod models;
 mod operations;
 mod relay;
+mod sinks;
 mod telemetry;
 mod write;
 
@@ -43,6 +44,7 @@ pub use self::flush::*;
 pub use self::models::*;
 pub use self::operations::*;
 pub use self::relay::*;
+pub use self::sinks::*;
 pub use self::telemetry::*;
 pub use self::write::*;
 use crate::backend::StoreBackend;
@@ -128,6 +130,11 @@ macro_rules! store_conformance_tests {
             s12_categories_and_shards_are_separate_groups,
             s13_row_written_during_delivery_survives,
             s14_non_coalescing_messages_in_write_order,
+            a_sink_publishes_each_delivery_with_its_keys_and_headers,
+            a_publisher_routes_encodes_and_prefixes_its_own_way,
+            a_refused_message_fails_only_its_shard,
+            an_unreachable_sink_parks_its_shards_without_counting_attempts,
+            a_running_relay_resumes_parked_shards_when_the_breaker_closes,
             s15_concurrent_claims_grant_one_lease,
             s15_two_relays_share_shards_without_overlap,
             s15_claiming_many_shards_grants_each_once,

@@ -277,7 +277,7 @@ pub async fn a_shard_woken_while_draining_is_drained_again<B: TestBackend>() {
 }
 
 /// Stops a relay [`run_until_stopped`] runs: its report.
-async fn stopped(stop: oneshot::Sender<()>, running: Running) -> RunReport {
+pub(super) async fn stopped(stop: oneshot::Sender<()>, running: Running) -> RunReport {
     let _ = stop.send(());
     running
         .await
@@ -299,10 +299,10 @@ fn polling_hourly(worker: &str, budget: usize) -> outbox_core::RelayConfig {
 }
 
 /// A relay running in a task of its own.
-type Running = tokio::task::JoinHandle<Result<RunReport, outbox_core::Error>>;
+pub(super) type Running = tokio::task::JoinHandle<Result<RunReport, outbox_core::Error>>;
 
 /// Runs `relay` in a task until the returned sender is sent to (or dropped).
-fn run_until_stopped<S: Store>(relay: &Relay<S>) -> (oneshot::Sender<()>, Running) {
+pub(super) fn run_until_stopped<S: Store>(relay: &Relay<S>) -> (oneshot::Sender<()>, Running) {
     let (stop, stopped) = oneshot::channel::<()>();
     let relay = relay.clone();
     let running = tokio::spawn(async move {
