@@ -84,6 +84,7 @@ pub mod inspect;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod proxy;
 pub mod recorder;
 pub mod runner;
 pub mod sink;
