@@ -2,22 +2,22 @@
 //! with the outbox on SQLite. Each test makes its own stream, named uniquely, and deletes it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use outbox_core::sink::{Envelope, Publisher, Sink, SinkError, headers};
+use outbox_core::sink::{Publisher, Sink, headers};
 use outbox_core::{Admin, Delivery, Registry, Relay, RelayConfig};
 use outbox_nats::NatsSink;
 use outbox_testkit::StoreBackend;
 use outbox_testkit::fixtures::{AuditEvent, Note, note};
 use outbox_testkit::proxy::TcpProxy;
+use outbox_testkit::sink::DiesAfterPublishing;
 use outbox_testkit::sqlite::SqliteBackend;
 
 const NATS: &str = "127.0.0.1:4222";
 
-/// A stream of its own for one test, deleted when dropped.
+/// A stream of its own for one test, deleted at its end.
 struct TestStream {
     name: String,
     jetstream: jetstream::Context,
@@ -91,15 +91,13 @@ impl TestStream {
     }
 }
 
-impl Drop for TestStream {
-    fn drop(&mut self) {
-        let (jetstream, name) = (self.jetstream.clone(), self.name.clone());
-        // Best effort: the runtime may be shutting down with the test.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = jetstream.delete_stream(&name).await;
-            });
-        }
+impl TestStream {
+    /// Deletes the stream.
+    async fn remove(self) {
+        self.jetstream
+            .delete_stream(&self.name)
+            .await
+            .expect("delete the test stream");
     }
 }
 
@@ -187,30 +185,7 @@ async fn publishes_each_shard_in_order_with_its_message_id() {
     message_ids.sort_by_key(|id| id.parse::<i64>().expect("a message id"));
     let written: Vec<String> = ids.iter().map(|id| id.0.to_string()).collect();
     assert_eq!(message_ids, written, "each message once, under its own id");
-}
-
-/// A sink that publishes, then never returns: the relay process dies between the broker's
-/// confirmation and the outbox's acknowledgement.
-#[derive(Clone)]
-struct DiesAfterPublishing {
-    sink: NatsSink,
-    published: Arc<tokio::sync::Notify>,
-}
-
-impl Sink for DiesAfterPublishing {
-    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
-        self.sink.publish(envelope).await?;
-        self.published.notify_one();
-        std::future::pending().await
-    }
-
-    fn breaker(&self) -> &outbox_core::sink::Breaker {
-        self.sink.breaker()
-    }
-
-    fn destination(&self, category: &'static str) -> String {
-        self.sink.destination(category)
-    }
+    stream.remove().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,10 +195,7 @@ async fn a_redelivery_after_a_crash_carries_the_same_msg_id_and_is_stored_once()
     let client = async_nats::connect(NATS).await.expect("NATS runs on 4222");
     let sink = NatsSink::new(client).with_subject_prefix(&stream.name);
     let lease = Duration::from_millis(300);
-    let dying = DiesAfterPublishing {
-        sink: sink.clone(),
-        published: Arc::new(tokio::sync::Notify::new()),
-    };
+    let dying = DiesAfterPublishing::new(sink.clone());
     let doomed = Relay::with_config(
         backend.store(),
         Registry::builder()
@@ -240,9 +212,8 @@ async fn a_redelivery_after_a_crash_carries_the_same_msg_id_and_is_stored_once()
         .write(&[note::<AuditEvent>(1, 1, 1)])
         .await
         .expect("write");
-    let published = dying.published.notified();
     let running = tokio::spawn(async move { doomed.drain().await });
-    published.await;
+    dying.published().await;
     running.abort();
     assert_eq!(stream.count().await, 1, "published before the crash");
 
@@ -264,6 +235,7 @@ async fn a_redelivery_after_a_crash_carries_the_same_msg_id_and_is_stored_once()
     let messages = stream.messages().await;
     assert_eq!(messages.len(), 1, "JetStream recognised the redelivery");
     assert_eq!(messages[0].nats_msg_id, ids[0].0.to_string());
+    stream.remove().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,6 +271,7 @@ async fn a_subject_without_a_stream_fails_only_its_shard() {
     assert_eq!(shards.get("1:2"), Some(&vec![2001, 2002]));
     assert_eq!(shards.get("1:3"), Some(&vec![3001, 3002]));
     assert!(!shards.contains_key("1:1"));
+    stream.remove().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,4 +351,5 @@ async fn an_outage_opens_the_breaker_and_loses_nothing() {
         .await
         .expect("pending");
     assert!(pending.is_empty());
+    stream.remove().await;
 }

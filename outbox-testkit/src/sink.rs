@@ -148,3 +148,46 @@ impl Sink for MemorySink {
         format!("outbox.{category}")
     }
 }
+
+/// A sink that publishes through `K`, then never returns: the relay process dying between
+/// the broker's confirmation and the outbox's acknowledgement. Drive a relay with it in a task,
+/// wait for [`DiesAfterPublishing::published`], abort the task, and let another relay take the
+/// shard over once its lease lapses: what it publishes again carries the same
+/// de-duplication key.
+#[derive(Debug, Clone)]
+pub struct DiesAfterPublishing<K> {
+    sink: K,
+    published: Arc<tokio::sync::Notify>,
+}
+
+impl<K: Sink + Clone> DiesAfterPublishing<K> {
+    /// Publishes through `sink`.
+    pub fn new(sink: K) -> Self {
+        Self {
+            sink,
+            published: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Waits until a publish was confirmed (made before or after this call).
+    pub async fn published(&self) {
+        self.published.notified().await;
+    }
+}
+
+impl<K: Sink> Sink for DiesAfterPublishing<K> {
+    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
+        self.sink.publish(envelope).await?;
+        // Stored as a permit: a waiter that comes later still sees it.
+        self.published.notify_one();
+        std::future::pending().await
+    }
+
+    fn breaker(&self) -> &Breaker {
+        self.sink.breaker()
+    }
+
+    fn destination(&self, category: &'static str) -> String {
+        self.sink.destination(category)
+    }
+}

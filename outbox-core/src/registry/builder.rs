@@ -179,7 +179,7 @@ impl RegistryBuilder {
         self.push_erased(
             categories,
             Role::Delivery,
-            Arc::new(publisher),
+            &(Arc::new(publisher) as Arc<dyn ErasedHandler>),
             Requirements::default(),
         )
     }
@@ -267,7 +267,7 @@ impl RegistryBuilder {
         let mut requirements = Requirements::default();
         handler.requires(&mut requirements);
         let handler: Arc<dyn ErasedHandler> = Arc::new(erase::<D, H>(handler));
-        self.push_erased(categories, role, handler, requirements)
+        self.push_erased(categories, role, &handler, requirements)
     }
 
     /// Registers an erased handler as the handler of each of `categories`.
@@ -275,14 +275,14 @@ impl RegistryBuilder {
         mut self,
         categories: impl IntoIterator<Item = Declared>,
         role: Role,
-        handler: Arc<dyn ErasedHandler>,
+        handler: &Arc<dyn ErasedHandler>,
         mut requirements: Requirements,
     ) -> Self {
         for category in categories {
             self.handlers.push(HandlerEntry {
                 category,
                 role,
-                handler: Arc::clone(&handler),
+                handler: Arc::clone(handler),
                 requirements: std::mem::take(&mut requirements),
             });
         }

@@ -154,8 +154,7 @@ impl<S: Store> Relay<S> {
         loop {
             let claimed_before = report.shards_claimed;
             let unavailable_before = report.unavailable.len();
-            self.pass(DrainMode::Relay, &mut report, &mut parked)
-                .await?;
+            self.pass(DrainMode::Relay, &mut report, &parked).await?;
             if report.shards_claimed == claimed_before {
                 return Ok(report);
             }
