@@ -1,0 +1,257 @@
+//! A RabbitMQ sink for the `outbox` transactional outbox framework.
+//!
+//! [`RabbitSink`] publishes each delivery to an exchange with publisher confirms, `mandatory`
+//! set and persistent delivery, and returns once RabbitMQ confirmed it, so the outbox deletes
+//! a message only after the broker took responsibility for it. The outbox message id travels
+//! as the AMQP `message_id`, by which a consumer recognises a redelivery after a relay crash;
+//! the [`headers`](outbox_core::sink::headers) travel in the message's header table (the
+//! category, scope, shard, object, creation time and the producer's trace context).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::Registry;
+//! use outbox_rabbitmq::RabbitSink;
+//! # #[derive(Debug)] struct Org;
+//! # impl outbox_core::Scope for Org { const ID: outbox_core::ScopeId = outbox_core::ScopeId(1); const NAME: &'static str = "org"; }
+//! # #[derive(Debug)] struct OrderPlaced;
+//! # impl outbox_core::Category for OrderPlaced { type Scope = Org; type Payload = String; const ID: outbox_core::CategoryId = outbox_core::CategoryId(1); const NAME: &'static str = "order_placed"; }
+//!
+//! // Routing keys `orders.<category>` on the `events` exchange.
+//! let sink = RabbitSink::connect("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .await?
+//!     .with_exchange("events")
+//!     .with_routing_prefix("orders");
+//! let registry = Registry::builder().sink::<OrderPlaced, _>(sink).build()?;
+//! # let _ = registry;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Errors: a message no queue is bound for (returned as unroutable), or one the broker refuses
+//! on its channel (no such exchange, too large, not allowed), is a
+//! [refusal](SinkError::Refused) of that message. A connection that is down, a negative
+//! confirm, or a confirm that does not come within the confirm timeout is an
+//! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards,
+//! and the breaker's probe reconnects (a new connection and confirming channel) and closes it.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox_core::BoxError;
+use outbox_core::sink::{Breaker, Envelope, Sink, SinkError, headers};
+use tracing::debug;
+
+/// How long a publish waits for its confirm by default (and a connection attempt, to be made).
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A [`Sink`] publishing to RabbitMQ. Cheap to clone; clones share the connection and the
+/// breaker.
+#[derive(Clone)]
+pub struct RabbitSink {
+    link: Arc<Link>,
+    exchange: String,
+    prefix: String,
+    breaker: Breaker,
+}
+
+impl std::fmt::Debug for RabbitSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitSink")
+            .field("exchange", &self.exchange)
+            .field("prefix", &self.prefix)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection and its confirming channel, made again after they fail.
+struct Link {
+    uri: String,
+    timeout: Duration,
+    open: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+}
+
+impl Link {
+    /// The confirming channel, connecting (again) if there is none or it failed.
+    async fn channel(&self) -> Result<Channel, ConnectError> {
+        let mut open = self.open.lock().await;
+        if let Some((connection, channel)) = &*open
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        if let Some((connection, _)) = open.take()
+            && connection.status().connected()
+        {
+            // Only the channel failed (a refused message closes it): keep the connection.
+            let channel = confirming(&connection).await?;
+            *open = Some((connection, channel.clone()));
+            return Ok(channel);
+        }
+        let connect = Connection::connect(&self.uri, ConnectionProperties::default());
+        let connection = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| ConnectError::TimedOut(self.timeout))??;
+        let channel = confirming(&connection).await?;
+        *open = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    /// Forgets the connection after a connection-level failure: the next publish or probe
+    /// connects again.
+    async fn reset(&self) {
+        self.open.lock().await.take();
+    }
+}
+
+/// Why the sink could not open its connection and confirming channel.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The broker refused the connection or the channel, or could not be reached.
+    #[error("connecting to RabbitMQ failed")]
+    Amqp(#[from] lapin::Error),
+    /// The connection was not made in time.
+    #[error("connecting to RabbitMQ timed out after {0:?}")]
+    TimedOut(Duration),
+}
+
+/// A new channel on `connection`, in confirm mode.
+async fn confirming(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+impl RabbitSink {
+    /// Connects to `uri` (`amqp://user:password@host:port/vhost`) and publishes to the
+    /// default exchange with routing keys `outbox.<category>` (so to the queue of that name),
+    /// waiting up to [`DEFAULT_CONFIRM_TIMEOUT`] for each confirm. Fails if the broker cannot
+    /// be reached now: a misconfigured address shows at start-up.
+    pub async fn connect(uri: impl Into<String>) -> Result<Self, ConnectError> {
+        let link = Arc::new(Link {
+            uri: uri.into(),
+            timeout: DEFAULT_CONFIRM_TIMEOUT,
+            open: tokio::sync::Mutex::new(None),
+        });
+        link.channel().await?;
+        let probed = Arc::clone(&link);
+        let breaker = Breaker::new("RabbitMQ", move || {
+            let link = Arc::clone(&probed);
+            async move { link.channel().await.map(drop).map_err(BoxError::from) }
+        });
+        Ok(Self {
+            link,
+            exchange: String::new(),
+            prefix: "outbox".to_owned(),
+            breaker,
+        })
+    }
+
+    /// Publishes to `exchange` rather than the default exchange.
+    pub fn with_exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// Publishes a category's messages with routing key `<prefix>.<category>` (the category's
+    /// name) unless its publisher routes them elsewhere.
+    pub fn with_routing_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    async fn send(&self, envelope: Envelope) -> Result<(), SinkError> {
+        let channel =
+            (self.link.channel().await).map_err(|error| SinkError::Unavailable(Box::new(error)))?;
+        let mut table = FieldTable::default();
+        let mut content_type = Cow::Borrowed("application/json");
+        for (name, value) in &envelope.headers {
+            if name.eq_ignore_ascii_case(headers::CONTENT_TYPE) {
+                content_type = Cow::Owned(value.clone());
+                continue;
+            }
+            table.insert(
+                ShortString::from(name.as_ref()),
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        let properties = BasicProperties::default()
+            .with_message_id(ShortString::from(envelope.dedup_key.as_str()))
+            .with_content_type(ShortString::from(content_type.as_ref()))
+            .with_delivery_mode(2)
+            .with_headers(table);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(self.exchange.as_str()),
+                ShortString::from(envelope.destination.as_str()),
+                options,
+                &envelope.payload,
+                properties,
+            )
+            .await
+            .map_err(|error| self.classify(error))?;
+        let confirmation = tokio::time::timeout(self.link.timeout, confirm)
+            .await
+            .map_err(|_| SinkError::Unavailable("RabbitMQ did not confirm in time".into()))?
+            .map_err(|error| self.classify(error))?;
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => Err(SinkError::Refused(
+                format!(
+                    "unroutable: no queue is bound for routing key `{}` on exchange `{}` ({} {})",
+                    envelope.destination, self.exchange, returned.reply_code, returned.reply_text
+                )
+                .into(),
+            )),
+            Confirmation::Nack(_) => Err(SinkError::Unavailable(
+                "RabbitMQ could not take the message (negative confirm)".into(),
+            )),
+            Confirmation::NotRequested => {
+                debug!("a channel without confirms: connecting again");
+                Err(SinkError::Unavailable(
+                    "the channel does not confirm publishes".into(),
+                ))
+            }
+        }
+    }
+
+    /// A channel-level error (no such exchange, message too large, access refused) refuses
+    /// the message; any other error is an outage.
+    fn classify(&self, error: lapin::Error) -> SinkError {
+        if error.is_amqp_soft_error() {
+            SinkError::Refused(Box::new(error))
+        } else {
+            SinkError::Unavailable(Box::new(error))
+        }
+    }
+}
+
+impl Sink for RabbitSink {
+    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
+        let result = self.send(envelope).await;
+        if let Err(SinkError::Unavailable(_)) = &result {
+            self.link.reset().await;
+        }
+        result
+    }
+
+    fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    fn destination(&self, category: &'static str) -> String {
+        format!("{}.{category}", self.prefix)
+    }
+}
