@@ -64,7 +64,12 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
                 if let Some(metrics) = metrics {
                     metrics.failed(error.kind(), lag, took);
                 }
-                warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
+                if error.breaker().is_some() {
+                    // The breaker logged the outage once; each shard it parks is a detail.
+                    debug!(?took, kind = error.kind(), error = %error_chain(error), "delivery found its system unavailable");
+                } else {
+                    warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
+                }
             }
         }
         result
