@@ -4,7 +4,7 @@
 //! set and persistent delivery, and returns once RabbitMQ confirmed it, so the outbox deletes
 //! a message only after the broker took responsibility for it. The outbox message id travels
 //! as the AMQP `message_id`, by which a consumer recognises a redelivery after a relay crash;
-//! the [`headers`](outbox_core::sink::headers) travel in the message's header table (the
+//! the [`headers`] travel in the message's header table (the
 //! category, scope, shard, object, creation time and the producer's trace context).
 //!
 //! ```no_run
