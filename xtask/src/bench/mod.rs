@@ -10,6 +10,7 @@ mod memory;
 mod models;
 mod report;
 mod setup;
+mod sinks;
 mod telemetry;
 mod write;
 
@@ -40,7 +41,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite, metrics).
+    /// coalescing, latency, memory, models, sqlite, metrics, sinks).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -69,7 +70,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 8] = [
+    let scenarios: [(&str, Scenario); 9] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -78,6 +79,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("models", |a, s| Box::pin(models::postgres(a, s))),
         ("sqlite", |a, _| Box::pin(sqlite(a))),
         ("metrics", |a, s| Box::pin(telemetry::postgres(a, s))),
+        ("sinks", |a, s| Box::pin(sinks::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {
