@@ -76,10 +76,15 @@ impl KafkaSink {
 
     /// A sink producing through a producer made from `config` (TLS, SASL, `linger.ms`,
     /// `message.timeout.ms`...), with what the sink's guarantees need set over it: the
-    /// idempotent producer and `acks=all`. `message.timeout.ms` is 30 s unless `config` sets
-    /// it.
+    /// idempotent producer and `acks=all`. `message.timeout.ms` is 30 s and `linger.ms` 0
+    /// unless `config` sets them.
     pub fn with_config(mut config: ClientConfig) -> KafkaResult<Self> {
         config.set("enable.idempotence", "true").set("acks", "all");
+        // The relay has one message of each shard in flight, so waiting to fill a batch
+        // only delays it: send at once unless `config` says otherwise.
+        if config.get("linger.ms").is_none() {
+            config.set("linger.ms", "0");
+        }
         if config.get("message.timeout.ms").is_none() {
             config.set(
                 "message.timeout.ms",
