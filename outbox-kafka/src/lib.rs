@@ -35,11 +35,11 @@
 use std::time::Duration;
 
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 /// How long the producer tries to deliver a message unless its configuration says otherwise
 /// (`message.timeout.ms`).
@@ -128,8 +128,9 @@ impl KafkaSink {
     }
 }
 
-impl Sink for KafkaSink {
-    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
+impl KafkaSink {
+    /// Queues `envelope` in the producer: the future of its delivery report.
+    fn enqueue(&self, envelope: &Envelope) -> Result<DeliveryFuture, SinkError> {
         let mut headers = OwnedHeaders::new_with_capacity(envelope.headers.len());
         for (name, value) in &envelope.headers {
             headers = headers.insert(Header {
@@ -141,9 +142,50 @@ impl Sink for KafkaSink {
             .key(envelope.key.as_bytes())
             .payload(envelope.payload.as_slice())
             .headers(headers);
-        // A full local queue waits for room up to the message timeout, as delivery does.
-        let queued = self.producer.send(record, DEFAULT_MESSAGE_TIMEOUT).await;
-        queued.map(drop).map_err(|(error, _)| classify(error))
+        self.producer
+            .send_result(record)
+            .map_err(|(error, _)| classify(error))
+    }
+}
+
+/// Waits for a record's delivery report.
+async fn reported(report: DeliveryFuture) -> Result<(), SinkError> {
+    match report.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((error, _))) => Err(classify(error)),
+        Err(_) => Err(SinkError::Unavailable(
+            "the producer dropped the record without a delivery report".into(),
+        )),
+    }
+}
+
+impl Sink for KafkaSink {
+    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
+        reported(self.enqueue(&envelope)?).await
+    }
+
+    /// Queues every envelope in the producer (the idempotent producer keeps a partition's
+    /// order through its retries), then waits for the delivery reports in order.
+    async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
+        let mut reports = Vec::with_capacity(envelopes.len());
+        let mut unqueued = None;
+        for envelope in &envelopes {
+            match self.enqueue(envelope) {
+                Ok(report) => reports.push(report),
+                Err(error) => {
+                    unqueued = Some(error);
+                    break;
+                }
+            }
+        }
+        let mut confirmed = 0;
+        for report in reports {
+            if let Err(error) = reported(report).await {
+                return Published::new(confirmed, Some(error));
+            }
+            confirmed += 1;
+        }
+        Published::new(confirmed, unqueued)
     }
 
     fn breaker(&self) -> &Breaker {

@@ -35,9 +35,10 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::{self};
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
 use tracing::debug;
 
 /// How long a publish waits for its JetStream ack by default.
@@ -108,26 +109,69 @@ async fn probe(client: &async_nats::Client, timeout: Duration) -> Result<(), Box
     Ok(())
 }
 
-impl Sink for NatsSink {
-    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
-        if self.client.connection_state() != State::Connected {
-            return Err(SinkError::Unavailable("not connected to NATS".into()));
-        }
+impl NatsSink {
+    /// Sends `envelope` on the connection: the future of its ack.
+    async fn send(&self, envelope: Envelope) -> Result<PublishAckFuture, SinkError> {
         let mut headers = HeaderMap::new();
         headers.insert(NATS_MESSAGE_ID, envelope.dedup_key.as_str());
         for (name, value) in &envelope.headers {
             headers.insert(name.as_ref(), value.as_str());
         }
-        let ack = self
-            .jetstream
+        self.jetstream
             .publish_with_headers(envelope.destination, headers, envelope.payload.into())
             .await
-            .map_err(classify)?;
-        let ack = ack.await.map_err(classify)?;
-        if ack.duplicate {
-            debug!(stream = %ack.stream, sequence = ack.sequence, dedup_key = %envelope.dedup_key, "JetStream already held this message: a redelivery");
+            .map_err(classify)
+    }
+
+    fn connected(&self) -> Result<(), SinkError> {
+        if self.client.connection_state() == State::Connected {
+            Ok(())
+        } else {
+            Err(SinkError::Unavailable("not connected to NATS".into()))
         }
-        Ok(())
+    }
+}
+
+/// Waits for a publish's ack.
+async fn acked(ack: PublishAckFuture) -> Result<(), SinkError> {
+    let ack = ack.await.map_err(classify)?;
+    if ack.duplicate {
+        debug!(stream = %ack.stream, sequence = ack.sequence, "JetStream already held this message: a redelivery");
+    }
+    Ok(())
+}
+
+impl Sink for NatsSink {
+    async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
+        self.connected()?;
+        acked(self.send(envelope).await?).await
+    }
+
+    /// Sends every envelope on the one connection (NATS keeps their order), then waits for
+    /// the acks in order.
+    async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
+        if let Err(error) = self.connected() {
+            return Published::new(0, Some(error));
+        }
+        let mut acks = Vec::with_capacity(envelopes.len());
+        let mut unsent = None;
+        for envelope in envelopes {
+            match self.send(envelope).await {
+                Ok(ack) => acks.push(ack),
+                Err(error) => {
+                    unsent = Some(error);
+                    break;
+                }
+            }
+        }
+        let mut confirmed = 0;
+        for ack in acks {
+            if let Err(error) = acked(ack).await {
+                return Published::new(confirmed, Some(error));
+            }
+            confirmed += 1;
+        }
+        Published::new(confirmed, unsent)
     }
 
     fn breaker(&self) -> &Breaker {

@@ -40,9 +40,11 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
+};
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Sink, SinkError, headers};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, headers};
 use tracing::debug;
 
 /// How long a publish waits for its confirm by default (and a connection attempt, to be made).
@@ -168,9 +170,13 @@ impl RabbitSink {
         self
     }
 
-    async fn send(&self, envelope: Envelope) -> Result<(), SinkError> {
-        let channel =
-            (self.link.channel().await).map_err(|error| SinkError::Unavailable(Box::new(error)))?;
+    /// Publishes `envelope` on `channel`: the future of its confirm.
+    async fn send(
+        &self,
+        channel: &Channel,
+        envelope: &Envelope,
+    ) -> Result<PublisherConfirm, SinkError> {
+        (self.link.channel().await).map_err(|error| SinkError::Unavailable(Box::new(error)))?;
         let mut table = FieldTable::default();
         let mut content_type = Cow::Borrowed("application/json");
         for (name, value) in &envelope.headers {
@@ -192,7 +198,7 @@ impl RabbitSink {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let confirm = channel
+        channel
             .basic_publish(
                 ShortString::from(self.exchange.as_str()),
                 ShortString::from(envelope.destination.as_str()),
@@ -201,7 +207,15 @@ impl RabbitSink {
                 properties,
             )
             .await
-            .map_err(|error| self.classify(error))?;
+            .map_err(|error| self.classify(error))
+    }
+
+    /// Waits for the confirm of the message published to `destination`.
+    async fn confirmed(
+        &self,
+        confirm: PublisherConfirm,
+        destination: &str,
+    ) -> Result<(), SinkError> {
         let confirmation = tokio::time::timeout(self.link.timeout, confirm)
             .await
             .map_err(|_| SinkError::Unavailable("RabbitMQ did not confirm in time".into()))?
@@ -211,7 +225,7 @@ impl RabbitSink {
             Confirmation::Ack(Some(returned)) => Err(SinkError::Refused(
                 format!(
                     "unroutable: no queue is bound for routing key `{}` on exchange `{}` ({} {})",
-                    envelope.destination, self.exchange, returned.reply_code, returned.reply_text
+                    destination, self.exchange, returned.reply_code, returned.reply_text
                 )
                 .into(),
             )),
@@ -227,6 +241,32 @@ impl RabbitSink {
         }
     }
 
+    async fn publish_on_channel(&self, envelopes: Vec<Envelope>) -> Published {
+        let channel = match self.link.channel().await {
+            Ok(channel) => channel,
+            Err(error) => return Published::new(0, Some(SinkError::Unavailable(Box::new(error)))),
+        };
+        let mut confirms = Vec::with_capacity(envelopes.len());
+        let mut unsent = None;
+        for envelope in &envelopes {
+            match self.send(&channel, envelope).await {
+                Ok(confirm) => confirms.push(confirm),
+                Err(error) => {
+                    unsent = Some(error);
+                    break;
+                }
+            }
+        }
+        let mut confirmed = 0;
+        for (confirm, envelope) in confirms.into_iter().zip(&envelopes) {
+            if let Err(error) = self.confirmed(confirm, &envelope.destination).await {
+                return Published::new(confirmed, Some(error));
+            }
+            confirmed += 1;
+        }
+        Published::new(confirmed, unsent)
+    }
+
     /// A channel-level error (no such exchange, message too large, access refused) refuses
     /// the message; any other error is an outage.
     fn classify(&self, error: lapin::Error) -> SinkError {
@@ -240,11 +280,20 @@ impl RabbitSink {
 
 impl Sink for RabbitSink {
     async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
-        let result = self.send(envelope).await;
-        if let Err(SinkError::Unavailable(_)) = &result {
+        self.publish_all(vec![envelope])
+            .await
+            .error
+            .map_or(Ok(()), Err)
+    }
+
+    /// Publishes every envelope on the one channel (RabbitMQ keeps their order), then waits
+    /// for the confirms in order.
+    async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
+        let published = self.publish_on_channel(envelopes).await;
+        if let Some(SinkError::Unavailable(_)) = &published.error {
             self.link.reset().await;
         }
-        result
+        published
     }
 
     fn breaker(&self) -> &Breaker {

@@ -35,7 +35,7 @@
 use std::time::Duration;
 
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -131,22 +131,11 @@ impl RedisSink {
 
     async fn append(&self, envelope: &Envelope) -> Result<(), RedisError> {
         let mut connection = self.connection.clone();
-        let fields = envelope
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_ref(), value.as_bytes()))
-            .chain(std::iter::once((
-                PAYLOAD_FIELD,
-                envelope.payload.as_slice(),
-            )));
         match self.dedup_window {
             None => {
-                let mut xadd = redis::cmd("XADD");
-                xadd.arg(&envelope.destination).arg("*");
-                for (name, value) in fields {
-                    xadd.arg(name).arg(value);
-                }
-                xadd.query_async::<String>(&mut connection).await?;
+                xadd(envelope)
+                    .query_async::<String>(&mut connection)
+                    .await?;
             }
             Some(window) => {
                 let mut invocation = self.script.prepare_invoke();
@@ -157,7 +146,7 @@ impl RedisSink {
                         envelope.destination, envelope.dedup_key
                     ))
                     .arg(window.as_secs());
-                for (name, value) in fields {
+                for (name, value) in fields(envelope) {
                     invocation.arg(name).arg(value);
                 }
                 // The entry's id, or nil for a redelivery within the window.
@@ -170,9 +159,56 @@ impl RedisSink {
     }
 }
 
+/// An entry's fields: the headers, then the payload.
+fn fields(envelope: &Envelope) -> impl Iterator<Item = (&str, &[u8])> {
+    envelope
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_ref(), value.as_bytes()))
+        .chain(std::iter::once((
+            PAYLOAD_FIELD,
+            envelope.payload.as_slice(),
+        )))
+}
+
+/// The `XADD` of an envelope.
+fn xadd(envelope: &Envelope) -> redis::Cmd {
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(&envelope.destination).arg("*");
+    for (name, value) in fields(envelope) {
+        xadd.arg(name).arg(value);
+    }
+    xadd
+}
+
 impl Sink for RedisSink {
     async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
         self.append(&envelope).await.map_err(classify)
+    }
+
+    /// Sends every `XADD` in one pipeline (one round trip; Redis runs them in order) and
+    /// reads the replies; deduplicated, one script call at a time. A pipeline that fails
+    /// confirms none of its entries (they may be stored: a redelivery repeats them).
+    async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
+        if self.dedup_window.is_some() {
+            let mut confirmed = 0;
+            for envelope in &envelopes {
+                if let Err(error) = self.append(envelope).await {
+                    return Published::new(confirmed, Some(classify(error)));
+                }
+                confirmed += 1;
+            }
+            return Published::new(confirmed, None);
+        }
+        let mut pipeline = redis::pipe();
+        for envelope in &envelopes {
+            pipeline.add_command(xadd(envelope));
+        }
+        let mut connection = self.connection.clone();
+        match pipeline.query_async::<Vec<String>>(&mut connection).await {
+            Ok(_) => Published::new(envelopes.len(), None),
+            Err(error) => Published::new(0, Some(classify(error))),
+        }
     }
 
     fn breaker(&self) -> &Breaker {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::sink::{Breaker, Envelope, ProbeDelays, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, ProbeDelays, Published, Sink, SinkError};
 
 type Refusal = dyn Fn(&Envelope) -> bool + Send + Sync;
 
@@ -25,6 +25,8 @@ pub struct MemorySink {
 #[derive(Default)]
 struct Inner {
     published: Mutex<Vec<Envelope>>,
+    /// The size of each `publish_all` call.
+    batches: Mutex<Vec<usize>>,
     attempts: AtomicU64,
     refuse: Mutex<Option<Arc<Refusal>>>,
 }
@@ -109,6 +111,16 @@ impl MemorySink {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
+    /// The number of envelopes of each [`Sink::publish_all`] call so far (a shard's
+    /// consecutive messages, given at once), in order.
+    pub fn batches(&self) -> Vec<usize> {
+        self.inner
+            .batches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// How many times its breaker probed it.
     pub fn probes(&self) -> u64 {
         self.down.probes.load(Ordering::Relaxed)
@@ -116,6 +128,22 @@ impl MemorySink {
 }
 
 impl Sink for MemorySink {
+    async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
+        self.inner
+            .batches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(envelopes.len());
+        let mut confirmed = 0;
+        for envelope in envelopes {
+            if let Err(error) = self.publish(envelope).await {
+                return Published::new(confirmed, Some(error));
+            }
+            confirmed += 1;
+        }
+        Published::new(confirmed, None)
+    }
+
     async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         if self.down.down.load(Ordering::Acquire) {

@@ -130,6 +130,38 @@ pub(crate) trait ErasedHandler: Send + Sync {
         delivery: RawDelivery<'a>,
         cx: &'a mut HandlerContext<'_>,
     ) -> BoxFuture<'a, Result<(), DeliveryError>>;
+
+    /// The handler's way of taking several consecutive groups of a shard at once, if it has
+    /// one (a sink's publisher, which pipelines them).
+    fn pipeline(&self) -> Option<&dyn Pipeline> {
+        None
+    }
+}
+
+/// A handler that takes several consecutive groups of one shard at once, in order.
+pub(crate) trait Pipeline: Send + Sync {
+    /// Delivers `deliveries` in order: how many, from the first, got through, and the error of
+    /// the first that did not.
+    fn call_all<'a>(&'a self, deliveries: &'a [RawDelivery<'a>]) -> BoxFuture<'a, Pipelined>;
+}
+
+/// What [`Pipeline::call_all`] got through.
+#[derive(Debug, Default)]
+pub(crate) struct Pipelined {
+    /// How many deliveries, from the first, got through.
+    pub(crate) confirmed: usize,
+    /// Why the next one did not, if one did not.
+    pub(crate) error: Option<DeliveryError>,
+}
+
+impl Pipelined {
+    /// `confirmed` deliveries got through, then one failed with `error`.
+    pub(crate) fn failed(confirmed: usize, error: DeliveryError) -> Self {
+        Self {
+            confirmed,
+            error: Some(error),
+        }
+    }
 }
 
 /// `H`, a handler of `D`, erased.

@@ -22,7 +22,9 @@ use crate::id::Id;
 use crate::metadata::Metadata;
 use crate::model::{Destination, MessageId, ShardKey};
 
-pub(crate) use self::erased::{ErasedHandler, FromRaw, NoOpErased, RawDelivery, erase};
+pub(crate) use self::erased::{
+    ErasedHandler, FromRaw, NoOpErased, Pipeline, Pipelined, RawDelivery, erase,
+};
 pub use self::extract::{Connection, FromContext, HandlerContext, Requirements, State};
 pub use self::function::{FnHandler, HandlerFn, HandlerOutput, handler_fn};
 

@@ -6,13 +6,13 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, Span, debug, info_span, warn};
 
 use super::Inner;
 use super::config::RelayConfig;
 use super::plan::Group;
 use crate::error::{DeliveryError, error_chain};
-use crate::handler::{HandlerContext, RawDelivery};
+use crate::handler::{HandlerContext, Pipeline, Pipelined, RawDelivery};
 use crate::store::{HandlerMode, Lease, ShardSession, Store};
 
 /// Delivers `group` in a span of its own (`outbox.deliver`: category, message, object, shard,
@@ -26,7 +26,57 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
-    let metrics = inner.metrics().category(group.info.id);
+    let span = span_of(inner, lease, group, attempt);
+    async {
+        let started = Instant::now();
+        let result = call_handler(session, inner, lease, group, attempt).await;
+        reported(inner, group, started.elapsed(), result.as_ref().err());
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Delivers `groups`, consecutive groups of the shard whose handler takes them at once
+/// (`pipeline`: a sink's publisher, which pipelines them), the first at attempt `attempts[0]`
+/// and so on: under the lease and the handler timeout, each reported in a span of its own as
+/// [`deliver`] reports it. How many, from the first, got through, and the error of the first
+/// that did not.
+pub(super) async fn deliver_all<St: Store>(
+    pipeline: &dyn Pipeline,
+    inner: &Inner<St>,
+    lease: &Lease,
+    groups: &[Group],
+    attempts: &[u32],
+) -> Pipelined {
+    let spans: Vec<Span> = groups
+        .iter()
+        .zip(attempts)
+        .map(|(group, &attempt)| span_of(inner, lease, group, attempt))
+        .collect();
+    let raws: Vec<RawDelivery<'_>> = groups
+        .iter()
+        .zip(attempts)
+        .map(|(group, &attempt)| raw_delivery(lease, group, attempt, None))
+        .collect();
+    let started = Instant::now();
+    let pipelined = match guarded(pipeline.call_all(&raws), inner, lease, &groups[0]).await {
+        Ok(pipelined) => pipelined,
+        Err(error) => Pipelined::failed(0, error),
+    };
+    let took = started.elapsed();
+    let reached = (pipelined.confirmed + usize::from(pipelined.error.is_some())).min(groups.len());
+    for (index, (group, span)) in groups.iter().zip(&spans).take(reached).enumerate() {
+        let error = (index >= pipelined.confirmed)
+            .then_some(pipelined.error.as_ref())
+            .flatten();
+        span.in_scope(|| reported(inner, group, took, error));
+    }
+    pipelined
+}
+
+/// The span of one delivery.
+fn span_of<St: Store>(inner: &Inner<St>, lease: &Lease, group: &Group, attempt: u32) -> Span {
     let message = &group.newest;
     let span = info_span!(
         "outbox.deliver",
@@ -46,36 +96,60 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
     {
         crate::trace::relate(&span, &metadata, inner.config.trace_relation);
     }
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = inner;
+    span
+}
+
+/// Reports a delivery that took `took` and ended with `error` (or got through): its metrics,
+/// and an event in the current span.
+fn reported<St: Store>(
+    inner: &Inner<St>,
+    group: &Group,
+    took: Duration,
+    error: Option<&DeliveryError>,
+) {
+    let metrics = inner.metrics().category(group.info.id);
     let lag = SystemTime::now()
-        .duration_since(message.created_at)
+        .duration_since(group.newest.created_at)
         .unwrap_or_default();
-    async {
-        let started = Instant::now();
-        let result = call_handler(session, inner, lease, group, attempt).await;
-        let took = started.elapsed();
-        match &result {
-            Ok(()) => {
-                if let Some(metrics) = metrics {
-                    metrics.delivered(group.rows(), lag, took);
-                }
-                debug!(?took, "delivered");
+    match error {
+        None => {
+            if let Some(metrics) = metrics {
+                metrics.delivered(group.rows(), lag, took);
             }
-            Err(error) => {
-                if let Some(metrics) = metrics {
-                    metrics.failed(error.kind(), lag, took);
-                }
-                if error.breaker().is_some() {
-                    // The breaker logged the outage once; each shard it parks is a detail.
-                    debug!(?took, kind = error.kind(), error = %error_chain(error), "delivery found its system unavailable");
-                } else {
-                    warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
-                }
+            debug!(?took, "delivered");
+        }
+        Some(error) => {
+            if let Some(metrics) = metrics {
+                metrics.failed(error.kind(), lag, took);
+            }
+            if error.breaker().is_some() {
+                // The breaker logged the outage once; each shard it parks is a detail.
+                debug!(?took, kind = error.kind(), error = %error_chain(error), "delivery found its system unavailable");
+            } else {
+                warn!(?took, kind = error.kind(), error = %error_chain(error), "delivery failed");
             }
         }
-        result
     }
-    .instrument(span)
-    .await
+}
+
+/// What the handler of `group` is given.
+fn raw_delivery<'a>(
+    lease: &'a Lease,
+    group: &'a Group,
+    attempt: u32,
+    row: Option<&'a crate::columns::ModelRow>,
+) -> RawDelivery<'a> {
+    RawDelivery {
+        category: group.info.name,
+        scope_name: group.info.scope_name,
+        shard: &lease.shard,
+        message: &group.newest,
+        attempt,
+        fencing_token: lease.token,
+        row,
+    }
 }
 
 /// Calls `group`'s handler (reading its model's row first, for a replicated model), under the
@@ -87,7 +161,6 @@ async fn call_handler<S: ShardSession, St: Store>(
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
-    let (store, config) = (&inner.store, &inner.config);
     let row = match &group.info.model {
         Some(table) => session
             .load_model(table, group.newest.object_identifier)
@@ -101,44 +174,49 @@ async fn call_handler<S: ShardSession, St: Store>(
         None => None,
     };
     let mut cx = HandlerContext::new(session.handler_connection(), inner.registry.state());
-    let call = group.info.handler.call(
-        RawDelivery {
-            category: group.info.name,
-            scope_name: group.info.scope_name,
-            shard: &lease.shard,
-            message: &group.newest,
-            attempt,
-            fencing_token: lease.token,
-            row: row.as_ref(),
-        },
-        &mut cx,
+    let call = group
+        .info
+        .handler
+        .call(raw_delivery(lease, group, attempt, row.as_ref()), &mut cx);
+    guarded(call, inner, lease, group).await?
+}
+
+/// Runs `call` (handlers, starting with `group`'s) with the lease kept alive beside it, under
+/// the handler timeout: its output, or the timeout or panic as the failure of `group`.
+async fn guarded<F: Future, St: Store>(
+    call: F,
+    inner: &Inner<St>,
+    lease: &Lease,
+    group: &Group,
+) -> Result<F::Output, DeliveryError> {
+    let config = &inner.config;
+    let call = keeping_the_lease(
+        AssertUnwindSafe(call).catch_unwind(),
+        &inner.store,
+        lease,
+        config,
     );
-    let call = keeping_the_lease(AssertUnwindSafe(call).catch_unwind(), store, lease, config);
     let outcome = match config.handler_timeout {
-        Some(timeout) => match tokio::time::timeout(timeout, call).await {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                return Err(DeliveryError::TimedOut {
+        Some(timeout) => {
+            tokio::time::timeout(timeout, call)
+                .await
+                .map_err(|_| DeliveryError::TimedOut {
                     category: group.info.name,
                     message_id: group.newest.id,
                     timeout,
-                });
-            }
-        },
+                })?
+        }
         None => call.await,
     };
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => Err(DeliveryError::Panicked {
-            category: group.info.name,
-            message_id: group.newest.id,
-            panic: panic
-                .downcast_ref::<&str>()
-                .map(|text| (*text).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_owned()),
-        }),
-    }
+    outcome.map_err(|panic| DeliveryError::Panicked {
+        category: group.info.name,
+        message_id: group.newest.id,
+        panic: panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-string panic payload".to_owned()),
+    })
 }
 
 /// Runs `call` (a handler) while extending the lease beside it, every third of the lease: a

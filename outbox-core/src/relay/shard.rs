@@ -9,12 +9,17 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Inner;
-use super::deliver::deliver;
+use super::deliver::{deliver, deliver_all};
 use super::plan::Plan;
 use crate::error::{DeliveryError, Error, error_chain};
+use std::sync::Arc;
+
+use crate::handler::Pipeline;
 use crate::model::{MessageId, ShardKey};
 use crate::sink::Breaker;
-use crate::store::{Acknowledgement, DeadLettering, Failure, Lease, Outcome, ShardSession, Store};
+use crate::store::{
+    Acknowledgement, DeadLettering, Failure, HandlerMode, Lease, Outcome, ShardSession, Store,
+};
 
 /// A delivery failure that backed a shard off.
 #[derive(Debug)]
@@ -217,6 +222,27 @@ pub(crate) async fn drain<St: Store>(
     }
 }
 
+/// The run of groups from `index` that one pipelining handler takes at once: its pipeline, and
+/// the index after the run's last group. `None` for a run of one group, a handler that does
+/// not pipeline, or handlers in the claiming transaction.
+fn pipelined_run<'p, St: Store>(
+    inner: &Inner<St>,
+    plan: &'p Plan,
+    index: usize,
+) -> Option<(&'p dyn Pipeline, usize)> {
+    if inner.config.handler_mode == HandlerMode::InTransaction {
+        return None;
+    }
+    let first = plan.groups.get(index)?;
+    let pipeline = first.info.handler.pipeline()?;
+    let end = index
+        + plan.groups[index..]
+            .iter()
+            .take_while(|group| Arc::ptr_eq(&group.info.handler, &first.info.handler))
+            .count();
+    (end > index + 1).then_some((pipeline, end))
+}
+
 fn announce_takeover(lease: &Lease, worker_id: &str) {
     match &lease.previous_owner {
         // This relay's own drain, interrupted by the database: the outage was logged once.
@@ -296,7 +322,9 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         Ok(Some(Read { plan, full }))
     }
 
-    /// Delivers the planned groups in order, until one fails or the budget is spent.
+    /// Delivers the planned groups in order, until one fails or the budget is spent. Runs of
+    /// consecutive groups whose handler takes them at once (a sink's publisher) are delivered
+    /// together, pipelined, outside the in-transaction mode.
     async fn deliver(&mut self, plan: &Plan) -> Result<Delivered, Error> {
         let state = &mut self.state;
         // After a takeover, every group of the first read may have been delivered by the
@@ -307,7 +335,8 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             acks: Vec::with_capacity(plan.groups.len()),
             ..Delivered::default()
         };
-        for group in &plan.groups {
+        let mut index = 0;
+        while let Some(group) = plan.groups.get(index) {
             // After a takeover the whole first read is delivered before the shard yields: the
             // worker whose lease lapsed may have delivered any of it, and only this drain
             // knows to call its deliveries retries.
@@ -317,6 +346,35 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             {
                 delivered.out_of_budget = true;
                 break;
+            }
+            if let Some((pipeline, end)) = pipelined_run(state.inner, plan, index) {
+                let groups = &plan.groups[index..end];
+                let attempts: Vec<u32> = (0..groups.len())
+                    .map(|at| if at == 0 || retrying { attempt } else { 1 })
+                    .collect();
+                let pipelined =
+                    deliver_all(pipeline, state.inner, &state.lease, groups, &attempts).await;
+                for group in &groups[..pipelined.confirmed.min(groups.len())] {
+                    delivered.acks.push(group.acknowledgement());
+                    state.rows_delivered += group.rows();
+                    state.deliveries += 1;
+                }
+                if pipelined.confirmed > 0 && !retrying {
+                    attempt = 1;
+                }
+                if let Some(error) = pipelined.error {
+                    let failed = &groups[pipelined.confirmed.min(groups.len() - 1)];
+                    delivered.failure = Some(Failed {
+                        error,
+                        rows: failed.acknowledgement(),
+                        attempt,
+                        max_attempts: failed.info.max_attempts,
+                        category: failed.info.id,
+                    });
+                    break;
+                }
+                index = end;
+                continue;
             }
             self.session.before_handler().await?;
             let result =
@@ -343,6 +401,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     break;
                 }
             }
+            index += 1;
         }
         Ok(delivered)
     }

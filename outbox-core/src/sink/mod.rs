@@ -32,7 +32,9 @@ use std::time::SystemTime;
 pub use self::breaker::{Breaker, ProbeDelays, Unavailable};
 use crate::categories::Deliverable;
 use crate::error::{BoxError, DeliveryError};
-use crate::handler::{BoxFuture, Delivery, ErasedHandler, FromRaw, HandlerContext, RawDelivery};
+use crate::handler::{
+    BoxFuture, Delivery, ErasedHandler, FromRaw, HandlerContext, Pipeline, Pipelined, RawDelivery,
+};
 use crate::model::{MessageId, ShardKey};
 
 /// The names of the headers (or fields) every sink sends with a message, beside the message's
@@ -114,6 +116,42 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Where a category's messages go unless the publisher says otherwise.
     fn destination(&self, category: &'static str) -> String;
+
+    /// Publishes `envelopes` (consecutive messages of one shard) in order and waits for their
+    /// confirmations: how many of them, from the first, were confirmed, and the error of the
+    /// first that was not. A sink whose broker keeps the order of one connection's messages
+    /// sends them all before awaiting the first confirmation (pipelining within the shard);
+    /// by default they are published one at a time.
+    fn publish_all(&self, envelopes: Vec<Envelope>) -> impl Future<Output = Published> + Send {
+        async move {
+            let mut published = Published::default();
+            for envelope in envelopes {
+                if let Err(error) = self.publish(envelope).await {
+                    published.error = Some(error);
+                    break;
+                }
+                published.confirmed += 1;
+            }
+            published
+        }
+    }
+}
+
+/// What [`Sink::publish_all`] got through.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Published {
+    /// How many envelopes, from the first, the broker confirmed.
+    pub confirmed: usize,
+    /// Why the next one was not, if one was not.
+    pub error: Option<SinkError>,
+}
+
+impl Published {
+    /// `confirmed` envelopes confirmed, then `error` (if any).
+    pub fn new(confirmed: usize, error: Option<SinkError>) -> Self {
+        Self { confirmed, error }
+    }
 }
 
 /// The ordering key of a shard: `scope:identifier`, then `:destination` for a fan-out shard.
@@ -245,7 +283,109 @@ fn rfc3339(time: SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
+impl<C: Deliverable, K: Sink> Publisher<C, K> {
+    /// The error of a delivery whose system is unavailable (its breaker now open).
+    fn unavailable(raw: &RawDelivery<'_>, source: Unavailable) -> DeliveryError {
+        DeliveryError::Unavailable {
+            category: raw.category,
+            message_id: raw.message.id,
+            source,
+        }
+    }
+
+    /// A delivery's error when the breaker is open already: nothing is sent.
+    fn open(&self, raw: &RawDelivery<'_>) -> DeliveryError {
+        Self::unavailable(
+            raw,
+            Unavailable {
+                breaker: self.sink.breaker().clone(),
+                source: "its breaker is open: waiting for a probe to find it answering".into(),
+            },
+        )
+    }
+
+    /// A delivery's envelope, or why it has none (S21: a payload that does not read as the
+    /// category's fails here, whatever the encoder).
+    fn prepare(&self, raw: &RawDelivery<'_>) -> Result<Envelope, DeliveryError> {
+        let delivery = Delivery::<C>::from_raw(raw)?;
+        self.envelope(raw, &delivery)
+            .map_err(|source| DeliveryError::Handler {
+                category: raw.category,
+                message_id: raw.message.id,
+                source,
+            })
+    }
+
+    /// A publish error as the error of the delivery it was for.
+    fn failed(&self, raw: &RawDelivery<'_>, error: SinkError) -> DeliveryError {
+        match error {
+            SinkError::Unavailable(source) => {
+                Self::unavailable(raw, self.sink.breaker().unavailable(source))
+            }
+            refused => DeliveryError::Handler {
+                category: raw.category,
+                message_id: raw.message.id,
+                source: Box::new(refused),
+            },
+        }
+    }
+}
+
+impl<C: Deliverable, K: Sink> Pipeline for Publisher<C, K> {
+    fn call_all<'a>(&'a self, deliveries: &'a [RawDelivery<'a>]) -> BoxFuture<'a, Pipelined> {
+        Box::pin(async move {
+            let Some(first) = deliveries.first() else {
+                return Pipelined::default();
+            };
+            if self.sink.breaker().is_open() {
+                return Pipelined::failed(0, self.open(first));
+            }
+            let mut envelopes = Vec::with_capacity(deliveries.len());
+            let mut unprepared = None;
+            for (index, raw) in deliveries.iter().enumerate() {
+                match self.prepare(raw) {
+                    Ok(envelope) => envelopes.push(envelope),
+                    Err(error) => {
+                        unprepared = Some((index, error));
+                        break;
+                    }
+                }
+            }
+            let sent = envelopes.len();
+            let Published { confirmed, error } = if envelopes.is_empty() {
+                Published::default()
+            } else {
+                self.sink.publish_all(envelopes).await
+            };
+            let confirmed = confirmed.min(sent);
+            match (error, unprepared) {
+                (Some(error), _) => {
+                    Pipelined::failed(confirmed, self.failed(&deliveries[confirmed], error))
+                }
+                (None, _) if confirmed < sent => Pipelined::failed(
+                    confirmed,
+                    self.failed(
+                        &deliveries[confirmed],
+                        SinkError::Unavailable(
+                            "the sink confirmed fewer messages than it was given".into(),
+                        ),
+                    ),
+                ),
+                (None, Some((index, error))) => Pipelined::failed(index, error),
+                (None, None) => Pipelined {
+                    confirmed,
+                    error: None,
+                },
+            }
+        })
+    }
+}
+
 impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
+    fn pipeline(&self) -> Option<&dyn Pipeline> {
+        Some(self)
+    }
+
     fn call<'a>(
         &'a self,
         raw: RawDelivery<'a>,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_core::sink::{Publisher, Sink, headers};
-use outbox_core::{BoxError, Delivery, Registry, RelayConfig, TRACEPARENT};
+use outbox_core::{Admin, BoxError, Delivery, Registry, RelayConfig, TRACEPARENT};
 
 use super::relay::{run_until_stopped, stopped};
 use super::{config, eventually, pending_ids, state_of, write};
@@ -112,6 +112,47 @@ pub async fn a_sink_publishes_each_delivery_with_its_keys_and_headers<B: StoreBa
         serde_json::from_slice(&first.payload).expect("the payload is JSON");
     assert_eq!(stored, serde_json::to_value(Note::new(1)).expect("a note"));
     assert!(pending_ids(&backend).await.is_empty(), "all acknowledged");
+}
+
+/// A shard's consecutive groups go to the sink at once (pipelined), and only the prefix the
+/// broker confirmed is acknowledged: a refusal in the middle leaves it and what follows
+/// pending, in order, for the shard's retry.
+pub async fn a_sink_takes_a_shards_groups_at_once_and_acknowledges_what_it_confirmed<
+    B: StoreBackend,
+>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let sink = MemorySink::new();
+    sink.refuse(|envelope| {
+        serde_json::from_slice::<Note>(&envelope.payload).is_ok_and(|note| note.seq == 6)
+    });
+    let relay = outbox_core::Relay::with_config(store.clone(), publishing(&sink), config("all"));
+    let ids = write(
+        &backend,
+        &(1..=10)
+            .map(|seq| note::<AuditEvent>(1, seq, seq))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert_eq!(report.deliveries, 5);
+    assert_eq!(sink.batches(), [10], "the read's ten groups at once");
+    assert_eq!(seqs_of(&sink, "1:1"), [1, 2, 3, 4, 5]);
+    assert_eq!(
+        pending_ids(&backend).await,
+        ids[5..],
+        "the refused one and those after it"
+    );
+    let state = state_of(&store, &org_shard(1)).await.expect("a state");
+    assert_eq!(state.attempts, 1);
+
+    sink.refuse(|_| false);
+    assert!(store.reschedule(&org_shard(1)).await.expect("reschedule"));
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(seqs_of(&sink, "1:1"), (1..=10).collect::<Vec<_>>());
+    assert!(pending_ids(&backend).await.is_empty());
 }
 
 /// A publisher can route, encode and prefix its de-duplication keys its own way.
