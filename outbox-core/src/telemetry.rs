@@ -25,6 +25,8 @@
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending message (0 when none) |
 //! | `outbox_shards` | gauge | `state` | shards with pending messages by state: `due`, `in_flight`, `backoff`, `parked`, `paused` |
 //! | `outbox_dead_letters` | gauge | | dead letters kept |
+//! | `outbox_breaker_open` | gauge | `breaker` | 1 while a sink's [breaker](crate::sink::Breaker) is open (its broker unreachable), 0 once it closed |
+//! | `outbox_breaker_openings_total` | counter | `breaker` | times a breaker opened |
 //!
 //! The gauges come from one query that [`Relay::run`](crate::Relay::run) makes every
 //! [`gauge_interval`](crate::RelayConfigBuilder::gauge_interval) (or
@@ -54,6 +56,10 @@ pub const HANDLER_FAILURES: &str = "outbox_handler_failures_total";
 pub const ROWS_ACKNOWLEDGED: &str = "outbox_rows_acknowledged_total";
 /// Rows a delivery covered without delivering them (counter; `category`, `scope`).
 pub const ROWS_COALESCED: &str = "outbox_rows_coalesced_total";
+/// 1 while a sink's breaker is open, 0 once it closed (gauge; `breaker`).
+pub const BREAKER_OPEN: &str = "outbox_breaker_open";
+/// Times a sink's breaker opened (counter; `breaker`).
+pub const BREAKER_OPENINGS: &str = "outbox_breaker_openings_total";
 /// Rows set aside as dead letters (counter; `category`, `scope`).
 pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
 /// Drains that lost their lease to another worker (counter; `scope`).
@@ -128,6 +134,16 @@ pub fn describe() {
         "Rows each shard drain acknowledged"
     );
     describe_gauge!(PENDING_MESSAGES, Unit::Count, "Pending outbox messages");
+    describe_gauge!(
+        BREAKER_OPEN,
+        Unit::Count,
+        "1 while a sink's breaker is open (its broker unreachable)"
+    );
+    describe_counter!(
+        BREAKER_OPENINGS,
+        Unit::Count,
+        "Times a sink's breaker opened"
+    );
     describe_gauge!(
         OLDEST_PENDING_AGE,
         Unit::Seconds,
@@ -311,6 +327,18 @@ impl CategoryMetrics {
 }
 
 /// A failed database call of the relay.
+/// A breaker opened.
+pub(crate) fn breaker_opened(breaker: &str) {
+    let label = ("breaker", breaker.to_owned());
+    metrics::gauge!(BREAKER_OPEN, &[label.clone()]).set(1.0);
+    metrics::counter!(BREAKER_OPENINGS, &[label]).increment(1);
+}
+
+/// A breaker closed.
+pub(crate) fn breaker_closed(breaker: &str) {
+    metrics::gauge!(BREAKER_OPEN, &[("breaker", breaker.to_owned())]).set(0.0);
+}
+
 pub(crate) fn database_error(operation: &'static str) {
     metrics::counter!(DATABASE_ERRORS, "operation" => operation).increment(1);
 }

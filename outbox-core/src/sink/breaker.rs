@@ -126,6 +126,7 @@ impl Breaker {
             .open
             .send_if_modified(|open| !std::mem::replace(open, true));
         if opened {
+            crate::telemetry::breaker_opened(&self.inner.name);
             warn!(breaker = %self.inner.name, error = %error_chain(error), "unavailable; its shards wait until it answers");
         }
         self.start_probing();
@@ -150,6 +151,7 @@ impl Breaker {
             .open
             .send_if_modified(|open| std::mem::replace(open, false))
         {
+            crate::telemetry::breaker_closed(&self.inner.name);
             info!(breaker = %self.inner.name, "answers again; its shards resume");
         }
     }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox_core::sink::{Publisher, Sink, headers};
+use outbox_core::telemetry::{BREAKER_OPEN, BREAKER_OPENINGS};
 use outbox_core::{Admin, BoxError, Delivery, Registry, RelayConfig, TRACEPARENT};
 
 use super::relay::{run_until_stopped, stopped};
@@ -334,4 +335,43 @@ pub async fn a_running_relay_resumes_parked_shards_when_the_breaker_closes<B: St
     assert_eq!(report.failures, 0, "{report:?}");
     assert!(report.unavailable >= 1, "{report:?}");
     assert!(pending_ids(&backend).await.is_empty());
+}
+
+/// An open breaker is the gauge `outbox_breaker_open` at 1 (0 once it closed), and its
+/// openings are counted; the outage's deliveries count as failures of kind `unavailable`.
+pub fn an_open_breaker_is_a_gauge_and_its_openings_a_counter<B: StoreBackend>() {
+    let ((), telemetry) = crate::telemetry::capture(|probe| async move {
+        let backend = B::create().await;
+        let sink = MemorySink::new();
+        sink.set_down(true);
+        let relay = outbox_core::Relay::with_config(
+            backend.store().clone(),
+            publishing(&sink),
+            config("breaker-metrics"),
+        );
+        write(&backend, &[note::<AuditEvent>(1, 1, 1)]).await;
+        let report = relay.drain().await.expect("drain");
+        assert_eq!(report.unavailable.len(), 1, "{report:?}");
+        let labels = [("breaker", "the memory sink")];
+        assert_eq!(probe.gauge(BREAKER_OPEN, &labels), Some(1.0));
+        assert_eq!(probe.counter(BREAKER_OPENINGS, &labels), 1);
+        let failures = probe.counter(
+            "outbox_handler_failures_total",
+            &[
+                ("category", "audit_event"),
+                ("scope", "organization"),
+                ("kind", "unavailable"),
+            ],
+        );
+        assert_eq!(failures, 1);
+
+        sink.set_down(false);
+        closed(&sink).await;
+        assert_eq!(probe.gauge(BREAKER_OPEN, &labels), Some(0.0));
+        assert!(relay.drain().await.expect("drain").is_clean());
+    });
+    assert_eq!(
+        telemetry.counter(BREAKER_OPENINGS, &[("breaker", "the memory sink")]),
+        1
+    );
 }
