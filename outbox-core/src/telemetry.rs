@@ -329,9 +329,9 @@ impl CategoryMetrics {
 /// A failed database call of the relay.
 /// A breaker opened.
 pub(crate) fn breaker_opened(breaker: &str) {
-    let label = ("breaker", breaker.to_owned());
-    metrics::gauge!(BREAKER_OPEN, &[label.clone()]).set(1.0);
-    metrics::counter!(BREAKER_OPENINGS, &[label]).increment(1);
+    let labels = [("breaker", breaker.to_owned())];
+    metrics::gauge!(BREAKER_OPEN, &labels).set(1.0);
+    metrics::counter!(BREAKER_OPENINGS, &labels).increment(1);
 }
 
 /// A breaker closed.
