@@ -228,6 +228,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let mut common = CategoryArgs::default();
     let mut coalesce: Option<LitBool> = None;
     let mut no_op = false;
+    let mut sink: Option<Type> = None;
     let mut errors = Errors::default();
     syn::meta::parser(|meta| {
         let key = meta.path.require_ident()?;
@@ -237,30 +238,52 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             set_once(&mut coalesce, &meta, key)
         } else if key == "no_op" {
             set_flag(&mut no_op, key)
+        } else if key == "sink" {
+            set_once(&mut sink, &meta, key)
         } else {
             unknown_key(
                 &meta,
                 format!(
                     "unknown key `{key}` for `#[outbox_category]`: expected `scope`, `id`, \
-                     `name`, `coalesce`, `max_attempts` or `no_op`"
+                     `name`, `coalesce`, `max_attempts`, `no_op` or `sink`"
                 ),
                 &mut errors,
             )
         }
     })
     .parse2(args)?;
+    if let (true, Some(sink)) = (no_op, &sink) {
+        return Err(syn::Error::new_spanned(
+            sink,
+            "a category with a `sink` has a handler: it cannot be `no_op` too",
+        ));
+    }
     let identity = common.finish(
         ident,
         "#[outbox_category(scope = Organization, id = 1)]",
         errors,
     )?;
     let payload = quote_spanned!(identity.ident.span()=> type Payload = Self;);
+    let extra = sink.map_or_else(TokenStream::new, |sink| {
+        let ident = &identity.ident;
+        let at = location(sink.span());
+        quote! {
+            ::outbox_core::__private::inventory::submit! {
+                ::outbox_core::__private::HandlerDeclaration {
+                    register: |builder, at| {
+                        builder.sink_from_state_declared::<#ident, #sink>(at)
+                    },
+                    at: #at,
+                }
+            }
+        }
+    });
     Ok(identity.items(CategoryItems {
         payload,
         coalesce: coalesce.is_none_or(|lit| lit.value),
         no_op,
         model: quote!(::core::option::Option::None),
-        extra: TokenStream::new(),
+        extra,
         target: None,
     }))
 }

@@ -58,7 +58,9 @@ pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// every message in order instead of the newest per object), `no_op` (needs no handler),
 /// `max_attempts = n` (the dead-letter policy: after `n` failed attempts, from 1, a failing
 /// group moves to the dead letters and its shard goes on; without it, the shard blocks on the
-/// group, retrying it with backoff until it succeeds).
+/// group, retrying it with backoff until it succeeds), `sink = NatsSink` (the category's
+/// handler is the sink of that type given to `Registry::builder().state(..)`, publishing each
+/// message to the sink's destination for the category: see `outbox_core::sink`).
 #[proc_macro_attribute]
 pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
     common::expand(args.into(), &item.into(), &category::MACRO).into()

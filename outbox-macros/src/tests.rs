@@ -717,3 +717,40 @@ fn category_enum_mistakes_are_reported_together() {
         "a stand-in keeps the enum's handlers quiet: {output}"
     );
 }
+
+#[test]
+fn error_sink_and_no_op() {
+    check_error(
+        "error_sink_and_no_op",
+        "outbox_category",
+        &category::MACRO,
+        "scope = Organization, id = 10, no_op, sink = NatsSink",
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct ProjectUpdate {
+                name: String,
+            }
+        },
+        "a category with a `sink` has a handler: it cannot be `no_op` too",
+    );
+}
+
+#[test]
+fn category_with_a_sink() {
+    let expanded = check(
+        "category_with_a_sink",
+        "outbox_category",
+        &category::MACRO,
+        "scope = Organization, id = 10, coalesce = false, sink = outbox_nats::NatsSink",
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct OrderPlaced {
+                order: i64,
+            }
+        },
+    );
+    assert!(
+        expanded.contains("sink_from_state_declared::<OrderPlaced, outbox_nats::NatsSink>"),
+        "{expanded}"
+    );
+}

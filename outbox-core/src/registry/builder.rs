@@ -9,7 +9,9 @@ use super::validate::{self, Registrations};
 use crate::categories::{CategorySpec, Deliverable};
 use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
 use crate::error::{Error, Site};
-use crate::handler::{Delivery, ErasedHandler, FromRaw, Handler, NoOp, Requirements, erase};
+use crate::handler::{
+    Delivery, ErasedHandler, FromRaw, Handler, NoOp, NoOpErased, Requirements, erase,
+};
 use crate::model::{Category, CategoryId, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
 use crate::replication::{Deletion, Replication};
@@ -98,6 +100,20 @@ pub(super) struct HandlerEntry {
     pub(super) handler: Arc<dyn ErasedHandler>,
     /// What the handler takes from the registry.
     pub(super) requirements: Requirements,
+    /// Makes the handler from the registry's state when it is built (a sink given as a
+    /// state): `None` while that state is missing, which the requirements report.
+    pub(super) resolve: Option<Resolve>,
+}
+
+/// Makes a handler from the registry's state.
+pub(super) type Resolve = fn(&StateMap) -> Option<Arc<dyn ErasedHandler>>;
+
+/// The publisher of `C` through the sink of type `K` in `state`.
+fn publisher_from_state<C: Deliverable, K: Sink + Clone>(
+    state: &StateMap,
+) -> Option<Arc<dyn ErasedHandler>> {
+    let sink = state.get::<K>()?.clone();
+    Some(Arc::new(Publisher::<C, K>::new(sink)))
 }
 
 /// Builds a [`Registry`]; [`RegistryBuilder::build`] reports every conflict at once.
@@ -182,6 +198,39 @@ impl RegistryBuilder {
             &(Arc::new(publisher) as Arc<dyn ErasedHandler>),
             Requirements::default(),
         )
+    }
+
+    /// Registers the sink of type `K` given to [`RegistryBuilder::state`] as the handler of
+    /// category `C` (or of each category of a category enum), as [`RegistryBuilder::sink`]
+    /// would: what `#[outbox_category(..., sink = K)]` declares. Without a `K` in the state,
+    /// [`build`](Self::build) refuses with
+    /// [`RegistryProblem::MissingState`](crate::RegistryProblem::MissingState).
+    #[track_caller]
+    pub fn sink_from_state<C: Deliverable, K: Sink + Clone>(self) -> Self {
+        self.sink_from_state_declared::<C, K>(SourceLocation::caller())
+    }
+
+    /// Registers a sink from the state, declared at `at` (what `#[outbox_category(sink = K)]`
+    /// generates).
+    #[doc(hidden)]
+    pub fn sink_from_state_declared<C: Deliverable, K: Sink + Clone>(
+        mut self,
+        at: SourceLocation,
+    ) -> Self {
+        let mut requirements = Requirements::default();
+        requirements.state::<K>();
+        // Replaced when the registry is built; a missing `K` fails the build first.
+        let unresolved: Arc<dyn ErasedHandler> = Arc::new(NoOpErased);
+        for spec in C::categories() {
+            self.handlers.push(HandlerEntry {
+                category: Declared::of_spec(spec, false, Some(at)),
+                role: Role::Delivery,
+                handler: Arc::clone(&unresolved),
+                requirements: requirements.clone(),
+                resolve: Some(publisher_from_state::<C, K>),
+            });
+        }
+        self
     }
 
     /// Registers category `C` as needing no handler: its deliveries are acknowledged as they
@@ -284,6 +333,7 @@ impl RegistryBuilder {
                 role,
                 handler: Arc::clone(handler),
                 requirements: std::mem::take(&mut requirements),
+                resolve: None,
             });
         }
         self
@@ -333,11 +383,16 @@ impl RegistryBuilder {
         let Self {
             declarations,
             scopes,
-            handlers,
+            mut handlers,
             policies,
             discovered,
             state,
         } = self;
+        for entry in &mut handlers {
+            if let Some(handler) = entry.resolve.and_then(|resolve| resolve(&state)) {
+                entry.handler = handler;
+            }
+        }
         let registrations = Registrations {
             declarations,
             scopes,
