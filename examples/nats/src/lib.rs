@@ -24,8 +24,9 @@ use serde::{Deserialize, Serialize};
 #[outbox_scope(id = 1)]
 pub struct Customer;
 
-/// An order was placed. Every one is published (`coalesce = false`), in order per customer.
-#[outbox_category(scope = Customer, id = 1, coalesce = false)]
+/// An order was placed. Every one is published (`coalesce = false`), in order per customer,
+/// by the `NatsSink` given to the registry (`sink = NatsSink`).
+#[outbox_category(scope = Customer, id = 1, coalesce = false, sink = NatsSink)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OrderPlaced {
     /// The order.
@@ -94,10 +95,7 @@ pub async fn publish(
     }
     let client = async_nats::connect(&target.url).await?;
     let sink = NatsSink::new(client).with_subject_prefix(&target.stream);
-    let registry = Registry::builder()
-        .discovered()
-        .sink::<OrderPlaced, _>(sink)
-        .build()?;
+    let registry = Registry::builder().discovered().state(sink).build()?;
     let relay = Relay::new(SqliteStore::new(pool.clone()), registry);
     let report = relay.drain().await?;
     pool.close().await;
