@@ -1,21 +1,19 @@
-//! The RabbitMQ sink against the RabbitMQ server on 127.0.0.1:5672 (guest/guest), with the
-//! outbox on SQLite. Each test declares a queue of its own, named uniquely, and deletes it.
+//! The RabbitMQ sink against the RabbitMQ server on 127.0.0.1:5672 (guest/guest), through
+//! the broker suite of `outbox-testkit`. Each test declares a queue of its own, named
+//! uniquely, and deletes it.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
 
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties};
-use outbox_core::sink::{Publisher, Sink, headers};
-use outbox_core::{Admin, Delivery, Id, Registry, Relay, RelayConfig};
+use outbox_core::sink::{Publisher, headers};
+use outbox_core::{Delivery, Id};
 use outbox_rabbitmq::RabbitSink;
-use outbox_testkit::StoreBackend;
-use outbox_testkit::fixtures::{AuditEvent, Note, note};
+use outbox_testkit::brokers::{self, Stored};
+use outbox_testkit::fixtures::{AuditEvent, Note};
 use outbox_testkit::proxy::TcpProxy;
-use outbox_testkit::sink::DiesAfterPublishing;
-use outbox_testkit::sqlite::SqliteBackend;
 
 const RABBITMQ: &str = "127.0.0.1:5672";
 
@@ -29,16 +27,6 @@ struct TestQueue {
     prefix: String,
     _connection: Connection,
     channel: Channel,
-}
-
-/// A message as the queue holds it.
-#[derive(Debug, Clone)]
-struct Received {
-    shard: String,
-    message_id: String,
-    header_message_id: String,
-    content_type: String,
-    seq: u64,
 }
 
 impl TestQueue {
@@ -74,8 +62,9 @@ impl TestQueue {
         format!("{}.audit_event", self.prefix)
     }
 
-    /// Takes every message the queue holds, in order.
-    async fn take(&self) -> Vec<Received> {
+    /// Takes every message the queue holds, in order; each one's AMQP `message_id` checked to
+    /// be its outbox message id, its content type JSON.
+    async fn take(&self) -> Vec<Stored> {
         let mut received = Vec::new();
         let options = BasicGetOptions { no_ack: true };
         while let Some(message) = self
@@ -97,19 +86,17 @@ impl TestQueue {
             };
             let note: Note =
                 serde_json::from_slice(&message.delivery.data).expect("a note payload");
-            received.push(Received {
+            let message_id = properties
+                .message_id()
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert_eq!(message_id, header(headers::MESSAGE_ID));
+            let content_type = properties.content_type().as_ref().map(ToString::to_string);
+            assert_eq!(content_type.as_deref(), Some("application/json"));
+            received.push(Stored {
                 shard: header(headers::SHARD),
-                message_id: properties
-                    .message_id()
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
-                header_message_id: header(headers::MESSAGE_ID),
-                content_type: properties
-                    .content_type()
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
+                message_id,
                 seq: note.seq,
             });
         }
@@ -134,127 +121,49 @@ async fn sink(queue: &TestQueue, addr: &str) -> RabbitSink {
         .with_routing_prefix(&queue.prefix)
 }
 
-/// The seqs received for each shard, in queue order.
-fn by_shard(received: &[Received]) -> BTreeMap<String, Vec<u64>> {
-    let mut shards: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for message in received {
-        shards
-            .entry(message.shard.clone())
-            .or_default()
-            .push(message.seq);
+/// What a queue handed out so far (taking from a queue empties it).
+#[derive(Default)]
+struct Taken(Mutex<Vec<Stored>>);
+
+impl Taken {
+    /// Takes what the queue holds now: how many messages were taken in all.
+    async fn take(&self, queue: &TestQueue) -> usize {
+        let more = queue.take().await;
+        let mut taken = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        taken.extend(more);
+        taken.len()
     }
-    shards
-}
 
-fn config(worker: &str) -> RelayConfig {
-    RelayConfig::builder()
-        .worker_id(worker.to_owned())
-        .poll_interval(Duration::from_millis(50))
-        .max_concurrent_shards(16)
-        .build()
-        .expect("a valid relay configuration")
-}
-
-/// `shards` shards of `per_shard` audit events each, the seq `shard * 1000 + n`.
-fn events(shards: u64, per_shard: u64) -> Vec<outbox_core::Message> {
-    (1..=shards)
-        .flat_map(|shard| {
-            (1..=per_shard).map(move |n| note::<AuditEvent>(shard, n, shard * 1000 + n))
-        })
-        .collect()
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    fn all(&self) -> Vec<Stored> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
-}
-
-fn registry(sink: impl Sink) -> Registry {
-    Registry::builder()
-        .sink::<AuditEvent, _>(sink)
-        .build()
-        .expect("a registry")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_each_shard_in_order_with_its_message_id() {
     let queue = TestQueue::declare("order").await;
-    let backend = SqliteBackend::create().await;
-    let relay = Relay::with_config(
-        backend.store(),
-        registry(sink(&queue, RABBITMQ).await),
-        config("rabbit-order"),
-    );
-    let ids = backend.write(&events(40, 5)).await.expect("write");
-
-    let report = relay.drain().await.expect("drain");
-    assert!(report.is_clean(), "{report:?}");
-    let received = queue.take().await;
-    assert_eq!(received.len(), 200);
-    let shards = by_shard(&received);
-    assert_eq!(shards.len(), 40);
-    for (shard, seqs) in &shards {
-        let number: u64 = shard.trim_start_matches("1:").parse().expect("a shard key");
-        let expected: Vec<u64> = (1..=5).map(|n| number * 1000 + n).collect();
-        assert_eq!(seqs, &expected, "shard {shard} in write order");
-    }
-    let mut message_ids: Vec<i64> = received
-        .iter()
-        .map(|message| {
-            assert_eq!(message.message_id, message.header_message_id);
-            assert_eq!(message.content_type, "application/json");
-            message.message_id.parse().expect("a message id")
-        })
-        .collect();
-    message_ids.sort_unstable();
-    let written: Vec<i64> = ids.iter().map(|id| id.0).collect();
-    assert_eq!(message_ids, written, "each message once, under its own id");
+    brokers::publishes_in_order(sink(&queue, RABBITMQ).await, async |_| queue.take().await).await;
     queue.remove().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivery_after_a_crash_carries_the_same_message_id() {
     let queue = TestQueue::declare("crash").await;
-    let backend = SqliteBackend::create().await;
-    let sink = sink(&queue, RABBITMQ).await;
-    let dying = DiesAfterPublishing::new(sink.clone());
-    let doomed = Relay::with_config(
-        backend.store(),
-        registry(dying.clone()),
-        config("doomed")
-            .to_builder()
-            .lease(Duration::from_millis(300))
-            .build()
-            .expect("config"),
-    );
-    let ids = backend
-        .write(&[note::<AuditEvent>(1, 1, 1)])
-        .await
-        .expect("write");
-    let running = tokio::spawn(async move { doomed.drain().await });
-    dying.published().await;
-    running.abort();
-
-    let survivor = Relay::with_config(backend.store(), registry(sink), config("survivor"));
-    let mut redelivered = 0;
-    eventually("the survivor takes the shard over", async || {
-        let report = survivor.drain().await.expect("drain");
-        redelivered += report.deliveries;
-        redelivered == 1
+    let taken = Taken::default();
+    let id = brokers::crash_and_redeliver(sink(&queue, RABBITMQ).await, async || {
+        assert_eq!(taken.take(&queue).await, 1, "published before the crash");
     })
     .await;
-    let received = queue.take().await;
+    taken.take(&queue).await;
+    let received = taken.all();
     assert_eq!(received.len(), 2, "published again: {received:?}");
     assert!(
         received
             .iter()
-            .all(|message| message.message_id == ids[0].0.to_string()),
+            .all(|message| message.message_id == id.0.to_string()),
         "both under the message's id: {received:?}"
     );
     queue.remove().await;
@@ -273,98 +182,26 @@ async fn an_unroutable_message_fails_only_its_shard() {
                 routed.clone()
             }
         });
-    let registry = Registry::builder()
-        .publish(publisher)
-        .build()
-        .expect("a registry");
-    let backend = SqliteBackend::create().await;
-    let relay = Relay::with_config(backend.store(), registry, config("rabbit-refused"));
-    backend.write(&events(3, 2)).await.expect("write");
-
-    let report = relay.drain().await.expect("drain");
-    assert_eq!(report.failures.len(), 1, "{report:?}");
-    let failure = &report.failures[0];
-    assert_eq!(failure.shard.shard_identifier, Id::from(1_i64));
-    let error = outbox_core::error_chain(&failure.error);
-    assert!(error.contains("unroutable"), "{error}");
-    assert!(!sink.breaker().is_open(), "a refusal is not an outage");
-    let shards = by_shard(&queue.take().await);
-    assert_eq!(shards.get("1:2"), Some(&vec![2001, 2002]));
-    assert_eq!(shards.get("1:3"), Some(&vec![3001, 3002]));
-    assert!(!shards.contains_key("1:1"));
+    brokers::refusal_fails_only_its_shard(publisher, &sink, "unroutable", async |_| {
+        queue.take().await
+    })
+    .await;
     queue.remove().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_opens_the_breaker_and_loses_nothing() {
     let queue = TestQueue::declare("outage").await;
-    let backend = SqliteBackend::create().await;
     let proxy = TcpProxy::start(RABBITMQ).await.expect("a proxy");
     let sink = sink(&queue, &proxy.addr().to_string()).await;
-    let relay = Relay::with_config(
-        backend.store(),
-        registry(sink.clone()),
-        config("rabbit-outage"),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
-    let mut received = Vec::new();
-
-    backend.write(&events(5, 1)).await.expect("write");
-    eventually("the first messages are published", async || {
-        received.extend(queue.take().await);
-        received.len() == 5
-    })
+    let taken = Taken::default();
+    brokers::rides_out_an_outage(
+        sink,
+        async || taken.take(&queue).await,
+        || proxy.cut(),
+        || proxy.restore(),
+        async |_| taken.all(),
+    )
     .await;
-
-    proxy.cut();
-    let during: Vec<_> = (1..=5)
-        .flat_map(|shard| [2, 3].map(|n| note::<AuditEvent>(shard, n, shard * 1000 + n)))
-        .collect();
-    backend
-        .write(&during)
-        .await
-        .expect("write during the outage");
-    eventually("the breaker opens", async || sink.breaker().is_open()).await;
-    received.extend(queue.take().await);
-    assert_eq!(received.len(), 5, "nothing published while cut");
-
-    proxy.restore();
-    eventually("everything is published", async || {
-        received.extend(queue.take().await);
-        received.len() >= 15
-    })
-    .await;
-    let _ = stop.send(());
-    let report = running
-        .await
-        .expect("the relay does not panic")
-        .expect("the relay stops cleanly");
-    assert_eq!(report.failures, 0, "{report:?}");
-    assert!(report.unavailable >= 1, "{report:?}");
-    assert!(!sink.breaker().is_open());
-    let shards = by_shard(&received);
-    for shard in 1..=5_u64 {
-        assert_eq!(
-            shards.get(&format!("1:{shard}")),
-            Some(&vec![shard * 1000 + 1, shard * 1000 + 2, shard * 1000 + 3]),
-            "shard {shard} in order, each once"
-        );
-    }
-    let pending = backend
-        .store()
-        .pending_messages(100)
-        .await
-        .expect("pending");
-    assert!(pending.is_empty());
     queue.remove().await;
 }

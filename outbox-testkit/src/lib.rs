@@ -75,6 +75,8 @@
 //! ```
 
 pub mod backend;
+#[cfg(feature = "sqlite")]
+pub mod brokers;
 pub mod conformance;
 pub mod counting;
 mod database;

@@ -1,0 +1,260 @@
+//! The tests every sink passes against its real broker, written once: a sink crate gives each
+//! a sink and a way to read back what its broker holds, and asserts what is particular to it.
+//!
+//! The outbox is a SQLite file; the messages are [`AuditEvent`]s (every one delivered, in write
+//! order per shard), seq `shard * 1000 + n` for the `n`-th message of a shard.
+//!
+//! - [`publishes_in_order`]: 40 shards of 5 events, drained; each shard's seqs in order, each
+//!   message once under its own message id.
+//! - [`crash_and_redeliver`]: a relay dies between the broker's confirmation and the
+//!   acknowledgement; another takes the shard over and publishes the message again.
+//! - [`refusal_fails_only_its_shard`]: a publisher that sends shard 1 where the broker refuses
+//!   it; only shard 1 fails, the breaker stays closed.
+//! - [`rides_out_an_outage`]: a running relay, the connection cut and restored; nothing lost,
+//!   every shard in order, the breaker opened and closed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use outbox_core::sink::{Publisher, Sink};
+use outbox_core::{
+    Admin, DrainReport, Message, MessageId, Registry, Relay, RelayConfig, RunReport,
+};
+
+use crate::backend::StoreBackend;
+use crate::fixtures::{AuditEvent, note};
+use crate::sink::DiesAfterPublishing;
+use crate::sqlite::SqliteBackend;
+
+/// One message as a broker holds it: its shard's ordering key (`Outbox-Shard`), its outbox
+/// message id (`Outbox-Message-Id`), and its note's seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The shard's ordering key, `1:<shard>`.
+    pub shard: String,
+    /// The outbox message id the broker holds it under.
+    pub message_id: String,
+    /// The note's seq.
+    pub seq: u64,
+}
+
+/// `shards` shards of `per_shard` audit events each, the seq `shard * 1000 + n`.
+pub fn events(shards: u64, per_shard: u64) -> Vec<Message> {
+    (1..=shards)
+        .flat_map(|shard| {
+            (1..=per_shard).map(move |n| note::<AuditEvent>(shard, n, shard * 1000 + n))
+        })
+        .collect()
+}
+
+/// A relay configuration for broker tests: quick polling, 16 shards at once.
+pub fn relay_config(worker: &str) -> RelayConfig {
+    RelayConfig::builder()
+        .worker_id(worker.to_owned())
+        .poll_interval(Duration::from_millis(50))
+        .max_concurrent_shards(16)
+        .build()
+        .expect("a valid relay configuration")
+}
+
+/// A registry publishing the audit events through `sink`.
+pub fn registry(sink: impl Sink) -> Registry {
+    Registry::builder()
+        .sink::<AuditEvent, _>(sink)
+        .build()
+        .expect("a registry")
+}
+
+/// The seqs stored for each shard, in the broker's order.
+pub fn by_shard(stored: &[Stored]) -> BTreeMap<String, Vec<u64>> {
+    let mut shards: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for message in stored {
+        shards
+            .entry(message.shard.clone())
+            .or_default()
+            .push(message.seq);
+    }
+    shards
+}
+
+/// Waits until `check` holds, failing the test after 30 s.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Drains 40 shards of 5 events through `sink`, reads them back with `read`, and checks that
+/// every shard is in write order and every message is stored once under its own message id.
+/// Returns what `read` found, for the sink's own checks.
+pub async fn publishes_in_order<K: Sink>(
+    sink: K,
+    read: impl AsyncFnOnce(usize) -> Vec<Stored>,
+) -> Vec<Stored> {
+    let backend = SqliteBackend::create().await;
+    let relay = Relay::with_config(backend.store(), registry(sink), relay_config("in-order"));
+    let ids = backend.write(&events(40, 5)).await.expect("write");
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.deliveries, 200);
+    let stored = read(200).await;
+    assert_eq!(stored.len(), 200);
+    let shards = by_shard(&stored);
+    assert_eq!(shards.len(), 40);
+    for (shard, seqs) in &shards {
+        let number: u64 = shard.trim_start_matches("1:").parse().expect("a shard key");
+        let expected: Vec<u64> = (1..=5).map(|n| number * 1000 + n).collect();
+        assert_eq!(seqs, &expected, "shard {shard} in write order");
+    }
+    let mut message_ids: Vec<i64> = stored
+        .iter()
+        .map(|message| message.message_id.parse().expect("a message id"))
+        .collect();
+    message_ids.sort_unstable();
+    let written: Vec<i64> = ids.iter().map(|id| id.0).collect();
+    assert_eq!(message_ids, written, "each message once, under its own id");
+    stored
+}
+
+/// Writes one event; a relay publishes it through `sink` and dies before acknowledging it
+/// (then `after_crash` runs: the broker holds it once); another relay takes the shard over
+/// once the lease lapses and publishes it again. The message's id.
+pub async fn crash_and_redeliver<K: Sink + Clone>(
+    sink: K,
+    after_crash: impl AsyncFnOnce(),
+) -> MessageId {
+    let backend = SqliteBackend::create().await;
+    let dying = DiesAfterPublishing::new(sink.clone());
+    let doomed = Relay::with_config(
+        backend.store(),
+        registry(dying.clone()),
+        relay_config("doomed")
+            .to_builder()
+            .lease(Duration::from_millis(300))
+            .build()
+            .expect("config"),
+    );
+    let ids = backend
+        .write(&[note::<AuditEvent>(1, 1, 1)])
+        .await
+        .expect("write");
+    let running = tokio::spawn(async move { doomed.drain().await });
+    dying.published().await;
+    running.abort();
+    after_crash().await;
+
+    let survivor = Relay::with_config(backend.store(), registry(sink), relay_config("survivor"));
+    let mut redelivered = 0;
+    eventually("the survivor takes the shard over", async || {
+        let report = survivor.drain().await.expect("drain");
+        redelivered += report.deliveries;
+        redelivered == 1
+    })
+    .await;
+    ids[0]
+}
+
+/// Drains 3 shards of 2 events through `publisher`, which sends shard 1 where the broker
+/// refuses it: only shard 1 fails, its error's chain holds `refusal`, the sink's breaker stays
+/// closed, and (read back with `read`) shards 2 and 3 are stored, in order, and shard 1 not.
+pub async fn refusal_fails_only_its_shard<K: Sink + Clone>(
+    publisher: Publisher<AuditEvent, K>,
+    sink: &K,
+    refusal: &str,
+    read: impl AsyncFnOnce(usize) -> Vec<Stored>,
+) -> DrainReport {
+    let registry = Registry::builder()
+        .publish(publisher)
+        .build()
+        .expect("a registry");
+    let backend = SqliteBackend::create().await;
+    let relay = Relay::with_config(backend.store(), registry, relay_config("refused"));
+    backend.write(&events(3, 2)).await.expect("write");
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    let failure = &report.failures[0];
+    assert_eq!(failure.shard.shard_identifier, outbox_core::Id::from(1_i64));
+    let error = outbox_core::error_chain(&failure.error);
+    assert!(error.contains(refusal), "{error}");
+    assert!(!sink.breaker().is_open(), "a refusal is not an outage");
+    let shards = by_shard(&read(4).await);
+    assert_eq!(shards.get("1:2"), Some(&vec![2001, 2002]));
+    assert_eq!(shards.get("1:3"), Some(&vec![3001, 3002]));
+    assert!(!shards.contains_key("1:1"));
+    report
+}
+
+/// A running relay publishes 5 events through `sink`; `cut` takes the broker away, 10 more
+/// are written and the breaker opens with nothing more stored; `restore` brings it back, and
+/// everything is stored, each shard in order, each message once, nothing left pending. `count`
+/// says how many messages the broker holds; `read` reads them all (called once, at the end,
+/// for 15). The relay's report.
+pub async fn rides_out_an_outage<K: Sink + Clone>(
+    sink: K,
+    mut count: impl AsyncFnMut() -> usize,
+    cut: impl FnOnce(),
+    restore: impl FnOnce(),
+    read: impl AsyncFnOnce(usize) -> Vec<Stored>,
+) -> RunReport {
+    let backend = SqliteBackend::create().await;
+    let relay = Relay::with_config(
+        backend.store(),
+        registry(sink.clone()),
+        relay_config("outage"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        })
+    };
+    backend.write(&events(5, 1)).await.expect("write");
+    eventually("the first messages are stored", async || count().await >= 5).await;
+
+    cut();
+    let during: Vec<_> = (1..=5)
+        .flat_map(|shard| [2, 3].map(|n| note::<AuditEvent>(shard, n, shard * 1000 + n)))
+        .collect();
+    backend
+        .write(&during)
+        .await
+        .expect("write during the outage");
+    eventually("the breaker opens", async || sink.breaker().is_open()).await;
+    assert_eq!(count().await, 5, "nothing stored while the broker is away");
+
+    restore();
+    eventually("everything is stored", async || count().await >= 15).await;
+    let _ = stop.send(());
+    let report = running
+        .await
+        .expect("the relay does not panic")
+        .expect("the relay stops cleanly");
+    assert_eq!(report.failures, 0, "{report:?}");
+    assert!(report.unavailable >= 1, "{report:?}");
+    assert!(!sink.breaker().is_open());
+    let shards = by_shard(&read(15).await);
+    for shard in 1..=5_u64 {
+        assert_eq!(
+            shards.get(&format!("1:{shard}")),
+            Some(&vec![shard * 1000 + 1, shard * 1000 + 2, shard * 1000 + 3]),
+            "shard {shard} in order, each once"
+        );
+    }
+    let pending = backend
+        .store()
+        .pending_messages(100)
+        .await
+        .expect("pending");
+    assert!(pending.is_empty());
+    report
+}
