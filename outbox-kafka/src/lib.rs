@@ -35,7 +35,7 @@
 use std::time::Duration;
 
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, send_then_confirm};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -167,25 +167,8 @@ impl Sink for KafkaSink {
     /// Queues every envelope in the producer (the idempotent producer keeps a partition's
     /// order through its retries), then waits for the delivery reports in order.
     async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
-        let mut reports = Vec::with_capacity(envelopes.len());
-        let mut unqueued = None;
-        for envelope in &envelopes {
-            match self.enqueue(envelope) {
-                Ok(report) => reports.push(report),
-                Err(error) => {
-                    unqueued = Some(error);
-                    break;
-                }
-            }
-        }
-        let mut confirmed = 0;
-        for report in reports {
-            if let Err(error) = reported(report).await {
-                return Published::new(confirmed, Some(error));
-            }
-            confirmed += 1;
-        }
-        Published::new(confirmed, unqueued)
+        let enqueue = |envelope: Envelope| std::future::ready(self.enqueue(&envelope));
+        send_then_confirm(envelopes, enqueue, reported).await
     }
 
     fn breaker(&self) -> &Breaker {

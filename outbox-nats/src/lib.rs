@@ -38,7 +38,7 @@ use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::{self};
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, send_then_confirm};
 use tracing::debug;
 
 /// How long a publish waits for its JetStream ack by default.
@@ -153,25 +153,7 @@ impl Sink for NatsSink {
         if let Err(error) = self.connected() {
             return Published::new(0, Some(error));
         }
-        let mut acks = Vec::with_capacity(envelopes.len());
-        let mut unsent = None;
-        for envelope in envelopes {
-            match self.send(envelope).await {
-                Ok(ack) => acks.push(ack),
-                Err(error) => {
-                    unsent = Some(error);
-                    break;
-                }
-            }
-        }
-        let mut confirmed = 0;
-        for ack in acks {
-            if let Err(error) = acked(ack).await {
-                return Published::new(confirmed, Some(error));
-            }
-            confirmed += 1;
-        }
-        Published::new(confirmed, unsent)
+        send_then_confirm(envelopes, |envelope| self.send(envelope), acked).await
     }
 
     fn breaker(&self) -> &Breaker {

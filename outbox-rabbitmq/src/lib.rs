@@ -44,7 +44,9 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
 };
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, headers};
+use outbox_core::sink::{
+    Breaker, Envelope, Published, Sink, SinkError, headers, send_then_confirm,
+};
 use tracing::debug;
 
 /// How long a publish waits for its confirm by default (and a connection attempt, to be made).
@@ -246,25 +248,15 @@ impl RabbitSink {
             Ok(channel) => channel,
             Err(error) => return Published::new(0, Some(SinkError::Unavailable(Box::new(error)))),
         };
-        let mut confirms = Vec::with_capacity(envelopes.len());
-        let mut unsent = None;
-        for envelope in &envelopes {
-            match self.send(&channel, envelope).await {
-                Ok(confirm) => confirms.push(confirm),
-                Err(error) => {
-                    unsent = Some(error);
-                    break;
-                }
-            }
-        }
-        let mut confirmed = 0;
-        for (confirm, envelope) in confirms.into_iter().zip(&envelopes) {
-            if let Err(error) = self.confirmed(confirm, &envelope.destination).await {
-                return Published::new(confirmed, Some(error));
-            }
-            confirmed += 1;
-        }
-        Published::new(confirmed, unsent)
+        let channel = &channel;
+        let send = |envelope: Envelope| async move {
+            let confirm = self.send(channel, &envelope).await?;
+            Ok((confirm, envelope.destination))
+        };
+        let confirm = |(confirm, destination): (PublisherConfirm, String)| async move {
+            self.confirmed(confirm, &destination).await
+        };
+        send_then_confirm(envelopes, send, confirm).await
     }
 
     /// A channel-level error (no such exchange, message too large, access refused) refuses

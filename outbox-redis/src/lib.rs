@@ -35,7 +35,7 @@
 use std::time::Duration;
 
 use outbox_core::BoxError;
-use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, one_at_a_time};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -191,14 +191,7 @@ impl Sink for RedisSink {
     /// confirms none of its entries (they may be stored: a redelivery repeats them).
     async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
         if self.dedup_window.is_some() {
-            let mut confirmed = 0;
-            for envelope in &envelopes {
-                if let Err(error) = self.append(envelope).await {
-                    return Published::new(confirmed, Some(classify(error)));
-                }
-                confirmed += 1;
-            }
-            return Published::new(confirmed, None);
+            return one_at_a_time(self, envelopes).await;
         }
         let mut pipeline = redis::pipe();
         for envelope in &envelopes {

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::sink::{Breaker, Envelope, ProbeDelays, Published, Sink, SinkError};
+use outbox_core::sink::{
+    Breaker, Envelope, ProbeDelays, Published, Sink, SinkError, one_at_a_time,
+};
 
 type Refusal = dyn Fn(&Envelope) -> bool + Send + Sync;
 
@@ -134,14 +136,7 @@ impl Sink for MemorySink {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(envelopes.len());
-        let mut confirmed = 0;
-        for envelope in envelopes {
-            if let Err(error) = self.publish(envelope).await {
-                return Published::new(confirmed, Some(error));
-            }
-            confirmed += 1;
-        }
-        Published::new(confirmed, None)
+        one_at_a_time(self, envelopes).await
     }
 
     async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {

@@ -123,18 +123,57 @@ pub trait Sink: Send + Sync + 'static {
     /// sends them all before awaiting the first confirmation (pipelining within the shard);
     /// by default they are published one at a time.
     fn publish_all(&self, envelopes: Vec<Envelope>) -> impl Future<Output = Published> + Send {
-        async move {
-            let mut published = Published::default();
-            for envelope in envelopes {
-                if let Err(error) = self.publish(envelope).await {
-                    published.error = Some(error);
-                    break;
-                }
-                published.confirmed += 1;
+        one_at_a_time(self, envelopes)
+    }
+}
+
+/// [`Sink::publish_all`] one envelope at a time: each published and confirmed before the next,
+/// stopping at the first that is not.
+pub async fn one_at_a_time<K: Sink + ?Sized>(sink: &K, envelopes: Vec<Envelope>) -> Published {
+    let mut confirmed = 0;
+    for envelope in envelopes {
+        if let Err(error) = sink.publish(envelope).await {
+            return Published::new(confirmed, Some(error));
+        }
+        confirmed += 1;
+    }
+    Published::new(confirmed, None)
+}
+
+/// [`Sink::publish_all`] for a client that hands messages to one connection in order and
+/// confirms them later: `send` each envelope in turn (stopping at the first that cannot be
+/// sent), then `confirm` what was sent, in order, stopping at the first that is not
+/// confirmed.
+pub async fn send_then_confirm<T, S, SentFuture, C, ConfirmFuture>(
+    envelopes: Vec<Envelope>,
+    mut send: S,
+    mut confirm: C,
+) -> Published
+where
+    S: FnMut(Envelope) -> SentFuture,
+    SentFuture: Future<Output = Result<T, SinkError>>,
+    C: FnMut(T) -> ConfirmFuture,
+    ConfirmFuture: Future<Output = Result<(), SinkError>>,
+{
+    let mut sent = Vec::with_capacity(envelopes.len());
+    let mut unsent = None;
+    for envelope in envelopes {
+        match send(envelope).await {
+            Ok(pending) => sent.push(pending),
+            Err(error) => {
+                unsent = Some(error);
+                break;
             }
-            published
         }
     }
+    let mut confirmed = 0;
+    for pending in sent {
+        if let Err(error) = confirm(pending).await {
+            return Published::new(confirmed, Some(error));
+        }
+        confirmed += 1;
+    }
+    Published::new(confirmed, unsent)
 }
 
 /// What [`Sink::publish_all`] got through.
