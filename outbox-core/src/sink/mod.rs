@@ -10,9 +10,11 @@
 //! [`RegistryBuilder::publish`](crate::RegistryBuilder::publish) (a [`Publisher`] configured
 //! with its own destination, encoder or de-duplication prefix).
 //!
-//! Order: the relay delivers a shard's groups one at a time, so a shard's publish N+1 starts
-//! only once N was confirmed; shards are published concurrently, up to the relay's
-//! `max_concurrent_shards`.
+//! Order: the relay hands a sink the consecutive groups of a shard's read at once
+//! ([`Sink::publish_all`]); a sink whose broker keeps one connection's order sends them all,
+//! in order, before awaiting their confirmations, and the outbox acknowledges them only as far
+//! as they were confirmed in an unbroken run from the first: N+1 is never acknowledged before
+//! N. Shards are published concurrently, up to the relay's `max_concurrent_shards`.
 //!
 //! Outages: a sink reports an unreachable broker as [`SinkError::Unavailable`]. That opens
 //! its [`Breaker`]: the relay parks the shards that found it open, counts no attempt against
@@ -64,7 +66,7 @@ pub struct Envelope {
     /// Where it goes: a subject, topic, routing key or stream key.
     pub destination: String,
     /// The ordering key: the shard's ([`ordering_key`]). Kafka's partition key; the others
-    /// keep order because a shard publishes one message at a time.
+    /// keep a shard's order on their one connection.
     pub key: String,
     /// The de-duplication key: the outbox message id (behind the publisher's prefix, if
     /// any). A redelivery after a relay crash carries the same one.
