@@ -2,6 +2,7 @@
 //! through, and end (released, yielded, backed off) on a [`DrainEnd`].
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -10,10 +11,8 @@ use tracing::{debug, info, warn};
 
 use super::Inner;
 use super::deliver::{deliver, deliver_all};
-use super::plan::Plan;
+use super::plan::{Group, Plan};
 use crate::error::{DeliveryError, Error, error_chain};
-use std::sync::Arc;
-
 use crate::handler::Pipeline;
 use crate::model::{MessageId, ShardKey};
 use crate::sink::Breaker;
@@ -150,6 +149,17 @@ struct Failed {
 }
 
 impl Failed {
+    /// `group`'s delivery at `attempt` failed with `error`.
+    fn of(group: &Group, attempt: u32, error: DeliveryError) -> Self {
+        Self {
+            error,
+            rows: group.acknowledgement(),
+            attempt,
+            max_attempts: group.info.max_attempts,
+            category: group.info.id,
+        }
+    }
+
     /// Whether the group goes to the dead letters rather than block the shard: the failure
     /// is the message's own and its category's attempts are spent (S22).
     fn dead_letters(&self) -> bool {
@@ -271,6 +281,13 @@ impl<St: Store> DrainState<'_, St> {
         *self.stopping.borrow()
     }
 
+    /// Counts `group`'s delivery, which got through, and notes its acknowledgement.
+    fn got_through(&mut self, delivered: &mut Delivered, group: &Group) {
+        delivered.acks.push(group.acknowledgement());
+        self.rows_delivered += group.rows();
+        self.deliveries += 1;
+    }
+
     /// The attempt at the shard's head: 1 once a group of this drain got through, else one
     /// more than the claim found.
     fn head_attempt(&self) -> u32 {
@@ -355,22 +372,14 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 let pipelined =
                     deliver_all(pipeline, state.inner, &state.lease, groups, &attempts).await;
                 for group in &groups[..pipelined.confirmed.min(groups.len())] {
-                    delivered.acks.push(group.acknowledgement());
-                    state.rows_delivered += group.rows();
-                    state.deliveries += 1;
+                    state.got_through(&mut delivered, group);
                 }
                 if pipelined.confirmed > 0 && !retrying {
                     attempt = 1;
                 }
                 if let Some(error) = pipelined.error {
                     let failed = &groups[pipelined.confirmed.min(groups.len() - 1)];
-                    delivered.failure = Some(Failed {
-                        error,
-                        rows: failed.acknowledgement(),
-                        attempt,
-                        max_attempts: failed.info.max_attempts,
-                        category: failed.info.id,
-                    });
+                    delivered.failure = Some(Failed::of(failed, attempt, error));
                     break;
                 }
                 index = end;
@@ -386,18 +395,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     if !retrying {
                         attempt = 1;
                     }
-                    delivered.acks.push(group.acknowledgement());
-                    state.rows_delivered += group.rows();
-                    state.deliveries += 1;
+                    state.got_through(&mut delivered, group);
                 }
                 Err(error) => {
-                    delivered.failure = Some(Failed {
-                        error,
-                        rows: group.acknowledgement(),
-                        attempt,
-                        max_attempts: group.info.max_attempts,
-                        category: group.info.id,
-                    });
+                    delivered.failure = Some(Failed::of(group, attempt, error));
                     break;
                 }
             }
@@ -439,8 +440,11 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         }
         let dead_letters = self.state.mode == DrainMode::Relay;
         let failure = match failure {
-            Some(failed) if dead_letters && failed.error.breaker().is_some() => {
-                return self.park(failed.error).await.map(ControlFlow::Break);
+            Some(Failed {
+                error: DeliveryError::Unavailable { source, .. },
+                ..
+            }) if dead_letters => {
+                return self.park(source.breaker).await.map(ControlFlow::Break);
             }
             Some(failed) if dead_letters && failed.dead_letters() => {
                 if !self.dead_letter(failed).await? {
@@ -566,10 +570,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     /// Ends the relay's drain on a delivery that found its system unreachable: the shard is
     /// released with no attempt counted (its failures reset if this drain got a group
     /// through), and waits for the breaker to close.
-    async fn park(self, error: DeliveryError) -> Result<ShardRun, Error> {
-        let Some(breaker) = error.breaker().cloned() else {
-            return self.fail(error, true).await;
-        };
+    async fn park(self, breaker: Breaker) -> Result<ShardRun, Error> {
         debug!(shard = %self.state.lease.shard, breaker = breaker.name(), "shard waits for its breaker to close");
         let outcome = if self.state.progressed {
             Outcome::Yielded

@@ -433,40 +433,14 @@ impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
         _cx: &'a mut HandlerContext<'_>,
     ) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            let (category, message_id) = (raw.category, raw.message.id);
-            // S21: a payload that does not read as the category's fails here, whatever the
-            // encoder.
-            let delivery = Delivery::<C>::from_raw(&raw)?;
-            let breaker = self.sink.breaker();
-            let unavailable = |source: Unavailable| DeliveryError::Unavailable {
-                category,
-                message_id,
-                source,
-            };
-            if breaker.is_open() {
-                return Err(unavailable(Unavailable {
-                    breaker: breaker.clone(),
-                    source: "its breaker is open: waiting for a probe to find it answering".into(),
-                }));
+            let envelope = self.prepare(&raw)?;
+            if self.sink.breaker().is_open() {
+                return Err(self.open(&raw));
             }
-            let envelope =
-                self.envelope(&raw, &delivery)
-                    .map_err(|source| DeliveryError::Handler {
-                        category,
-                        message_id,
-                        source,
-                    })?;
-            match self.sink.publish(envelope).await {
-                Ok(()) => Ok(()),
-                Err(SinkError::Unavailable(source)) => {
-                    Err(unavailable(breaker.unavailable(source)))
-                }
-                Err(refused) => Err(DeliveryError::Handler {
-                    category,
-                    message_id,
-                    source: Box::new(refused),
-                }),
-            }
+            self.sink
+                .publish(envelope)
+                .await
+                .map_err(|error| self.failed(&raw, error))
         })
     }
 }
