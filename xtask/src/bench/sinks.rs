@@ -8,6 +8,7 @@
 //! NATS JetStream, Redis and RabbitMQ are the local servers; Kafka is librdkafka's mock cluster,
 //! in process, for both sides.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use async_nats::jetstream;
@@ -26,7 +27,7 @@ use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use sqlx::PgPool;
 
 use super::BenchArgs;
-use super::drain::seed_pg;
+use super::drain::{counting_relay, seed_pg};
 use super::report::{Row, Target};
 use super::setup::{Server, Transferred, failed};
 
@@ -174,13 +175,44 @@ async fn check<B: Broker>(broker: &mut B, messages: u64, who: &str) -> Result<()
     }
 }
 
-/// Scenario 9, one row per broker.
+/// The relay's rate (messages/s) to a handler that does nothing, the better of two runs: what
+/// the relay drains from this database at this shape whatever the broker, its ceiling here.
+async fn ceiling(pool: &PgPool, messages: u64, shards: u64) -> Result<f64, String> {
+    let mut best = 0.0f64;
+    for _ in 0..2 {
+        seed_pg(pool, messages, shards, 0).await?;
+        let (relay, calls) = counting_relay(PgStore::new(pool.clone()), RelayConfig::default());
+        let started = Instant::now();
+        let report = relay.drain().await.map_err(failed("draining to nothing"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let calls = calls.load(Ordering::Relaxed);
+        if !report.is_clean() || report.rows_acknowledged != messages || calls != messages {
+            return Err(format!(
+                "the relay's drain to nothing was not clean ({calls} calls): {report:?}"
+            ));
+        }
+        best = best.max(messages as f64 / seconds);
+    }
+    Ok(best)
+}
+
+/// Scenario 9: a row per broker against its hand-written loops, the relay's ceiling (a
+/// handler that does nothing), and each broker's relay against that ceiling.
 pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let (messages, shards) = (args.sized(100_000, 2_000), args.sized(1_000, 20));
     let database = server.database(20).await?;
     let pool = &database.pool;
     let prefix = format!("outbox_bench_{}", std::process::id());
-    let mut rows = Vec::new();
+    let ceiling = ceiling(pool, messages, shards).await?;
+    let mut rows = vec![Row::measured(
+        &format!(
+            "9. the relay to a handler that does nothing: {messages} messages, {shards} shards \
+             (its ceiling here, whatever the broker)"
+        ),
+        "messages/s",
+        ceiling,
+        Target::None,
+    )];
     let mut row = |name: &str, client: &str, (engine, baseline): (f64, f64)| {
         rows.push(Row::compared(
             &format!(
@@ -191,6 +223,13 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
             engine,
             baseline,
             Target::Ratio(0.7),
+        ));
+        rows.push(Row::compared(
+            &format!("9. {name}: the relay through the sink vs to a handler that does nothing"),
+            "messages/s",
+            engine,
+            ceiling,
+            Target::None,
         ));
     };
 
