@@ -305,10 +305,15 @@ pub(crate) const CLAIM: &str = concat!(
 // but its `xmax` (the deleting transaction) is set: each row says whether it is `stale`, and
 // a head with a stale row is read again by the session. Once claimed, nobody else deletes
 // rows of the shard.
+//
+// The arrays and the head's limit are read through sub-selects, which the planner cannot see
+// into: a custom plan then estimates what a generic one does, so after its first executions
+// PostgreSQL keeps the generic plan of the prepared statement instead of planning this
+// statement anew at every claim (planning it cost more than running it: 0.4 to 0.7 ms).
 pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want AS ( \
         SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination \
-        FROM unnest($1::smallint[], $2::bigint[], $3::text[]) \
+        FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), (SELECT $3::text[])) \
             AS w(shard_scope, shard_identifier, destination)), \
      fresh AS ( \
         INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
@@ -357,7 +362,7 @@ pub(crate) const CLAIM_MANY: &str = concat!(
         FROM outbox_messages m \
         WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
             AND m.destination = c.destination \
-        ORDER BY m.id LIMIT $6) h ON true \
+        ORDER BY m.id LIMIT (SELECT $6)) h ON true \
     ORDER BY c.lease_token, h.id"
 );
 
