@@ -5,6 +5,10 @@
 //! two or four such loops run at once, each over its own shards (so each shard stays in
 //! order, as the relay keeps it), on one client; the best is the baseline.
 //!
+//! The relay's ceiling is measured too: the same messages drained to a handler that does
+//! nothing, which is what the relay takes from the database at this shape whatever the broker;
+//! each broker's relay is reported against it (what the sink's path costs on top).
+//!
 //! NATS JetStream, Redis and RabbitMQ are the local servers; Kafka is librdkafka's mock cluster,
 //! in process, for both sides.
 
