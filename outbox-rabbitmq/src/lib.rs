@@ -38,15 +38,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
 };
 use outbox_core::BoxError;
-use outbox_core::sink::{
-    Breaker, Envelope, Published, Sink, SinkError, headers, send_then_confirm,
-};
+use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, headers};
 use tracing::debug;
 
 /// How long a publish waits for its confirm by default (and a connection attempt, to be made).
@@ -72,43 +71,86 @@ impl std::fmt::Debug for RabbitSink {
     }
 }
 
-/// The connection and its confirming channel, made again after they fail.
+/// The connection and its confirming channel (the probe's), made again after they fail, and
+/// the idle channels publishes take in turn.
+///
+/// Each publish has a channel of its own while it runs: RabbitMQ may confirm several
+/// messages of a channel at once, and lapin then hands a returned (unroutable) message to any
+/// of the confirms it resolves together, so a channel's returns can be matched to their
+/// messages (by message id) only among the publishes of one caller.
 struct Link {
     uri: String,
     timeout: Duration,
     open: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+    idle: std::sync::Mutex<Vec<Channel>>,
 }
 
 impl Link {
     /// The confirming channel, connecting (again) if there is none or it failed.
     async fn channel(&self) -> Result<Channel, ConnectError> {
         let mut open = self.open.lock().await;
-        if let Some((connection, channel)) = &*open
-            && connection.status().connected()
-            && channel.status().connected()
-        {
-            return Ok(channel.clone());
-        }
-        if let Some((connection, _)) = open.take()
-            && connection.status().connected()
-        {
-            // Only the channel failed (a refused message closes it): keep the connection.
-            let channel = confirming(&connection).await?;
-            *open = Some((connection, channel.clone()));
-            return Ok(channel);
-        }
-        let connect = Connection::connect(&self.uri, ConnectionProperties::default());
-        let connection = tokio::time::timeout(self.timeout, connect)
+        self.opened(&mut open)
             .await
-            .map_err(|_| ConnectError::TimedOut(self.timeout))??;
-        let channel = confirming(&connection).await?;
-        *open = Some((connection, channel.clone()));
-        Ok(channel)
+            .map(|(_, channel)| channel.clone())
+    }
+
+    /// The connection and channel `open` holds, made (again) if there are none or they failed.
+    async fn opened<'o>(
+        &self,
+        open: &'o mut Option<(Connection, Channel)>,
+    ) -> Result<&'o (Connection, Channel), ConnectError> {
+        let pair = match open.take() {
+            Some((connection, channel))
+                if connection.status().connected() && channel.status().connected() =>
+            {
+                (connection, channel)
+            }
+            // Only the channel failed (a refused message closes it): keep the connection.
+            Some((connection, _)) if connection.status().connected() => {
+                let channel = confirming(&connection).await?;
+                (connection, channel)
+            }
+            _ => {
+                let connect = Connection::connect(&self.uri, ConnectionProperties::default());
+                let connection = tokio::time::timeout(self.timeout, connect)
+                    .await
+                    .map_err(|_| ConnectError::TimedOut(self.timeout))??;
+                let channel = confirming(&connection).await?;
+                (connection, channel)
+            }
+        };
+        Ok(open.insert(pair))
+    }
+
+    /// A confirming channel for one publish alone: an idle one, or a new one.
+    async fn checkout(&self) -> Result<Channel, ConnectError> {
+        while let Some(channel) = self.idle.lock().expect("the idle channels").pop() {
+            if channel.status().connected() {
+                return Ok(channel);
+            }
+        }
+        let mut open = self.open.lock().await;
+        let (connection, _) = self.opened(&mut open).await?;
+        Ok(confirming(connection).await?)
+    }
+
+    /// Gives back a channel whose publish saw every confirm and nothing returned; a channel
+    /// left with confirms outstanding is closed instead.
+    async fn checkin(&self, channel: Channel, clean: bool) {
+        if clean && channel.status().connected() {
+            self.idle.lock().expect("the idle channels").push(channel);
+        } else if channel.status().connected() {
+            channel
+                .close(200, "outbox: publish abandoned".into())
+                .await
+                .ok();
+        }
     }
 
     /// Forgets the connection after a connection-level failure: the next publish or probe
     /// connects again.
     async fn reset(&self) {
+        self.idle.lock().expect("the idle channels").clear();
         self.open.lock().await.take();
     }
 }
@@ -144,6 +186,7 @@ impl RabbitSink {
             uri: uri.into(),
             timeout: DEFAULT_CONFIRM_TIMEOUT,
             open: tokio::sync::Mutex::new(None),
+            idle: std::sync::Mutex::new(Vec::new()),
         });
         link.channel().await?;
         let probed = Arc::clone(&link);
@@ -212,51 +255,108 @@ impl RabbitSink {
             .map_err(|error| self.classify(error))
     }
 
-    /// Waits for the confirm of the message published to `destination`.
+    /// What the confirm of one message said: its outcome, and a returned message it carried
+    /// (which may be another message's, see [`Link`]). Waits at most `wait`.
     async fn confirmed(
         &self,
         confirm: PublisherConfirm,
-        destination: &str,
-    ) -> Result<(), SinkError> {
-        let confirmation = tokio::time::timeout(self.link.timeout, confirm)
-            .await
-            .map_err(|_| SinkError::Unavailable("RabbitMQ did not confirm in time".into()))?
-            .map_err(|error| self.classify(error))?;
+        wait: Duration,
+    ) -> (Result<(), SinkError>, Option<BasicReturnMessage>) {
+        let confirmation = match tokio::time::timeout(wait, confirm).await {
+            Err(_) => {
+                let error = SinkError::Unavailable("RabbitMQ did not confirm in time".into());
+                return (Err(error), None);
+            }
+            Ok(Err(error)) => return (Err(self.classify(error)), None),
+            Ok(Ok(confirmation)) => confirmation,
+        };
         match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(SinkError::Refused(
-                format!(
-                    "unroutable: no queue is bound for routing key `{}` on exchange `{}` ({} {})",
-                    destination, self.exchange, returned.reply_code, returned.reply_text
-                )
-                .into(),
-            )),
-            Confirmation::Nack(_) => Err(SinkError::Unavailable(
-                "RabbitMQ could not take the message (negative confirm)".into(),
-            )),
+            Confirmation::Ack(returned) => (Ok(()), returned),
+            Confirmation::Nack(returned) => (
+                Err(SinkError::Unavailable(
+                    "RabbitMQ could not take the message (negative confirm)".into(),
+                )),
+                returned,
+            ),
             Confirmation::NotRequested => {
                 debug!("a channel without confirms: connecting again");
-                Err(SinkError::Unavailable(
-                    "the channel does not confirm publishes".into(),
-                ))
+                let error = SinkError::Unavailable("the channel does not confirm publishes".into());
+                (Err(error), None)
             }
         }
     }
 
+    /// Publishes `envelopes` in order on a channel of their own, then reads every confirm:
+    /// the confirmed prefix ends at the first message that was returned (matched by its
+    /// message id, whichever confirm carried it), not confirmed, or not sent.
     async fn publish_on_channel(&self, envelopes: Vec<Envelope>) -> Published {
-        let channel = match self.link.channel().await {
+        let channel = match self.link.checkout().await {
             Ok(channel) => channel,
             Err(error) => return Published::new(0, Some(SinkError::Unavailable(Box::new(error)))),
         };
-        let channel = &channel;
-        let send = |envelope: Envelope| async move {
-            let confirm = self.send(channel, &envelope).await?;
-            Ok((confirm, envelope.destination))
-        };
-        let confirm = |(confirm, destination): (PublisherConfirm, String)| async move {
-            self.confirmed(confirm, &destination).await
-        };
-        send_then_confirm(envelopes, send, confirm).await
+        let mut sent = Vec::with_capacity(envelopes.len());
+        let mut unsent = None;
+        for envelope in &envelopes {
+            match self.send(&channel, envelope).await {
+                Ok(confirm) => sent.push(confirm),
+                Err(error) => {
+                    unsent = Some(error);
+                    break;
+                }
+            }
+        }
+        let all_sent = sent.len() == envelopes.len();
+        let mut outcomes = Vec::with_capacity(sent.len());
+        let mut returned = Vec::new();
+        let mut failed = false;
+        for confirm in sent {
+            // After a failure, only the confirms already resolved are read, for the returned
+            // messages they carry.
+            let wait = if failed {
+                Duration::ZERO
+            } else {
+                self.link.timeout
+            };
+            let (outcome, carried) = self.confirmed(confirm, wait).await;
+            failed |= outcome.is_err();
+            returned.extend(carried);
+            outcomes.push(outcome);
+        }
+        let clean = all_sent && !failed && returned.is_empty();
+        let mut confirmed = 0;
+        let mut error = None;
+        for (envelope, outcome) in envelopes.iter().zip(outcomes) {
+            let own = returned.iter().position(|message| {
+                message
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(ShortString::as_str)
+                    == Some(envelope.dedup_key.as_str())
+            });
+            if let Some(at) = own {
+                error = Some(self.unroutable(envelope, &returned.swap_remove(at)));
+                break;
+            }
+            if let Err(failure) = outcome {
+                error = Some(failure);
+                break;
+            }
+            confirmed += 1;
+        }
+        self.link.checkin(channel, clean).await;
+        Published::new(confirmed, error.or(unsent))
+    }
+
+    /// The refusal of `envelope`, which RabbitMQ returned as `returned`.
+    fn unroutable(&self, envelope: &Envelope, returned: &BasicReturnMessage) -> SinkError {
+        SinkError::Refused(
+            format!(
+                "unroutable: no queue is bound for routing key `{}` on exchange `{}` ({} {})",
+                envelope.destination, self.exchange, returned.reply_code, returned.reply_text
+            )
+            .into(),
+        )
     }
 
     /// A channel-level error (no such exchange, message too large, access refused) refuses

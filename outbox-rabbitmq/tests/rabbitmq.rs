@@ -189,6 +189,65 @@ async fn an_unroutable_message_fails_only_its_shard() {
     queue.remove().await;
 }
 
+/// RabbitMQ confirms several messages of a channel at once, and lapin hands a returned message
+/// to any confirm it resolves with it: with many shards publishing at once, each return must
+/// still fail its own message and no other (the odd shards all route nowhere, the even ones
+/// to the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returns_fail_their_own_messages_with_many_shards_in_flight() {
+    use outbox_testkit::backend::StoreBackend;
+    use outbox_testkit::sqlite::SqliteBackend;
+    for round in 0..4 {
+        let queue = TestQueue::declare("returns").await;
+        let sink = sink(&queue, RABBITMQ).await;
+        let (routed, nowhere) = (queue.name(), format!("{}.nowhere", queue.prefix));
+        let publisher = Publisher::<AuditEvent, _>::new(sink.clone()).to(
+            move |delivery: &Delivery<AuditEvent>| {
+                if [1_i64, 3, 5, 7, 9, 11, 13, 15]
+                    .iter()
+                    .any(|odd| delivery.shard_identifier() == *odd)
+                {
+                    nowhere.clone()
+                } else {
+                    routed.clone()
+                }
+            },
+        );
+        let registry = outbox_core::Registry::builder()
+            .publish(publisher)
+            .build()
+            .expect("a registry");
+        let backend = SqliteBackend::create().await;
+        let relay = outbox_core::Relay::with_config(
+            backend.store(),
+            registry,
+            brokers::relay_config("returns"),
+        );
+        backend.write(&brokers::events(16, 5)).await.expect("write");
+        let report = relay.drain().await.expect("drain");
+        let mut failed: Vec<Id> = report
+            .failures
+            .iter()
+            .map(|failure| failure.shard.shard_identifier)
+            .collect();
+        failed.sort();
+        let odd: Vec<Id> = (1..=15_i64).step_by(2).map(Id::from).collect();
+        assert_eq!(failed, odd, "round {round}: {report:?}");
+        assert_eq!(report.rows_acknowledged, 40, "round {round}: {report:?}");
+        let stored = brokers::by_shard(&queue.take().await);
+        for shard in (2..=16).step_by(2) {
+            let ids: Vec<u64> = (1..=5).map(|n| shard * 1000 + n).collect();
+            assert_eq!(
+                stored.get(&format!("1:{shard}")),
+                Some(&ids),
+                "round {round}"
+            );
+        }
+        assert_eq!(stored.len(), 8, "round {round}: {stored:?}");
+        queue.remove().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_opens_the_breaker_and_loses_nothing() {
     let queue = TestQueue::declare("outage").await;
