@@ -378,8 +378,8 @@ impl Sink for RabbitSink {
             .map_or(Ok(()), Err)
     }
 
-    /// Publishes every envelope on the one channel (RabbitMQ keeps their order), then waits
-    /// for the confirms in order.
+    /// Publishes every envelope on a channel of this call's own (RabbitMQ keeps their order
+    /// on it), then reads every confirm, matching returned messages by message id.
     async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
         let published = self.publish_on_channel(envelopes).await;
         if let Some(SinkError::Unavailable(_)) = &published.error {
