@@ -221,7 +221,6 @@ impl RabbitSink {
         channel: &Channel,
         envelope: &Envelope,
     ) -> Result<PublisherConfirm, SinkError> {
-        (self.link.channel().await).map_err(|error| SinkError::Unavailable(Box::new(error)))?;
         let mut table = FieldTable::default();
         let mut content_type = Cow::Borrowed("application/json");
         for (name, value) in &envelope.headers {
@@ -305,7 +304,6 @@ impl RabbitSink {
                 }
             }
         }
-        let all_sent = sent.len() == envelopes.len();
         let mut outcomes = Vec::with_capacity(sent.len());
         let mut returned = Vec::new();
         let mut failed = false;
@@ -322,7 +320,7 @@ impl RabbitSink {
             returned.extend(carried);
             outcomes.push(outcome);
         }
-        let clean = all_sent && !failed && returned.is_empty();
+        let clean = unsent.is_none() && !failed && returned.is_empty();
         let mut confirmed = 0;
         let mut error = None;
         for (envelope, outcome) in envelopes.iter().zip(outcomes) {
