@@ -15,6 +15,9 @@ pub struct NamedCategory {
     pub name: &'static str,
     /// The scope it belongs to.
     pub scope: ScopeId,
+    /// For a replicated model: the replication version its code declares (what a backfill
+    /// started without a version walks to).
+    pub replication_version: Option<u32>,
 }
 
 /// The scopes and categories a binary knows by name: those declared with the attribute macros
@@ -42,7 +45,8 @@ impl Catalog {
         }
         for category in inventory::iter::<CategoryDeclaration> {
             catalog.add_scope(category.scope, category.scope_name);
-            catalog.add_category(category.id, category.name, category.scope);
+            let version = category.model.map(|_| category.replication_version);
+            catalog.add_category(category.id, category.name, category.scope, version);
         }
         catalog
     }
@@ -51,7 +55,8 @@ impl Catalog {
     pub fn with_registry(mut self, registry: &Registry) -> Self {
         for info in registry.categories() {
             self.add_scope(info.scope, info.scope_name);
-            self.add_category(info.id, info.name, info.scope);
+            let version = info.backfill.map(|model| model.version);
+            self.add_category(info.id, info.name, info.scope, version);
         }
         self
     }
@@ -68,9 +73,20 @@ impl Catalog {
         }
     }
 
-    fn add_category(&mut self, id: CategoryId, name: &'static str, scope: ScopeId) {
+    fn add_category(
+        &mut self,
+        id: CategoryId,
+        name: &'static str,
+        scope: ScopeId,
+        replication_version: Option<u32>,
+    ) {
         if !self.categories.iter().any(|known| known.id == id) {
-            self.categories.push(NamedCategory { id, name, scope });
+            self.categories.push(NamedCategory {
+                id,
+                name,
+                scope,
+                replication_version,
+            });
             self.categories.sort_unstable_by_key(|category| category.id);
         }
     }

@@ -61,6 +61,8 @@ pub struct CategoryDeclaration {
     pub no_op: bool,
     /// `Some` for a `#[replicated_model]`.
     pub model: Option<ModelTable>,
+    /// A replicated model's replication version (0 for any other category).
+    pub replication_version: u32,
     /// The type's name as written in the source.
     pub type_name: &'static str,
     pub at: SourceLocation,

@@ -198,6 +198,35 @@ pub enum Error {
         feature: &'static str,
     },
 
+    /// A backfill cannot walk a row of its model: the row does not read back as the model,
+    /// or its outboxes cannot be made (a fan-out model that names no destinations, a local
+    /// model's backfill started with destinations). The batch writes nothing and the
+    /// watermark stays where it was; the model's backfill records the error.
+    #[error("the backfill of `{model}` cannot walk row {}: {detail}",
+        key.map_or_else(|| "?".to_owned(), |key| key.to_string()))]
+    BackfillRow {
+        /// The model's name.
+        model: &'static str,
+        /// The row's key, if it could be read.
+        key: Option<crate::id::Id>,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// A backfill batch could not record its progress on the model's watermark: the batch
+    /// failed and its outboxes were rolled back with it (written in the same transaction), so
+    /// the next tick walks the same rows again. The source says why.
+    #[error(
+        "the backfill of `{model}` could not record its progress; the batch is rolled back and walked again"
+    )]
+    BackfillWatermark {
+        /// The model's name.
+        model: &'static str,
+        /// Why the watermark was not written.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// The registry has conflicting declarations.
     #[error("invalid outbox registry: {}", DisplayList(problems))]
     Registry {
@@ -209,7 +238,11 @@ pub enum Error {
 impl Error {
     /// Whether the error means the database is (perhaps temporarily) out of reach.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. })
+        match self {
+            Self::Unavailable { .. } => true,
+            Self::BackfillWatermark { source, .. } => source.is_unavailable(),
+            _ => false,
+        }
     }
 }
 

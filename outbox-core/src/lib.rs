@@ -81,6 +81,7 @@
 //! ```
 #![doc(test(attr(deny(warnings))))]
 
+pub mod backfill;
 mod catalog;
 mod categories;
 pub mod columns;
@@ -102,6 +103,7 @@ pub mod store;
 pub mod telemetry;
 mod trace;
 
+pub use crate::backfill::{BackfillPhase, BackfillStart, BackfillState};
 pub use crate::catalog::{Catalog, NamedCategory};
 pub use crate::categories::Deliverable;
 pub use crate::columns::{ColumnValue, ColumnVisitor, ModelColumns, ModelRow};

@@ -70,6 +70,21 @@ pub trait ReplicatedModel: Category + Payload + Sync {
 
     /// What the deletion handler will need once the row is gone, saved with every write.
     fn tombstone(&self) -> Self::Payload;
+
+    /// The version of the model's replication logic (`replication_version = N`; 1 by
+    /// default). Raising it, then starting a backfill to it, writes an outbox for every row
+    /// the table holds (see [`crate::backfill`]).
+    const REPLICATION_VERSION: u32 = 1;
+
+    /// Whether the model fans out (`fan_out`): each write names its destinations.
+    const FAN_OUT: bool = false;
+
+    /// For a fan-out model, the destinations a backfill sends this row's outboxes to
+    /// (`destinations = <function>`: a `fn(&Self) -> Vec<Destination>`); `None` if the model
+    /// does not say.
+    fn backfill_destinations(&self) -> Option<Vec<Destination>> {
+        None
+    }
 }
 
 /// A replicated model whose outboxes stay local: one row per write, delivered from this
@@ -140,30 +155,40 @@ impl<'a, M: ReplicatedModel> ModelBatch<'a, M> {
     /// One outbox message per model (per model and destination, for fan-out models), in
     /// model order.
     pub fn messages(&self) -> Result<Vec<Message>, Error> {
-        let per_model = self.destinations.as_ref().map_or(1, Vec::len);
-        let mut messages = Vec::with_capacity(self.models.len() * per_model);
-        for model in self.models {
-            let local = Message::new::<M>(
-                model.shard_identifier(),
-                model.object_identifier(),
-                &model.tombstone(),
-            )?;
-            match &self.destinations {
-                None => messages.push(local),
-                Some(destinations) => messages.extend(
-                    destinations
-                        .iter()
-                        .map(|destination| local.clone().with_destination(destination.clone())),
-                ),
-            }
-        }
-        Ok(messages)
+        messages_of(self.models, self.destinations.as_deref())
     }
 
     /// The models as JSON objects keyed by column (each checked with [`check_model_shape`]).
     pub(crate) fn rows_json(&self) -> Result<Vec<serde_json::Value>, Error> {
         self.models.iter().map(check_model_shape).collect()
     }
+}
+
+/// The outboxes a write of `models` writes: one per model, or one per model and destination
+/// for fan-out models (`destinations`), in model order. What a model write and a backfill
+/// ([`crate::backfill`]) both write.
+pub(crate) fn messages_of<M: ReplicatedModel>(
+    models: &[M],
+    destinations: Option<&[Destination]>,
+) -> Result<Vec<Message>, Error> {
+    let per_model = destinations.map_or(1, <[Destination]>::len);
+    let mut messages = Vec::with_capacity(models.len() * per_model);
+    for model in models {
+        let local = Message::new::<M>(
+            model.shard_identifier(),
+            model.object_identifier(),
+            &model.tombstone(),
+        )?;
+        match destinations {
+            None => messages.push(local),
+            Some(destinations) => messages.extend(
+                destinations
+                    .iter()
+                    .map(|destination| local.clone().with_destination(destination.clone())),
+            ),
+        }
+    }
+    Ok(messages)
 }
 
 /// The model as a JSON object keyed by column, checked to serialize to exactly its table's

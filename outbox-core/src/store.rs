@@ -9,6 +9,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use crate::backfill::{
+    BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
+};
 use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::id::Id;
@@ -677,6 +680,19 @@ pub trait Store: Clone + Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// One tick of `model`'s backfill (S11, see [`crate::backfill`]): records the model (and
+    /// the version this binary's code declares) on its watermark, then, if the watermark's
+    /// target calls for a walk that this code can do and no other worker holds the
+    /// watermark, walks the next batch of [`batch_size`](crate::backfill::batch_size) rows
+    /// above the low bound in key order, writes their outboxes and moves the watermark, in
+    /// one transaction. Two workers never walk the same batch; a batch whose watermark write
+    /// fails writes nothing ([`Error::BackfillWatermark`]).
+    fn backfill(
+        &self,
+        model: &BackfillModel,
+        options: &BackfillOptions,
+    ) -> impl Future<Output = Result<BackfillBatch, Error>> + Send;
+
     /// Deletes up to `limit` dead letters set aside at least `age` ago (the oldest first);
     /// returns how many went. The relay's retention calls it in small batches.
     fn purge_dead_letters_older_than(
@@ -755,6 +771,25 @@ pub trait Admin: Send + Sync {
 
     /// The pauses in force.
     fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, Error>> + Send;
+
+    /// Every model's backfill as the watermarks record it, by category (S11).
+    fn backfills(&self) -> impl Future<Output = Result<Vec<BackfillState>, Error>> + Send;
+
+    /// Starts (or resumes) a model's backfill to `start.version`, restricted to
+    /// `start.destinations` if given: relays whose code declares that version walk it from
+    /// their next tick. Returns the model's state.
+    fn start_backfill(
+        &self,
+        start: &BackfillStart,
+    ) -> impl Future<Output = Result<BackfillState, Error>> + Send;
+
+    /// Pauses a model's backfill where it is (its target lowered to the version done);
+    /// returns whether it was started and not done. Starting it again to the same version
+    /// goes on from where it stopped.
+    fn pause_backfill(
+        &self,
+        category: CategoryId,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
 }
 
 /// A claimed shard: read its messages, acknowledge delivered groups, finish.

@@ -27,6 +27,13 @@
 //! | `outbox_dead_letters` | gauge | | dead letters kept |
 //! | `outbox_breaker_open` | gauge | `breaker` | 1 while a sink's [breaker](crate::sink::Breaker) is open (its broker unreachable), 0 once it closed |
 //! | `outbox_breaker_openings_total` | counter | `breaker` | times a breaker opened |
+//! | `outbox_backfill_rows_total` | counter | `model` | rows a backfill walked (each written its outboxes) |
+//! | `outbox_backfill_errors_total` | counter | `model` | backfill ticks that failed (the batch rolled back) |
+//! | `outbox_backfill_rows_walked` | gauge | `model` | rows the model's current (or last) walk has walked |
+//! | `outbox_backfill_target_version` | gauge | `model` | the version an operator started the model's backfill to |
+//! | `outbox_backfill_done_version` | gauge | `model` | the highest version whose walk completed |
+//!
+//! The backfill gauges are set by the relay that walks a batch, from the watermark it wrote.
 //!
 //! The gauges come from one query that [`Relay::run`](crate::Relay::run) makes every
 //! [`gauge_interval`](crate::RelayConfigBuilder::gauge_interval) (or
@@ -43,6 +50,7 @@ use std::time::{Duration, SystemTime};
 
 use metrics::{Counter, Histogram, Unit};
 
+use crate::backfill::{BackfillBatch, BackfillOutcome};
 use crate::model::{CategoryId, Message, ScopeId};
 use crate::store::OutboxStatus;
 
@@ -82,6 +90,16 @@ pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 pub const SHARDS: &str = "outbox_shards";
 /// Dead letters kept (gauge).
 pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+/// Rows a backfill walked (counter; `model`).
+pub const BACKFILL_ROWS: &str = "outbox_backfill_rows_total";
+/// Backfill ticks that failed (counter; `model`).
+pub const BACKFILL_ERRORS: &str = "outbox_backfill_errors_total";
+/// Rows the current (or last) walk of a model's backfill walked (gauge; `model`).
+pub const BACKFILL_ROWS_WALKED: &str = "outbox_backfill_rows_walked";
+/// The version a model's backfill was started to (gauge; `model`).
+pub const BACKFILL_TARGET_VERSION: &str = "outbox_backfill_target_version";
+/// The highest version whose backfill walk completed (gauge; `model`).
+pub const BACKFILL_DONE_VERSION: &str = "outbox_backfill_done_version";
 
 /// The operations of the [`DATABASE_ERRORS`] counter's `operation` label.
 pub const DATABASE_OPERATIONS: [&str; 4] = ["prepare", "discover", "drain", "gauges"];
@@ -155,6 +173,23 @@ pub fn describe() {
         "Shards with pending messages, by state"
     );
     describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept");
+    describe_counter!(BACKFILL_ROWS, Unit::Count, "Rows a backfill walked");
+    describe_counter!(BACKFILL_ERRORS, Unit::Count, "Backfill ticks that failed");
+    describe_gauge!(
+        BACKFILL_ROWS_WALKED,
+        Unit::Count,
+        "Rows the current walk of a model's backfill walked"
+    );
+    describe_gauge!(
+        BACKFILL_TARGET_VERSION,
+        Unit::Count,
+        "The version a model's backfill was started to"
+    );
+    describe_gauge!(
+        BACKFILL_DONE_VERSION,
+        Unit::Count,
+        "The highest version whose backfill walk completed"
+    );
 }
 
 /// Reports every counter at 0 for each category and scope of `registry` (and each database
@@ -174,6 +209,30 @@ pub fn register(registry: &crate::Registry) {
     for operation in DATABASE_OPERATIONS {
         metrics::counter!(DATABASE_ERRORS, "operation" => operation).increment(0);
     }
+    for model in registry.backfill_models() {
+        for name in [BACKFILL_ROWS, BACKFILL_ERRORS] {
+            metrics::counter!(name, "model" => model.name).increment(0);
+        }
+    }
+}
+
+/// One tick of a model's backfill: the rows it walked, and the gauges from the watermark.
+pub(crate) fn backfilled(batch: &BackfillBatch) {
+    let model = batch.model;
+    if let BackfillOutcome::Walked { rows, .. } = batch.outcome {
+        metrics::counter!(BACKFILL_ROWS, "model" => model).increment(rows as u64);
+    }
+    if let Some(state) = &batch.state {
+        metrics::gauge!(BACKFILL_ROWS_WALKED, "model" => model).set(state.rows_walked as f64);
+        metrics::gauge!(BACKFILL_TARGET_VERSION, "model" => model)
+            .set(f64::from(state.target_version));
+        metrics::gauge!(BACKFILL_DONE_VERSION, "model" => model).set(f64::from(state.done_version));
+    }
+}
+
+/// A failed tick of a model's backfill.
+pub(crate) fn backfill_failed(model: &'static str) {
+    metrics::counter!(BACKFILL_ERRORS, "model" => model).increment(1);
 }
 
 /// Counts `messages` as written: one increment per category and scope met.
@@ -326,7 +385,6 @@ impl CategoryMetrics {
     }
 }
 
-/// A failed database call of the relay.
 /// A breaker opened.
 pub(crate) fn breaker_opened(breaker: &str) {
     let labels = [("breaker", breaker.to_owned())];
@@ -339,6 +397,7 @@ pub(crate) fn breaker_closed(breaker: &str) {
     metrics::gauge!(BREAKER_OPEN, &[("breaker", breaker.to_owned())]).set(0.0);
 }
 
+/// A failed database call of the relay.
 pub(crate) fn database_error(operation: &'static str) {
     metrics::counter!(DATABASE_ERRORS, "operation" => operation).increment(1);
 }

@@ -286,6 +286,7 @@ fn generate(enumeration: &Ident, scope: &Path, variants: &[Variant]) -> TokenStr
             coalesce: variant.coalesce,
             no_op: false,
             model: quote!(::core::option::Option::None),
+            replication_version: 0,
             extra: TokenStream::new(),
             target: Some(quote!(#payload)),
         }));

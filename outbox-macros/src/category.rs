@@ -150,6 +150,8 @@ pub(crate) struct CategoryItems {
     pub(crate) no_op: bool,
     /// An expression of type `Option<ModelTable>`.
     pub(crate) model: TokenStream,
+    /// A replicated model's replication version (0 for any other category).
+    pub(crate) replication_version: u32,
     /// More items to generate beside the `Category` impl.
     pub(crate) extra: TokenStream,
     /// The type the `Category` is implemented for, when it is not the identity's own name
@@ -174,6 +176,7 @@ impl CategoryIdentity {
             coalesce,
             no_op,
             model,
+            replication_version,
             extra,
             target,
         } = items;
@@ -210,6 +213,7 @@ impl CategoryIdentity {
                     max_attempts: #declared_policy,
                     no_op: #no_op,
                     model: #model,
+                    replication_version: #replication_version,
                     type_name: #type_name,
                     at: #at,
                 }
@@ -283,6 +287,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         coalesce: coalesce.is_none_or(|lit| lit.value),
         no_op,
         model: quote!(::core::option::Option::None),
+        replication_version: 0,
         extra,
         target: None,
     }))

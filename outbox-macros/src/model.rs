@@ -6,7 +6,7 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::Parser;
 use syn::spanned::Spanned;
-use syn::{Field, Fields, Ident, Item, LitStr, Type};
+use syn::{Expr, Field, Fields, Ident, Item, LitInt, LitStr, Type};
 
 use crate::category::{CategoryArgs, CategoryItems};
 use crate::common::{Errors, Macro, hidden, plain_type, set_flag, set_once, unknown_key};
@@ -22,6 +22,8 @@ struct ModelArgs {
     key: Option<Ident>,
     tombstone: Option<Type>,
     fan_out: bool,
+    replication_version: Option<LitInt>,
+    destinations: Option<Expr>,
     errors: Errors,
 }
 
@@ -42,12 +44,17 @@ impl ModelArgs {
                 set_once(&mut parsed.tombstone, &meta, key)
             } else if key == "fan_out" {
                 set_flag(&mut parsed.fan_out, key)
+            } else if key == "replication_version" {
+                set_once(&mut parsed.replication_version, &meta, key)
+            } else if key == "destinations" {
+                set_once(&mut parsed.destinations, &meta, key)
             } else {
                 unknown_key(
                     &meta,
                     format!(
                         "unknown key `{key}` for `#[replicated_model]`: expected `scope`, `id`, \
-                         `name`, `table`, `shard`, `key`, `tombstone` or `fan_out`"
+                         `name`, `table`, `shard`, `key`, `tombstone`, `fan_out`, \
+                         `destinations` or `replication_version`"
                     ),
                     &mut parsed.errors,
                 )
@@ -123,8 +130,31 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         key,
         tombstone,
         fan_out,
+        replication_version,
+        destinations,
         mut errors,
     } = ModelArgs::parse(args)?;
+    let replication_version = match &replication_version {
+        None => Some(1),
+        Some(lit) => errors.keep(
+            lit.base10_parse::<u32>()
+                .ok()
+                .filter(|version| *version >= 1)
+                .ok_or_else(|| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`replication_version` is a whole number from 1: raise it when the \
+                         model's replication changes, and start a backfill to it",
+                    )
+                }),
+        ),
+    };
+    if let (Some(destinations), false) = (&destinations, fan_out) {
+        errors.keep::<()>(Err(syn::Error::new(
+            destinations.span(),
+            "`destinations = ...` names where a fan-out model's rows go: it needs `fan_out`",
+        )));
+    }
 
     let table = errors
         .required(table, || {
@@ -176,7 +206,9 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }),
     });
     let identity = category.finish(ident, EXAMPLE, errors)?;
-    let (Some(table), Some(shard_field), Some(key_field)) = (table, shard_field, key_field) else {
+    let (Some(table), Some(shard_field), Some(key_field), Some(replication_version)) =
+        (table, shard_field, key_field, replication_version)
+    else {
         unreachable!("a missing value is an error, reported above");
     };
     let ident = &identity.ident;
@@ -230,6 +262,17 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     } else {
         quote!(::outbox_core::LocalModel)
     };
+    let backfill_destinations = destinations.map(|path| {
+        quote_spanned! {path.span()=>
+            fn backfill_destinations(
+                &self,
+            ) -> ::core::option::Option<::std::vec::Vec<::outbox_core::Destination>> {
+                let destinations: fn(&Self) -> ::std::vec::Vec<::outbox_core::Destination> =
+                    #path;
+                ::core::option::Option::Some(destinations(self))
+            }
+        }
+    });
     // The table is a constant of its own, which the registration names: a model that does not
     // implement `ReplicatedModel` (not serializable, say) is then reported once, at its impl.
     let model = quote! {
@@ -270,6 +313,10 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             fn tombstone(&self) -> <Self as ::outbox_core::Category>::Payload {
                 #tombstone
             }
+
+            const REPLICATION_VERSION: u32 = #replication_version;
+            const FAN_OUT: bool = #fan_out;
+            #backfill_destinations
         }
         impl #direction for #ident {}
     };
@@ -278,6 +325,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         coalesce: true,
         no_op: false,
         model: quote!(::core::option::Option::Some(TABLE)),
+        replication_version,
         extra: model,
         target: None,
     }))

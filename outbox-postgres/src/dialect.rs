@@ -5,7 +5,7 @@ use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode,
 use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
-use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
+use outbox_sqlx::{Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
 use sqlx::{Database, PgPool, Postgres, Row};
@@ -42,6 +42,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 5,
         description: "wake-ups after commit",
         sql: include_str!("../migrations/0005_wake_up_after_commit.sql"),
+    },
+    EmbeddedMigration {
+        version: 6,
+        description: "backfill watermarks",
+        sql: include_str!("../migrations/0006_backfills.sql"),
     },
 ];
 
@@ -452,6 +457,56 @@ const OLDEST_DUE_AGE: &str = concat!(
     " ORDER BY m.id LIMIT 1"
 );
 
+/// A watermark's columns (see [`BackfillStatements`]), its times in milliseconds.
+macro_rules! watermark {
+    () => {
+        "category, model, declared_version, target_version, walking_version, done_version, \
+         low_bound, rows_walked, destinations, worker, \
+         (extract(epoch FROM started_at) * 1000)::bigint, \
+         (extract(epoch FROM updated_at) * 1000)::bigint, \
+         (extract(epoch FROM completed_at) * 1000)::bigint, last_error"
+    };
+}
+
+const BACKFILL: BackfillStatements = BackfillStatements {
+    ensure: "INSERT INTO outbox_backfills (category, model) VALUES ($1, $2) \
+             ON CONFLICT (category) DO NOTHING",
+    lock: concat!(
+        "SELECT ",
+        watermark!(),
+        " FROM outbox_backfills WHERE category = $1 FOR UPDATE SKIP LOCKED"
+    ),
+    declare: "UPDATE outbox_backfills SET model = $2, declared_version = $3, updated_at = now() \
+              WHERE category = $1",
+    backlog: "SELECT count(*) FROM (SELECT 1 FROM outbox_messages LIMIT $1) AS b",
+    record: concat!(
+        "UPDATE outbox_backfills SET model = $2, declared_version = $3, walking_version = $4, \
+             done_version = $5, low_bound = $6, rows_walked = $7, worker = $8, \
+             started_at = CASE WHEN $9 = 1 THEN now() ELSE started_at END, \
+             completed_at = CASE WHEN $10 = 1 THEN now() ELSE completed_at END, \
+             updated_at = now(), last_error = NULL \
+         WHERE category = $1 RETURNING ",
+        watermark!()
+    ),
+    fail: "UPDATE outbox_backfills SET last_error = $2, updated_at = now() WHERE category = $1",
+    list: concat!(
+        "SELECT ",
+        watermark!(),
+        " FROM outbox_backfills ORDER BY category"
+    ),
+    start: concat!(
+        "INSERT INTO outbox_backfills AS b (category, model, target_version, destinations) \
+         VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (category) DO UPDATE SET target_version = EXCLUDED.target_version, \
+             destinations = EXCLUDED.destinations, updated_at = now(), \
+             model = CASE WHEN b.model = '' THEN EXCLUDED.model ELSE b.model END \
+         RETURNING ",
+        watermark!()
+    ),
+    pause: "UPDATE outbox_backfills SET target_version = done_version, updated_at = now() \
+            WHERE category = $1 AND target_version > done_version",
+};
+
 const COMPACT_PAUSED: &str = outbox_sqlx::compact_paused!(
     "x.category = ANY($1)",
     "AND o.object_wide = x.object_wide",
@@ -587,6 +642,7 @@ impl Dialect for PgDialect {
                     AND shard_identifier = $3 AND destination = $4 AND category = $5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        backfill: BACKFILL,
         oldest_due_age: OLDEST_DUE_AGE,
         is_paused: concat!(
             "SELECT ",
@@ -712,6 +768,10 @@ impl Dialect for PgDialect {
 
     fn load_model_sql(table: &ModelTable, wide: bool) -> String {
         crate::model::load_sql(table, wide)
+    }
+
+    fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String {
+        crate::model::walk_sql(table, after)
     }
 
     fn read_model(row: &<Self::Database as Database>::Row) -> Result<ModelRow, sqlx::Error> {

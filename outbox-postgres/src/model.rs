@@ -10,15 +10,37 @@ use outbox_sqlx::model::{column_list, quoted};
 use sqlx::postgres::{PgRow, PgTypeInfo};
 use sqlx::{Column, Row, TypeInfo};
 
+/// Parameter `$1` as a key: a wide key's 16 bytes compared as the UUID they are.
+fn key_parameter(wide: bool) -> &'static str {
+    if wide {
+        "encode($1::bytea, 'hex')::uuid"
+    } else {
+        "$1"
+    }
+}
+
+/// The statement a backfill reads a batch with: the rows above the low bound (`$1`, if
+/// `after` says of what kind), in key order, at most `$2` (`$1` without a low bound), each as
+/// [`load_sql`] reads one.
+pub(crate) fn walk_sql(table: &ModelTable, after: Option<bool>) -> String {
+    let key = quoted(table.key);
+    let (filter, limit) = match after {
+        None => (String::new(), "$1"),
+        Some(wide) => (format!(" WHERE {key} > {}", key_parameter(wide)), "$2"),
+    };
+    format!(
+        "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {}{filter} ORDER BY {key} \
+         LIMIT {limit}) AS s ORDER BY s.{key}",
+        column_list(table),
+        quoted(table.table),
+    )
+}
+
 /// The statement the relay reads an object with: its columns as one JSON object, then the
 /// columns themselves (whose `bytea`s are read as bytes). A wide key's 16 bytes are compared
 /// as the UUID they are.
 pub(crate) fn load_sql(table: &ModelTable, wide: bool) -> String {
-    let key = if wide {
-        "encode($1::bytea, 'hex')::uuid"
-    } else {
-        "$1"
-    };
+    let key = key_parameter(wide);
     format!(
         "SELECT to_json(s)::text, s.* FROM (SELECT {} FROM {} WHERE {} = {key}) AS s",
         column_list(table),

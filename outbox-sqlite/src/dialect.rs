@@ -12,7 +12,7 @@ use outbox_core::{
 use outbox_sqlx::error::database;
 use outbox_sqlx::session::shard_keyed;
 use outbox_sqlx::sql::Statement;
-use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements};
+use outbox_sqlx::{Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, Statements};
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
 use sqlx::{Database, Row, Sqlite, SqlitePool};
@@ -63,6 +63,11 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 5,
         description: "message metadata",
         sql: include_str!("../migrations/0005_message_metadata.sql"),
+    },
+    EmbeddedMigration {
+        version: 6,
+        description: "backfill watermarks",
+        sql: include_str!("../migrations/0006_backfills.sql"),
     },
 ];
 
@@ -404,6 +409,68 @@ const OLDEST_DUE_AGE: &str = concat!(
     " ORDER BY m.id LIMIT 1"
 );
 
+/// A watermark's columns (see [`BackfillStatements`]).
+macro_rules! watermark {
+    () => {
+        "category, model, declared_version, target_version, walking_version, done_version, \
+         low_bound, rows_walked, destinations, worker, started_at, updated_at, completed_at, \
+         last_error"
+    };
+}
+
+// The batch's write transaction holds the database: `lock` needs no row lock.
+const BACKFILL: BackfillStatements = BackfillStatements {
+    ensure: "INSERT INTO outbox_backfills (category, model) VALUES (?1, ?2) \
+             ON CONFLICT (category) DO NOTHING",
+    lock: concat!(
+        "SELECT ",
+        watermark!(),
+        " FROM outbox_backfills WHERE category = ?1"
+    ),
+    declare: concat!(
+        "UPDATE outbox_backfills SET model = ?2, declared_version = ?3, updated_at = ",
+        now!(),
+        " WHERE category = ?1"
+    ),
+    backlog: "SELECT count(*) FROM (SELECT 1 FROM outbox_messages LIMIT ?1)",
+    record: concat!(
+        "UPDATE outbox_backfills SET model = ?2, declared_version = ?3, walking_version = ?4, \
+             done_version = ?5, low_bound = ?6, rows_walked = ?7, worker = ?8, \
+             started_at = CASE WHEN ?9 = 1 THEN ",
+        now!(),
+        " ELSE started_at END, completed_at = CASE WHEN ?10 = 1 THEN ",
+        now!(),
+        " ELSE completed_at END, updated_at = ",
+        now!(),
+        ", last_error = NULL WHERE category = ?1 RETURNING ",
+        watermark!()
+    ),
+    fail: concat!(
+        "UPDATE outbox_backfills SET last_error = ?2, updated_at = ",
+        now!(),
+        " WHERE category = ?1"
+    ),
+    list: concat!(
+        "SELECT ",
+        watermark!(),
+        " FROM outbox_backfills ORDER BY category"
+    ),
+    start: concat!(
+        "INSERT INTO outbox_backfills AS b (category, model, target_version, destinations) \
+         VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (category) DO UPDATE SET target_version = excluded.target_version, \
+             destinations = excluded.destinations, updated_at = ",
+        now!(),
+        ", model = CASE WHEN b.model = '' THEN excluded.model ELSE b.model END RETURNING ",
+        watermark!()
+    ),
+    pause: concat!(
+        "UPDATE outbox_backfills SET target_version = done_version, updated_at = ",
+        now!(),
+        " WHERE category = ?1 AND target_version > done_version"
+    ),
+};
+
 const COMPACT_PAUSED: &str =
     outbox_sqlx::compact_paused!("x.category IN (SELECT value FROM json_each(?1))", "", "?2");
 
@@ -580,6 +647,7 @@ impl Dialect for SqliteDialect {
                     AND shard_identifier = ?3 AND destination = ?4 AND category = ?5",
         pauses: PAUSES,
         compact_paused: COMPACT_PAUSED,
+        backfill: BACKFILL,
         oldest_due_age: OLDEST_DUE_AGE,
         is_paused: concat!("SELECT ", outbox_sqlx::paused!("?1", "?2", "?3")),
         status: STATUS,
@@ -700,6 +768,10 @@ impl Dialect for SqliteDialect {
 
     fn load_model_sql(table: &ModelTable, _wide: bool) -> String {
         crate::model::load_sql(table)
+    }
+
+    fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String {
+        crate::model::walk_sql(table, after.is_some())
     }
 
     fn read_model(row: &<Self::Database as Database>::Row) -> Result<ModelRow, sqlx::Error> {

@@ -14,10 +14,9 @@ fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// The statement the relay reads an object with: its columns, then the names of those
+/// The columns of a model's row as [`read`] reads them: the table's, then the names of those
 /// declared `JSON` (whose text is a document, not a string) as a JSON array.
-pub(crate) fn load_sql(table: &ModelTable) -> String {
-    // `?1` is an integer or a wide key's 16 bytes: a BLOB, as sqlx stores a UUID.
+fn read_columns(table: &ModelTable) -> String {
     let info = match table.table.split_once('.') {
         Some((schema, name)) => {
             format!("pragma_table_info({}, {})", literal(name), literal(schema))
@@ -25,11 +24,37 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
         None => format!("pragma_table_info({})", literal(table.table)),
     };
     format!(
-        "SELECT {}, (SELECT json_group_array(name) FROM {info} \
-         WHERE lower(type) IN ('json', 'jsonb')) FROM {} WHERE {} = ?1",
+        "{}, (SELECT json_group_array(name) FROM {info} WHERE lower(type) IN ('json', 'jsonb'))",
         column_list(table),
+    )
+}
+
+/// The statement the relay reads an object with: its columns, then the names of those
+/// declared `JSON` (whose text is a document, not a string) as a JSON array.
+pub(crate) fn load_sql(table: &ModelTable) -> String {
+    // `?1` is an integer or a wide key's 16 bytes: a BLOB, as sqlx stores a UUID.
+    format!(
+        "SELECT {} FROM {} WHERE {} = ?1",
+        read_columns(table),
         quoted(table.table),
         quoted(table.key),
+    )
+}
+
+/// The statement a backfill reads a batch with: the rows above the low bound `?1` (an integer
+/// or a wide key's 16 bytes) if there is one, in key order, at most `?2` (`?1` without a low
+/// bound), each as [`load_sql`] reads one.
+pub(crate) fn walk_sql(table: &ModelTable, after: bool) -> String {
+    let key = quoted(table.key);
+    let (filter, limit) = if after {
+        (format!(" WHERE {key} > ?1"), "?2")
+    } else {
+        (String::new(), "?1")
+    };
+    format!(
+        "SELECT {} FROM {}{filter} ORDER BY {key} LIMIT {limit}",
+        read_columns(table),
+        quoted(table.table),
     )
 }
 

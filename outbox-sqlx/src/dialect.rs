@@ -168,6 +168,44 @@ pub struct Statements {
     /// ([`Dialect::bind_categories`]) that are neither the oldest nor the newest row of their
     /// group, at most `$2` (`i64`).
     pub compact_paused: &'static str,
+    /// The backfills' statements (S11).
+    pub backfill: BackfillStatements,
+}
+
+/// The statements of the backfills (S11) in a backend's SQL. A watermark's columns, as
+/// [`BackfillStatements::lock`], [`record`](BackfillStatements::record),
+/// [`list`](BackfillStatements::list) and [`start`](BackfillStatements::start) return them:
+/// category (`i32`), model, declared, target, walking and done versions (`i32`), low bound
+/// (`Option<String>`), rows walked (`i64`), destinations (`Option<String>`, a JSON array),
+/// worker (`Option<String>`), started, updated and completed times (ms since the epoch,
+/// `Option<i64>`), last error (`Option<String>`).
+#[derive(Debug, Clone, Copy)]
+pub struct BackfillStatements {
+    /// Records a model's watermark unless it exists: `$1` category (`i32`), `$2` model name.
+    pub ensure: &'static str,
+    /// Takes a model's watermark for a batch, in the batch's transaction: `$1` category.
+    /// Returns its columns; no row if another transaction holds it (PostgreSQL's `FOR UPDATE
+    /// SKIP LOCKED`; SQLite's write transaction holds the whole database already).
+    pub lock: &'static str,
+    /// Records what a relay declares of a model: `$1` category, `$2` model name, `$3` the
+    /// declared version (`i32`).
+    pub declare: &'static str,
+    /// The backlog, counted up to a bound: `$1` the bound (`i64`); returns the count (`i64`).
+    pub backlog: &'static str,
+    /// Moves a watermark after a batch: `$1` category, `$2` model name, `$3` declared,
+    /// `$4` walking and `$5` done versions (`i32`), `$6` low bound (`Option<String>`), `$7`
+    /// rows walked (`i64`), `$8` worker, `$9` whether the walk started now, `$10` whether it
+    /// completed now (`i32`, 0 or 1). Clears the last error; returns the columns.
+    pub record: &'static str,
+    /// Records a failed batch: `$1` category, `$2` the error.
+    pub fail: &'static str,
+    /// Every watermark, by category.
+    pub list: &'static str,
+    /// Starts a backfill: `$1` category, `$2` model name (`''` if unknown), `$3` target
+    /// version (`i32`), `$4` destinations (`Option<String>`). Returns the columns.
+    pub start: &'static str,
+    /// Pauses a backfill, lowering its target to the version done: `$1` category.
+    pub pause: &'static str,
 }
 
 /// The SQL condition that a pause holds the shard whose scope, identifier and destination
@@ -430,6 +468,12 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// The statement that reads one model's row (`$1` its key: an `i64` for an integer
     /// identifier, the 16 bytes of a wide one), decoded by [`Dialect::read_model`].
     fn load_model_sql(table: &ModelTable, wide: bool) -> String;
+
+    /// The statement that reads a batch of a model's rows for a backfill, in key order, as
+    /// [`Dialect::read_model`] reads them: `$1` the low bound (an `i64`, or a wide key's 16
+    /// bytes if `after` is `Some(true)`) and `$2` the limit (`i64`); without a low bound
+    /// (`after` is `None`), `$1` the limit.
+    fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String;
 
     /// A row of [`Dialect::load_model_sql`]: each column with its value, in the form its
     /// type has in serde's data model (bytes as bytes, not text).

@@ -28,6 +28,7 @@
 //! statements; [`Dialect::claim`] (at most one holder per shard, increasing fencing tokens);
 //! and [`Dialect::classify`]. The conformance suite in `outbox-testkit` then proves it.
 
+mod backfill;
 pub mod dialect;
 pub mod error;
 pub mod migrate;
@@ -39,7 +40,7 @@ pub mod transaction;
 pub mod wake;
 pub mod write;
 
-pub use crate::dialect::{Ack, Claim, Claiming, Dialect, Fault, Statements};
+pub use crate::dialect::{Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, Statements};
 pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{Columns, Writable, Write};
 pub use crate::session::SqlxSession;

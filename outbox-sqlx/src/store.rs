@@ -2,6 +2,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use outbox_core::backfill::{
+    BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
+};
 use outbox_core::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
     OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState,
@@ -22,8 +25,8 @@ const NEWEST_MESSAGE: &str = "SELECT max(id) FROM outbox_messages";
 /// The outbox store on a database of a `sqlx` backend.
 #[derive(Debug)]
 pub struct SqlxStore<D: Dialect> {
-    pool: Pool<D::Database>,
-    dialect: D,
+    pub(crate) pool: Pool<D::Database>,
+    pub(crate) dialect: D,
 }
 
 impl<D: Dialect> Clone for SqlxStore<D> {
@@ -66,7 +69,7 @@ impl<D: Dialect> SqlxStore<D> {
     }
 
     /// Runs `query` on a pooled connection: its rows.
-    async fn rows(
+    pub(crate) async fn rows(
         &self,
         query: Statement<'static, D::Database>,
         operation: &'static str,
@@ -83,7 +86,7 @@ impl<D: Dialect> SqlxStore<D> {
     }
 
     /// Runs `query` on a pooled connection, under the backend's turn: the rows it affected.
-    async fn write(
+    pub(crate) async fn write(
         &self,
         query: Statement<'static, D::Database>,
         operation: &'static str,
@@ -128,7 +131,7 @@ impl<D: Dialect> SqlxStore<D> {
     }
 }
 
-fn from_ms(ms: i64) -> SystemTime {
+pub(crate) fn from_ms(ms: i64) -> SystemTime {
     crate::session::from_micros(ms.saturating_mul(1_000))
 }
 
@@ -340,6 +343,14 @@ impl<D: Dialect> Store for SqlxStore<D> {
         let query = D::bind_categories(sqlx::query(D::SQL.compact_paused), categories)
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         self.write(query, "compacting paused shards").await
+    }
+
+    async fn backfill(
+        &self,
+        model: &BackfillModel,
+        options: &BackfillOptions,
+    ) -> Result<BackfillBatch, Error> {
+        self.backfill_tick(model, options).await
     }
 
     async fn purge_dead_letters_older_than(
@@ -601,5 +612,17 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         rows.iter()
             .map(|row| pause(row).map_err(database::<D>(OPERATION)))
             .collect()
+    }
+
+    async fn backfills(&self) -> Result<Vec<BackfillState>, Error> {
+        self.backfill_states().await
+    }
+
+    async fn start_backfill(&self, start: &BackfillStart) -> Result<BackfillState, Error> {
+        self.begin_backfill(start).await
+    }
+
+    async fn pause_backfill(&self, category: CategoryId) -> Result<bool, Error> {
+        self.halt_backfill(category).await
     }
 }

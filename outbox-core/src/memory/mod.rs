@@ -73,6 +73,9 @@ pub use self::clock::ManualClock;
 use self::clock::{Clock, later};
 pub use self::session::MemorySession;
 use self::state::{Row, Tables};
+use crate::backfill::{
+    BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
+};
 use crate::error::Error;
 use crate::id::Identifier;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
@@ -406,6 +409,19 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn backfill(
+        &self,
+        model: &BackfillModel,
+        options: &BackfillOptions,
+    ) -> Result<BackfillBatch, Error> {
+        let (batch, messages) = self.operation("walking a backfill", |tables, now| {
+            tables.backfill(model, options, now)
+        })??;
+        self.notify(messages.iter().map(Message::shard));
+        crate::telemetry::record_written(&messages);
+        Ok(batch)
+    }
+
     async fn purge_dead_letters_older_than(
         &self,
         age: Duration,
@@ -486,6 +502,23 @@ impl Admin for MemoryStore {
 
     async fn pauses(&self) -> Result<Vec<Pause>, Error> {
         self.operation("listing pauses", |tables, _| tables.pauses())
+    }
+
+    async fn backfills(&self) -> Result<Vec<BackfillState>, Error> {
+        self.operation("listing backfills", |tables, _| tables.backfills())
+    }
+
+    async fn start_backfill(&self, start: &BackfillStart) -> Result<BackfillState, Error> {
+        start.check()?;
+        self.operation("starting a backfill", |tables, now| {
+            tables.start_backfill(start, now)
+        })
+    }
+
+    async fn pause_backfill(&self, category: CategoryId) -> Result<bool, Error> {
+        self.operation("pausing a backfill", |tables, now| {
+            tables.pause_backfill(category, now)
+        })
     }
 }
 

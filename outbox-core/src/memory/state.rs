@@ -4,10 +4,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
 
 use super::clock::later;
+use crate::backfill::{
+    BackfillBatch, BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart, BackfillState,
+    BackfillStep, batch_size,
+};
 use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::id::Id;
-use crate::model::{CategoryId, MessageId, ShardKey};
+use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
     GroupKey, GroupTail, Lease, OutboxStatus, Outcome, Pause, PauseTarget, PendingMessage,
@@ -113,6 +117,8 @@ pub(super) struct Tables {
     pauses: BTreeMap<PauseTarget, Pause>,
     /// Replicated models' rows, as JSON objects keyed by column, by table and key.
     models: HashMap<(&'static str, Id), serde_json::Value>,
+    /// The backfills' watermarks (S11).
+    backfills: BTreeMap<CategoryId, BackfillState>,
 }
 
 impl Tables {
@@ -130,6 +136,100 @@ impl Tables {
 
     pub(super) fn remove_model(&mut self, table: &'static str, key: Id) -> bool {
         self.models.remove(&(table, key)).is_some()
+    }
+
+    /// One tick of a model's backfill (see [`crate::Store::backfill`]): the batch, and the
+    /// messages it wrote.
+    pub(super) fn backfill(
+        &mut self,
+        model: &BackfillModel,
+        options: &BackfillOptions,
+        now: SystemTime,
+    ) -> Result<(BackfillBatch, Vec<Message>), Error> {
+        let recorded = self
+            .backfills
+            .entry(model.category)
+            .or_insert_with(|| BackfillState::new(model.category, model.name));
+        recorded.model = model.name.to_owned();
+        recorded.declared_version = recorded.declared_version.max(model.version);
+        let state = recorded.clone();
+        let BackfillStep::Walk { version, after } = state.next_step(model.version) else {
+            let gated = BackfillBatch {
+                model: model.name,
+                outcome: BackfillOutcome::Gated,
+                state: Some(state),
+            };
+            return Ok((gated, Vec::new()));
+        };
+        let size = batch_size(options.budget, self.messages.len());
+        let mut keys: Vec<Id> = self
+            .models
+            .keys()
+            .filter(|(table, key)| *table == model.table.table && after.is_none_or(|a| *key > a))
+            .map(|(_, key)| *key)
+            .collect();
+        keys.sort_unstable();
+        keys.truncate(size);
+        let mut messages = Vec::new();
+        let mut last = None;
+        for key in &keys {
+            let row = self.model(model.table.table, *key).unwrap_or_default();
+            let walked = model.walk(&row, state.destinations.as_deref())?;
+            messages.extend(walked.messages);
+            last = Some(walked.key);
+        }
+        for message in &messages {
+            self.insert(super::row(message, now));
+        }
+        let next = state.after_batch(version, keys.len(), size, last, &options.worker, now);
+        self.backfills.insert(model.category, next.clone());
+        let batch = BackfillBatch {
+            model: model.name,
+            outcome: BackfillOutcome::Walked {
+                version,
+                size,
+                rows: keys.len(),
+                messages: messages.len(),
+                complete: next.done_version == version,
+            },
+            state: Some(next),
+        };
+        Ok((batch, messages))
+    }
+
+    pub(super) fn backfills(&self) -> Vec<BackfillState> {
+        self.backfills.values().cloned().collect()
+    }
+
+    pub(super) fn start_backfill(
+        &mut self,
+        start: &BackfillStart,
+        now: SystemTime,
+    ) -> BackfillState {
+        let state = self
+            .backfills
+            .entry(start.category)
+            .or_insert_with(|| BackfillState::new(start.category, ""));
+        if let Some(model) = &start.model
+            && state.model.is_empty()
+        {
+            model.clone_into(&mut state.model);
+        }
+        state.target_version = start.version;
+        state.destinations.clone_from(&start.destinations);
+        state.updated_at = Some(now);
+        state.clone()
+    }
+
+    pub(super) fn pause_backfill(&mut self, category: CategoryId, now: SystemTime) -> bool {
+        match self.backfills.get_mut(&category) {
+            Some(state) if state.target_version > state.done_version => {
+                state.target_version = state.done_version;
+                state.updated_at = Some(now);
+                true
+            }
+            _ => false,
+        }
     }
 
     pub(super) fn model(&self, table: &'static str, key: Id) -> Option<ModelRow> {

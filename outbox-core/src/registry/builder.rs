@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::lookup::Registry;
 use super::state::StateMap;
 use super::validate::{self, Registrations};
+use crate::backfill::BackfillModel;
 use crate::categories::{CategorySpec, Deliverable};
 use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
 use crate::error::{Error, Site};
@@ -28,6 +29,8 @@ pub(super) struct Declared {
     pub(super) max_attempts: Option<u32>,
     pub(super) no_op: bool,
     pub(super) model: Option<ModelTable>,
+    /// A replicated model as a backfill walks it (known where its type is: its handlers).
+    pub(super) backfill: Option<BackfillModel>,
     pub(super) type_name: &'static str,
     pub(super) at: Option<SourceLocation>,
 }
@@ -56,6 +59,7 @@ impl Declared {
             max_attempts,
             no_op,
             model: None,
+            backfill: None,
             type_name,
             at,
         }
@@ -64,6 +68,7 @@ impl Declared {
     fn of_model<M: ReplicatedModel>(at: Option<SourceLocation>) -> Self {
         Self {
             model: Some(M::TABLE),
+            backfill: Some(BackfillModel::of::<M>()),
             ..Self::of::<M>(false, at)
         }
     }
@@ -358,6 +363,7 @@ impl RegistryBuilder {
                 max_attempts: category.max_attempts,
                 no_op: category.no_op,
                 model: category.model,
+                backfill: None,
                 type_name: category.type_name,
                 at: Some(category.at),
             });

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::builder::RegistryBuilder;
 use super::state::StateMap;
+use crate::backfill::BackfillModel;
 use crate::error::Error;
 use crate::handler::ErasedHandler;
 use crate::model::{CategoryId, ScopeId};
@@ -32,6 +33,8 @@ pub struct CategoryInfo {
     pub no_op: bool,
     /// For a replicated model: its table, where the relay looks each object up.
     pub model: Option<ModelTable>,
+    /// For a replicated model: how a backfill walks it (S11).
+    pub backfill: Option<BackfillModel>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
 }
 
@@ -86,6 +89,14 @@ impl Registry {
         let mut all: Vec<_> = self.categories.values().collect();
         all.sort_by_key(|info| info.id);
         all
+    }
+
+    /// The replicated models whose backfills this binary walks (S11), in category order.
+    pub fn backfill_models(&self) -> Vec<BackfillModel> {
+        self.categories()
+            .into_iter()
+            .filter_map(|info| info.backfill)
+            .collect()
     }
 
     /// The ids of all known categories.

@@ -111,7 +111,10 @@ fn declared_by_handlers(handlers: &[HandlerEntry]) -> Vec<Declared> {
             .iter_mut()
             .find(|d| d.same_category(&entry.category))
         {
-            Some(seen) => seen.model = seen.model.or(entry.category.model),
+            Some(seen) => {
+                seen.model = seen.model.or(entry.category.model);
+                seen.backfill = seen.backfill.or(entry.category.backfill);
+            }
             None => declared.push(Declared {
                 no_op: false,
                 ..entry.category
@@ -205,6 +208,10 @@ fn one_handler_each(
             })
             .filter_map(Option::take)
             .collect();
+        // The model's type is known where its handlers were registered.
+        let backfill = declared
+            .backfill
+            .or_else(|| mine.iter().find_map(|entry| entry.category.backfill));
         let handler = if declared.model.is_some() {
             model_handler(&declared, mine, problems)
         } else {
@@ -224,6 +231,7 @@ fn one_handler_each(
                 max_attempts: declared.max_attempts,
                 no_op,
                 model: declared.model,
+                backfill,
                 handler,
             },
         );

@@ -55,6 +55,8 @@ pub struct RelayConfig {
     pub(crate) maintenance_interval: Duration,
     pub(crate) dead_letter_retention: Option<Duration>,
     pub(crate) gauge_interval: Option<Duration>,
+    pub(crate) backfill_interval: Option<Duration>,
+    pub(crate) backfill_budget: usize,
     pub(crate) trace_relation: TraceRelation,
 }
 
@@ -84,6 +86,8 @@ impl Default for RelayConfig {
             maintenance_interval: Duration::from_secs(60),
             dead_letter_retention: None,
             gauge_interval: Some(Duration::from_secs(15)),
+            backfill_interval: Some(Duration::from_millis(100)),
+            backfill_budget: 1_000,
             trace_relation: TraceRelation::Link,
         }
     }
@@ -200,6 +204,16 @@ impl RelayConfig {
         self.gauge_interval
     }
 
+    /// How often the background relay ticks the backfills; `None`: never.
+    pub fn backfill_interval(&self) -> Option<Duration> {
+        self.backfill_interval
+    }
+
+    /// The most rows a backfill tick walks per model, before the backlog is taken off.
+    pub fn backfill_budget(&self) -> usize {
+        self.backfill_budget
+    }
+
     /// How a delivery's span relates to the trace of the request that wrote its message.
     pub fn trace_relation(&self) -> TraceRelation {
         self.trace_relation
@@ -229,6 +243,11 @@ impl RelayConfig {
                 "discovery_page",
                 self.discovery_page,
                 "a page of no shards finds nothing due",
+            ),
+            (
+                "backfill_budget",
+                self.backfill_budget,
+                "a backfill with no rows to spend would walk one row per tick",
             ),
         ];
         for (setting, value, why) in at_least_one {
@@ -296,6 +315,17 @@ impl RelayConfig {
             return invalid(
                 "gauge_interval",
                 "is zero: the gauges' query would run without pause (`None` turns it off)".into(),
+            );
+        }
+        if self
+            .backfill_interval
+            .is_some_and(|interval| interval.is_zero())
+        {
+            return invalid(
+                "backfill_interval",
+                "is zero: backfills would walk without pause, ahead of live traffic (`None` \
+                 turns them off)"
+                    .into(),
             );
         }
         if let Some(timeout) = self.handler_timeout {
@@ -489,6 +519,24 @@ impl RelayConfigBuilder {
     /// [`Relay::refresh_gauges`](crate::Relay::refresh_gauges) does it once, on demand.
     pub fn gauge_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.gauge_interval = interval;
+        self
+    }
+
+    /// How often [`Relay::run`](crate::Relay::run) ticks the backfills of its registry's
+    /// replicated models (S11, see [`crate::backfill`]): 100 ms by default; not zero; `None`:
+    /// never (this relay walks no backfill; others may). A tick that finds a model's backfill
+    /// not started costs one short statement per model. [`Relay::backfill`](crate::Relay::backfill)
+    /// ticks once, on demand.
+    pub fn backfill_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.backfill_interval = interval;
+        self
+    }
+
+    /// The most rows one backfill tick walks per model (1,000 by default; at least 1), less
+    /// the messages pending in the outbox: a backfill goes behind live traffic, and walks one
+    /// row per tick while the backlog exceeds the budget.
+    pub fn backfill_budget(mut self, rows: usize) -> Self {
+        self.config.backfill_budget = rows;
         self
     }
 

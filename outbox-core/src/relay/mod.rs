@@ -41,6 +41,7 @@ pub use self::report::{DrainReport, MaintenanceReport, RunReport};
 use self::run::RunLoop;
 pub use self::shard::{DeadLettered, ShardFailure};
 use self::shard::{DrainMode, ShardRun};
+use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
 use crate::error::Error;
 use crate::model::ShardKey;
 use crate::registry::Registry;
@@ -246,6 +247,18 @@ impl<S: Store> Relay<S> {
         self.inner.refresh_gauges().await
     }
 
+    /// One tick of the backfills (S11, see [`crate::backfill`]), what [`Relay::run`] does
+    /// every [`backfill_interval`](RelayConfigBuilder::backfill_interval): for each
+    /// replicated model of the registry, in category order, walks the next batch of its
+    /// backfill if an operator started one that this binary's code can walk and no other
+    /// relay holds it ([`Store::backfill`]). Returns each model's batch; the first error, if
+    /// a model's tick failed (the others still ticked, and the failure is recorded on its
+    /// watermark).
+    pub async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
+        self.inner.prepare().await?;
+        self.inner.backfill().await
+    }
+
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
@@ -334,6 +347,41 @@ impl<S: Store> Inner<S> {
                 Err(error)
             }
         }
+    }
+
+    /// See [`Relay::backfill`].
+    async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
+        let options = BackfillOptions {
+            worker: self.config.worker_id.clone(),
+            budget: self.config.backfill_budget,
+        };
+        let mut batches = Vec::new();
+        let mut first_error = None;
+        for model in self.registry.backfill_models() {
+            match self.store.backfill(&model, &options).await {
+                Ok(batch) => {
+                    crate::telemetry::backfilled(&batch);
+                    if let BackfillOutcome::Walked {
+                        version,
+                        rows,
+                        complete,
+                        ..
+                    } = batch.outcome
+                    {
+                        debug!(model = model.name, version, rows, "backfill batch walked");
+                        if complete {
+                            info!(model = model.name, version, "backfill complete");
+                        }
+                    }
+                    batches.push(batch);
+                }
+                Err(error) => {
+                    crate::telemetry::backfill_failed(model.name);
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(batches), Err)
     }
 
     /// See [`Relay::maintain`].

@@ -319,6 +319,33 @@ impl Upkeep {
                 }
             }));
         }
+        if let Some(interval) = config.backfill_interval
+            && !inner.registry.backfill_models().is_empty()
+        {
+            // An error is logged as a warning when it differs from the last one: a backfill
+            // that cannot go on (a row that does not read back) would otherwise warn at
+            // every tick.
+            let last = Arc::new(std::sync::Mutex::new(None::<String>));
+            tasks.push(every(inner, interval, interval, move |inner| {
+                let last = Arc::clone(&last);
+                async move {
+                    let result = inner.backfill().await;
+                    let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match result {
+                        Ok(_) => *last = None,
+                        Err(error) => {
+                            let text = error_chain(&error);
+                            if last.as_deref() == Some(text.as_str()) {
+                                debug!(error = %text, "backfill tick failed again; retried at the next interval");
+                            } else {
+                                warn!(error = %text, "backfill tick failed; retried at the next interval");
+                                *last = Some(text);
+                            }
+                        }
+                    }
+                }
+            }));
+        }
         Self(tasks)
     }
 }
