@@ -727,3 +727,67 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
     );
     drop(first);
 }
+
+/// A relay skips a model whose watermark another transaction holds (another relay walking a
+/// batch), instead of waiting for it or walking the same rows; once it is free, the relay
+/// walks from where the other left it. Stepped: the holder locks, the tick runs, the holder
+/// commits, the tick runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_held_by_another_relay_is_skipped() {
+    use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
+    use outbox_core::{Admin, Category, Store};
+    use outbox_testkit::fixtures::{MODEL_TABLES, Project};
+
+    let database = migrated().await;
+    for ddl in MODEL_TABLES {
+        database.execute(ddl).await;
+    }
+    database
+        .execute(
+            "INSERT INTO projects (id, organization_id, name, archived, score) \
+             SELECT g, 1, 'p' || g, FALSE, 0 FROM generate_series(1, 5) AS g",
+        )
+        .await;
+    let store = PgStore::new(database.pool().clone());
+    store
+        .start_backfill(&BackfillStart::new(Project::ID, 2))
+        .await
+        .expect("start");
+    let model = BackfillModel::of::<Project>();
+    let options = BackfillOptions {
+        worker: "second".to_owned(),
+        budget: 100,
+    };
+    // Another relay takes the watermark (the start recorded it).
+    let mut other = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let mut holding = other.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox_backfills WHERE category = $1 FOR UPDATE")
+        .bind(Project::ID.0)
+        .fetch_one(&mut *holding)
+        .await
+        .expect("lock the watermark");
+    let skipped = store.backfill(&model, &options).await.expect("tick");
+    assert_eq!(skipped.outcome, BackfillOutcome::Busy);
+    assert!(
+        store
+            .pending_messages(10)
+            .await
+            .expect("pending")
+            .is_empty()
+    );
+    holding.commit().await.expect("release");
+    let walked = store.backfill(&model, &options).await.expect("tick");
+    assert!(
+        matches!(
+            walked.outcome,
+            BackfillOutcome::Walked {
+                rows: 5,
+                complete: true,
+                ..
+            }
+        ),
+        "{walked:?}"
+    );
+}

@@ -106,7 +106,11 @@ impl<D: Dialect> SqlxStore<D> {
                     model: model.name,
                     source: Box::new(source),
                 }),
-            Err(error) => Err(error),
+            Err(error) => {
+                // Rolled back, and the backend's turn given up, before the error is recorded.
+                drop(writer);
+                Err(error)
+            }
         };
         match walked {
             Ok((batch, messages)) => {
@@ -118,8 +122,8 @@ impl<D: Dialect> SqlxStore<D> {
                 Ok(batch)
             }
             Err(error) => {
-                // The batch rolled back (the writer is gone); its error goes on the watermark,
-                // if the database takes it.
+                // The batch rolled back; its error goes on the watermark, if the database
+                // takes it.
                 let text = outbox_core::error_chain(&error);
                 let fail = sqlx::query(sql.fail).with(model.category.0).with(text);
                 if let Err(unrecorded) = self.write(fail, "recording a backfill's error").await {

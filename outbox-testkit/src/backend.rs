@@ -134,6 +134,11 @@ pub trait TestBackend: StoreBackend {
         commit: bool,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// Makes the database refuse (or accept again) every write that moves a backfill's
+    /// watermark forward (a trigger raising an error): what a failed watermark write looks
+    /// like. Recording a batch's error on the watermark still succeeds.
+    fn refuse_backfill_progress(&self, refuse: bool) -> impl Future<Output = ()> + Send;
+
     /// Whether business row `id` exists.
     fn business_row_exists(&self, id: i64) -> impl Future<Output = bool> + Send;
 

@@ -94,6 +94,21 @@ impl Provision for PgDatabase {
             })
     }
 
+    const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]) = (
+        &[
+            "CREATE FUNCTION refuse_backfill_progress() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'the test refuses to move the watermark'; END $$",
+            "CREATE TRIGGER refuse_backfill_progress BEFORE UPDATE ON outbox_backfills \
+             FOR EACH ROW WHEN (NEW.rows_walked <> OLD.rows_walked \
+                 OR NEW.done_version <> OLD.done_version) \
+             EXECUTE FUNCTION refuse_backfill_progress()",
+        ],
+        &[
+            "DROP TRIGGER refuse_backfill_progress ON outbox_backfills",
+            "DROP FUNCTION refuse_backfill_progress()",
+        ],
+    );
+
     fn apply<'t, M: TestModel>(
         tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
         write: Write,

@@ -46,6 +46,15 @@ impl Provision for SqliteFile {
             .expect("open the test database")
     }
 
+    const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]) = (
+        &[
+            "CREATE TRIGGER refuse_backfill_progress BEFORE UPDATE ON outbox_backfills \
+           WHEN NEW.rows_walked <> OLD.rows_walked OR NEW.done_version <> OLD.done_version \
+           BEGIN SELECT RAISE(ABORT, 'the test refuses to move the watermark'); END",
+        ],
+        &["DROP TRIGGER refuse_backfill_progress"],
+    );
+
     fn apply<'t, M: TestModel>(
         tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
         write: Write,

@@ -31,6 +31,10 @@ pub trait Provision: std::fmt::Debug + Send + Sync + Sized + 'static {
     /// A new pool on the database.
     fn connect(&self) -> impl Future<Output = Pool<<Self::Dialect as Dialect>::Database>> + Send;
 
+    /// The statements that make the database refuse to move a backfill's watermark forward
+    /// (see [`TestBackend::refuse_backfill_progress`]), and those that undo them.
+    const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]);
+
     /// The backend's model write `write` of `batch` in `tx`.
     fn apply<'t, M: TestModel>(
         tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
@@ -306,6 +310,13 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
             tx.rollback().await.expect("roll back");
         }
         Ok(written.rows)
+    }
+
+    async fn refuse_backfill_progress(&self, refuse: bool) {
+        let (refusing, accepting) = P::REFUSE_BACKFILL_PROGRESS;
+        for sql in if refuse { refusing } else { accepting } {
+            self.execute(sql).await;
+        }
     }
 
     async fn business_row_exists(&self, id: i64) -> bool {

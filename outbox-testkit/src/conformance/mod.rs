@@ -14,6 +14,7 @@
 //! [`store_conformance_tests!`]: crate::store_conformance_tests
 //! [`TestBackend`]: crate::TestBackend
 
+mod backfill;
 mod concurrency;
 mod delivery;
 mod deploys;
@@ -36,6 +37,7 @@ use outbox_core::{
     ShardKey,
 };
 
+pub use self::backfill::*;
 pub use self::concurrency::*;
 pub use self::delivery::*;
 pub use self::deploys::*;
@@ -88,6 +90,14 @@ macro_rules! conformance_tests {
             malformed_metadata_is_a_precise_failure,
             a_committed_transaction_wakes_an_idle_relay,
             a_shard_woken_while_draining_is_drained_again,
+            a_backfill_waits_for_its_start,
+            a_backfill_walks_batches_in_key_order_to_completion,
+            a_backfill_gives_way_to_the_backlog_and_never_stops_short,
+            a_fan_out_backfill_reaches_the_destinations_each_row_names,
+            a_failed_watermark_write_fails_its_batch,
+            a_paused_backfill_resumes_where_it_stopped,
+            concurrent_relays_never_walk_the_same_batch,
+            the_relay_walks_a_started_backfill,
         );
     };
     (@captured $backend:ty; $($name:ident),* $(,)?) => {
