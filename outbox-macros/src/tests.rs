@@ -334,6 +334,59 @@ fn model_fan_out() {
     );
 }
 
+#[test]
+fn model_with_a_replication_version_and_destinations() {
+    check_ok(
+        "model_with_a_replication_version_and_destinations",
+        "replicated_model",
+        &model::MACRO,
+        r#"scope = Organization, id = 21, table = "members", shard = org, key = member_id, fan_out, destinations = Member::regions, replication_version = 3"#,
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct Member {
+                member_id: i32,
+                org: i32,
+            }
+        },
+    );
+}
+
+#[test]
+fn error_replication_version_zero() {
+    check_error(
+        "error_replication_version_zero",
+        "replicated_model",
+        &model::MACRO,
+        r#"scope = Organization, id = 20, table = "projects", shard = organization_id, replication_version = 0"#,
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct Project {
+                id: i64,
+                organization_id: i64,
+            }
+        },
+        "`replication_version` is a whole number from 1",
+    );
+}
+
+#[test]
+fn error_destinations_of_a_local_model() {
+    check_error(
+        "error_destinations_of_a_local_model",
+        "replicated_model",
+        &model::MACRO,
+        r#"scope = Organization, id = 20, table = "projects", shard = organization_id, destinations = regions"#,
+        &quote! {
+            #[derive(Serialize, Deserialize)]
+            struct Project {
+                id: i64,
+                organization_id: i64,
+            }
+        },
+        "`destinations = ...` names where a fan-out model's rows go: it needs `fan_out`",
+    );
+}
+
 // Handlers.
 
 #[test]
