@@ -2,8 +2,9 @@
 //!
 //! The `outbox` command: what an operator does to an outbox on PostgreSQL or SQLite without
 //! writing code. See the queue, the shards that fail and why, the dead letters; reschedule a
-//! shard; pause and resume a shard, a category or a scope; replay or purge dead letters; apply
-//! the migrations or print their SQL.
+//! shard; pause and resume a shard, a category or a scope; replay or purge dead letters; start,
+//! pause and follow the backfills of replicated models; apply the migrations or print their
+//! SQL.
 //!
 //! ```text
 //! cargo install outbox-cli          # or: cargo install --path outbox-cli
@@ -16,6 +17,8 @@
 //! outbox dead-letters list --category webhook
 //! outbox dead-letters replay --category webhook --dry-run
 //! outbox migrate --print > outbox.sql
+//! outbox backfill start project --version 2
+//! outbox backfill status
 //! ```
 //!
 //! Every command prints a table, or JSON with `--json`. Exit codes: 0 done; 1 the database
@@ -48,8 +51,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_core::{
-    Admin, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Error, MessageId, PauseTarget,
-    ShardFilter, Store,
+    Admin, BackfillStart, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Destination, Error,
+    MessageId, PauseTarget, ShardFilter, Store,
 };
 
 use crate::output::Printer;
@@ -134,6 +137,9 @@ pub enum Command {
     /// Dead letters: list, replay, purge.
     #[command(subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// Backfills of replicated models: start, pause, status.
+    #[command(subcommand)]
+    Backfill(BackfillCommand),
     /// Applies the outbox migrations (or prints their SQL, for a migration tool of your own).
     Migrate {
         /// Print the SQL instead of applying it: each migration, and the rows that record it
@@ -188,6 +194,33 @@ pub enum DeadLetterCommand {
         /// Show what would be purged; change nothing.
         #[arg(long)]
         dry_run: bool,
+    },
+}
+
+/// What to do with a replicated model's backfill (S11): the relays whose code declares the
+/// version walk the model's rows, a batch per tick behind the live traffic, once started.
+#[derive(Debug, Subcommand)]
+pub enum BackfillCommand {
+    /// Every model's backfill: its phase, versions, progress and last error.
+    Status,
+    /// Starts a model's backfill to a version, or resumes a paused one: relays whose code
+    /// declares the version walk every row of the model's table, lowest key first (a version
+    /// above the one done walks the whole table again).
+    Start {
+        /// The model (its category's name or number).
+        model: String,
+        /// The version to walk to; by default the one the model's code declares (as this
+        /// binary knows it, or as the relays recorded it).
+        #[arg(long)]
+        version: Option<u32>,
+        /// For a fan-out model: only these destinations (repeat the flag for more).
+        #[arg(long = "destination")]
+        destinations: Vec<String>,
+    },
+    /// Pauses a model's backfill where it is; `start` it again to go on.
+    Pause {
+        /// The model (its category's name or number).
+        model: String,
     },
 }
 
@@ -320,7 +353,11 @@ async fn execute<S: Store + Admin>(
 ) -> Result<(), CliError> {
     store.check_schema().await?;
     match command {
-        Command::Status { deepest } => printer.status(out, &store.status(deepest).await?),
+        Command::Status { deepest } => printer.status(
+            out,
+            &store.status(deepest).await?,
+            &store.backfills().await?,
+        ),
         Command::Shards {
             failing,
             paused,
@@ -381,6 +418,7 @@ async fn execute<S: Store + Admin>(
         }
         Command::Pauses => printer.pauses(out, &store.pauses().await?),
         Command::DeadLetters(command) => dead_letters(store, command, catalog, printer, out).await,
+        Command::Backfill(command) => backfill(store, command, catalog, printer, out).await,
         Command::Migrate { .. } => unreachable!("migrations run before a store is opened"),
     }
 }
@@ -423,6 +461,81 @@ async fn dead_letters<S: Admin>(
                 store.purge_dead_letters(&ids).await?
             };
             printer.purged(out, &letters, purged, dry_run)
+        }
+    }
+}
+
+async fn backfill<S: Admin>(
+    store: &S,
+    command: BackfillCommand,
+    catalog: &Catalog,
+    printer: &Printer<'_>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    match command {
+        BackfillCommand::Status => printer.backfills(out, &store.backfills().await?),
+        BackfillCommand::Start {
+            model,
+            version,
+            destinations,
+        } => {
+            let category = names::category(catalog, &model)?;
+            let known = catalog.category(category);
+            let recorded = store
+                .backfills()
+                .await?
+                .into_iter()
+                .find(|state| state.category == category);
+            let version = version
+                .or(known.and_then(|known| known.replication_version))
+                .or(recorded
+                    .as_ref()
+                    .map(|state| state.declared_version)
+                    .filter(|version| *version > 0))
+                .ok_or_else(|| {
+                    CliError::Refused(format!(
+                        "no version for model {}: this binary does not know the model and no \
+                         relay has recorded its version yet; give --version",
+                        printer.model(category)
+                    ))
+                })?;
+            let mut start = BackfillStart::new(category, version);
+            if let Some(known) = known {
+                start = start.model(known.name);
+            }
+            if !destinations.is_empty() {
+                let destinations = destinations
+                    .into_iter()
+                    .map(Destination::new)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| CliError::Refused(error.to_string()))?;
+                start = start.destinations(destinations);
+            }
+            if version == 0 {
+                return Err(CliError::Refused(
+                    "--version must be 1 or more: replication versions start at 1".into(),
+                ));
+            }
+            let state = store.start_backfill(&start).await?;
+            printer.backfill_started(out, &state)
+        }
+        BackfillCommand::Pause { model } => {
+            let category = names::category(catalog, &model)?;
+            if !store.pause_backfill(category).await? {
+                return Err(CliError::Refused(format!(
+                    "the backfill of model {} is not under way: nothing to pause (see \
+                     `outbox backfill status`)",
+                    printer.model(category)
+                )));
+            }
+            printer.done(
+                out,
+                &format!(
+                    "paused the backfill of model {}: `outbox backfill start` goes on from \
+                     where it stopped",
+                    printer.model(category)
+                ),
+            )
         }
     }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 use comfy_table::{Table, presets};
 use outbox_core::store::{PendingMessage, ShardState};
 use outbox_core::{
-    Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget, ShardInfo, ShardKey,
+    BackfillPhase, BackfillState, Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget,
+    ShardInfo, ShardKey,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -198,6 +199,7 @@ impl<'a> Printer<'a> {
         &self,
         out: &mut dyn Write,
         status: &OutboxStatus,
+        backfills: &[BackfillState],
     ) -> Result<(), CliError> {
         if self.json {
             return self.emit(
@@ -215,6 +217,7 @@ impl<'a> Printer<'a> {
                     "dead_letters": status.dead_letters,
                     "oldest_dead_letter_at": rfc3339(status.oldest_dead_letter_at),
                     "deepest": status.deepest.iter().map(|info| self.shard_json(info)).collect::<Vec<_>>(),
+                    "backfills": backfills.iter().map(|state| self.backfill_json(state)).collect::<Vec<_>>(),
                 }),
             );
         }
@@ -247,6 +250,140 @@ impl<'a> Printer<'a> {
                 render(&self.shard_table(&status.deepest))
             )?;
         }
+        let started: Vec<&BackfillState> = backfills
+            .iter()
+            .filter(|state| state.phase() != BackfillPhase::NotStarted)
+            .collect();
+        if !started.is_empty() {
+            writeln!(
+                out,
+                "\nbackfills\n{}",
+                render(&self.backfill_table(&started))
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A model by its category: its name where known, else its number.
+    pub(crate) fn model(&self, category: outbox_core::CategoryId) -> String {
+        self.category(category)
+    }
+
+    fn backfill_json(&self, state: &BackfillState) -> Value {
+        json!({
+            "model": self.backfill_name(state),
+            "category": state.category.0,
+            "phase": state.phase().to_string(),
+            "declared_version": state.declared_version,
+            "target_version": state.target_version,
+            "walking_version": state.walking_version,
+            "done_version": state.done_version,
+            "low_bound": state.low_bound.map(|key| key.to_string()),
+            "rows_walked": state.rows_walked,
+            "destinations": state.destinations.as_ref().map(|destinations| {
+                destinations.iter().map(|d| d.as_str().to_owned()).collect::<Vec<_>>()
+            }),
+            "worker": state.worker,
+            "started_at": rfc3339(state.started_at),
+            "updated_at": rfc3339(state.updated_at),
+            "completed_at": rfc3339(state.completed_at),
+            "last_error": state.last_error,
+        })
+    }
+
+    /// The model's name as the catalog knows it, or as the watermark recorded it.
+    fn backfill_name(&self, state: &BackfillState) -> String {
+        match self.catalog.category(state.category) {
+            Some(_) => self.category(state.category),
+            None if !state.model.is_empty() => state.model.clone(),
+            None => self.category(state.category),
+        }
+    }
+
+    fn backfill_table(&self, states: &[&BackfillState]) -> Table {
+        let mut table = table(&[
+            "MODEL",
+            "PHASE",
+            "TARGET",
+            "DONE",
+            "LOW BOUND",
+            "ROWS",
+            "UPDATED",
+            "LAST ERROR",
+        ]);
+        for state in states {
+            let version = |version: u32| {
+                if version == 0 {
+                    "-".to_owned()
+                } else {
+                    version.to_string()
+                }
+            };
+            table.add_row(vec![
+                self.backfill_name(state),
+                state.phase().to_string(),
+                version(state.target_version),
+                version(state.done_version),
+                state
+                    .low_bound
+                    .map_or_else(|| "-".to_owned(), |key| key.to_string()),
+                state.rows_walked.to_string(),
+                self.ago(state.updated_at),
+                state
+                    .last_error
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |error| clip(error, 60)),
+            ]);
+        }
+        table
+    }
+
+    pub(crate) fn backfills(
+        &self,
+        out: &mut dyn Write,
+        states: &[BackfillState],
+    ) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = states.iter().map(|s| self.backfill_json(s)).collect();
+            return self.emit(out, &listed);
+        }
+        if states.is_empty() {
+            writeln!(
+                out,
+                "no backfills: relays record each replicated model at their first tick"
+            )?;
+            return Ok(());
+        }
+        let all: Vec<&BackfillState> = states.iter().collect();
+        writeln!(out, "{}", render(&self.backfill_table(&all)))?;
+        Ok(())
+    }
+
+    pub(crate) fn backfill_started(
+        &self,
+        out: &mut dyn Write,
+        state: &BackfillState,
+    ) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(out, &self.backfill_json(state));
+        }
+        let model = self.backfill_name(state);
+        let what = match state.phase() {
+            BackfillPhase::Done => format!(
+                "the backfill of model {model} to version {} is done already",
+                state.target_version
+            ),
+            BackfillPhase::WaitingForCode => format!(
+                "started the backfill of model {model} to version {}: no relay's code declares \
+                 that version yet (the highest recorded is {}); it starts when one does",
+                state.target_version, state.declared_version
+            ),
+            _ => format!(
+                "started the backfill of model {model} to version {}",
+                state.target_version
+            ),
+        };
+        writeln!(out, "{what}")?;
         Ok(())
     }
 

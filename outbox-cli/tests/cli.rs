@@ -441,6 +441,113 @@ where
     assert!(expect(&printed.url(), &["status"], 0).contains("pending messages  0"));
 }
 
+/// Backfills: started by number from the installed binary once a relay recorded the model's
+/// version (refused before), followed in `backfill status` and `status`, paused; started by
+/// name, to the version the code declares, from a binary that knows the model.
+async fn backfills<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    use outbox_core::Store;
+    use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome};
+    use outbox_testkit::fixtures::{MODEL_TABLES, ModelRecorder, Project};
+
+    for ddl in MODEL_TABLES {
+        database.execute(ddl).await;
+    }
+    for id in 1..=3 {
+        database
+            .execute(&format!(
+                "INSERT INTO projects (id, organization_id, name, archived, score) \
+                 VALUES ({id}, 1, 'p{id}', FALSE, 0)"
+            ))
+            .await;
+    }
+    let url = database.url();
+    let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
+    let tick = || async {
+        let options = BackfillOptions {
+            worker: "cli-test".to_owned(),
+            budget: 100,
+        };
+        store
+            .backfill(&BackfillModel::of::<Project>(), &options)
+            .await
+            .expect("a backfill tick")
+    };
+    assert!(expect(&url, &["backfill", "status"], 0).contains("no backfills"));
+    let refused = outbox(&url, &["backfill", "start", "20"]);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(
+        stderr(&refused).contains("give --version"),
+        "{}",
+        stderr(&refused)
+    );
+
+    assert_eq!(tick().await.outcome, BackfillOutcome::Gated);
+    let started = expect(&url, &["backfill", "start", "20"], 0);
+    assert!(
+        started.contains("started the backfill of model project to version 2"),
+        "the version and name the relays recorded: {started}"
+    );
+    let listed = json(&url, &["backfill", "status"]);
+    assert_eq!(listed[0]["model"], "project", "{listed}");
+    assert_eq!(listed[0]["phase"], "walking", "{listed}");
+    assert_eq!(listed[0]["target_version"], 2, "{listed}");
+
+    assert!(matches!(
+        tick().await.outcome,
+        BackfillOutcome::Walked {
+            rows: 3,
+            complete: true,
+            ..
+        }
+    ));
+    let status = expect(&url, &["status"], 0);
+    assert!(
+        status.contains("backfills") && status.contains("done"),
+        "{status}"
+    );
+    let shown = json(&url, &["status"]);
+    assert_eq!(shown["backfills"][0]["rows_walked"], 3, "{shown}");
+    assert_eq!(shown["backfills"][0]["done_version"], 2, "{shown}");
+    let nothing = outbox(&url, &["backfill", "pause", "20"]);
+    assert_eq!(nothing.status.code(), Some(3), "{}", stderr(&nothing));
+
+    let ahead = expect(&url, &["backfill", "start", "20", "--version", "3"], 0);
+    assert!(
+        ahead.contains("no relay's code declares that version yet"),
+        "{ahead}"
+    );
+    assert!(expect(&url, &["backfill", "pause", "20"], 0).contains("paused the backfill"));
+    assert_eq!(json(&url, &["backfill", "status"])[0]["target_version"], 2);
+
+    // A binary that knows the model: by name, to its code's version.
+    let catalog = Catalog::of(
+        &ModelRecorder::default()
+            .register(Registry::builder())
+            .build()
+            .expect("a registry"),
+    );
+    let cli = outbox_cli::Cli::parse_from([
+        "outbox",
+        "--database-url",
+        url.as_str(),
+        "backfill",
+        "start",
+        "project",
+    ]);
+    let mut out = Vec::new();
+    outbox_cli::run(cli, &catalog, &mut out)
+        .await
+        .expect("start by name");
+    let shown = String::from_utf8(out).expect("UTF-8");
+    assert!(
+        shown.contains("the backfill of model project to version 2 is done already"),
+        "{shown}"
+    );
+}
+
 /// One test per backend for each scenario: `name(database…)`, each database fresh and
 /// `migrated` or `create`d empty.
 macro_rules! on_both_backends {
@@ -468,6 +575,7 @@ on_both_backends! {
     reads(migrated);
     operations(migrated);
     names(migrated);
+    backfills(migrated);
     migrations(create, create);
 }
 
