@@ -323,3 +323,101 @@ async fn in_transaction_mode_is_refused_with_a_typed_error() {
     assert!(matches!(error, Error::Unsupported { .. }), "{error:?}");
     assert!(error.to_string().contains("InTransaction"), "{error}");
 }
+
+mod backfill {
+    use super::*;
+    use crate::backfill::{
+        BackfillModel, BackfillOptions, BackfillOutcome, BackfillPhase, BackfillStart,
+    };
+    use crate::model::{Category, Scope};
+    use crate::replicated::{LocalModel, ModelTable, ReplicatedModel};
+
+    struct Org;
+    impl Scope for Org {
+        const ID: ScopeId = ScopeId(1);
+        const NAME: &'static str = "org";
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Thing {
+        id: i64,
+    }
+    impl Category for Thing {
+        type Scope = Org;
+        type Payload = ();
+        const ID: CategoryId = CategoryId(30);
+        const NAME: &'static str = "thing";
+    }
+    impl ReplicatedModel for Thing {
+        const TABLE: ModelTable = ModelTable {
+            table: "things",
+            key: "id",
+            columns: &["id"],
+        };
+        type Key = i64;
+        fn object_identifier(&self) -> crate::Id {
+            crate::Id::integer(self.id)
+        }
+        fn shard_identifier(&self) -> crate::Id {
+            crate::Id::integer(1)
+        }
+        fn tombstone(&self) {}
+        const REPLICATION_VERSION: u32 = 2;
+    }
+    impl LocalModel for Thing {}
+
+    fn walked(outcome: &BackfillOutcome) -> (usize, usize, bool) {
+        match *outcome {
+            BackfillOutcome::Walked {
+                size,
+                rows,
+                complete,
+                ..
+            } => (size, rows, complete),
+            ref other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    /// The in-memory store walks as the SQL backends do: gated, batches of the budget less the
+    /// backlog in key order, completion, and nothing more after it.
+    #[tokio::test]
+    async fn walks_behind_the_backlog_to_completion() {
+        let store = MemoryStore::new();
+        let things: Vec<Thing> = [5, 1, 4, 2, 3].into_iter().map(|id| Thing { id }).collect();
+        store.save(&things).expect("save");
+        let model = BackfillModel::of::<Thing>();
+        let options = |budget| BackfillOptions {
+            worker: "memory".to_owned(),
+            budget,
+        };
+        let gated = store.backfill(&model, &options(100)).await.expect("tick");
+        assert_eq!(gated.outcome, BackfillOutcome::Gated);
+        store
+            .start_backfill(&BackfillStart::new(Thing::ID, 2))
+            .await
+            .expect("start");
+        // Five pending from the saves: 7 less 5.
+        let first = store.backfill(&model, &options(7)).await.expect("tick");
+        assert_eq!(walked(&first.outcome), (2, 2, false));
+        let state = first.state.expect("a state");
+        assert_eq!(state.low_bound, Some(crate::Id::integer(2)));
+        let objects: Vec<i64> = store
+            .pending_messages(100)
+            .await
+            .expect("pending")
+            .iter()
+            .skip(5)
+            .map(|row| row.object_identifier.as_integer().unwrap_or_default())
+            .collect();
+        assert_eq!(objects, [1, 2], "in key order, after the saves' own");
+        let second = store.backfill(&model, &options(7)).await.expect("tick");
+        assert_eq!(walked(&second.outcome), (1, 1, false), "never below one row");
+        let last = store.backfill(&model, &options(100)).await.expect("tick");
+        assert_eq!(walked(&last.outcome), (92, 2, true), "100 less the 8 pending");
+        let done = store.backfills().await.expect("list").remove(0);
+        assert_eq!((done.phase(), done.rows_walked), (BackfillPhase::Done, 5));
+        let after = store.backfill(&model, &options(100)).await.expect("tick");
+        assert_eq!(after.outcome, BackfillOutcome::Gated);
+        assert!(!store.pause_backfill(Thing::ID).await.expect("pause"));
+    }
+}
