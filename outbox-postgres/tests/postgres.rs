@@ -791,3 +791,124 @@ async fn a_backfill_held_by_another_relay_is_skipped() {
         "{walked:?}"
     );
 }
+
+/// A relay killed in the middle of a batch (its connection terminated while the batch waits,
+/// having taken the watermark and written nothing yet that is visible) loses nothing and
+/// writes nothing: the database rolls the batch back and frees the watermark, and the next
+/// tick walks every row once. Stepped: another session locks the model's table, the tick
+/// blocks on it holding the watermark, the test terminates the tick's connection, unlocks,
+/// and ticks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_batch_cut_off_mid_way_is_walked_again_whole() {
+    use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
+    use outbox_core::{Admin, Category, Store};
+    use outbox_testkit::fixtures::{MODEL_TABLES, Project};
+
+    let database = migrated().await;
+    for ddl in MODEL_TABLES {
+        database.execute(ddl).await;
+    }
+    database
+        .execute(
+            "INSERT INTO projects (id, organization_id, name, archived, score) \
+             SELECT g, 1, 'p' || g, FALSE, 0 FROM generate_series(1, 40) AS g",
+        )
+        .await;
+    let store = PgStore::new(database.pool().clone());
+    store
+        .start_backfill(&BackfillStart::new(Project::ID, 2))
+        .await
+        .expect("start");
+    let options = BackfillOptions {
+        worker: "doomed".to_owned(),
+        budget: 25,
+    };
+    let mut locker = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let mut locking = locker.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locking)
+        .await
+        .expect("lock the model's table");
+    let doomed = tokio::spawn({
+        let store = store.clone();
+        let options = options.clone();
+        async move {
+            store
+                .backfill(&BackfillModel::of::<Project>(), &options)
+                .await
+        }
+    });
+    // Wait until the tick's batch waits on the table, holding the watermark.
+    let mut admin = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let waiting = loop {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE '%FROM \"projects\"%'",
+        )
+        .fetch_optional(&mut admin)
+        .await
+        .expect("pg_stat_activity");
+        if let Some(pid) = pid {
+            break pid;
+        }
+        tokio::task::yield_now().await;
+    };
+    let held: bool = sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM outbox_backfills WHERE category = $1 \
+         FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(Project::ID.0)
+    .fetch_one(&mut admin)
+    .await
+    .expect("probe the watermark");
+    assert!(held, "the batch holds the watermark while it waits");
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(waiting)
+        .execute(&mut admin)
+        .await
+        .expect("terminate the tick's connection");
+    let cut = doomed.await.expect("the tick's task");
+    assert!(cut.is_err(), "the cut-off batch fails: {cut:?}");
+    locking.commit().await.expect("unlock");
+    assert!(
+        store
+            .pending_messages(100)
+            .await
+            .expect("pending")
+            .is_empty()
+    );
+    let state = store.backfills().await.expect("list").remove(0);
+    assert_eq!((state.low_bound, state.rows_walked), (None, 0), "{state:?}");
+
+    let model = BackfillModel::of::<Project>();
+    let first = store.backfill(&model, &options).await.expect("tick");
+    assert!(
+        matches!(first.outcome, BackfillOutcome::Walked { rows: 25, .. }),
+        "{first:?}"
+    );
+    let mut objects: Vec<i64> = Vec::new();
+    let big = BackfillOptions {
+        budget: 1_000,
+        ..options
+    };
+    let rest = store.backfill(&model, &big).await.expect("tick");
+    assert!(
+        matches!(
+            rest.outcome,
+            BackfillOutcome::Walked {
+                rows: 15,
+                complete: true,
+                ..
+            }
+        ),
+        "{rest:?}"
+    );
+    for row in store.pending_messages(100).await.expect("pending") {
+        objects.push(row.object_identifier.as_integer().expect("an integer"));
+    }
+    assert_eq!(objects, (1..=40).collect::<Vec<_>>(), "each row once");
+}

@@ -411,9 +411,17 @@ mod backfill {
             .collect();
         assert_eq!(objects, [1, 2], "in key order, after the saves' own");
         let second = store.backfill(&model, &options(7)).await.expect("tick");
-        assert_eq!(walked(&second.outcome), (1, 1, false), "never below one row");
+        assert_eq!(
+            walked(&second.outcome),
+            (1, 1, false),
+            "never below one row"
+        );
         let last = store.backfill(&model, &options(100)).await.expect("tick");
-        assert_eq!(walked(&last.outcome), (92, 2, true), "100 less the 8 pending");
+        assert_eq!(
+            walked(&last.outcome),
+            (92, 2, true),
+            "100 less the 8 pending"
+        );
         let done = store.backfills().await.expect("list").remove(0);
         assert_eq!((done.phase(), done.rows_walked), (BackfillPhase::Done, 5));
         let after = store.backfill(&model, &options(100)).await.expect("tick");
