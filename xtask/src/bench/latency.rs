@@ -32,7 +32,7 @@ fn note(instants: &Instants, object: i64) {
 
 /// Writes one message about `object` (on shard `object % SHARDS`) through an
 /// `OutboxTransaction`, and commits it.
-async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String> {
+pub(super) async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String> {
     let message = Message::new::<Transferred>(
         object % SHARDS,
         object,
@@ -51,7 +51,7 @@ async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String> {
 }
 
 /// The percentile `p` (0 to 1) of sorted `values`.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(super) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
 }

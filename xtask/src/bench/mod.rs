@@ -3,6 +3,7 @@
 //! machine. Prints a table and writes it, with the machine and the command, to
 //! `BENCHMARKS.md`.
 
+mod backfill;
 mod baselines;
 mod drain;
 mod latency;
@@ -41,7 +42,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite, metrics, sinks).
+    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -70,7 +71,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 10] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -80,6 +81,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("sqlite", |a, _| Box::pin(sqlite(a))),
         ("metrics", |a, s| Box::pin(telemetry::postgres(a, s))),
         ("sinks", |a, s| Box::pin(sinks::run(a, s))),
+        ("backfill", |a, s| Box::pin(backfill::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {

@@ -59,6 +59,9 @@ impl ReplicatedModel for Project {
     }
 
     fn tombstone(&self) -> Self::Payload {}
+
+    /// Version 2: scenario 10's backfill walks version 1, then version 2.
+    const REPLICATION_VERSION: u32 = 2;
 }
 
 impl LocalModel for Project {}
