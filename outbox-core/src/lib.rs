@@ -101,6 +101,8 @@ mod shutdown;
 pub mod sink;
 pub mod store;
 pub mod telemetry;
+#[cfg(test)]
+mod test_models;
 mod trace;
 
 pub use crate::backfill::{BackfillPhase, BackfillStart, BackfillState};

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, Message, Relay, RelayConfig, RunReport};
+use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
+use outbox_core::{Admin, Category, Error, Message, Relay, RelayConfig, RunReport, Store};
 use outbox_postgres::PgStore;
-use outbox_testkit::fixtures::{OrgUpdate, Recorder, note, org_shard};
+use outbox_testkit::fixtures::{MODEL_TABLES, OrgUpdate, Project, Recorder, note, org_shard};
 use outbox_testkit::postgres::{PgTestDatabase, server_url};
 use sqlx::postgres::{PgListener, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -728,31 +729,34 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
     drop(first);
 }
 
-/// A relay skips a model whose watermark another transaction holds (another relay walking a
-/// batch), instead of waiting for it or walking the same rows; once it is free, the relay
-/// walks from where the other left it. Stepped: the holder locks, the tick runs, the holder
-/// commits, the tick runs again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backfill_held_by_another_relay_is_skipped() {
-    use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
-    use outbox_core::{Admin, Category, Store};
-    use outbox_testkit::fixtures::{MODEL_TABLES, Project};
-
+/// A database with the test models' tables, projects 1 to `rows` written behind the outbox's
+/// back, and their backfill started to version 2.
+async fn backfilling(rows: i64) -> (PgTestDatabase, PgStore) {
     let database = migrated().await;
     for ddl in MODEL_TABLES {
         database.execute(ddl).await;
     }
     database
-        .execute(
+        .execute(&format!(
             "INSERT INTO projects (id, organization_id, name, archived, score) \
-             SELECT g, 1, 'p' || g, FALSE, 0 FROM generate_series(1, 5) AS g",
-        )
+             SELECT g, 1, 'p' || g, FALSE, 0 FROM generate_series(1, {rows}) AS g"
+        ))
         .await;
     let store = PgStore::new(database.pool().clone());
     store
         .start_backfill(&BackfillStart::new(Project::ID, 2))
         .await
         .expect("start");
+    (database, store)
+}
+
+/// A relay skips a model whose watermark another transaction holds (another relay walking a
+/// batch), instead of waiting for it or walking the same rows; once it is free, the relay
+/// walks from where the other left it. Stepped: the holder locks, the tick runs, the holder
+/// commits, the tick runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_held_by_another_relay_is_skipped() {
+    let (database, store) = backfilling(5).await;
     let model = BackfillModel::of::<Project>();
     let options = BackfillOptions {
         worker: "second".to_owned(),
@@ -800,25 +804,7 @@ async fn a_backfill_held_by_another_relay_is_skipped() {
 /// and ticks again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_batch_cut_off_mid_way_is_walked_again_whole() {
-    use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
-    use outbox_core::{Admin, Category, Store};
-    use outbox_testkit::fixtures::{MODEL_TABLES, Project};
-
-    let database = migrated().await;
-    for ddl in MODEL_TABLES {
-        database.execute(ddl).await;
-    }
-    database
-        .execute(
-            "INSERT INTO projects (id, organization_id, name, archived, score) \
-             SELECT g, 1, 'p' || g, FALSE, 0 FROM generate_series(1, 40) AS g",
-        )
-        .await;
-    let store = PgStore::new(database.pool().clone());
-    store
-        .start_backfill(&BackfillStart::new(Project::ID, 2))
-        .await
-        .expect("start");
+    let (database, store) = backfilling(40).await;
     let options = BackfillOptions {
         worker: "doomed".to_owned(),
         budget: 25,

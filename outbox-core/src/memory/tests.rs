@@ -329,42 +329,8 @@ mod backfill {
     use crate::backfill::{
         BackfillModel, BackfillOptions, BackfillOutcome, BackfillPhase, BackfillStart,
     };
-    use crate::model::{Category, Scope};
-    use crate::replicated::{LocalModel, ModelTable, ReplicatedModel};
-
-    struct Org;
-    impl Scope for Org {
-        const ID: ScopeId = ScopeId(1);
-        const NAME: &'static str = "org";
-    }
-
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Thing {
-        id: i64,
-    }
-    impl Category for Thing {
-        type Scope = Org;
-        type Payload = ();
-        const ID: CategoryId = CategoryId(30);
-        const NAME: &'static str = "thing";
-    }
-    impl ReplicatedModel for Thing {
-        const TABLE: ModelTable = ModelTable {
-            table: "things",
-            key: "id",
-            columns: &["id"],
-        };
-        type Key = i64;
-        fn object_identifier(&self) -> crate::Id {
-            crate::Id::integer(self.id)
-        }
-        fn shard_identifier(&self) -> crate::Id {
-            crate::Id::integer(1)
-        }
-        fn tombstone(&self) {}
-        const REPLICATION_VERSION: u32 = 2;
-    }
-    impl LocalModel for Thing {}
+    use crate::model::Category;
+    use crate::test_models::Thing;
 
     fn walked(outcome: &BackfillOutcome) -> (usize, usize, bool) {
         match *outcome {

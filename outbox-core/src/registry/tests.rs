@@ -4,8 +4,9 @@ use super::Registry;
 use crate::error::{Error, RegistryProblem};
 use crate::handler::{Delivery, NoOp};
 use crate::model::{Category, CategoryId, Scope, ScopeId};
-use crate::replicated::{ModelTable, ReplicatedModel};
+use crate::replicated::ReplicatedModel;
 use crate::replication::{Deletion, Replication};
+use crate::test_models::{Org, Thing};
 
 macro_rules! category {
     ($name:ident, $scope:ident, $id:expr, $label:expr) => {
@@ -17,11 +18,6 @@ macro_rules! category {
             const NAME: &'static str = $label;
         }
     };
-}
-struct Org;
-impl Scope for Org {
-    const ID: ScopeId = ScopeId(1);
-    const NAME: &'static str = "org";
 }
 struct Impostor;
 impl Scope for Impostor {
@@ -188,32 +184,6 @@ fn two_handlers_for_one_category_are_refused_with_both_places() {
     let (first, second) = (first.unwrap(), second.unwrap());
     assert_eq!(first.file, file!());
     assert_eq!(second.line, first.line + 1, "each registration's own line");
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Thing {
-    id: i64,
-}
-impl Category for Thing {
-    type Scope = Org;
-    type Payload = ();
-    const ID: CategoryId = CategoryId(30);
-    const NAME: &'static str = "thing";
-}
-impl ReplicatedModel for Thing {
-    const TABLE: ModelTable = ModelTable {
-        table: "things",
-        key: "id",
-        columns: &["id"],
-    };
-    type Key = i64;
-    fn object_identifier(&self) -> crate::Id {
-        crate::Id::integer(self.id)
-    }
-    fn shard_identifier(&self) -> crate::Id {
-        crate::Id::integer(1)
-    }
-    fn tombstone(&self) {}
 }
 
 async fn ok<T>(_: T) -> Result<(), BoxErrorAlias> {

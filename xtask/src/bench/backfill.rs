@@ -11,20 +11,17 @@
 //!   messages/s; the walk's rate from start to done, and the live messages' commit-to-handler
 //!   latency during the walk and, for comparison, in the 10 s before it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
-use outbox_core::{
-    Admin, Category, Deletion, Delivery, Registry, Relay, RelayConfig, Replication, Store,
-};
+use outbox_core::{Admin, Category, Deletion, Registry, Relay, RelayConfig, Replication, Store};
 use outbox_postgres::PgStore;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
 use super::BenchArgs;
-use super::latency::{commit_one, percentile};
+use super::latency::{Instants, commit_one, latencies, note, noting, percentile, run_relay};
 use super::models::Project;
 use super::report::{Row, Target};
 use super::setup::{Server, Transferred, failed};
@@ -160,15 +157,6 @@ async fn batches(pool: &PgPool, walked: u64) -> Result<Vec<Row>, String> {
     )])
 }
 
-type Instants = Arc<Mutex<HashMap<i64, Instant>>>;
-
-fn note(instants: &Instants, object: i64) {
-    instants
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(object, Instant::now());
-}
-
 /// Commits live messages at `LIVE_RATE` from `LIVE_WRITERS` writers, objects from `first`,
 /// until `stop` says so; returns how many.
 async fn live_traffic(
@@ -206,23 +194,6 @@ async fn live_traffic(
     Ok(written)
 }
 
-/// The latencies of the live messages from `from` on, in ms, sorted: committed to handler.
-fn latencies(committed: &Instants, started: &Instants, from: i64, to: i64) -> Vec<Duration> {
-    let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
-    let started = started.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut latencies: Vec<Duration> = committed
-        .iter()
-        .filter(|(object, _)| (from..to).contains(*object))
-        .map(|(object, at)| {
-            started
-                .get(object)
-                .map_or(Duration::MAX, |began| began.saturating_duration_since(*at))
-        })
-        .collect();
-    latencies.sort_unstable();
-    latencies
-}
-
 /// A running relay walks the whole table beside live traffic.
 async fn beside_live_traffic(
     pool: &PgPool,
@@ -233,16 +204,7 @@ async fn beside_live_traffic(
     let started: Instants = Arc::default();
     let replicated = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let registry = Registry::builder()
-        .handle::<Transferred>({
-            let started = Arc::clone(&started);
-            move |delivery: Delivery<Transferred>| {
-                note(
-                    &started,
-                    i64::try_from(delivery.object_identifier).unwrap_or(-1),
-                );
-                async { Ok::<(), std::io::Error>(()) }
-            }
-        })
+        .handle::<Transferred>(noting(&started))
         .replication::<Project>({
             let replicated = Arc::clone(&replicated);
             move |_: Replication<Project>| {
@@ -260,18 +222,7 @@ async fn beside_live_traffic(
         .map_err(failed("the relay configuration"))?;
     let store = PgStore::new(pool.clone());
     let relay = Relay::with_config(store.clone(), registry, config);
-    let (stop_relay, relay_stopped) = watch::channel(false);
-    let running = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            let mut stopped = relay_stopped;
-            relay
-                .run(async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                })
-                .await
-        }
-    });
+    let (stop_relay, running) = run_relay(&relay);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Live traffic alone, then with the walk, to its end.
@@ -334,8 +285,14 @@ async fn beside_live_traffic(
         .map_err(failed("the relay"))?;
 
     let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
-    let quiet = latencies(&committed, &started, 0, boundary);
-    let busy = latencies(&committed, &started, boundary, during_end);
+    let (quiet, busy) = {
+        let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = started.lock().unwrap_or_else(PoisonError::into_inner);
+        (
+            latencies(&committed, &started, 0..boundary),
+            latencies(&committed, &started, boundary..during_end),
+        )
+    };
     if quiet.is_empty() || busy.is_empty() {
         return Err("no live message measured".to_owned());
     }

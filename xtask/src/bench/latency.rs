@@ -21,9 +21,10 @@ use super::setup::{Server, Transfer, Transferred, failed};
 const WRITERS: u64 = 16;
 const SHARDS: i64 = 1_000;
 
-type Instants = Arc<Mutex<HashMap<i64, Instant>>>;
+/// When each object's message was committed, or its handler started.
+pub(super) type Instants = Arc<Mutex<HashMap<i64, Instant>>>;
 
-fn note(instants: &Instants, object: i64) {
+pub(super) fn note(instants: &Instants, object: i64) {
     instants
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -123,16 +124,7 @@ async fn measure(
     let committed: Instants = Arc::default();
     let started: Instants = Arc::default();
     let registry = Registry::builder()
-        .handle::<Transferred>({
-            let started = Arc::clone(&started);
-            move |delivery: Delivery<Transferred>| {
-                note(
-                    &started,
-                    i64::try_from(delivery.object_identifier).unwrap_or(-1),
-                );
-                async { Ok::<(), std::io::Error>(()) }
-            }
-        })
+        .handle::<Transferred>(noting(&started))
         .build()
         .map_err(failed("the registry"))?;
     let config = RelayConfig::builder()
@@ -156,18 +148,7 @@ async fn measure(
         .await
         .map_err(failed("connecting the relay"))?;
     let relay = Relay::with_config(PgStore::new(relay_pool), registry, config);
-    let (stop, stopped) = watch::channel(false);
-    let running = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            let mut stopped = stopped;
-            relay
-                .run(async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                })
-                .await
-        }
-    });
+    let (stop, running) = run_relay(&relay);
     // Let the relay start listening, then warm it up with one message: the figures are the
     // steady state's (a relay idle since its start polls at its poll interval, 1 s, at worst).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -222,8 +203,59 @@ async fn measure(
 
     let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
     let started = started.lock().unwrap_or_else(PoisonError::into_inner);
+    Ok(latencies(&committed, &started, i64::MIN..i64::MAX))
+}
+
+/// The handler of the live messages: notes when each started.
+pub(super) fn noting(
+    started: &Instants,
+) -> impl Fn(Delivery<Transferred>) -> std::future::Ready<Result<(), std::io::Error>>
++ Clone
++ Send
++ Sync
++ 'static {
+    let started = Arc::clone(started);
+    move |delivery: Delivery<Transferred>| {
+        note(
+            &started,
+            i64::try_from(delivery.object_identifier).unwrap_or(-1),
+        );
+        std::future::ready(Ok(()))
+    }
+}
+
+/// Runs `relay` in a task until the returned sender says stop.
+pub(super) fn run_relay(
+    relay: &Relay<PgStore>,
+) -> (
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<outbox_core::RunReport, outbox_core::Error>>,
+) {
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            let mut stopped = stopped;
+            relay
+                .run(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                })
+                .await
+        }
+    });
+    (stop, running)
+}
+
+/// The commit-to-handler latencies of the objects in `objects`, sorted (`Duration::MAX` for a
+/// message never delivered).
+pub(super) fn latencies(
+    committed: &HashMap<i64, Instant>,
+    started: &HashMap<i64, Instant>,
+    objects: std::ops::Range<i64>,
+) -> Vec<Duration> {
     let mut latencies: Vec<Duration> = committed
         .iter()
+        .filter(|(object, _)| objects.contains(*object))
         .map(|(object, at)| {
             started
                 .get(object)
@@ -231,5 +263,5 @@ async fn measure(
         })
         .collect();
     latencies.sort_unstable();
-    Ok(latencies)
+    latencies
 }
