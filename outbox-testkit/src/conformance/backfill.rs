@@ -12,7 +12,7 @@ use outbox_core::{
     Admin, Category, Destination, Error, Message, ModelBatch, Registry, Relay, Store,
 };
 
-use super::{config, int, pending};
+use super::{config, eventually, int, pending};
 use crate::backend::{ModelWrite, TestBackend};
 use crate::fixtures::{MODEL_TABLES, Member, ModelRecorder, ModelSeen, OrgUpdate, Project, note};
 
@@ -446,20 +446,15 @@ pub async fn the_relay_walks_a_started_backfill<B: TestBackend>() {
         }
     });
     let mut seen = std::collections::BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while seen.len() < 23 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay walked {} of 23 rows",
-            seen.len()
-        );
+    eventually("the relay walked and delivered every row", || {
         for row in recorder.take() {
             if let ModelSeen::Project(project, _) = row {
                 seen.insert(project.id);
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        seen.len() == 23
+    })
+    .await;
     let _ = stop.send(());
     running.await.expect("relay task").expect("relay run");
     let done = watermark::<B, Project>(&backend).await;
