@@ -794,6 +794,16 @@ async fn a_backfill_held_by_another_relay_is_skipped() {
         ),
         "{walked:?}"
     );
+    // Done: a tick sees it by a read, without taking the watermark another transaction holds.
+    let mut holding = other.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox_backfills WHERE category = $1 FOR UPDATE")
+        .bind(Project::ID.0)
+        .fetch_one(&mut *holding)
+        .await
+        .expect("lock the watermark");
+    let idle = store.backfill(&model, &options).await.expect("tick");
+    assert_eq!(idle.outcome, BackfillOutcome::Gated, "{idle:?}");
+    holding.rollback().await.expect("release");
 }
 
 /// A relay killed in the middle of a batch (its connection terminated while the batch waits,

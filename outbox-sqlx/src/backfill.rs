@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Database};
 
 use crate::dialect::Dialect;
 use crate::error::{database, on_table};
-use crate::session::Writer;
+use crate::session::{Writer, with_key};
 use crate::sql::{Executes, With, get};
 use crate::store::{SqlxStore, from_ms};
 use crate::write::write_all;
@@ -76,6 +76,15 @@ impl<D: Dialect> SqlxStore<D> {
         options: &BackfillOptions,
     ) -> Result<BackfillBatch, Error> {
         let sql = &D::SQL.backfill;
+        // Most ticks find nothing to do (not started, done, paused): seen by a read, they take
+        // no write transaction (no row lock, no WAL flush; no write lock on SQLite).
+        if let Some(idle) = self.idle(model).await? {
+            return Ok(BackfillBatch {
+                model: model.name,
+                outcome: BackfillOutcome::Gated,
+                state: Some(idle),
+            });
+        }
         let ensure = sqlx::query(sql.ensure)
             .with(model.category.0)
             .with(model.name);
@@ -136,6 +145,21 @@ impl<D: Dialect> SqlxStore<D> {
                 Err(error)
             }
         }
+    }
+
+    /// The model's watermark, read without taking it, if it records the model as this
+    /// binary declares it and calls for no walk by this binary's code.
+    async fn idle(&self, model: &BackfillModel) -> Result<Option<BackfillState>, Error> {
+        let recorded = self
+            .backfill_states()
+            .await?
+            .into_iter()
+            .find(|state| state.category == model.category);
+        Ok(recorded.filter(|state| {
+            state.model == model.name
+                && state.declared_version >= model.version
+                && state.next_step(model.version) == BackfillStep::Gated
+        }))
     }
 
     /// See [`Admin::backfills`](outbox_core::Admin::backfills).
@@ -225,10 +249,7 @@ async fn walk<D: Dialect>(
     ));
     let query = match after {
         None => sqlx::query(walk_sql),
-        Some(key) => match key.wide_bytes() {
-            Some(bytes) => sqlx::query(walk_sql).with(bytes.to_vec()),
-            None => sqlx::query(walk_sql).with(key.as_integer().unwrap_or_default()),
-        },
+        Some(key) => with_key(sqlx::query(walk_sql), key),
     };
     let rows = query
         .with(limit)
