@@ -481,24 +481,24 @@ async fn backfill<S: Admin>(
         } => {
             let category = names::category(catalog, &model)?;
             let known = catalog.category(category);
-            let recorded = store
-                .backfills()
-                .await?
-                .into_iter()
-                .find(|state| state.category == category);
-            let version = version
-                .or(known.and_then(|known| known.replication_version))
-                .or(recorded
-                    .as_ref()
+            let version = match version.or(known.and_then(|known| known.replication_version)) {
+                Some(version) => Some(version),
+                // The version the relays recorded, read only when needed.
+                None => store
+                    .backfills()
+                    .await?
+                    .into_iter()
+                    .find(|state| state.category == category)
                     .map(|state| state.declared_version)
-                    .filter(|version| *version > 0))
-                .ok_or_else(|| {
-                    CliError::Refused(format!(
-                        "no version for model {}: this binary does not know the model and no \
+                    .filter(|version| *version > 0),
+            };
+            let version = version.ok_or_else(|| {
+                CliError::Refused(format!(
+                    "no version for model {}: this binary does not know the model and no \
                          relay has recorded its version yet; give --version",
-                        printer.model(category)
-                    ))
-                })?;
+                    printer.model(category)
+                ))
+            })?;
             let mut start = BackfillStart::new(category, version);
             if let Some(known) = known {
                 start = start.model(known.name);
@@ -511,11 +511,9 @@ async fn backfill<S: Admin>(
                     .map_err(|error| CliError::Refused(error.to_string()))?;
                 start = start.destinations(destinations);
             }
-            if version == 0 {
-                return Err(CliError::Refused(
-                    "--version must be 1 or more: replication versions start at 1".into(),
-                ));
-            }
+            start
+                .check()
+                .map_err(|error| CliError::Refused(error.to_string()))?;
             let state = store.start_backfill(&start).await?;
             printer.backfill_started(out, &state)
         }

@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
 use crate::dialect::{Ack, Claiming, Dialect};
 use crate::error::{database, on_table};
-use crate::sql::{Executes, Statement, With, get};
+use crate::sql::{Executes, Sql, Statement, With, get};
 
 /// Milliseconds in `duration`, as the statements take them.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
@@ -79,6 +79,16 @@ fn lease_lost(lease: &Lease) -> Error {
     Error::LeaseLost {
         shard: lease.shard.clone(),
         token: lease.token,
+    }
+}
+
+/// `query` with a model's key bound as the model statements take one
+/// ([`Dialect::load_model_sql`], [`Dialect::walk_model_sql`]): a wide key's 16 bytes, or an
+/// integer.
+pub(crate) fn with_key<DB: Sql>(query: Statement<'_, DB>, key: Id) -> Statement<'_, DB> {
+    match key.wide_bytes() {
+        Some(bytes) => query.with(bytes.to_vec()),
+        None => query.with(key.as_integer().unwrap_or_default()),
     }
 }
 
@@ -383,10 +393,7 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     async fn load_model(&mut self, table: &ModelTable, key: Id) -> Result<Option<ModelRow>, Error> {
         const OPERATION: &str = "reading a replicated model";
         let sql = AssertSqlSafe(D::load_model_sql(table, key.as_wide().is_some()));
-        let query = match key.wide_bytes() {
-            Some(bytes) => sqlx::query(sql).with(bytes.to_vec()),
-            None => sqlx::query(sql).with(key.as_integer().unwrap_or_default()),
-        };
+        let query = with_key(sqlx::query(sql), key);
         let mut reader = self.reader().await?;
         let row = query
             .fetch_optional(D::Database::on(reader.conn()))
