@@ -68,9 +68,9 @@ use crate::output::Printer;
                   and categories by name (where this binary knows them) or number."
 )]
 pub struct Cli {
-    /// The database: `postgres://…` or `sqlite:PATH`.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// The database: `postgres://…` or `sqlite:PATH` (before or after the command).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -105,9 +105,9 @@ pub enum Command {
     },
     /// A shard's pending messages, oldest first, with the shard's attempts and last error.
     Messages {
-        /// The shard.
-        #[arg(long)]
-        shard: String,
+        /// The shard (also as `--shard`).
+        #[command(flatten)]
+        shard: ShardArg,
         /// At most this many.
         #[arg(long, default_value_t = 20)]
         limit: usize,
@@ -147,6 +147,24 @@ pub enum Command {
         #[arg(long)]
         print: bool,
     },
+}
+
+/// A shard, given where it is read (`outbox messages 1:42`) or as `--shard 1:42`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ShardArg {
+    /// The shard.
+    #[arg(value_name = "SHARD")]
+    pub shard: Option<String>,
+    /// The shard.
+    #[arg(long = "shard", value_name = "SHARD")]
+    pub flag: Option<String>,
+}
+
+impl ShardArg {
+    fn text(&self) -> &str {
+        self.shard.as_deref().or(self.flag.as_deref()).unwrap_or_default()
+    }
 }
 
 /// A shard, `--category C` or `--scope S`.
@@ -260,6 +278,12 @@ pub enum CliError {
     /// The request was refused and nothing changed.
     #[error("{0}")]
     Refused(String),
+    /// The database could not be opened (a SQLite file that does not exist, say).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The command line is incomplete: it says what is missing.
+    #[error("{0}")]
+    Usage(String),
     /// Writing the output failed.
     #[error("writing the output failed: {0}")]
     Output(#[from] std::io::Error),
@@ -270,13 +294,16 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Outbox(Error::NoSuchDeadLetter { .. }) | Self::Refused(_) => EXIT_REFUSED,
-            Self::Outbox(_) | Self::Output(_) => EXIT_FAILED,
+            Self::Usage(_) => EXIT_USAGE,
+            Self::Outbox(_) | Self::Unreachable(_) | Self::Output(_) => EXIT_FAILED,
         }
     }
 }
 
 /// Exit code: the database failed.
 pub const EXIT_FAILED: u8 = 1;
+/// Exit code: the command line is wrong.
+pub const EXIT_USAGE: u8 = 2;
 /// Exit code: refused, nothing changed.
 pub const EXIT_REFUSED: u8 = 3;
 
@@ -299,7 +326,41 @@ pub fn main() -> ExitCode {
 
 /// Runs the command line of this process, knowing the names in `catalog`.
 pub fn main_with(catalog: &Catalog) -> ExitCode {
-    let cli = Cli::parse();
+    main_from(std::env::args_os(), catalog)
+}
+
+/// Runs the command line `args` (the first is the command's name, as people should type it:
+/// `"outbox"`, or `"my-service outbox"` for a subcommand of a service), knowing the names in
+/// `catalog`; returns its exit code. For a service whose binary takes `outbox …` as one of its
+/// subcommands:
+///
+/// ```no_run
+/// # fn serve() -> std::process::ExitCode { std::process::ExitCode::SUCCESS }
+/// fn main() -> std::process::ExitCode {
+///     let mut args = std::env::args_os();
+///     match args.nth(1) {
+///         Some(command) if command == "outbox" => outbox_cli::main_from(
+///             std::iter::once("my-service outbox".into()).chain(args),
+///             &outbox_core::Catalog::discovered(),
+///         ),
+///         _ => serve(),
+///     }
+/// }
+/// ```
+///
+/// Nothing it prints shows a password given on the command line or in `DATABASE_URL`: a
+/// command-line error that would repeat an argument shows it redacted
+/// ([`outbox_core::redact_url`]).
+pub fn main_from<I, T>(args: I, catalog: &Catalog) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error, &args),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -321,10 +382,39 @@ pub fn main_with(catalog: &Catalog) -> ExitCode {
     }
 }
 
+/// Prints a command-line error (or the help or version asked for) with every argument that
+/// could hold a password redacted; returns clap's exit code for it.
+fn usage_error(error: &clap::Error, args: &[std::ffi::OsString]) -> ExitCode {
+    let mut text = error.render().to_string();
+    for arg in args.iter().skip(1) {
+        let arg = arg.to_string_lossy();
+        // Any argument that is (or holds) a URL, or names a password, is shown redacted.
+        let value = arg.split_once('=').map_or(&*arg, |(_, value)| value);
+        if value.contains(':') || value.to_ascii_lowercase().contains("password") {
+            let shown = outbox_core::redact_url(value);
+            if shown != value {
+                text = text.replace(value, &shown);
+            }
+        }
+    }
+    let code = error.exit_code();
+    let _ = if error.use_stderr() {
+        write!(std::io::stderr(), "{text}")
+    } else {
+        write!(std::io::stdout(), "{text}")
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(EXIT_USAGE))
+}
+
 /// Runs `cli`, writing what it shows to `out`.
 pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(), CliError> {
     let printer = Printer::new(catalog, cli.json);
-    let url = cli.database_url.as_str();
+    let url = cli.database_url.as_deref().ok_or_else(|| {
+        CliError::Usage(
+            "which database? give --database-url postgres://… or sqlite:PATH, or set              DATABASE_URL"
+                .to_owned(),
+        )
+    })?;
     if let Command::Migrate { print } = cli.command {
         return migrate::run(url, print, &printer, out).await;
     }
@@ -373,7 +463,7 @@ async fn execute<S: Store + Admin>(
             printer.shards(out, &store.shards(filter, limit).await?)
         }
         Command::Messages { shard, limit } => {
-            let shard = names::shard(catalog, &shard)?;
+            let shard = names::shard(catalog, shard.text())?;
             let state = store
                 .shard_states()
                 .await?
@@ -399,6 +489,9 @@ async fn execute<S: Store + Admin>(
             let target = pause_target(catalog, target)?;
             let paused = store.pause(&target, reason.as_deref()).await?;
             let what = printer.target(&target);
+            if let Some(unknown) = unknown_target(catalog, &target) {
+                printer.note(out, &unknown)?;
+            }
             printer.changed(
                 out,
                 paused,
@@ -441,8 +534,13 @@ async fn dead_letters<S: Admin>(
             allow_unknown_categories,
         } => {
             let letters = selected(store, catalog, &select, true).await?;
-            if !allow_unknown_categories {
-                refuse_unknown(catalog, &letters)?;
+            if let Some(unknown) = unknown_categories(catalog, &letters) {
+                // A dry run changes nothing: it says what a replay would be refused for.
+                if dry_run {
+                    printer.note(out, &unknown)?;
+                } else if !allow_unknown_categories {
+                    return Err(CliError::Refused(unknown));
+                }
             }
             let ids: Vec<MessageId> = letters.iter().map(|letter| letter.message_id).collect();
             let replayed = if dry_run || ids.is_empty() {
@@ -586,8 +684,8 @@ async fn selected<S: Admin>(
     Ok(letters)
 }
 
-/// Refuses a replay of categories this binary does not know.
-fn refuse_unknown(catalog: &Catalog, letters: &[DeadLetter]) -> Result<(), CliError> {
+/// Why a replay of `letters` is refused: categories this binary does not know.
+fn unknown_categories(catalog: &Catalog, letters: &[DeadLetter]) -> Option<String> {
     let mut unknown: Vec<CategoryId> = letters
         .iter()
         .map(|letter| letter.category)
@@ -596,16 +694,40 @@ fn refuse_unknown(catalog: &Catalog, letters: &[DeadLetter]) -> Result<(), CliEr
     unknown.sort_unstable();
     unknown.dedup();
     if unknown.is_empty() {
-        return Ok(());
+        return None;
     }
     let list: Vec<String> = unknown.iter().map(|id| id.0.to_string()).collect();
-    Err(CliError::Refused(format!(
+    Some(format!(
         "this binary does not know categor{} {}: a replayed message of an unknown category parks \
          its shard until a binary that knows it runs; run the `outbox` command built into your \
          service, or pass --allow-unknown-categories",
         if unknown.len() == 1 { "y" } else { "ies" },
         list.join(", ")
-    )))
+    ))
+}
+
+/// A word for a pause of a scope or category this binary does not know (a mistyped number
+/// pauses nothing anyone writes).
+fn unknown_target(catalog: &Catalog, target: &PauseTarget) -> Option<String> {
+    let (what, known) = match target {
+        PauseTarget::Shard(shard) => (
+            format!("scope {}", shard.scope.0),
+            catalog.scope_name(shard.scope).is_some(),
+        ),
+        PauseTarget::Scope(scope) => (
+            format!("scope {}", scope.0),
+            catalog.scope_name(*scope).is_some(),
+        ),
+        PauseTarget::Category(category) => (
+            format!("category {}", category.0),
+            catalog.category(*category).is_some(),
+        ),
+    };
+    (!known).then(|| {
+        format!(
+            "this binary does not know {what}: if no service writes it, the pause holds              nothing (check the number; the `outbox` command built into your service knows              its names)"
+        )
+    })
 }
 
 fn pause_target(catalog: &Catalog, target: TargetArgs) -> Result<PauseTarget, CliError> {

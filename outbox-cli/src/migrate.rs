@@ -10,6 +10,7 @@ use outbox_core::store::MIGRATIONS_TABLE;
 use outbox_postgres::PgDialect;
 use outbox_sqlite::SqliteDialect;
 use outbox_sqlx::Dialect;
+use outbox_sqlx::migrate::migrate_error;
 use sqlx::migrate::Migrate;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{PgPool, SqlitePool};
@@ -34,11 +35,10 @@ impl Backend {
         match scheme.as_str() {
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "sqlite" => Ok(Self::Sqlite),
-            _ => Err(Error::InvalidDatabaseUrl {
-                url: format!("{scheme}:…"),
-                reason: "expected a `postgres://` or `sqlite:` URL".into(),
-            }
-            .into()),
+            _ => Err(
+                Error::invalid_database_url(url, "expected a `postgres://` or `sqlite:` URL")
+                    .into(),
+            ),
         }
     }
 }
@@ -57,15 +57,11 @@ impl Database {
         match Backend::of(url)? {
             Backend::Postgres => Ok(Self::Postgres(outbox_postgres::connect(url).await?)),
             Backend::Sqlite => {
-                let options = SqliteConnectOptions::from_str(url).map_err(|error| {
-                    Error::InvalidDatabaseUrl {
-                        url: url.to_owned(),
-                        reason: error.to_string(),
-                    }
-                })?;
+                let options = SqliteConnectOptions::from_str(url)
+                    .map_err(|error| Error::invalid_database_url(url, error.to_string()))?;
                 let file = options.get_filename();
                 if !create && !file.exists() {
-                    return Err(CliError::Refused(format!(
+                    return Err(CliError::Unreachable(format!(
                         "no database file at {}: check the URL (`outbox migrate` creates one)",
                         file.display()
                     )));
@@ -90,22 +86,18 @@ impl Database {
 
     /// The versions of the outbox migrations the database has applied.
     async fn applied(&self) -> Result<Vec<i64>, Error> {
-        let failed = |source: sqlx::Error| Error::Migrate {
-            source: Box::new(source),
-        };
-        let listed = match self {
+        match self {
             Self::Postgres(pool) => {
-                let mut conn = pool.acquire().await.map_err(failed)?;
-                applied(&mut *conn).await
+                let failed = migrate_error::<PgDialect>;
+                let mut conn = pool.acquire().await.map_err(|e| failed(e.into()))?;
+                applied(&mut *conn).await.map_err(failed)
             }
             Self::Sqlite(pool) => {
-                let mut conn = pool.acquire().await.map_err(failed)?;
-                applied(&mut *conn).await
+                let failed = migrate_error::<SqliteDialect>;
+                let mut conn = pool.acquire().await.map_err(|e| failed(e.into()))?;
+                applied(&mut *conn).await.map_err(failed)
             }
-        };
-        listed.map_err(|source| Error::Migrate {
-            source: Box::new(source),
-        })
+        }
     }
 }
 

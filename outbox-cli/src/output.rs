@@ -51,6 +51,22 @@ fn render(table: &Table) -> String {
         .join("\n")
 }
 
+/// A span of time in its two largest units, as people read it: `45s`, `3m 12s`, `2h 5m`,
+/// `10d 0h`.
+fn span(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    let (minutes, hours, days) = (seconds / 60, seconds / 3600, seconds / 86_400);
+    if days > 0 {
+        format!("{days}d {}h", hours % 24)
+    } else if hours > 0 {
+        format!("{hours}h {}m", minutes % 60)
+    } else if minutes > 0 {
+        format!("{minutes}m {}s", seconds % 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
 /// At most `chars` characters of `text` on one line.
 fn clip(text: &str, chars: usize) -> String {
     let line = text.replace('\n', " ");
@@ -72,17 +88,11 @@ impl<'a> Printer<'a> {
         }
     }
 
-    /// How long before now `at` was, as people read it ("3m 12s"); "-" for none.
+    /// How long before now `at` was, as people read it ("3m 12s ago"); "-" for none.
     fn ago(&self, at: Option<SystemTime>) -> String {
         at.map_or_else(
             || "-".to_owned(),
-            |at| {
-                let age = self.now.duration_since(at).unwrap_or_default();
-                format!(
-                    "{} ago",
-                    humantime::format_duration(Duration::from_secs(age.as_secs()))
-                )
-            },
+            |at| format!("{} ago", span(self.now.duration_since(at).unwrap_or_default())),
         )
     }
 
@@ -91,10 +101,7 @@ impl<'a> Printer<'a> {
         at.map_or_else(
             || "-".to_owned(),
             |at| match at.duration_since(self.now) {
-                Ok(wait) if wait.as_secs() > 0 => format!(
-                    "in {}",
-                    humantime::format_duration(Duration::from_secs(wait.as_secs()))
-                ),
+                Ok(wait) if wait.as_secs() > 0 => format!("in {}", span(wait)),
                 _ => "now".to_owned(),
             },
         )
@@ -470,6 +477,14 @@ impl<'a> Printer<'a> {
             return self.emit(out, &json!({ "done": what }));
         }
         writeln!(out, "{what}")?;
+        Ok(())
+    }
+
+    /// A remark beside what a command did (tables only: JSON stays one document).
+    pub(crate) fn note(&self, out: &mut dyn Write, note: &str) -> Result<(), CliError> {
+        if !self.json {
+            writeln!(out, "note: {note}")?;
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::declare::SourceLocation;
 use crate::model::{CategoryId, MessageId, ScopeId, ShardKey};
+use crate::secret::redact_url;
 
 /// A boxed error from user code or a foreign library.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -31,10 +32,11 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The database URL could not be used.
+    /// The database URL could not be used. Build it with [`Error::invalid_database_url`],
+    /// which removes the URL's secrets.
     #[error("invalid database url `{url}`: {reason}")]
     InvalidDatabaseUrl {
-        /// The URL, with any password removed.
+        /// The URL, with its password and secret parameters replaced ([`redact_url`]).
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -55,8 +57,10 @@ pub enum Error {
     },
 
     /// Applying the migrations failed.
-    #[error("applying the outbox migrations failed")]
+    #[error("applying the outbox migrations failed: {detail}")]
     Migrate {
+        /// Which migration failed, why, and what to do.
+        detail: String,
         /// The migrator's error.
         #[source]
         source: BoxError,
@@ -236,6 +240,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// An [`Error::InvalidDatabaseUrl`] for `url`, shown without its secrets ([`redact_url`]).
+    pub fn invalid_database_url(url: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidDatabaseUrl {
+            url: redact_url(url),
+            reason: reason.into(),
+        }
+    }
+
     /// Whether the error means the database is (perhaps temporarily) out of reach.
     pub fn is_unavailable(&self) -> bool {
         match self {

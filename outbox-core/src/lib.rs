@@ -97,6 +97,7 @@ mod registry;
 mod relay;
 mod replicated;
 mod replication;
+mod secret;
 mod shutdown;
 pub mod sink;
 pub mod store;
@@ -135,6 +136,7 @@ pub use crate::replicated::{
     check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
+pub use crate::secret::redact_url;
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,

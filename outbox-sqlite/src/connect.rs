@@ -36,17 +36,14 @@ pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
         None => connect_options(path),
         Some(scheme) if scheme.eq_ignore_ascii_case("sqlite") => {
             let url = path.to_str().unwrap_or_default();
-            let options =
-                SqliteConnectOptions::from_str(url).map_err(|error| Error::InvalidDatabaseUrl {
-                    url: url.to_owned(),
-                    reason: error.to_string(),
-                })?;
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|error| Error::invalid_database_url(url, error.to_string()))?;
             outbox_settings(options)
         }
         Some(scheme) => {
-            return Err(Error::InvalidDatabaseUrl {
-                url: format!("{scheme}://…"),
-                reason: format!(
+            return Err(Error::invalid_database_url(
+                path.to_str().unwrap_or_default(),
+                format!(
                     "the scheme `{scheme}:` is not SQLite's: expected a file path or a \
                      `sqlite:` URL{}",
                     if scheme.to_ascii_lowercase().starts_with("postgres") {
@@ -55,7 +52,7 @@ pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
                         ""
                     }
                 ),
-            });
+            ));
         }
     };
     SqlitePoolOptions::new()

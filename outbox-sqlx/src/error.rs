@@ -59,13 +59,63 @@ fn caused_by_io(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// A driver error as the outbox shows it: a database's own error by its message and code,
+/// without the server's source-file line that `sqlx` appends to PostgreSQL's (`at line 948`,
+/// a line of PostgreSQL's C code, of no use to an operator); any other error as `sqlx` says
+/// it. The `sqlx` error is kept: [`DriverError::sqlx`].
+#[derive(Debug)]
+pub struct DriverError(sqlx::Error);
+
+impl DriverError {
+    /// Wraps a driver error.
+    pub fn new(error: sqlx::Error) -> Self {
+        Self(error)
+    }
+
+    /// The driver's error, for its code or kind.
+    pub fn sqlx(&self) -> &sqlx::Error {
+        &self.0
+    }
+
+    /// The driver's error.
+    pub fn into_sqlx(self) -> sqlx::Error {
+        self.0
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            sqlx::Error::Database(db) => {
+                f.write_str(db.message())?;
+                match db.code() {
+                    Some(code) => write!(f, " (code {code})"),
+                    None => Ok(()),
+                }
+            }
+            other => other.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            // The database's error is the message itself: its Display is what is shown above.
+            sqlx::Error::Database(_) => None,
+            other => other.source(),
+        }
+    }
+}
+
 fn typed(operation: &'static str, fault: Fault, error: sqlx::Error) -> Error {
+    let error = DriverError(error);
     match fault {
         Fault::Unavailable => Error::Unavailable {
             source: Box::new(error),
         },
         Fault::Configuration => {
-            let (setting, problem) = match &error {
+            let (setting, problem) = match error.sqlx() {
                 sqlx::Error::Tls(_) => ("TLS", "cannot be set up for the database connection"),
                 _ => ("connection options", "are refused by the database driver"),
             };

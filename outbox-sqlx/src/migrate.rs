@@ -26,6 +26,7 @@ use sqlx::migrate::{Migrate, Migration, MigrationType, Migrator};
 use sqlx::{Pool, SqlSafeStr};
 
 use crate::dialect::Dialect;
+use crate::error::DriverError;
 
 /// The migrator for a backend's outbox tables, recorded in `_outbox_migrations`.
 ///
@@ -64,13 +65,12 @@ pub fn migrator_up_to<D: Dialect>(version: i64) -> Migrator {
 /// say) is left as it is, and a `warn` line names both sets of versions: the binary runs on it
 /// (see the [module documentation](self)).
 pub async fn migrate<D: Dialect>(pool: &Pool<D::Database>) -> Result<(), Error> {
-    let failed = |source: sqlx::migrate::MigrateError| Error::Migrate {
-        source: Box::new(source),
-    };
+    let failed = migrate_error::<D>;
     migrator::<D>().run(pool).await.map_err(failed)?;
-    let mut conn = pool.acquire().await.map_err(|source| Error::Migrate {
-        source: Box::new(source),
-    })?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|source| failed(source.into()))?;
     let applied: Vec<i64> = conn
         .list_applied_migrations(MIGRATIONS_TABLE)
         .await
@@ -80,6 +80,63 @@ pub async fn migrate<D: Dialect>(pool: &Pool<D::Database>) -> Result<(), Error> 
         .collect();
     note_newer_schema::<D>(&applied);
     Ok(())
+}
+
+/// A migrator's error as [`Error::Migrate`]: which migration failed (its version and
+/// description), the database's message, and, where the database refused for want of a
+/// right, what to do about it.
+pub fn migrate_error<D: Dialect>(error: sqlx::migrate::MigrateError) -> Error {
+    use sqlx::migrate::MigrateError;
+    let (step, driver) = match error {
+        MigrateError::ExecuteMigration(source, version) => {
+            let description = D::MIGRATIONS
+                .iter()
+                .find(|migration| migration.version == version)
+                .map_or("", |migration| migration.description);
+            (
+                format!("migration {version} ({description})"),
+                DriverError::new(source),
+            )
+        }
+        MigrateError::Execute(source) => (
+            format!("preparing the `{MIGRATIONS_TABLE}` table"),
+            DriverError::new(source),
+        ),
+        other => {
+            return Error::Migrate {
+                detail: other.to_string(),
+                source: Box::new(other),
+            };
+        }
+    };
+    let remedy = match driver.sqlx() {
+        sqlx::Error::Database(db) if is_refused_right(db.as_ref()) => format!(
+            ": the database refused this connection's {} the right to change the schema; apply              the migrations as one that has it (the schema's owner), with `migrate` or `outbox              migrate`, or print them with `outbox migrate --print` for one that does",
+            if D::NAME == "SQLite" { "process" } else { "role" }
+        ),
+        _ => String::new(),
+    };
+    Error::Migrate {
+        detail: format!("{step} failed: {driver}{remedy}"),
+        source: Box::new(driver),
+    }
+}
+
+/// Whether the database refused a statement for want of a right: PostgreSQL's
+/// `insufficient_privilege` (42501), SQLite's read-only database or file (`SQLITE_READONLY`
+/// and its extended codes, `SQLITE_PERM`, `SQLITE_AUTH`).
+fn is_refused_right(error: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = error.code() else {
+        return false;
+    };
+    if code == "42501" {
+        return true;
+    }
+    match code.parse::<i32>() {
+        // SQLite: the primary code is the low byte of an extended one.
+        Ok(code) => matches!(code & 0xff, 3 | 8 | 23),
+        Err(_) => false,
+    }
 }
 
 /// The versions among `applied` that are newer than every migration this binary embeds.

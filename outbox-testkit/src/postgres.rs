@@ -34,11 +34,14 @@ pub fn server_url() -> String {
 fn server_options() -> PgConnectOptions {
     let url = server_url();
     url.parse()
-        .unwrap_or_else(|error| panic!("DATABASE_URL `{url}` is not a PostgreSQL URL: {error}"))
+        .unwrap_or_else(|error| panic!(
+            "DATABASE_URL `{}` is not a PostgreSQL URL: {error}",
+            outbox_core::redact_url(&url)
+        ))
 }
 
 async fn connect_server() -> PgConnection {
-    let url = server_url();
+    let url = outbox_core::redact_url(&server_url());
     PgConnection::connect_with(&server_options())
         .await
         .unwrap_or_else(|error| {

@@ -33,7 +33,7 @@ enum Task {
     Migrate {
         /// `postgres://user@host:port/database` or `sqlite://path/to/file.db` (the file is
         /// created if missing).
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Measure the engine against hand-written sqlx baselines and write BENCHMARKS.md (runs
@@ -152,7 +152,7 @@ fn release(task: &[&str], what: &str) -> ExitCode {
 /// `outbox migrate`, as the `outbox` command runs it.
 fn migrate(database_url: String) -> ExitCode {
     let cli = outbox_cli::Cli {
-        database_url,
+        database_url: Some(database_url),
         json: false,
         command: outbox_cli::Command::Migrate { print: false },
     };

@@ -28,7 +28,12 @@ impl Server {
             .map_err(failed("the database URL is not a PostgreSQL URL"))?;
         let mut connection = PgConnection::connect_with(&options)
             .await
-            .map_err(|error| format!("no PostgreSQL server answers at {url}: {error}"))?;
+            .map_err(|error| {
+                format!(
+                    "no PostgreSQL server answers at {}: {error}",
+                    outbox_core::redact_url(url)
+                )
+            })?;
         let version: String = sqlx::query_scalar("SELECT version()")
             .fetch_one(&mut connection)
             .await

@@ -1,0 +1,129 @@
+//! Database URLs without their secrets, for every error, log line, `--help` text and page
+//! (S27).
+//!
+//! sqlx takes a password in the user-info (`postgres://app:secret@db/app`), percent-encoded or
+//! not, and as a query parameter (`?password=secret`, libpq's form; `sslpassword` for a
+//! client key's passphrase). [`redact_url`] parses the URL with the `url` crate and replaces
+//! each of them with `***`; a URL that does not parse shows only its scheme, since where its
+//! secrets are cannot be known.
+
+/// What a redacted secret reads as.
+const HIDDEN: &str = "***";
+
+/// `url` as it may be shown: its password and every secret query parameter replaced with
+/// `***`. A string that does not parse as a URL shows its scheme and `…` only (`postgres://…`),
+/// or `…` if it has none.
+///
+/// ```
+/// use outbox_core::redact_url;
+///
+/// assert_eq!(redact_url("postgres://app:secret@db/app"), "postgres://app:***@db/app");
+/// assert_eq!(
+///     redact_url("postgres://app@db/app?password=secret&sslmode=require"),
+///     "postgres://app@db/app?password=***&sslmode=require"
+/// );
+/// assert_eq!(redact_url("postgres://app:secret@db:notaport/app"), "postgres://…");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(parsed) => redact_parsed(parsed),
+        Err(_) => match scheme(url) {
+            Some(scheme) => format!("{scheme}://…"),
+            None => "…".to_owned(),
+        },
+    }
+}
+
+fn redact_parsed(mut url: url::Url) -> String {
+    if url.password().is_some() {
+        // A URL with a password has a host: setting one cannot fail.
+        let _ = url.set_password(Some(HIDDEN));
+    }
+    let secret_query = url.query_pairs().any(|(key, _)| is_secret(&key));
+    if secret_query {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(key, value)| {
+                let value = if is_secret(&key) {
+                    HIDDEN.to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (key.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+/// Whether a query parameter holds a secret: a password of any kind, a token, a secret.
+fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "passwd", "secret", "token"]
+        .iter()
+        .any(|word| key.contains(word))
+}
+
+/// The scheme `url` begins with (`postgres` in `postgres://…`, `sqlite` in `sqlite:file`), if
+/// any.
+fn scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once(':')?;
+    let valid = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some(scheme)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    /// Every form of password sqlx accepts, each URL with what must not appear in it.
+    const SECRET_URLS: &[&str] = &[
+        "postgres://app:hunter2@db:5432/app",
+        "postgresql://app:hunter2@db/app?sslmode=require",
+        "postgres://app:hunter%32@db/app",
+        "postgres://app:hun%40ter2@db/app",
+        "postgres://app@db/app?password=hunter2",
+        "postgres://app@db/app?sslmode=disable&password=hunter2&application_name=x",
+        "postgres://app@db/app?pass%77ord=hunter2",
+        "postgres://app@db/app?PASSWORD=hunter2",
+        "postgres://app@db/app?sslpassword=hunter2",
+        "postgres://app:hunter2@db:notaport/app",
+        "postgres://app@db:notaport/app?password=hunter2",
+        "postgres://app:hunter2@db/app?sslmode=bogus",
+        "postgres://app:hun ter2@db/app",
+        "sqlite:outbox.db?password=hunter2",
+        "mysql://root:hunter2@db/app",
+        "host=db password=hunter2",
+    ];
+
+    #[test]
+    fn no_form_of_password_survives() {
+        for url in SECRET_URLS {
+            let shown = redact_url(url);
+            for secret in ["hunter2", "hunter%32", "hun%40ter2", "hun ter2", "hun%20ter2"] {
+                assert!(!shown.contains(secret), "{url} shown as {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_not_secret_is_kept() {
+        assert_eq!(
+            redact_url("postgres://app:secret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(redact_url("postgres://app@db/app"), "postgres://app@db/app");
+        assert_eq!(
+            redact_url("postgres://app@db/app?sslmode=require&password=x"),
+            "postgres://app@db/app?sslmode=require&password=***"
+        );
+        assert_eq!(redact_url("sqlite:outbox.db"), "sqlite:outbox.db");
+        assert_eq!(redact_url("sqlite://data/outbox.db"), "sqlite://data/outbox.db");
+        assert_eq!(redact_url("postgres://db:notaport/x"), "postgres://…");
+        assert_eq!(redact_url("not a url"), "…");
+    }
+}
