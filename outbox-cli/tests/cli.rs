@@ -593,7 +593,7 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
     let dir = tempfile::tempdir().expect("a directory");
     let missing = format!("sqlite://{}", dir.path().join("none.db").display());
     let refused = outbox(&missing, &["status"]);
-    assert_eq!(refused.status.code(), Some(3));
+    assert_eq!(refused.status.code(), Some(1), "a database that is not there failed");
     assert!(
         stderr(&refused).contains("no database file"),
         "{}",

@@ -21,14 +21,20 @@
 //! - SIGTERM (or Ctrl-C) stops both gracefully: the server finishes its requests, the relay
 //!   its shards in flight, and the process exits 0.
 //!
+//! - `service outbox …` is the `outbox` command ([`outbox_cli`]) built into the service: it
+//!   knows the service's names (`service outbox dead-letters list --category order_placed`).
+//!
 //! ```text
+//! createdb -h 127.0.0.1 -U postgres shop
 //! DATABASE_URL=postgres://postgres@127.0.0.1/shop cargo run -p service -- --listen 127.0.0.1:8080
 //! curl -X POST -H 'content-type: application/json' -d '{"total_cents":1250}' localhost:8080/orders
 //! curl localhost:8080/readyz
 //! curl localhost:8080/metrics
+//! DATABASE_URL=postgres://postgres@127.0.0.1/shop cargo run -p service -- outbox status
 //! ```
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State as Extract;
@@ -50,9 +56,15 @@ use tokio::sync::watch;
 
 /// The service's settings.
 #[derive(Debug, Parser)]
+#[command(
+    name = "service",
+    about = "An HTTP service that writes orders with their outbox and runs the relay",
+    after_help = "The outbox command, knowing this service's names: `service outbox <COMMAND>` \
+                  (`service outbox --help`)."
+)]
 struct Args {
-    /// The PostgreSQL database.
-    #[arg(long, env = "DATABASE_URL")]
+    /// The PostgreSQL database (`postgres://user@host/database`).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Where to serve HTTP.
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
@@ -225,10 +237,36 @@ fn install_metrics() -> Result<PrometheusHandle, BoxError> {
     Ok(handle)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt().with_env_filter("info").init();
+fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    if let Some(command) = args.nth(1)
+        && command == "outbox"
+    {
+        // `service outbox …`: the outbox command, with the names this binary declares.
+        return outbox_cli::main_from(
+            std::iter::once("service outbox".into()).chain(args),
+            &outbox_core::Catalog::discovered(),
+        );
+    }
     let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter("info").init();
+    let served = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(BoxError::from)
+        .and_then(|runtime| runtime.block_on(serve(args)));
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what failed and why, never a Debug dump (nor a password: the outbox's
+            // errors show URLs redacted).
+            tracing::error!("{}", outbox_core::error_chain(error.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> Result<(), BoxError> {
     let prometheus = install_metrics()?;
     let pool = outbox_postgres::connect(&args.database_url).await?;
     outbox_postgres::migrate(&pool).await?;

@@ -3,6 +3,10 @@
 //! refuses until they are dead-lettered; then every query of every panel (and of the
 //! dashboard's variables) is parsed as PromQL and each of its selectors must find a series in
 //! the service's scrape, with every label its aggregations group by.
+//!
+//! The Prometheus alerting rules (`docs/prometheus/alerts.yml`) the same way: each rule's
+//! expression is one of the alerts of `docs/observability.md`'s table (and each alert of the
+//! table has its rule), and its selectors find their series in a fresh service's scrape.
 
 mod common;
 
@@ -10,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::Service;
+use outbox_core::telemetry;
 use outbox_testkit::postgres::PgTestDatabase;
 use promql_parser::label::Matcher;
 use promql_parser::parser::{self, Expr, LabelModifier, VectorSelector};
@@ -24,6 +29,28 @@ const MAX_ATTEMPTS: f64 = 3.0;
 
 /// The dashboard, from the repository.
 const DASHBOARD: &str = include_str!("../../../docs/grafana/outbox.json");
+
+/// The Prometheus alerting rules, from the repository.
+const ALERTS: &str = include_str!("../../../docs/prometheus/alerts.yml");
+
+/// The alerts the docs describe: the table after "Alerts worth having".
+const OBSERVABILITY: &str = include_str!("../../../docs/observability.md");
+
+/// The runbooks the rules link to.
+const OPERATING: &str = include_str!("../../../docs/operating.md");
+
+/// The metrics of the alerting rules that the service cannot export, and why: their rules'
+/// selectors are not looked for in its scrape (the metrics are `outbox_core::telemetry`'s).
+const NOT_EXPORTED: [(&str, &str); 2] = [
+    (
+        telemetry::BREAKER_OPEN,
+        "the service has no sink, so no breaker",
+    ),
+    (
+        telemetry::BACKFILL_ERRORS,
+        "the service has no replicated model to backfill",
+    ),
+];
 
 /// What Grafana's built-in variables stand for in the test.
 const GRAFANA_VARIABLES: [(&str, &str); 4] = [
@@ -164,6 +191,7 @@ fn check_dashboard(dashboard: &Value, scrape: &Scrape) -> Vec<String> {
         problems: Vec::new(),
         used: BTreeSet::new(),
         place: String::new(),
+        unexported: &[],
     };
     let mut panels = Vec::new();
     collect_panels(&dashboard["panels"], &mut panels);
@@ -289,7 +317,7 @@ fn substitute(expr: &str, variables: &[(String, String)]) -> String {
     expr
 }
 
-/// The checks of one dashboard against one scrape.
+/// The checks of one dashboard (or of the alerting rules) against one scrape.
 struct Check<'a> {
     scrape: &'a Scrape,
     problems: Vec<String>,
@@ -297,6 +325,8 @@ struct Check<'a> {
     used: BTreeSet<String>,
     /// The panel or variable being checked, for the problems' messages.
     place: String,
+    /// Metrics whose selectors are not looked for in the scrape ([`NOT_EXPORTED`]).
+    unexported: &'a [(&'a str, &'a str)],
 }
 
 impl Check<'_> {
@@ -387,6 +417,9 @@ impl Check<'_> {
         });
         if let Some(name) = &name {
             self.used.insert(name.clone());
+            if self.unexported.iter().any(|(unexported, _)| unexported == name) {
+                return;
+            }
         }
         if quantile
             && !name
@@ -555,4 +588,282 @@ fn parse_sample(line: &str) -> Option<Series> {
         labels,
         value,
     })
+}
+
+#[test]
+fn the_alert_rules_are_the_alerts_the_docs_describe() {
+    let rules = Rule::read_all(ALERTS)
+        .unwrap_or_else(|problem| panic!("docs/prometheus/alerts.yml: {problem}"));
+    let documented = documented_alerts(OBSERVABILITY);
+    assert!(
+        !documented.is_empty(),
+        "docs/observability.md has no table of alerts after \"Alerts worth having\""
+    );
+    let anchors = anchors(OPERATING);
+    let mut problems = Vec::new();
+    let mut names = BTreeSet::new();
+    let mut ruled = BTreeSet::new();
+    for rule in &rules {
+        let place = format!("alert {} (line {})", rule.alert, rule.line);
+        if !names.insert(rule.alert.as_str()) {
+            problems.push(format!("{place}: a second alert of that name"));
+        }
+        for field in Rule::FIELDS {
+            if rule.field(field).is_empty() {
+                problems.push(format!("{place}: no `{field}`"));
+            }
+        }
+        match rule.alerted() {
+            Ok(expression) => {
+                if !documented.contains(&expression) {
+                    problems.push(format!(
+                        "{place}: `{expression}` is not an alert of docs/observability.md's table"
+                    ));
+                }
+                ruled.insert(expression);
+            }
+            Err(problem) => problems.push(format!("{place}: {problem}")),
+        }
+        if !is_duration(rule.field("for")) {
+            problems.push(format!(
+                "{place}: `for: {}` is not a Prometheus duration",
+                rule.field("for")
+            ));
+        }
+        if !["critical", "warning"].contains(&rule.field("severity")) {
+            problems.push(format!(
+                "{place}: severity {:?} is neither critical nor warning",
+                rule.field("severity")
+            ));
+        }
+        let runbook = rule.field("runbook_url");
+        match runbook.strip_prefix("docs/operating.md#") {
+            Some(anchor) if anchors.contains(anchor) => {}
+            _ => problems.push(format!(
+                "{place}: runbook_url {runbook:?} is not a heading of docs/operating.md \
+                 (docs/operating.md#...)"
+            )),
+        }
+    }
+    for expression in documented.difference(&ruled) {
+        problems.push(format!(
+            "docs/observability.md's alert `{expression}` has no rule in docs/prometheus/alerts.yml"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/prometheus/alerts.yml against docs/observability.md and docs/operating.md:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_alert_rule_finds_its_series_in_the_scrape() {
+    let rules = Rule::read_all(ALERTS).expect("docs/prometheus/alerts.yml");
+    let database = PgTestDatabase::create().await;
+    let service = Service::start(&database.url(), &[]);
+    service.wait_for("/readyz", 200).await;
+
+    // The relay reports its counters at 0 when it starts, and the scrape refreshes the gauges:
+    // a service that did nothing yet has every series the rules select.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let scrape = Scrape::get(&service);
+        let problems = check_alerts(&rules, &scrape);
+        if problems.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "docs/prometheus/alerts.yml against the scrape:\n{}\n\nThe scrape:\n{}",
+            problems.join("\n"),
+            scrape.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (status, _) = service.terminate().await;
+    assert!(status.success(), "exits 0 on SIGTERM: {status:?}");
+}
+
+/// Every problem of the rules' expressions against the scrape, each naming its alert and
+/// selector: as for the dashboard, each selector must match a series, with every label its
+/// aggregations group by, but for the metrics the service cannot export ([`NOT_EXPORTED`]),
+/// which must then be absent from the scrape.
+fn check_alerts(rules: &[Rule], scrape: &Scrape) -> Vec<String> {
+    let mut check = Check {
+        scrape,
+        problems: Vec::new(),
+        used: BTreeSet::new(),
+        place: String::new(),
+        unexported: &NOT_EXPORTED,
+    };
+    for rule in rules {
+        check.place = format!("alert {}", rule.alert);
+        check.query(rule.field("expr"));
+    }
+    for (name, why) in NOT_EXPORTED {
+        if scrape.types.contains_key(name) {
+            check.problems.push(format!(
+                "the scrape has {name}, which NOT_EXPORTED says it cannot have ({why}): \
+                 check its rules against the scrape"
+            ));
+        }
+    }
+    check.problems
+}
+
+/// One alerting rule of `docs/prometheus/alerts.yml`, read line by line: the file keeps each
+/// field on one line (no block scalars), as this reader requires of it.
+#[derive(Debug)]
+struct Rule {
+    /// Its name.
+    alert: String,
+    /// Its line in the file.
+    line: usize,
+    /// Its fields: those of [`Rule::FIELDS`], labels and annotations included.
+    fields: BTreeMap<String, String>,
+}
+
+impl Rule {
+    /// The fields each rule must have.
+    const FIELDS: [&str; 6] = [
+        "expr",
+        "for",
+        "severity",
+        "summary",
+        "description",
+        "runbook_url",
+    ];
+
+    /// The rules of `text`, or what a line-based reader cannot read in it.
+    fn read_all(text: &str) -> Result<Vec<Self>, String> {
+        let mut rules: Vec<Self> = Vec::new();
+        for (index, line) in text.lines().enumerate() {
+            let line_number = index + 1;
+            let trimmed = line.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let entry = trimmed.strip_prefix("- ").unwrap_or(trimmed);
+            let Some((key, value)) = entry.split_once(':') else {
+                return Err(format!("line {line_number}: {line:?} is not `key: value`"));
+            };
+            let value = value.trim();
+            if key == "alert" {
+                rules.push(Self {
+                    alert: value.to_owned(),
+                    line: line_number,
+                    fields: BTreeMap::new(),
+                });
+                continue;
+            }
+            let Some(rule) = rules.last_mut() else {
+                continue;
+            };
+            if !Self::FIELDS.contains(&key) {
+                continue;
+            }
+            if value.starts_with(['|', '>', '\'']) {
+                return Err(format!(
+                    "line {line_number}: write `{key}` on its line, as a plain or double-quoted \
+                     scalar"
+                ));
+            }
+            let value = value
+                .strip_prefix('"')
+                .and_then(|quoted| quoted.strip_suffix('"'))
+                .unwrap_or(value);
+            if rule.fields.insert(key.to_owned(), value.to_owned()).is_some() {
+                return Err(format!("line {line_number}: a second `{key}` in one rule"));
+            }
+        }
+        if rules.is_empty() {
+            return Err("no `- alert:` rule".into());
+        }
+        Ok(rules)
+    }
+
+    /// The value of `field`, empty if the rule lacks it.
+    fn field(&self, field: &str) -> &str {
+        self.fields.get(field).map_or("", String::as_str)
+    }
+
+    /// What the rule alerts on: its expression is `<what> <comparison> <number>`, and this is
+    /// `<what>`, as PromQL prints it.
+    fn alerted(&self) -> Result<String, String> {
+        let expr = self.field("expr");
+        match parser::parse(expr) {
+            Ok(Expr::Binary(binary))
+                if binary.op.is_comparison_operator()
+                    && matches!(*binary.rhs, Expr::NumberLiteral(_)) =>
+            {
+                Ok(binary.lhs.to_string())
+            }
+            Ok(_) => Err(format!(
+                "`{expr}` is not `<expression> <comparison> <number>`"
+            )),
+            Err(error) => Err(format!("`{expr}` is not PromQL: {error}")),
+        }
+    }
+}
+
+/// The expressions of the table after "Alerts worth having" in `docs/observability.md`, as
+/// PromQL prints them (an expression that does not parse is kept as written, to be reported).
+fn documented_alerts(markdown: &str) -> BTreeSet<String> {
+    let Some(at) = markdown.find("Alerts worth having") else {
+        return BTreeSet::new();
+    };
+    markdown[at..]
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2) // the header and its separator
+        .filter_map(|row| row.split('|').nth(1))
+        .map(|cell| cell.trim().trim_matches('`'))
+        .map(|expression| {
+            parser::parse(expression).map_or_else(|_| expression.to_owned(), |ast| ast.to_string())
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings, as GitHub makes them.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    markdown
+        .lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|heading| {
+            heading
+                .trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether `text` is a Prometheus duration: units from `y` to `ms`, each with its number
+/// (`5m`, `1h30m`, `0s`).
+fn is_duration(text: &str) -> bool {
+    let mut rest = text;
+    let mut units = 0;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return false;
+        }
+        rest = &rest[digits..];
+        let Some(unit) = ["ms", "y", "w", "d", "h", "m", "s"]
+            .into_iter()
+            .find(|unit| rest.starts_with(unit))
+        else {
+            return false;
+        };
+        rest = &rest[unit.len()..];
+        units += 1;
+    }
+    units > 0
 }

@@ -1,0 +1,166 @@
+//! No password reaches what the `outbox` command prints (S27): every form of password sqlx
+//! accepts, through every way the command can fail or explain itself, on stdout and stderr.
+
+use std::process::Output;
+
+use assert_cmd::Command;
+
+/// What must never be printed: the password, as given and as decoded.
+const SECRETS: &[&str] = &["hunter2", "hunt%65r2", "hun%40ter2", "hun@ter2"];
+
+/// A PostgreSQL URL to `host` (host, port and database) with the password in each form sqlx
+/// accepts (and `sslpassword`, which it does not read), and `query` as its parameters.
+fn forms(host: &str, query: &str) -> Vec<String> {
+    let join = |params: &str| match (query.is_empty(), params.is_empty()) {
+        (true, true) => String::new(),
+        (true, false) => format!("?{params}"),
+        (false, true) => format!("?{query}"),
+        (false, false) => format!("?{query}&{params}"),
+    };
+    vec![
+        format!("postgres://postgres:hunter2@{host}{}", join("")),
+        format!("postgresql://postgres:hunt%65r2@{host}{}", join("")),
+        format!("postgres://postgres:hun%40ter2@{host}{}", join("")),
+        format!("postgres://postgres@{host}{}", join("password=hunter2")),
+        format!("postgres://postgres@{host}{}", join("pass%77ord=hunter2")),
+        format!("postgres://postgres@{host}{}", join("sslpassword=hunter2")),
+    ]
+}
+
+fn outbox() -> Command {
+    let mut command = Command::cargo_bin("outbox").expect("the outbox binary");
+    command.env_remove("DATABASE_URL");
+    command
+}
+
+#[track_caller]
+fn assert_no_secret(what: &str, output: &Output) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for secret in SECRETS {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "{what} printed a password ({secret})\nstdout: {stdout}\nstderr: {stderr}"
+        );
+    }
+}
+
+/// Runs `outbox ARGS` with the URL in `DATABASE_URL`, then as `--database-url` before and
+/// after the command; checks nothing it prints holds the password, and that it fails with
+/// `code` (or succeeds, for 0).
+#[track_caller]
+fn each_way(url: &str, args: &[&str], code: i32) {
+    let runs = [
+        ("DATABASE_URL", outbox().env("DATABASE_URL", url).args(args).output()),
+        (
+            "--database-url first",
+            outbox().arg("--database-url").arg(url).args(args).output(),
+        ),
+        (
+            "--database-url=… last",
+            outbox()
+                .args(args)
+                .arg(format!("--database-url={url}"))
+                .output(),
+        ),
+    ];
+    for (how, output) in runs {
+        let output = output.expect("run outbox");
+        let what = format!("outbox {args:?} with {url} as {how}");
+        assert_no_secret(&what, &output);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{what}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn url_errors_never_show_the_password() {
+    for (host, query) in [
+        ("127.0.0.1:notaport/postgres", ""),
+        ("127.0.0.1:5432/postgres", "sslmode=bogus"),
+        ("127.0.0.1:5432/postgres", "statement-cache-capacity=many"),
+    ] {
+        for url in forms(host, query) {
+            each_way(&url, &["status"], 1);
+            each_way(&url, &["migrate"], 1);
+        }
+    }
+    for url in [
+        "postgress://app:hunter2@db/app",
+        "mysql://root:hunter2@db/app",
+        "mysql://root@db/app?password=hunter2",
+    ] {
+        each_way(url, &["status"], 1);
+    }
+}
+
+#[test]
+fn connection_failures_never_show_the_password() {
+    // Nothing listens on port 1; the server on 5432 has no such database.
+    for host in ["127.0.0.1:1/postgres", "127.0.0.1:5432/outbox_no_such_database"] {
+        for url in forms(host, "") {
+            each_way(&url, &["status"], 1);
+        }
+    }
+}
+
+#[test]
+fn a_missing_sqlite_file_never_shows_the_password() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let url = format!(
+        "sqlite://{}?password=hunter2",
+        dir.path().join("none.db").display()
+    );
+    each_way(&url, &["status"], 1);
+}
+
+#[test]
+fn usage_errors_and_help_never_show_the_password() {
+    let url = "postgres://postgres:hunter2@127.0.0.1:1/postgres";
+    let cases: [(&str, &[&str], i32); 6] = [
+        ("--help", &["--help"], 0),
+        ("a command's --help", &["status", "--help"], 0),
+        ("no command", &[], 2),
+        ("a stray argument", &["status", url], 2),
+        ("a mistyped flag", &["status", &format!("--database-ur={url}")], 2),
+        ("a mistyped command", &["statsu", url], 2),
+    ];
+    for (what, args, code) in cases {
+        let output = outbox()
+            .env("DATABASE_URL", url)
+            .args(args)
+            .output()
+            .expect("run outbox");
+        assert_no_secret(what, &output);
+        assert_eq!(output.status.code(), Some(code), "{what}");
+    }
+    let typo = outbox()
+        .args(["--database-ur", url, "status"])
+        .output()
+        .expect("run outbox");
+    assert_no_secret("a mistyped --database-url", &typo);
+    assert!(
+        String::from_utf8_lossy(&typo.stderr).contains("--database-url"),
+        "clap suggests the flag meant: {}",
+        String::from_utf8_lossy(&typo.stderr)
+    );
+}
+
+#[test]
+fn a_command_that_works_never_shows_the_password() {
+    // The local server trusts its clients: the password is sent, and ignored.
+    for url in forms("127.0.0.1:5432/postgres", "") {
+        for args in [&["status"][..], &["--json", "status"], &["pauses"]] {
+            let output = outbox()
+                .env("DATABASE_URL", &url)
+                .args(args)
+                .output()
+                .expect("run outbox");
+            assert_no_secret(&format!("outbox {args:?}"), &output);
+        }
+    }
+}
