@@ -163,7 +163,10 @@ pub struct ShardArg {
 
 impl ShardArg {
     fn text(&self) -> &str {
-        self.shard.as_deref().or(self.flag.as_deref()).unwrap_or_default()
+        self.shard
+            .as_deref()
+            .or(self.flag.as_deref())
+            .unwrap_or_default()
     }
 }
 
@@ -411,7 +414,8 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
     let printer = Printer::new(catalog, cli.json);
     let url = cli.database_url.as_deref().ok_or_else(|| {
         CliError::Usage(
-            "which database? give --database-url postgres://… or sqlite:PATH, or set              DATABASE_URL"
+            "which database? give --database-url postgres://… or sqlite:PATH, or set \
+             DATABASE_URL"
                 .to_owned(),
         )
     })?;
@@ -725,7 +729,9 @@ fn unknown_target(catalog: &Catalog, target: &PauseTarget) -> Option<String> {
     };
     (!known).then(|| {
         format!(
-            "this binary does not know {what}: if no service writes it, the pause holds              nothing (check the number; the `outbox` command built into your service knows              its names)"
+            "this binary does not know {what}: if no service writes it, the pause holds \
+             nothing (check the number; the `outbox` command built into your service knows \
+             its names)"
         )
     })
 }

@@ -92,7 +92,12 @@ impl<'a> Printer<'a> {
     fn ago(&self, at: Option<SystemTime>) -> String {
         at.map_or_else(
             || "-".to_owned(),
-            |at| format!("{} ago", span(self.now.duration_since(at).unwrap_or_default())),
+            |at| {
+                format!(
+                    "{} ago",
+                    span(self.now.duration_since(at).unwrap_or_default())
+                )
+            },
         )
     }
 
@@ -696,5 +701,27 @@ impl<'a> Printer<'a> {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::span;
+
+    #[test]
+    fn spans_read_in_their_two_largest_units() {
+        for (seconds, shown) in [
+            (0, "0s"),
+            (45, "45s"),
+            (192, "3m 12s"),
+            (3_600, "1h 0m"),
+            (7_500, "2h 5m"),
+            (864_001, "10d 0h"),
+            (90_061, "1d 1h"),
+        ] {
+            assert_eq!(span(Duration::from_secs(seconds)), shown);
+        }
     }
 }

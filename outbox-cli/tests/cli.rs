@@ -250,11 +250,25 @@ where
         stderr(&refused)
     );
 
-    // Pause and resume a scope; resuming what is not paused is refused.
-    expect(
-        &url,
-        &["pause", "--scope", "1", "--reason", "incident 42"],
-        0,
+    // Pause and resume a scope; resuming what is not paused is refused. The database is named
+    // after the command as well as before it; a scope this binary does not know gets a word.
+    let paused = outbox(
+        "",
+        &[
+            "pause",
+            "--scope",
+            "1",
+            "--reason",
+            "incident 42",
+            "--database-url",
+            &url,
+        ],
+    );
+    assert_eq!(paused.status.code(), Some(0), "{}", stderr(&paused));
+    assert!(
+        stdout(&paused).contains("note: this binary does not know scope 1"),
+        "{}",
+        stdout(&paused)
     );
     let pauses = json(&url, &["pauses"]);
     let targets: Vec<&str> = pauses
@@ -299,6 +313,13 @@ where
         "",
         "a replay must say which"
     );
+    // A dry run is never refused: it says what a replay would be refused for.
+    let dry = expect(&url, &["dead-letters", "replay", "--all", "--dry-run"], 0);
+    assert!(
+        dry.contains("note: this binary does not know category 2") && dry.contains(&id),
+        "{dry}"
+    );
+    assert_eq!(dead_letters(&store).await.len(), 1);
     let dry = json(
         &url,
         &[
@@ -391,9 +412,26 @@ where
     let (result, shown) = run(&["shards"]).await;
     result.expect("shards");
     assert!(shown.contains("organization:1"), "{shown}");
-    let (result, shown) = run(&["messages", "--shard", "organization:1"]).await;
-    result.expect("messages");
-    assert!(shown.contains("org_update"), "{shown}");
+    for args in [
+        &["messages", "--shard", "organization:1"][..],
+        &["messages", "organization:1"],
+    ] {
+        let (result, shown) = run(args).await;
+        result.expect("messages");
+        assert!(shown.contains("org_update"), "{shown}");
+    }
+    let (result, shown) = run(&["pause", "--scope", "organization"]).await;
+    result.expect("pause a known scope");
+    assert!(
+        !shown.contains("note:"),
+        "a known scope needs no word: {shown}"
+    );
+    let (result, shown) = run(&["pause", "--scope", "99"]).await;
+    result.expect("pause scope 99");
+    assert!(
+        shown.contains("this binary does not know scope 99"),
+        "{shown}"
+    );
     let (result, shown) = run(&[
         "--json",
         "dead-letters",
@@ -593,7 +631,11 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
     let dir = tempfile::tempdir().expect("a directory");
     let missing = format!("sqlite://{}", dir.path().join("none.db").display());
     let refused = outbox(&missing, &["status"]);
-    assert_eq!(refused.status.code(), Some(1), "a database that is not there failed");
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "a database that is not there failed"
+    );
     assert!(
         stderr(&refused).contains("no database file"),
         "{}",
@@ -615,5 +657,66 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
     assert!(
         !stderr(&mysql).contains("secret"),
         "the URL's password is not shown"
+    );
+}
+
+/// A role that may not change the schema: `migrate` names the step that failed, the cause
+/// and what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_migration_refused_for_want_of_a_right_says_which_and_what_to_do() {
+    let database = PgTestDatabase::create().await;
+    let role = format!("outbox_no_create_{}", std::process::id());
+    database
+        .execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+        ))
+        .await;
+    let server: sqlx::postgres::PgConnectOptions = database.url().parse().expect("a URL");
+    let url = format!(
+        "postgres://{role}@{}:{}/{}",
+        server.get_host(),
+        server.get_port(),
+        database.name()
+    );
+    let migrate_as_role = || {
+        let refused = outbox(&url, &["migrate"]);
+        assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+        let said = stderr(&refused);
+        assert!(
+            said.contains("apply the migrations as one that has it")
+                && said.contains("outbox migrate --print"),
+            "says what to do: {said}"
+        );
+        assert!(
+            !said.contains("at line"),
+            "no PostgreSQL source line: {said}"
+        );
+        said
+    };
+    // No right to create the migrations table.
+    let said = migrate_as_role();
+    assert!(
+        said.contains("preparing the `_outbox_migrations` table failed: permission denied"),
+        "{said}"
+    );
+    // The first migration applied by the owner; the role may create, but not alter the
+    // owner's tables, as migration 2 does.
+    outbox_sqlx::migrate::migrator_up_to::<outbox_postgres::PgDialect>(1)
+        .run(database.pool())
+        .await
+        .expect("migration 1");
+    database
+        .execute(&format!(
+            "GRANT CREATE ON SCHEMA public TO {role}; GRANT ALL ON _outbox_migrations TO {role}"
+        ))
+        .await;
+    let said = migrate_as_role();
+    database
+        .execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await;
+    assert!(
+        said.contains("migration 2 (identifiers wider than BIGINT) failed: must be owner of table"),
+        "{said}"
     );
 }

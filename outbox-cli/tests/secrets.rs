@@ -51,7 +51,10 @@ fn assert_no_secret(what: &str, output: &Output) {
 #[track_caller]
 fn each_way(url: &str, args: &[&str], code: i32) {
     let runs = [
-        ("DATABASE_URL", outbox().env("DATABASE_URL", url).args(args).output()),
+        (
+            "DATABASE_URL",
+            outbox().env("DATABASE_URL", url).args(args).output(),
+        ),
         (
             "--database-url first",
             outbox().arg("--database-url").arg(url).args(args).output(),
@@ -101,7 +104,10 @@ fn url_errors_never_show_the_password() {
 #[test]
 fn connection_failures_never_show_the_password() {
     // Nothing listens on port 1; the server on 5432 has no such database.
-    for host in ["127.0.0.1:1/postgres", "127.0.0.1:5432/outbox_no_such_database"] {
+    for host in [
+        "127.0.0.1:1/postgres",
+        "127.0.0.1:5432/outbox_no_such_database",
+    ] {
         for url in forms(host, "") {
             each_way(&url, &["status"], 1);
         }
@@ -126,7 +132,11 @@ fn usage_errors_and_help_never_show_the_password() {
         ("a command's --help", &["status", "--help"], 0),
         ("no command", &[], 2),
         ("a stray argument", &["status", url], 2),
-        ("a mistyped flag", &["status", &format!("--database-ur={url}")], 2),
+        (
+            "a mistyped flag",
+            &["status", &format!("--database-ur={url}")],
+            2,
+        ),
         ("a mistyped command", &["statsu", url], 2),
     ];
     for (what, args, code) in cases {

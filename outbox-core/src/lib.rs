@@ -136,7 +136,7 @@ pub use crate::replicated::{
     check_model_shape,
 };
 pub use crate::replication::{Deletion, Replication};
-pub use crate::secret::redact_url;
+pub use crate::secret::{redact_url, secret_parameters};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,

@@ -57,6 +57,21 @@ fn redact_parsed(mut url: url::Url) -> String {
     url.to_string()
 }
 
+/// The names of `url`'s query parameters that hold a secret (`password`, `sslpassword`,
+/// any `…token`, `…secret`), as decoded; none if `url` does not parse. A backend refuses
+/// those its driver does not read rather than let the driver log them as unrecognized.
+pub fn secret_parameters(url: &str) -> Vec<String> {
+    url::Url::parse(url).map_or_else(
+        |_| Vec::new(),
+        |url| {
+            url.query_pairs()
+                .map(|(key, _)| key.into_owned())
+                .filter(|key| is_secret(key))
+                .collect()
+        },
+    )
+}
+
 /// Whether a query parameter holds a secret: a password of any kind, a token, a secret.
 fn is_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
@@ -104,7 +119,13 @@ mod tests {
     fn no_form_of_password_survives() {
         for url in SECRET_URLS {
             let shown = redact_url(url);
-            for secret in ["hunter2", "hunter%32", "hun%40ter2", "hun ter2", "hun%20ter2"] {
+            for secret in [
+                "hunter2",
+                "hunter%32",
+                "hun%40ter2",
+                "hun ter2",
+                "hun%20ter2",
+            ] {
                 assert!(!shown.contains(secret), "{url} shown as {shown}");
             }
         }
@@ -122,7 +143,10 @@ mod tests {
             "postgres://app@db/app?sslmode=require&password=***"
         );
         assert_eq!(redact_url("sqlite:outbox.db"), "sqlite:outbox.db");
-        assert_eq!(redact_url("sqlite://data/outbox.db"), "sqlite://data/outbox.db");
+        assert_eq!(
+            redact_url("sqlite://data/outbox.db"),
+            "sqlite://data/outbox.db"
+        );
         assert_eq!(redact_url("postgres://db:notaport/x"), "postgres://…");
         assert_eq!(redact_url("not a url"), "…");
     }

@@ -23,6 +23,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// special of it.
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
     check_scheme(url)?;
+    // sqlx reads `password` and logs any parameter it does not know, value and all.
+    if let Some(unread) = outbox_core::secret_parameters(url)
+        .into_iter()
+        .find(|key| key != "password")
+    {
+        return Err(Error::invalid_database_url(
+            url,
+            format!(
+                "the parameter `{unread}` is not one the driver reads (a password goes in the \
+                 user-info or as `password=`): remove it"
+            ),
+        ));
+    }
     let options: PgConnectOptions = url
         .parse()
         .map_err(|error: sqlx::Error| Error::invalid_database_url(url, error.to_string()))?;

@@ -111,8 +111,14 @@ pub fn migrate_error<D: Dialect>(error: sqlx::migrate::MigrateError) -> Error {
     };
     let remedy = match driver.sqlx() {
         sqlx::Error::Database(db) if is_refused_right(db.as_ref()) => format!(
-            ": the database refused this connection's {} the right to change the schema; apply              the migrations as one that has it (the schema's owner), with `migrate` or `outbox              migrate`, or print them with `outbox migrate --print` for one that does",
-            if D::NAME == "SQLite" { "process" } else { "role" }
+            ": the database refused this connection's {} the right to change the schema; apply \
+             the migrations as one that has it (the schema's owner), with `migrate` or `outbox \
+             migrate`, or print them with `outbox migrate --print` for one that does",
+            if D::NAME == "SQLite" {
+                "process"
+            } else {
+                "role"
+            }
         ),
         _ => String::new(),
     };

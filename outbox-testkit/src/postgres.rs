@@ -33,11 +33,12 @@ pub fn server_url() -> String {
 
 fn server_options() -> PgConnectOptions {
     let url = server_url();
-    url.parse()
-        .unwrap_or_else(|error| panic!(
+    url.parse().unwrap_or_else(|error| {
+        panic!(
             "DATABASE_URL `{}` is not a PostgreSQL URL: {error}",
             outbox_core::redact_url(&url)
-        ))
+        )
+    })
 }
 
 async fn connect_server() -> PgConnection {

@@ -30,7 +30,11 @@ fn help_and_start_up_errors_show_no_password() {
         for args in [&["--help"][..], &["outbox", "--help"]] {
             let help = service(url, args);
             assert_eq!(help.status.code(), Some(0), "{}", printed(&help));
-            assert!(printed(&help).contains("DATABASE_URL"), "{}", printed(&help));
+            assert!(
+                printed(&help).contains("DATABASE_URL"),
+                "{}",
+                printed(&help)
+            );
             assert!(!printed(&help).contains("hunter2"), "{}", printed(&help));
         }
     }
