@@ -9,12 +9,19 @@
 //! cargo run -p nats-orders --bin publisher -- --orders 20   # NATS with JetStream on 127.0.0.1:4222
 //! cargo run -p nats-orders --bin consumer                   # prints them, stops when idle
 //! ```
+//!
+//! Each run of the publisher is a new shop database (in a temporary directory), whose outbox
+//! message ids start at 1 again: the publisher gives its sink a de-duplication prefix of its
+//! own (the run's first order id), as several outbox databases publishing to one stream must,
+//! or JetStream would take a second run's messages, within its duplicate window, for
+//! redeliveries of the first run's and drop them.
 
-use std::time::Duration;
+use std::ops::RangeInclusive;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
-use outbox_core::sink::headers;
+use outbox_core::sink::{Publisher, headers};
 use outbox_core::{BoxError, DrainReport, Message, Registry, Relay, outbox_category, outbox_scope};
 use outbox_nats::NatsSink;
 use outbox_sqlite::SqliteStore;
@@ -25,8 +32,8 @@ use serde::{Deserialize, Serialize};
 pub struct Customer;
 
 /// An order was placed. Every one is published (`coalesce = false`), in order per customer,
-/// by the `NatsSink` given to the registry (`sink = NatsSink`).
-#[outbox_category(scope = Customer, id = 1, coalesce = false, sink = NatsSink)]
+/// by the `NatsSink` [`publish`] registers for it, behind the run's de-duplication prefix.
+#[outbox_category(scope = Customer, id = 1, coalesce = false)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OrderPlaced {
     /// The order.
@@ -59,28 +66,71 @@ impl Target {
             .await?;
         Ok(jetstream)
     }
+
+    /// The stream's last sequence number: how many messages it has stored, ever.
+    pub async fn last_sequence(&self, jetstream: &jetstream::Context) -> Result<u64, BoxError> {
+        let stream = jetstream.get_stream(&self.stream).await?;
+        Ok(stream.cached_info().state.last_sequence)
+    }
+}
+
+/// What one run of [`publish`] did.
+#[derive(Debug)]
+pub struct Published {
+    /// The ids of the orders written, unique across runs (see [`publish`]).
+    pub orders: RangeInclusive<i64>,
+    /// The orders' messages JetStream acknowledged, over every drain of the run.
+    pub deliveries: u64,
+    /// The outbox rows deleted after JetStream's ack.
+    pub rows_acknowledged: u64,
+    /// How far the stream's last sequence advanced during the run: the messages JetStream
+    /// stored. Fewer than [`deliveries`](Self::deliveries) means it dropped some as
+    /// duplicates of message ids it had seen within its duplicate window; more, that another
+    /// publisher wrote to the stream meanwhile.
+    pub stored: u64,
+    /// The run's last drain: its failures are why orders were left unpublished.
+    pub last_drain: DrainReport,
+}
+
+impl Published {
+    /// How many orders were written.
+    pub fn written(&self) -> u64 {
+        (self.orders.end() - self.orders.start() + 1).unsigned_abs()
+    }
+
+    /// Whether every order was published and JetStream stored as many messages.
+    pub fn is_complete(&self) -> bool {
+        self.last_drain.is_clean()
+            && self.rows_acknowledged == self.written()
+            && self.stored >= self.deliveries
+    }
 }
 
 /// Writes `orders` orders for `customers` customers, each with its outbox message in the
 /// same transaction, into a SQLite database in a temporary directory; then delivers them to
-/// NATS with the relay, each acknowledged by JetStream before it is deleted.
-pub async fn publish(
-    target: &Target,
-    orders: i64,
-    customers: i64,
-) -> Result<DrainReport, BoxError> {
-    target.jetstream().await?;
+/// NATS with the relay, each acknowledged by JetStream before it is deleted, draining until
+/// none is left or a drain fails.
+///
+/// The orders are numbered from the microseconds since the UNIX epoch when the run starts, and
+/// the run ends only once the clock has passed its last number: a run that follows starts
+/// above it (runs at the same time may overlap). The run's first order id is also its sink's
+/// de-duplication prefix, so that JetStream tells its messages from another run's.
+pub async fn publish(target: &Target, orders: u32, customers: u32) -> Result<Published, BoxError> {
+    let jetstream = target.jetstream().await?;
+    let sequence_before = target.last_sequence(&jetstream).await?;
     let dir = tempfile::tempdir()?;
     let pool = outbox_sqlite::connect(&dir.path().join("shop.db")).await?;
     outbox_sqlite::migrate(&pool).await?;
     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER NOT NULL, total_cents INTEGER NOT NULL)")
         .execute(&pool)
         .await?;
-    for order in 1..=orders {
-        let customer = order % customers.max(1) + 1;
+    let first = now_micros()?;
+    let ids = first..=first + i64::from(orders) - 1;
+    for (n, order) in (1..).zip(ids.clone()) {
+        let customer = order % i64::from(customers.max(1)) + 1;
         let placed = OrderPlaced {
             order,
-            total_cents: 1_000 + order,
+            total_cents: 1_000 + n,
         };
         let mut tx = outbox_sqlite::begin(&pool).await?;
         sqlx::query("INSERT INTO orders (id, customer, total_cents) VALUES (?, ?, ?)")
@@ -93,13 +143,47 @@ pub async fn publish(
             .await?;
         tx.commit().await?;
     }
+    while now_micros()? <= *ids.end() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
     let client = async_nats::connect(&target.url).await?;
     let sink = NatsSink::new(client).with_subject_prefix(&target.stream);
-    let registry = Registry::builder().discovered().state(sink).build()?;
+    let publisher = Publisher::<OrderPlaced, _>::new(sink).dedup_prefix(format!("{first}-"));
+    let registry = Registry::builder()
+        .discovered()
+        .publish(publisher)
+        .build()?;
     let relay = Relay::new(SqliteStore::new(pool.clone()), registry);
-    let report = relay.drain().await?;
+    let (mut deliveries, mut rows_acknowledged) = (0, 0);
+    let last_drain = loop {
+        let report = relay.drain().await?;
+        deliveries += report.deliveries;
+        rows_acknowledged += report.rows_acknowledged;
+        // A shard that used up its budget yields with rows left: drain again.
+        if !report.rows_remain() || !report.is_clean() || report.deliveries == 0 {
+            break report;
+        }
+    };
     pool.close().await;
-    Ok(report)
+    let stored = target
+        .last_sequence(&jetstream)
+        .await?
+        .saturating_sub(sequence_before);
+    Ok(Published {
+        orders: ids,
+        deliveries,
+        rows_acknowledged,
+        stored,
+        last_drain,
+    })
+}
+
+/// The microseconds since the UNIX epoch.
+fn now_micros() -> Result<i64, BoxError> {
+    Ok(i64::try_from(
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros(),
+    )?)
 }
 
 /// One message as the consumer received it.
@@ -109,7 +193,8 @@ pub struct Received {
     pub order: OrderPlaced,
     /// Its customer's shard (`Outbox-Shard`: `1:<customer>`).
     pub shard: String,
-    /// The outbox message id (`Outbox-Message-Id`, also JetStream's `Nats-Msg-Id`).
+    /// The de-duplication key (`Outbox-Message-Id`, also JetStream's `Nats-Msg-Id`): the
+    /// publisher run's prefix, then the outbox message id.
     pub message_id: String,
 }
 

@@ -12,9 +12,10 @@ async fn the_consumer_receives_every_order_in_order_per_customer() {
         url: "nats://127.0.0.1:4222".to_owned(),
         stream: format!("outbox_example_{}", std::process::id()),
     };
-    let report = publish(&target, 30, 4).await.expect("publish the orders");
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(report.deliveries, 30);
+    let published = publish(&target, 30, 4).await.expect("publish the orders");
+    assert!(published.is_complete(), "{published:?}");
+    assert_eq!(published.deliveries, 30);
+    assert_eq!(published.stored, 30);
 
     let received = consume(&target, Duration::from_secs(2), |_| {})
         .await

@@ -417,7 +417,11 @@ impl Check<'_> {
         });
         if let Some(name) = &name {
             self.used.insert(name.clone());
-            if self.unexported.iter().any(|(unexported, _)| unexported == name) {
+            if self
+                .unexported
+                .iter()
+                .any(|(unexported, _)| unexported == name)
+            {
                 return;
             }
         }
@@ -774,7 +778,11 @@ impl Rule {
                 .strip_prefix('"')
                 .and_then(|quoted| quoted.strip_suffix('"'))
                 .unwrap_or(value);
-            if rule.fields.insert(key.to_owned(), value.to_owned()).is_some() {
+            if rule
+                .fields
+                .insert(key.to_owned(), value.to_owned())
+                .is_some()
+            {
                 return Err(format!("line {line_number}: a second `{key}` in one rule"));
             }
         }

@@ -8,23 +8,34 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use nats_orders::{Target, consume};
 use outbox_core::BoxError;
 
+/// Prints the orders the publisher sent to NATS JetStream, from the stream's start, then stops
+/// once none has come for two seconds.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The JetStream stream, created if missing.
+    #[arg(long, default_value = "orders")]
+    stream: String,
+    /// The NATS server.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        hide_env_values = true,
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    url: String,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let mut target = Target {
-        url: "nats://127.0.0.1:4222".to_owned(),
-        stream: "orders".to_owned(),
+    let args = Args::parse();
+    let target = Target {
+        url: args.url,
+        stream: args.stream,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match (arg.as_str(), args.next()) {
-            ("--stream", Some(value)) => target.stream = value,
-            ("--url", Some(value)) => target.url = value,
-            _ => {}
-        }
-    }
     let received = consume(&target, Duration::from_secs(2), |one| {
         println!(
             "order {:>4}  {:>6} cents  customer shard {}  message {}",
