@@ -468,13 +468,9 @@ async fn execute<S: Store + Admin>(
         }
         Command::Messages { shard, limit } => {
             let shard = names::shard(catalog, shard.text())?;
-            let state = store
-                .shard_states()
-                .await?
-                .into_iter()
-                .find(|state| state.shard == shard);
+            let info = store.shard(&shard).await?;
             let messages = store.shard_messages(&shard, limit).await?;
-            printer.messages(out, &shard, state.as_ref(), &messages)
+            printer.messages(out, &shard, info.as_ref(), &messages)
         }
         Command::Retry { shard } => {
             let shard = names::shard(catalog, &shard)?;

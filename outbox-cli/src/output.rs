@@ -4,10 +4,10 @@ use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets};
-use outbox_core::store::{PendingMessage, ShardState};
+use outbox_core::store::PendingMessage;
 use outbox_core::{
     BackfillPhase, BackfillState, Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget,
-    ShardInfo, ShardKey,
+    ShardInfo, ShardKey, ShardStatus,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -143,18 +143,20 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
-    fn state(&self, info: &ShardInfo) -> &'static str {
-        let waiting = info.retry_at.is_some_and(|at| at > self.now);
-        if info.paused {
-            "paused"
-        } else if info.lease_owner.is_some() {
-            "in flight"
-        } else if waiting && info.parked_category.is_some() {
-            "parked"
-        } else if waiting {
-            "backing off"
-        } else {
-            "due"
+    /// When a shard is next tried, as its status has it: a retry time only while it backs
+    /// off ("now" for a failed shard that is due again, by its time or a newer message).
+    fn next_retry(&self, info: &ShardInfo) -> String {
+        match info.status {
+            ShardStatus::BackingOff => self.until(info.retry_at),
+            ShardStatus::Due if info.attempts > 0 => "now".to_owned(),
+            _ => "-".to_owned(),
+        }
+    }
+
+    fn next_retry_at(info: &ShardInfo) -> Value {
+        match info.status {
+            ShardStatus::BackingOff => rfc3339(info.retry_at),
+            _ => Value::Null,
         }
     }
 
@@ -164,12 +166,12 @@ impl<'a> Printer<'a> {
             "scope": info.shard.scope.0,
             "identifier": info.shard.shard_identifier.to_string(),
             "destination": info.shard.destination.as_ref().map(outbox_core::Destination::as_str),
-            "state": self.state(info),
+            "state": info.status.label(),
             "pending": info.pending,
             "oldest_pending_at": rfc3339(info.oldest_pending_at),
             "oldest_pending_age_seconds": self.age_seconds(info.oldest_pending_at),
             "attempts": info.attempts,
-            "next_retry_at": rfc3339(info.retry_at),
+            "next_retry_at": Self::next_retry_at(info),
             "last_error": info.last_error,
             "parked_category": info.parked_category.map(|category| self.category(category)),
             "lease_owner": info.lease_owner,
@@ -190,15 +192,11 @@ impl<'a> Printer<'a> {
         for info in shards {
             table.add_row(vec![
                 self.shard(&info.shard),
-                self.state(info).to_owned(),
+                info.status.label().to_owned(),
                 info.pending.to_string(),
                 self.ago(info.oldest_pending_at),
                 info.attempts.to_string(),
-                if info.attempts > 0 {
-                    self.until(info.retry_at)
-                } else {
-                    "-".to_owned()
-                },
+                self.next_retry(info),
                 info.last_error
                     .as_deref()
                     .map_or_else(|| "-".to_owned(), |error| clip(error, 60)),
@@ -416,12 +414,11 @@ impl<'a> Printer<'a> {
         &self,
         out: &mut dyn Write,
         shard: &ShardKey,
-        state: Option<&ShardState>,
+        info: Option<&ShardInfo>,
         messages: &[PendingMessage],
     ) -> Result<(), CliError> {
-        let attempts = state.map_or(0, |state| state.attempts);
-        let retry_at = state.and_then(|state| state.retry_at);
-        let last_error = state.and_then(|state| state.last_error.clone());
+        let attempts = info.map_or(0, |info| info.attempts);
+        let last_error = info.and_then(|info| info.last_error.clone());
         if self.json {
             let listed: Vec<Value> = messages
                 .iter()
@@ -439,8 +436,9 @@ impl<'a> Printer<'a> {
                 out,
                 &json!({
                     "shard": self.shard(shard),
+                    "state": info.map(|info| info.status.label()),
                     "attempts": attempts,
-                    "next_retry_at": rfc3339(retry_at),
+                    "next_retry_at": info.map_or(Value::Null, Self::next_retry_at),
                     "last_error": last_error,
                     "messages": listed,
                 }),
@@ -448,14 +446,11 @@ impl<'a> Printer<'a> {
         }
         writeln!(
             out,
-            "shard {}: {} attempt(s), next retry {}, last error: {}",
+            "shard {}: {}, {} attempt(s), next retry {}, last error: {}",
             self.shard(shard),
+            info.map_or("no pending messages", |info| info.status.label()),
             attempts,
-            if attempts > 0 {
-                self.until(retry_at)
-            } else {
-                "-".to_owned()
-            },
+            info.map_or_else(|| "-".to_owned(), |info| self.next_retry(info)),
             last_error.as_deref().unwrap_or("-")
         )?;
         if messages.is_empty() {

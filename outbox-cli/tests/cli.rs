@@ -212,6 +212,30 @@ where
     assert_eq!(listed.len(), 2);
     assert_eq!(listed[0]["payload"]["seq"], 3);
     assert_eq!(listed[1]["payload"]["seq"], 4);
+
+    // A new message in the backing-off shard makes it due at once (S19): the summary, the
+    // table, the listing of failing shards and the shard's messages all say so.
+    write(&database, &[note::<OrgUpdate>(1, 3, 9)]).await;
+    let status = expect(&url, &["status"], 0);
+    assert!(
+        status.contains("shards            4: 2 due, 0 in flight, 0 backing off"),
+        "{status}"
+    );
+    let row = status
+        .lines()
+        .find(|line| line.starts_with("1:1 "))
+        .expect("shard 1:1's row");
+    let row: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((row[1], row[6]), ("due", "now"), "{status}");
+    let failing = json(&url, &["shards", "--failing"]);
+    assert_eq!(failing[0]["shard"], "1:1");
+    assert_eq!(failing[0]["state"], "due");
+    assert_eq!(failing[0]["next_retry_at"], Value::Null);
+    let messages = expect(&url, &["messages", "1:1"], 0);
+    assert!(
+        messages.contains("shard 1:1: due, 1 attempt(s), next retry now"),
+        "{messages}"
+    );
 }
 
 /// `retry`, `pause`/`resume` and `dead-letters` change what they say, refuse what they

@@ -140,7 +140,7 @@ pub use crate::secret::{redact_url, secret_parameters};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,
-    ShardFilter, ShardInfo, Store,
+    ShardFilter, ShardInfo, ShardStatus, Store,
 };
 pub use crate::trace::TraceRelation;
 

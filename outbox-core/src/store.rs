@@ -480,16 +480,17 @@ pub struct OutboxStatus {
     pub oldest_pending_at: Option<SystemTime>,
     /// Shards with pending messages.
     pub shards: u64,
-    /// Of those, the shards waiting for a relay: not held, not backing off (or with a message
-    /// newer than their failure), not parked, not paused.
+    /// Of those, the shards waiting for a relay ([`ShardStatus::Due`]). The five counts that
+    /// follow are the shards by [`ShardStatus`]: they add up to [`shards`](Self::shards), and
+    /// [`deepest`](Self::deepest) shows each shard with the status it is counted under.
     pub shards_due: u64,
-    /// Shards a relay holds now.
+    /// Shards a relay holds now ([`ShardStatus::InFlight`]).
     pub shards_in_flight: u64,
-    /// Shards backing off after a failure.
+    /// Shards backing off after a failure ([`ShardStatus::BackingOff`]).
     pub shards_in_backoff: u64,
-    /// Shards parked on a category no running binary knows (S20).
+    /// Shards parked on a category no running binary knows ([`ShardStatus::Parked`], S20).
     pub shards_parked: u64,
-    /// Shards with pending messages that a pause holds (S23).
+    /// Shards a pause holds ([`ShardStatus::Paused`], S23).
     pub shards_paused: u64,
     /// Dead letters (S22).
     pub dead_letters: u64,
@@ -499,12 +500,82 @@ pub struct OutboxStatus {
     pub deepest: Vec<ShardInfo>,
 }
 
+/// What a shard with pending messages is doing, as [`Admin::status`] counts it and every
+/// listing shows it: one status per shard, the first that applies in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardStatus {
+    /// A pause holds it (S23).
+    Paused,
+    /// A relay holds it under a live lease.
+    InFlight,
+    /// Its head is of a category no running binary knows (S20): it waits for one that does.
+    Parked,
+    /// Its head failed, and it waits for its next retry (S19).
+    BackingOff,
+    /// A relay may claim it now: never failed, its retry time passed, or a message newer than
+    /// its failure arrived (S19).
+    Due,
+}
+
+impl ShardStatus {
+    /// The status of a shard that a pause holds or not, that a relay holds or not, that is
+    /// parked or not, and that waits for a retry or not (its retry time is ahead, and no
+    /// message arrived since its failure). The stores' SQL computes the same
+    /// ([`ShardStatus::from_label`] reads it back).
+    pub fn of(paused: bool, in_flight: bool, parked: bool, waiting: bool) -> Self {
+        if paused {
+            Self::Paused
+        } else if in_flight {
+            Self::InFlight
+        } else if parked {
+            Self::Parked
+        } else if waiting {
+            Self::BackingOff
+        } else {
+            Self::Due
+        }
+    }
+
+    /// The status as operators read it: `paused`, `in flight`, `parked`, `backing off`, `due`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Paused => "paused",
+            Self::InFlight => "in flight",
+            Self::Parked => "parked",
+            Self::BackingOff => "backing off",
+            Self::Due => "due",
+        }
+    }
+
+    /// The status whose [`label`](Self::label) is `label`.
+    pub fn from_label(label: &str) -> Option<Self> {
+        [
+            Self::Paused,
+            Self::InFlight,
+            Self::Parked,
+            Self::BackingOff,
+            Self::Due,
+        ]
+        .into_iter()
+        .find(|status| status.label() == label)
+    }
+}
+
+impl fmt::Display for ShardStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// One shard as an operator sees it: its pending messages and its recorded state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardInfo {
     /// The shard.
     pub shard: ShardKey,
+    /// What it is doing, as [`OutboxStatus`] counts it.
+    pub status: ShardStatus,
     /// Its pending messages.
     pub pending: u64,
     /// When its oldest pending message was written.
@@ -536,9 +607,11 @@ impl ShardInfo {
         parked_category: Option<CategoryId>,
         lease_owner: Option<String>,
         paused: bool,
+        status: ShardStatus,
     ) -> Self {
         Self {
             shard,
+            status,
             pending,
             oldest_pending_at,
             attempts,
@@ -718,9 +791,17 @@ pub trait Admin: Send + Sync {
     /// The recorded state of every shard the relay holds state for.
     fn shard_states(&self) -> impl Future<Output = Result<Vec<ShardState>, Error>> + Send;
 
-    /// The outbox at a glance, with the `deepest` shards with the most pending messages. It
-    /// counts every pending row: meant for operators, not for a tight loop.
+    /// The outbox at a glance, with the `deepest` shards with the most pending messages, read
+    /// at one moment (one statement): the counts by [`ShardStatus`] and the deepest shards'
+    /// statuses cannot disagree. It counts every pending row: meant for operators, not for a
+    /// tight loop.
     fn status(&self, deepest: usize) -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
+
+    /// One shard with pending messages, as [`Admin::shards`] lists it; `None` if it has none.
+    fn shard(
+        &self,
+        shard: &ShardKey,
+    ) -> impl Future<Output = Result<Option<ShardInfo>, Error>> + Send;
 
     /// The shards that pass `filter`, deepest first, at most `limit`.
     fn shards(

@@ -513,11 +513,18 @@ const COMPACT_PAUSED: &str = outbox_sqlx::compact_paused!(
     "$2"
 );
 
-// Each shard with pending messages, with its state: what operators list and count.
+// Each shard with pending messages (of the shards `$filter` keeps), with its state and its
+// status: what operators list and count.
 macro_rules! shard_view {
-    () => {
+    ($filter:literal) => {
         concat!(
-            "WITH v AS ( \
+            "WITH k AS ( \
+                SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
+                    min(created_at) AS oldest, max(id) AS newest \
+                FROM outbox_messages ",
+            $filter,
+            " GROUP BY shard_scope, shard_identifier, destination), \
+            w AS ( \
                 SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
                     coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
                     s.parked_category, \
@@ -526,41 +533,63 @@ macro_rules! shard_view {
                     coalesce(s.retry_at > now() AND k.newest <= s.watermark, false) AS waiting, ",
             outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
             " AS paused \
-                FROM (SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
-                        min(created_at) AS oldest, max(id) AS newest \
-                      FROM outbox_messages GROUP BY shard_scope, shard_identifier, destination) k \
-                LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
-                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination) "
+                FROM k LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
+                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination), \
+            v AS (SELECT w.*, ",
+            outbox_sqlx::shard_status!(),
+            " AS state FROM w) "
         )
     };
 }
 
+// A shard of the view as `Statements::shards` returns it.
+macro_rules! shard_columns {
+    () => {
+        "shard_scope, shard_identifier, destination, pending, \
+        (extract(epoch FROM oldest) * 1000)::bigint AS oldest_ms, attempts::bigint AS attempts, \
+        last_error, (extract(epoch FROM retry_at) * 1000)::bigint AS retry_ms, parked_category, \
+        lease_owner, paused, state"
+    };
+}
+
 const STATUS: &str = concat!(
-    shard_view!(),
-    "SELECT count(*), coalesce(sum(pending), 0)::bigint, \
-        (extract(epoch FROM min(oldest)) * 1000)::bigint, \
-        count(*) FILTER (WHERE NOT in_flight AND NOT waiting AND NOT paused), \
-        count(*) FILTER (WHERE in_flight), \
-        count(*) FILTER (WHERE waiting AND parked_category IS NULL), \
-        count(*) FILTER (WHERE waiting AND parked_category IS NOT NULL), \
-        count(*) FILTER (WHERE paused), \
-        (SELECT count(*) FROM outbox_dead_letters), \
-        (SELECT (extract(epoch FROM min(dead_lettered_at)) * 1000)::bigint \
-         FROM outbox_dead_letters) \
-    FROM v"
+    shard_view!(""),
+    ", d AS (SELECT ",
+    shard_columns!(),
+    " FROM v ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $1) \
+    SELECT t.*, d.* FROM ( \
+        SELECT count(*), coalesce(sum(pending), 0)::bigint, \
+            (extract(epoch FROM min(oldest)) * 1000)::bigint, \
+            count(*) FILTER (WHERE state = 'due'), \
+            count(*) FILTER (WHERE state = 'in flight'), \
+            count(*) FILTER (WHERE state = 'backing off'), \
+            count(*) FILTER (WHERE state = 'parked'), \
+            count(*) FILTER (WHERE state = 'paused'), \
+            (SELECT count(*) FROM outbox_dead_letters), \
+            (SELECT (extract(epoch FROM min(dead_lettered_at)) * 1000)::bigint \
+             FROM outbox_dead_letters) \
+        FROM v) t \
+    LEFT JOIN d ON true \
+    ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
 const SHARDS: &str = concat!(
-    shard_view!(),
-    "SELECT shard_scope, shard_identifier, destination, pending, \
-        (extract(epoch FROM oldest) * 1000)::bigint, attempts::bigint, last_error, \
-        (extract(epoch FROM retry_at) * 1000)::bigint, parked_category, lease_owner, paused \
-    FROM v \
+    shard_view!(""),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v \
     WHERE $1::text = 'pending' \
         OR ($1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
         OR ($1 = 'paused' AND paused) \
         OR ($1 = 'parked' AND parked_category IS NOT NULL) \
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
+);
+
+const SHARD: &str = concat!(
+    shard_view!("WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3"),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v"
 );
 
 const SHARD_MESSAGES: &str = "\
@@ -650,6 +679,7 @@ impl Dialect for PgDialect {
         ),
         status: STATUS,
         shards: SHARDS,
+        shard: SHARD,
         shard_messages: SHARD_MESSAGES,
     };
 

@@ -474,11 +474,18 @@ const BACKFILL: BackfillStatements = BackfillStatements {
 const COMPACT_PAUSED: &str =
     outbox_sqlx::compact_paused!("x.category IN (SELECT value FROM json_each(?1))", "", "?2");
 
-// Each shard with pending messages, with its state: what operators list and count.
+// Each shard with pending messages (of the shards `$filter` keeps), with its state and its
+// status: what operators list and count.
 macro_rules! shard_view {
-    () => {
+    ($filter:literal) => {
         concat!(
-            "WITH v AS ( \
+            "WITH k AS ( \
+                SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
+                    min(created_at) AS oldest, max(id) AS newest \
+                FROM outbox_messages ",
+            $filter,
+            " GROUP BY shard_scope, shard_identifier, destination), \
+            w AS ( \
                 SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
                     coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
                     s.parked_category, \
@@ -493,38 +500,59 @@ macro_rules! shard_view {
             " AND k.newest <= s.watermark, 0) AS waiting, ",
             outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
             " AS paused \
-                FROM (SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
-                        min(created_at) AS oldest, max(id) AS newest \
-                      FROM outbox_messages GROUP BY shard_scope, shard_identifier, destination) k \
-                LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
-                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination) "
+                FROM k LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
+                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination), \
+            v AS (SELECT w.*, ",
+            outbox_sqlx::shard_status!(),
+            " AS state FROM w) "
         )
     };
 }
 
+// A shard of the view as `Statements::shards` returns it.
+macro_rules! shard_columns {
+    () => {
+        "shard_scope, shard_identifier, destination, pending, oldest, attempts, last_error, \
+        retry_at, parked_category, lease_owner, paused, state"
+    };
+}
+
 const STATUS: &str = concat!(
-    shard_view!(),
-    "SELECT count(*), coalesce(sum(pending), 0), min(oldest), \
-        count(*) FILTER (WHERE NOT in_flight AND NOT waiting AND NOT paused), \
-        count(*) FILTER (WHERE in_flight), \
-        count(*) FILTER (WHERE waiting AND parked_category IS NULL), \
-        count(*) FILTER (WHERE waiting AND parked_category IS NOT NULL), \
-        count(*) FILTER (WHERE paused), \
-        (SELECT count(*) FROM outbox_dead_letters), \
-        (SELECT min(dead_lettered_at) FROM outbox_dead_letters) \
-    FROM v"
+    shard_view!(""),
+    ", d AS (SELECT ",
+    shard_columns!(),
+    " FROM v ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?1) \
+    SELECT t.*, d.* FROM ( \
+        SELECT count(*), coalesce(sum(pending), 0), min(oldest), \
+            count(*) FILTER (WHERE state = 'due'), \
+            count(*) FILTER (WHERE state = 'in flight'), \
+            count(*) FILTER (WHERE state = 'backing off'), \
+            count(*) FILTER (WHERE state = 'parked'), \
+            count(*) FILTER (WHERE state = 'paused'), \
+            (SELECT count(*) FROM outbox_dead_letters), \
+            (SELECT min(dead_lettered_at) FROM outbox_dead_letters) \
+        FROM v) t \
+    LEFT JOIN d ON 1 \
+    ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
 const SHARDS: &str = concat!(
-    shard_view!(),
-    "SELECT shard_scope, shard_identifier, destination, pending, oldest, attempts, last_error, \
-        retry_at, parked_category, lease_owner, paused \
-    FROM v \
+    shard_view!(""),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v \
     WHERE ?1 = 'pending' \
         OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
         OR (?1 = 'paused' AND paused) \
         OR (?1 = 'parked' AND parked_category IS NOT NULL) \
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+);
+
+const SHARD: &str = concat!(
+    shard_view!("WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3"),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v"
 );
 
 const SHARD_MESSAGES: &str = "\
@@ -652,6 +680,7 @@ impl Dialect for SqliteDialect {
         is_paused: concat!("SELECT ", outbox_sqlx::paused!("?1", "?2", "?3")),
         status: STATUS,
         shards: SHARDS,
+        shard: SHARD,
         shard_messages: SHARD_MESSAGES,
     };
 

@@ -152,15 +152,22 @@ pub struct Statements {
     pub oldest_due_age: &'static str,
     /// Whether a pause holds a shard: `$1..$3` the shard; returns a boolean.
     pub is_paused: &'static str,
-    /// The outbox at a glance, in one row: shards with pending messages, pending messages,
-    /// the oldest's creation time (ms), then the shards due, in flight, backing off, parked
-    /// and paused (each `i64`), the dead letters and the oldest's time set aside (ms).
+    /// The outbox at a glance, in one statement, `$1` the number of deepest shards (`i64`):
+    /// on every row, shards with pending messages, pending messages, the oldest's creation
+    /// time (ms), then the shards due, in flight, backing off, parked and paused by their
+    /// [`shard_status!`](crate::shard_status) (each `i64`), the dead letters and the oldest's
+    /// time set aside (ms); then one of the deepest shards with the columns of
+    /// [`Statements::shards`], deepest first (all `NULL` on the one row if there is none).
     pub status: &'static str,
     /// Shards with pending messages, deepest first: `$1` which (`'pending'`, `'failing'`,
     /// `'paused'`, `'parked'`), `$2` the limit (`i64`). Returns the shard's key, pending
     /// messages (`i64`), the oldest's creation time (ms), attempts (`i64`), last error, retry
-    /// time (ms), parked category, the holder of a live lease, paused (`bool`).
+    /// time (ms), parked category, the holder of a live lease, paused (`bool`), and the
+    /// status ([`shard_status!`](crate::shard_status), a `ShardStatus` label).
     pub shards: &'static str,
+    /// One shard, `$1..$3`, with the columns of [`Statements::shards`]; no row if it has no
+    /// pending message.
+    pub shard: &'static str,
     /// A shard's pending messages in id order: `$1..$3` the shard, `$4` the limit (`i64`);
     /// the columns of [`Statements::pending_messages`].
     pub shard_messages: &'static str,
@@ -206,6 +213,20 @@ pub struct BackfillStatements {
     pub start: &'static str,
     /// Pauses a backfill, lowering its target to the version done: `$1` category.
     pub pause: &'static str,
+}
+
+/// A shard's [`ShardStatus`](outbox_core::ShardStatus) label, from the columns `paused`,
+/// `in_flight`, `parked_category` and `waiting` (its retry time is ahead and nothing arrived
+/// since its failure) of a dialect's shard view: the first that applies, as
+/// [`ShardStatus::of`](outbox_core::ShardStatus::of) decides. One expression, so the counts
+/// and the listings of both backends cannot disagree.
+#[macro_export]
+macro_rules! shard_status {
+    () => {
+        "CASE WHEN paused THEN 'paused' WHEN in_flight THEN 'in flight' \
+         WHEN waiting AND parked_category IS NOT NULL THEN 'parked' \
+         WHEN waiting THEN 'backing off' ELSE 'due' END"
+    };
 }
 
 /// The SQL condition that a pause holds the shard whose scope, identifier and destination

@@ -8,7 +8,7 @@ use outbox_core::backfill::{
 use outbox_core::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
     OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState,
-    check_migrations,
+    ShardStatus, check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
 use sqlx::{Database, Pool};
@@ -365,6 +365,32 @@ impl<D: Dialect> Store for SqlxStore<D> {
     }
 }
 
+/// A shard as [`Statements::shards`](crate::Statements::shards) returns it, its columns from
+/// `at` on.
+fn shard_info<D: Dialect>(
+    row: &<D::Database as Database>::Row,
+    at: usize,
+) -> Result<ShardInfo, sqlx::Error> {
+    let column = |index: usize| at + KEY_COLUMNS + index;
+    let time =
+        |index| get::<D::Database, Option<i64>>(row, column(index)).map(|ms| ms.map(from_ms));
+    let label: String = get::<D::Database, _>(row, column(8))?;
+    let status = ShardStatus::from_label(&label)
+        .ok_or_else(|| sqlx::Error::Decode(format!("{label:?} is not a shard status").into()))?;
+    Ok(ShardInfo::new(
+        D::decode_shard(row, at)?,
+        count(get::<D::Database, i64>(row, column(0))?),
+        time(1)?,
+        u32::try_from(get::<D::Database, i64>(row, column(2))?).unwrap_or(u32::MAX),
+        get::<D::Database, _>(row, column(3))?,
+        time(4)?,
+        get::<D::Database, Option<i32>>(row, column(5))?.map(CategoryId),
+        get::<D::Database, _>(row, column(6))?,
+        get::<D::Database, bool>(row, column(7))?,
+        status,
+    ))
+}
+
 impl<D: Dialect> Admin for SqlxStore<D> {
     async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
         let query = shard_keyed::<D>(D::SQL.reschedule, shard);
@@ -409,7 +435,8 @@ impl<D: Dialect> Admin for SqlxStore<D> {
 
     async fn status(&self, deepest: usize) -> Result<OutboxStatus, Error> {
         const OPERATION: &str = "reading the outbox's status";
-        let rows = self.rows(sqlx::query(D::SQL.status), OPERATION).await?;
+        let query = sqlx::query(D::SQL.status).with(i64::try_from(deepest).unwrap_or(i64::MAX));
+        let rows = self.rows(query, OPERATION).await?;
         let row = rows.first().ok_or_else(|| Error::Database {
             operation: OPERATION,
             source: "the statement returned no row".into(),
@@ -435,8 +462,28 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         status.shards_paused = number(7)?;
         status.dead_letters = number(8)?;
         status.oldest_dead_letter_at = time(9)?;
-        status.deepest = self.shards(ShardFilter::Pending, deepest).await?;
+        // The deepest shards, on the same rows (none: one row of NULLs).
+        const SHARD_AT: usize = 10;
+        for row in &rows {
+            let pending: Option<i64> = get::<D::Database, _>(row, SHARD_AT + KEY_COLUMNS)
+                .map_err(database::<D>(OPERATION))?;
+            if pending.is_some() {
+                let info = shard_info::<D>(row, SHARD_AT).map_err(database::<D>(OPERATION))?;
+                status.deepest.push(info);
+            }
+        }
         Ok(status)
+    }
+
+    async fn shard(&self, shard: &ShardKey) -> Result<Option<ShardInfo>, Error> {
+        const OPERATION: &str = "reading a shard";
+        let rows = self
+            .rows(shard_keyed::<D>(D::SQL.shard, shard), OPERATION)
+            .await?;
+        rows.first()
+            .map(|row| shard_info::<D>(row, 0))
+            .transpose()
+            .map_err(database::<D>(OPERATION))
     }
 
     async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
@@ -451,24 +498,8 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             .with(which)
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         let rows = self.rows(query, OPERATION).await?;
-        let info = |row: &<D::Database as Database>::Row| -> Result<ShardInfo, sqlx::Error> {
-            let at = |index: usize| KEY_COLUMNS + index;
-            let time =
-                |index| get::<D::Database, Option<i64>>(row, at(index)).map(|ms| ms.map(from_ms));
-            Ok(ShardInfo::new(
-                D::decode_shard(row, 0)?,
-                count(get::<D::Database, i64>(row, at(0))?),
-                time(1)?,
-                u32::try_from(get::<D::Database, i64>(row, at(2))?).unwrap_or(u32::MAX),
-                get::<D::Database, _>(row, at(3))?,
-                time(4)?,
-                get::<D::Database, Option<i32>>(row, at(5))?.map(CategoryId),
-                get::<D::Database, _>(row, at(6))?,
-                get::<D::Database, bool>(row, at(7))?,
-            ))
-        };
         rows.iter()
-            .map(|row| info(row).map_err(database::<D>(OPERATION)))
+            .map(|row| shard_info::<D>(row, 0).map_err(database::<D>(OPERATION)))
             .collect()
     }
 

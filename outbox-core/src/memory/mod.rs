@@ -456,6 +456,12 @@ impl Admin for MemoryStore {
         })
     }
 
+    async fn shard(&self, shard: &ShardKey) -> Result<Option<ShardInfo>, Error> {
+        self.operation("reading a shard", |tables, now| {
+            tables.shard_listed(shard, now)
+        })
+    }
+
     async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
         self.operation("listing shards", |tables, now| {
             tables.shards_listed(filter, limit, now)

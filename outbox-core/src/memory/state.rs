@@ -15,7 +15,7 @@ use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
     GroupKey, GroupTail, Lease, OutboxStatus, Outcome, Pause, PauseTarget, PendingMessage,
-    ShardFilter, ShardInfo, ShardState, StoredMessage,
+    ShardFilter, ShardInfo, ShardState, ShardStatus, StoredMessage,
 };
 
 /// One pending row of `outbox_messages`.
@@ -593,35 +593,48 @@ impl Tables {
 
     /// Every shard with pending messages as operators see it, and whether it is due, in
     /// flight, backing off (not parked) or parked.
-    fn shard_infos(&self, now: SystemTime) -> Vec<(ShardInfo, [bool; 4])> {
+    fn shard_infos(&self, now: SystemTime) -> Vec<ShardInfo> {
         self.shards
             .iter()
-            .map(|(shard, ids)| {
-                let record = self.records.get(shard);
-                let newest = ids.last().copied().unwrap_or(MessageId(0));
-                let in_flight = record.is_some_and(|record| !record.lease_lapsed(now));
-                let waiting = record.is_some_and(|record| {
-                    record.retry_at.is_some_and(|at| at > now) && newest <= record.watermark
-                });
-                let parked = waiting && record.is_some_and(|r| r.parked_category.is_some());
-                let paused = self.is_paused(shard);
-                let info = ShardInfo::new(
-                    shard.clone(),
-                    ids.len() as u64,
-                    ids.first().map(|id| self.messages[id].created_at),
-                    record.map_or(0, |record| record.attempts),
-                    record.and_then(|record| record.last_error.clone()),
-                    record.and_then(|record| record.retry_at),
-                    record.and_then(|record| record.parked_category),
-                    record
-                        .filter(|record| !record.lease_lapsed(now))
-                        .and_then(|record| record.lease_owner.clone()),
-                    paused,
-                );
-                let due = !in_flight && !waiting && !paused;
-                (info, [due, in_flight, waiting && !parked, parked])
-            })
+            .map(|(shard, ids)| self.shard_info(shard, ids, now))
             .collect()
+    }
+
+    /// One shard with pending messages `ids`, as operators see it.
+    fn shard_info(
+        &self,
+        shard: &ShardKey,
+        ids: &BTreeSet<MessageId>,
+        now: SystemTime,
+    ) -> ShardInfo {
+        let record = self.records.get(shard);
+        let newest = ids.last().copied().unwrap_or(MessageId(0));
+        let in_flight = record.is_some_and(|record| !record.lease_lapsed(now));
+        let waiting = record.is_some_and(|record| {
+            record.retry_at.is_some_and(|at| at > now) && newest <= record.watermark
+        });
+        let parked = waiting && record.is_some_and(|r| r.parked_category.is_some());
+        let paused = self.is_paused(shard);
+        ShardInfo::new(
+            shard.clone(),
+            ids.len() as u64,
+            ids.first().map(|id| self.messages[id].created_at),
+            record.map_or(0, |record| record.attempts),
+            record.and_then(|record| record.last_error.clone()),
+            record.and_then(|record| record.retry_at),
+            record.and_then(|record| record.parked_category),
+            record
+                .filter(|record| !record.lease_lapsed(now))
+                .and_then(|record| record.lease_owner.clone()),
+            paused,
+            ShardStatus::of(paused, in_flight, parked, waiting),
+        )
+    }
+
+    /// `shard`, if it has pending messages.
+    pub(super) fn shard_listed(&self, shard: &ShardKey, now: SystemTime) -> Option<ShardInfo> {
+        let ids = self.shards.get(shard).filter(|ids| !ids.is_empty())?;
+        Some(self.shard_info(shard, ids, now))
     }
 
     /// The deepest first, then in key order.
@@ -633,23 +646,24 @@ impl Tables {
 
     pub(super) fn status(&self, deepest: usize, now: SystemTime) -> OutboxStatus {
         let shards = self.shard_infos(now);
-        let count = |index: usize| shards.iter().filter(|(_, flags)| flags[index]).count() as u64;
+        let count =
+            |status: ShardStatus| shards.iter().filter(|info| info.status == status).count() as u64;
         OutboxStatus {
             pending_messages: self.messages.len() as u64,
             oldest_pending_at: self.messages.values().next().map(|row| row.created_at),
             shards: shards.len() as u64,
-            shards_due: count(0),
-            shards_in_flight: count(1),
-            shards_in_backoff: count(2),
-            shards_parked: count(3),
-            shards_paused: shards.iter().filter(|(info, _)| info.paused).count() as u64,
+            shards_due: count(ShardStatus::Due),
+            shards_in_flight: count(ShardStatus::InFlight),
+            shards_in_backoff: count(ShardStatus::BackingOff),
+            shards_parked: count(ShardStatus::Parked),
+            shards_paused: count(ShardStatus::Paused),
             dead_letters: self.dead_letters.len() as u64,
             oldest_dead_letter_at: self
                 .dead_letters
                 .values()
                 .map(|letter| letter.dead_lettered_at)
                 .min(),
-            deepest: Self::deepest(shards.into_iter().map(|(info, _)| info).collect(), deepest),
+            deepest: Self::deepest(shards, deepest),
         }
     }
 
@@ -662,7 +676,6 @@ impl Tables {
         let listed = self
             .shard_infos(now)
             .into_iter()
-            .map(|(info, _)| info)
             .filter(|info| match filter {
                 ShardFilter::Pending => true,
                 ShardFilter::Failing => info.attempts > 0 || info.last_error.is_some(),

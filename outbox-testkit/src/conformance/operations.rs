@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use outbox_core::store::{DeadLettering, ShardSession};
 use outbox_core::{
     Admin, BoxError, Category, DeadLetter, DeadLetterFilter, Delivery, Error, MessageId,
-    PauseTarget, Registry, Relay, Scope, Store,
+    PauseTarget, Registry, Relay, Scope, ShardStatus, Store,
 };
 
 use super::{claim_options, config, int, pending, pending_ids, state_of, write};
@@ -691,6 +691,88 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
             .collect::<Vec<_>>(),
         ids[2..4]
     );
+    one_truth(&store, 10).await;
+
+    // A new message in the backing-off shard makes it due at once (S19): the counts, the
+    // deepest shards, the listings and the shard itself all say so.
+    write(&backend, &[note::<OrgUpdate>(1, 3, 9)]).await;
+    let status = one_truth(&store, 10).await;
+    assert_eq!(
+        (status.shards_due, status.shards_in_backoff),
+        (2, 0),
+        "{status:?}"
+    );
+    let shard = store
+        .shard(&org_shard(1))
+        .await
+        .expect("a shard")
+        .expect("shard 1 has pending messages");
+    assert_eq!((shard.status, shard.attempts), (ShardStatus::Due, 1));
+    let failing = store
+        .shards(ShardFilter::Failing, 10)
+        .await
+        .expect("list shards");
+    assert!(
+        failing
+            .iter()
+            .any(|info| info.shard == org_shard(1) && info.status == ShardStatus::Due),
+        "{failing:?}"
+    );
+    assert_eq!(
+        store.shard(&org_shard(9)).await.expect("a shard"),
+        None,
+        "a shard without pending messages"
+    );
+    for (shard, status) in [
+        (org_shard(2), ShardStatus::Paused),
+        (org_shard(3), ShardStatus::Parked),
+        (org_shard(4), ShardStatus::Due),
+    ] {
+        let info = store
+            .shard(&shard)
+            .await
+            .expect("a shard")
+            .expect("pending");
+        assert_eq!(info.status, status, "{info:?}");
+    }
+}
+
+/// The status's counts partition the shards by [`ShardStatus`], and agree with the statuses
+/// of its deepest shards (all of them, when `deepest` exceeds their number) and of
+/// [`Admin::shards`]'s listing.
+async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::OutboxStatus {
+    let status = store.status(deepest).await.expect("status");
+    let counts = [
+        (ShardStatus::Due, status.shards_due),
+        (ShardStatus::InFlight, status.shards_in_flight),
+        (ShardStatus::BackingOff, status.shards_in_backoff),
+        (ShardStatus::Parked, status.shards_parked),
+        (ShardStatus::Paused, status.shards_paused),
+    ];
+    assert_eq!(
+        counts.iter().map(|(_, n)| n).sum::<u64>(),
+        status.shards,
+        "each shard is counted once: {status:?}"
+    );
+    assert_eq!(status.deepest.len() as u64, status.shards, "{status:?}");
+    let listed = store
+        .shards(outbox_core::ShardFilter::Pending, deepest)
+        .await
+        .expect("list shards");
+    for (kind, n) in counts {
+        let shown = status
+            .deepest
+            .iter()
+            .filter(|info| info.status == kind)
+            .count();
+        assert_eq!(
+            shown as u64, n,
+            "{kind} counted {n}, shown {shown}: {status:?}"
+        );
+        let listed = listed.iter().filter(|info| info.status == kind).count();
+        assert_eq!(listed as u64, n, "{kind} counted {n}, listed {listed}");
+    }
+    status
 }
 
 /// S23 with S2: a flush does not wait for a paused shard (a pause can last, and writers must
