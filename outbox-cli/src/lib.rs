@@ -7,12 +7,13 @@
 //! SQL.
 //!
 //! ```text
-//! cargo install outbox-cli          # or: cargo install --path outbox-cli
+//! cargo install outbox-cli          # --features tls-rustls for a PostgreSQL that requires TLS
 //! export DATABASE_URL=postgres://app@db/app
 //! outbox status
 //! outbox shards --failing
-//! outbox messages --shard organization:42
+//! outbox messages organization:42
 //! outbox retry organization:42
+//! outbox dead-letters set-aside --id 1234 --reason "ticket 7: a payload that cannot succeed"
 //! outbox pause --category webhook --reason "receiver down"
 //! outbox dead-letters list --category webhook
 //! outbox dead-letters replay --category webhook --dry-run
@@ -207,6 +208,17 @@ pub enum DeadLetterCommand {
         #[arg(long)]
         allow_unknown_categories: bool,
     },
+    /// Sets one pending message aside as a dead letter, so that its shard goes on without it
+    /// (a message that can never succeed, whatever its category's dead-letter policy).
+    /// Refused while a relay holds its shard (pause the shard first if one keeps taking it).
+    SetAside {
+        /// The message's id (`outbox messages SHARD` lists a shard's messages).
+        #[arg(long)]
+        id: i64,
+        /// Why, recorded as the letter's error.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Deletes them for good.
     Purge {
         /// Which.
@@ -296,7 +308,12 @@ impl CliError {
     /// The process's exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Outbox(Error::NoSuchDeadLetter { .. }) | Self::Refused(_) => EXIT_REFUSED,
+            Self::Outbox(
+                Error::NoSuchDeadLetter { .. }
+                | Error::NoSuchMessage { .. }
+                | Error::ShardHeld { .. },
+            )
+            | Self::Refused(_) => EXIT_REFUSED,
             Self::Usage(_) => EXIT_USAGE,
             Self::Outbox(_) | Self::Unreachable(_) | Self::Output(_) => EXIT_FAILED,
         }
@@ -317,6 +334,15 @@ fn describe(error: &Error) -> String {
             "the outbox tables are missing or out of date ({detail}): apply the migrations \
              with `outbox migrate`"
         ),
+        Error::ShardHeld { shard, owner } => {
+            let shard = names::shard_text(&Catalog::empty(), shard);
+            format!(
+                "shard {shard} is held by {}: its drain may be delivering the message; try again \
+                 once it lets go, or pause the shard first (`outbox pause {shard}`); nothing was \
+                 changed",
+                owner.as_deref().unwrap_or("a relay")
+            )
+        }
         other => outbox_core::error_chain(other),
     }
 }
@@ -549,6 +575,14 @@ async fn dead_letters<S: Admin>(
                 store.replay_dead_letters(&ids).await?
             };
             printer.replayed(out, &letters, &replayed, dry_run)
+        }
+        DeadLetterCommand::SetAside { id, reason } => {
+            let reason = match reason {
+                Some(reason) => format!("set aside by an operator: {reason}"),
+                None => "set aside by an operator".to_owned(),
+            };
+            let letter = store.set_aside(MessageId(id), &reason).await?;
+            printer.set_aside(out, &letter)
         }
         DeadLetterCommand::Purge { select, dry_run } => {
             let letters = selected(store, catalog, &select, true).await?;

@@ -594,6 +594,30 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
+    pub(crate) fn set_aside(
+        &self,
+        out: &mut dyn Write,
+        letter: &DeadLetter,
+    ) -> Result<(), CliError> {
+        if self.json {
+            return self.emit(out, &self.letter_json(letter));
+        }
+        writeln!(
+            out,
+            "set aside message {} of shard {} as a dead letter: the shard goes on without it \
+             (replay it with `outbox dead-letters replay --id {}`)",
+            letter.message_id.0,
+            self.shard(&letter.shard),
+            letter.message_id.0
+        )?;
+        writeln!(
+            out,
+            "{}",
+            render(&self.letter_table(std::slice::from_ref(letter)))
+        )?;
+        Ok(())
+    }
+
     pub(crate) fn replayed(
         &self,
         out: &mut dyn Write,

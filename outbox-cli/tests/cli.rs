@@ -412,6 +412,62 @@ where
     let purged = json(&url, &["dead-letters", "purge", "--category", "2"]);
     assert_eq!(purged["purged"], 1);
     assert!(dead_letters(&store).await.is_empty());
+    // Set aside the head of failing shard 1: refused while a relay holds the shard, then the
+    // shard goes on without it; a second time, it is not pending.
+    let head = store.shard_messages(&org(1), 1).await.expect("messages")[0]
+        .id
+        .0
+        .to_string();
+    expect(&url, &["retry", "1:1"], 0);
+    let session = outbox_core::Store::claim(
+        &store,
+        &org(1),
+        &outbox_core::store::ClaimOptions {
+            worker: "relay-7".to_owned(),
+            lease: std::time::Duration::from_secs(30),
+            mode: outbox_core::HandlerMode::Leased,
+        },
+    )
+    .await
+    .expect("claim")
+    .expect("shard 1 is due after its retry");
+    let held = outbox(&url, &["dead-letters", "set-aside", "--id", &head]);
+    assert_eq!(held.status.code(), Some(3), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains("shard 1:1 is held by relay-7"),
+        "{}",
+        stderr(&held)
+    );
+    outbox_core::Store::release(&store, outbox_core::store::ShardSession::lease(&session))
+        .await
+        .expect("release");
+    drop(session);
+    let set_aside = expect(
+        &url,
+        &[
+            "dead-letters",
+            "set-aside",
+            "--id",
+            &head,
+            "--reason",
+            "ticket 7",
+        ],
+        0,
+    );
+    assert!(
+        set_aside.contains(&format!("set aside message {head} of shard 1:1")),
+        "{set_aside}"
+    );
+    let letters = dead_letters(&store).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].error, "set aside by an operator: ticket 7");
+    let again = outbox(&url, &["dead-letters", "set-aside", "--id", &head]);
+    assert_eq!(again.status.code(), Some(3));
+    assert!(
+        stderr(&again).contains(&format!("no pending message with id {head}")),
+        "{}",
+        stderr(&again)
+    );
 }
 
 /// Names: a binary that knows the categories shows and reads them.

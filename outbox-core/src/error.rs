@@ -88,6 +88,31 @@ pub enum Error {
         ids: Vec<MessageId>,
     },
 
+    /// A message to set aside is not pending: delivered, set aside already, or never written.
+    /// Nothing was changed.
+    #[error(
+        "no pending message with id {id}: delivered or set aside already? (a shard's messages: \
+         `outbox messages SHARD`); nothing was changed"
+    )]
+    NoSuchMessage {
+        /// The id.
+        id: MessageId,
+    },
+
+    /// A relay holds the shard of a message to set aside (S25): its drain may be delivering
+    /// the message, so it is not taken from under it. Nothing was changed.
+    #[error(
+        "{shard} is held by {}: its drain may be delivering the message; try again once it \
+         lets go, or pause the shard first; nothing was changed",
+        .owner.as_deref().unwrap_or("a relay")
+    )]
+    ShardHeld {
+        /// The shard.
+        shard: ShardKey,
+        /// The relay holding it, where known.
+        owner: Option<String>,
+    },
+
     /// A message names a category the registry does not know.
     #[error("unknown category {category}: it is not in this binary's registry")]
     UnknownCategory {

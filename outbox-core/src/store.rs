@@ -832,6 +832,22 @@ pub trait Admin: Send + Sync {
         ids: &[MessageId],
     ) -> impl Future<Output = Result<Vec<MessageId>, Error>> + Send;
 
+    /// Sets the pending message `id` aside as a dead letter (S25), so that its shard goes on
+    /// without it: the operator's way past a message that can never succeed, whatever its
+    /// category's dead-letter policy. The letter records `reason` as its error, with the
+    /// shard's attempts so far; it can be replayed like any other. If the message was the
+    /// shard's head, the shard's failures are cleared and it is due at once.
+    ///
+    /// Fenced against the relays: a message whose shard a relay holds now (a live lease, or a
+    /// drain's transaction) is refused with [`Error::ShardHeld`], and one that is not pending
+    /// with [`Error::NoSuchMessage`]; nothing changes then. A relay that claims the shard
+    /// after the set-aside does not see the message.
+    fn set_aside(
+        &self,
+        id: MessageId,
+        reason: &str,
+    ) -> impl Future<Output = Result<DeadLetter, Error>> + Send;
+
     /// Deletes the dead letters `ids`; returns how many there were.
     fn purge_dead_letters(
         &self,

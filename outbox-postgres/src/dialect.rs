@@ -5,7 +5,9 @@ use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode,
 use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
-use outbox_sqlx::{Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, Statements};
+use outbox_sqlx::{
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, SetAsideStatements, Statements,
+};
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
 use sqlx::{Database, PgPool, Postgres, Row};
@@ -592,6 +594,32 @@ const SHARD: &str = concat!(
     " FROM v"
 );
 
+const SET_ASIDE: SetAsideStatements = SetAsideStatements {
+    lock_message: "SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
+                   WHERE id = $1 FOR UPDATE",
+    ensure_shard: ENSURE_STATE,
+    lock_shard: "SELECT CASE WHEN lease_expires_at > now() THEN coalesce(lease_owner, '') END \
+                 FROM outbox_shards \
+                 WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                 FOR UPDATE SKIP LOCKED",
+    copy: "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
+               destination, category, object_identifier, object_wide, payload, created_at, \
+               error, attempts, first_failed_at, lease_token, metadata) \
+           SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
+               m.object_identifier, m.object_wide, m.payload, m.created_at, $5, s.attempts, \
+               coalesce(s.first_failed_at, now()), coalesce(s.lease_token, 0), m.metadata \
+           FROM outbox_messages m JOIN outbox_shards s \
+               ON s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3 \
+           WHERE m.id = $4",
+    clear_failures: "UPDATE outbox_shards SET attempts = 0, first_failed_at = NULL, \
+                         last_error = NULL, retry_at = NULL, parked_category = NULL \
+                     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+                         AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
+                             WHERE m.shard_scope = $1 AND m.shard_identifier = $2 \
+                                 AND m.destination = $3 AND m.id < $4)",
+    delete: "DELETE FROM outbox_messages WHERE id = $1",
+};
+
 const SHARD_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
         object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint, \
@@ -680,6 +708,7 @@ impl Dialect for PgDialect {
         status: STATUS,
         shards: SHARDS,
         shard: SHARD,
+        set_aside: SET_ASIDE,
         shard_messages: SHARD_MESSAGES,
     };
 

@@ -908,3 +908,93 @@ async fn a_backfill_batch_cut_off_mid_way_is_walked_again_whole() {
     }
     assert_eq!(objects, (1..=40).collect::<Vec<_>>(), "each row once");
 }
+
+/// S25, stepped: a set-aside never waits on a shard another transaction holds (a claim in
+/// progress, a drain in its claiming transaction): it is refused at once and changes nothing.
+/// Two set-asides of one message: the second waits for the first's message lock, then finds
+/// the message gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
+    let database = migrated().await;
+    let store = PgStore::new(database.pool().clone());
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    write(database.pool(), note::<OrgUpdate>(1, 2, 2)).await;
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_messages ORDER BY id")
+        .fetch_all(database.pool())
+        .await
+        .expect("ids");
+    let first = outbox_core::MessageId(ids[0]);
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
+         VALUES (1, 1, '')",
+    )
+    .execute(database.pool())
+    .await
+    .expect("a state row");
+
+    // Another transaction holds the shard's row, as a claim does while it runs.
+    let mut other = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let mut holding = other.begin().await.expect("begin");
+    sqlx::query(
+        "SELECT 1 FROM outbox_shards WHERE shard_scope = 1 AND shard_identifier = 1 FOR UPDATE",
+    )
+    .fetch_one(&mut *holding)
+    .await
+    .expect("lock the shard");
+    let refused = tokio::time::timeout(Duration::from_secs(5), store.set_aside(first, "bad"))
+        .await
+        .expect("refused at once, without waiting");
+    assert!(
+        matches!(&refused, Err(Error::ShardHeld { shard, owner: None }) if *shard == org_shard(1)),
+        "{refused:?}"
+    );
+    assert_eq!(store.pending_messages(10).await.expect("pending").len(), 2);
+    holding.rollback().await.expect("release");
+
+    // One set-aside holds the message; a second waits for it, then finds it gone.
+    let mut holding = other.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox_messages WHERE id = $1 FOR UPDATE")
+        .bind(first.0)
+        .fetch_one(&mut *holding)
+        .await
+        .expect("lock the message");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.set_aside(first, "second").await }
+    });
+    // The waiting set-aside is blocked on the message's lock.
+    let blocked = loop {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(database.pool())
+        .await
+        .expect("read waits");
+        if waits > 0 || waiting.is_finished() {
+            break waits > 0;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(blocked, "the second set-aside waits on the message");
+    sqlx::query("DELETE FROM outbox_messages WHERE id = $1")
+        .bind(first.0)
+        .execute(&mut *holding)
+        .await
+        .expect("take the message");
+    holding.commit().await.expect("commit");
+    let second = waiting.await.expect("the set-aside task");
+    assert!(
+        matches!(second, Err(Error::NoSuchMessage { id }) if id == first),
+        "{second:?}"
+    );
+    assert!(
+        store
+            .dead_letters(&Default::default())
+            .await
+            .expect("letters")
+            .is_empty()
+    );
+}

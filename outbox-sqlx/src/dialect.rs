@@ -177,6 +177,31 @@ pub struct Statements {
     pub compact_paused: &'static str,
     /// The backfills' statements (S11).
     pub backfill: BackfillStatements,
+    /// An operator's set-aside of one message (S25).
+    pub set_aside: SetAsideStatements,
+}
+
+/// The statements that set one pending message aside as a dead letter (S25), run in this
+/// order in one write transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct SetAsideStatements {
+    /// Locks the message: `$1` its id (`i64`). Returns its shard's key; no row if it is not
+    /// pending.
+    pub lock_message: &'static str,
+    /// Records the shard's state row unless it exists: `$1..$3`.
+    pub ensure_shard: &'static str,
+    /// Locks the shard's state row: `$1..$3`. Returns the owner of a live lease on it
+    /// (`Option<String>`, `''` for one without a name); no row if another transaction holds
+    /// the row (a claim, or a drain in the claiming transaction: PostgreSQL's `SKIP LOCKED`).
+    pub lock_shard: &'static str,
+    /// Copies the message to the dead letters with the shard's attempts, first failure and
+    /// token: `$1..$3` the shard, `$4` the id (`i64`), `$5` the error (text).
+    pub copy: &'static str,
+    /// Clears the shard's failures if the message is its head (no older message in it):
+    /// `$1..$3` the shard, `$4` the id.
+    pub clear_failures: &'static str,
+    /// Deletes the message: `$1` the id.
+    pub delete: &'static str,
 }
 
 /// The statements of the backfills (S11) in a backend's SQL. A watermark's columns, as

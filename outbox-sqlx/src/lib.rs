@@ -40,7 +40,9 @@ pub mod transaction;
 pub mod wake;
 pub mod write;
 
-pub use crate::dialect::{Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, Statements};
+pub use crate::dialect::{
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, SetAsideStatements, Statements,
+};
 pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{Columns, Writable, Write};
 pub use crate::session::SqlxSession;

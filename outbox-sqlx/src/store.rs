@@ -602,6 +602,60 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         Ok(replayed)
     }
 
+    async fn set_aside(&self, id: MessageId, reason: &str) -> Result<DeadLetter, Error> {
+        const OPERATION: &str = "setting a message aside";
+        let sql = &D::SQL.set_aside;
+        let mut writer = Writer::begin(&self.dialect, &self.pool, OPERATION).await?;
+        let found = sqlx::query(sql.lock_message)
+            .with(id.0)
+            .fetch_optional(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?;
+        let Some(row) = found else {
+            return Err(Error::NoSuchMessage { id });
+        };
+        let shard = D::decode_shard(&row, 0).map_err(database::<D>(OPERATION))?;
+        shard_keyed::<D>(sql.ensure_shard, &shard)
+            .execute(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?;
+        // Held by a transaction (SKIP LOCKED found no row), or by a live lease.
+        let holder = shard_keyed::<D>(sql.lock_shard, &shard)
+            .fetch_optional(D::Database::on(writer.conn()))
+            .await
+            .map_err(database::<D>(OPERATION))?;
+        let owner: Option<Option<String>> = match &holder {
+            None => Some(None),
+            Some(row) => get::<D::Database, Option<String>>(row, 0)
+                .map_err(database::<D>(OPERATION))?
+                .map(|owner| Some(owner).filter(|owner| !owner.is_empty())),
+        };
+        if let Some(owner) = owner {
+            return Err(Error::ShardHeld { shard, owner });
+        }
+        // Copied with the shard's attempts before a head's failures are cleared.
+        let copy = shard_keyed::<D>(sql.copy, &shard)
+            .with(id.0)
+            .with(reason.to_owned());
+        let clear = shard_keyed::<D>(sql.clear_failures, &shard).with(id.0);
+        let delete = sqlx::query(sql.delete).with(id.0);
+        for query in [copy, clear, delete] {
+            query
+                .execute(D::Database::on(writer.conn()))
+                .await
+                .map_err(database::<D>(OPERATION))?;
+        }
+        writer.commit(OPERATION).await?;
+        crate::wake::committed::<D>(Some(&self.pool), std::slice::from_ref(&shard));
+        let letters = self
+            .dead_letters(&DeadLetterFilter::all().ids(vec![id]))
+            .await?;
+        letters.into_iter().next().ok_or_else(|| Error::Database {
+            operation: OPERATION,
+            source: "the dead letter was not found after its commit".into(),
+        })
+    }
+
     async fn purge_dead_letters(&self, ids: &[MessageId]) -> Result<u64, Error> {
         let query = D::bind_ids(sqlx::query(D::SQL.purge_dead_letters), raw_ids(ids));
         self.write(query, "purging dead letters").await

@@ -456,6 +456,14 @@ impl Admin for MemoryStore {
         })
     }
 
+    async fn set_aside(&self, id: MessageId, reason: &str) -> Result<DeadLetter, Error> {
+        let letter = self.operation("setting a message aside", |tables, now| {
+            tables.set_aside(id, reason, now)
+        })??;
+        self.notify(std::iter::once(&letter.shard));
+        Ok(letter)
+    }
+
     async fn shard(&self, shard: &ShardKey) -> Result<Option<ShardInfo>, Error> {
         self.operation("reading a shard", |tables, now| {
             tables.shard_listed(shard, now)

@@ -440,6 +440,48 @@ impl Tables {
         deleted
     }
 
+    /// Sets the pending message `id` aside as a dead letter (S25), unless a live lease holds
+    /// its shard.
+    pub(super) fn set_aside(
+        &mut self,
+        id: MessageId,
+        reason: &str,
+        now: SystemTime,
+    ) -> Result<DeadLetter, Error> {
+        let row = self
+            .messages
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NoSuchMessage { id })?;
+        let shard = row.shard.clone();
+        let record = self.records.entry(shard.clone()).or_default();
+        if !record.lease_lapsed(now) {
+            return Err(Error::ShardHeld {
+                shard,
+                owner: record.lease_owner.clone(),
+            });
+        }
+        let letter = DeadLetter::new(
+            row.pending(id),
+            reason.to_owned(),
+            record.attempts,
+            record.first_failed_at.unwrap_or(now),
+            now,
+            record.lease_token.unwrap_or(0),
+        );
+        let head = self.shards.get(&shard).and_then(|ids| ids.first().copied());
+        if head == Some(id) {
+            record.attempts = 0;
+            record.first_failed_at = None;
+            record.last_error = None;
+            record.retry_at = None;
+            record.parked_category = None;
+        }
+        self.delete_rows(&shard, &[id]);
+        self.dead_letters.insert(id, letter.clone());
+        Ok(letter)
+    }
+
     /// Moves a failing group's rows to the dead letters, as an acknowledgement would delete
     /// them (S22).
     pub(super) fn dead_letter(

@@ -172,6 +172,7 @@ macro_rules! store_conformance_tests {
             s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group,
             s23_scope_and_category_pauses_hold_their_shards,
             operators_see_status_shards_and_messages,
+            s25_an_operator_sets_one_message_aside,
             s23_a_flush_does_not_wait_for_a_paused_shard,
             health_lag_counts_due_shards_only,
             metadata_and_creation_time_reach_the_handler,

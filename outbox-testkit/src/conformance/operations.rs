@@ -862,3 +862,102 @@ pub async fn health_lag_counts_due_shards_only<B: StoreBackend>() {
     assert_eq!(drained.oldest_due_lag, None);
     assert!(drained.last_ack_at.is_some());
 }
+
+/// S25: an operator sets aside the message that blocks its shard (its category has no
+/// dead-letter policy, and it fails every time): the shard goes on at once, the letter carries
+/// the reason and the attempts, and it replays like any other. A message whose shard a relay
+/// holds is refused, as is one that is not pending, and nothing changes then.
+pub async fn s25_an_operator_sets_one_message_aside<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let recorder = Recorder::new();
+    let handler = failing_while::<OrgUpdate>(&recorder, |shard, object| shard == 1 && object == 1);
+    let registry = Registry::builder()
+        .handle::<OrgUpdate>(handler)
+        .build()
+        .expect("a registry");
+    let relay = Relay::with_config(store.clone(), registry, config("set-aside"));
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(1, 2, 2),
+            note::<OrgUpdate>(2, 1, 3),
+        ],
+    )
+    .await;
+    relay.drain().await.expect("drain");
+    assert_eq!(pending_ids(&backend).await, ids[..2], "shard 1 is blocked");
+    let blocked = state_of(&store, &org_shard(1))
+        .await
+        .expect("shard 1's state");
+    assert_eq!(blocked.attempts, 1);
+
+    let missing = MessageId(ids[2].0 + 1_000);
+    match store.set_aside(missing, "gone").await {
+        Err(Error::NoSuchMessage { id }) => assert_eq!(id, missing),
+        other => panic!("expected NoSuchMessage, got {other:?}"),
+    }
+    match store.set_aside(ids[2], "delivered").await {
+        Err(Error::NoSuchMessage { id }) => assert_eq!(id, ids[2]),
+        other => panic!("a delivered message is not pending: {other:?}"),
+    }
+
+    // A relay holds the shard: refused, nothing changes.
+    assert!(store.reschedule(&org_shard(1)).await.expect("reschedule"));
+    let session = store
+        .claim(&org_shard(1), &claim_options("holder"))
+        .await
+        .expect("claim")
+        .expect("shard 1 is due");
+    match store.set_aside(ids[0], "bad payload").await {
+        Err(Error::ShardHeld { shard, owner }) => {
+            assert_eq!(shard, org_shard(1));
+            assert_eq!(owner.as_deref(), Some("holder"));
+        }
+        other => panic!("expected ShardHeld, got {other:?}"),
+    }
+    assert_eq!(pending_ids(&backend).await, ids[..2]);
+    assert!(dead_letters(&store).await.is_empty());
+    // It lets go (its lease lapses now), keeping the shard's failures.
+    assert!(store.release(session.lease()).await.expect("release"));
+    drop(session);
+
+    // Set aside: the letter, and the shard goes on at once.
+    let letter = store
+        .set_aside(ids[0], "bad payload, ticket 7")
+        .await
+        .expect("set aside");
+    assert_eq!(
+        (
+            letter.message_id,
+            &letter.shard,
+            letter.error.as_str(),
+            letter.attempts
+        ),
+        (ids[0], &org_shard(1), "bad payload, ticket 7", 1)
+    );
+    assert_eq!(dead_letters(&store).await, [letter.clone()]);
+    let cleared = state_of(&store, &org_shard(1))
+        .await
+        .expect("shard 1's state");
+    assert_eq!(
+        (cleared.attempts, cleared.retry_at),
+        (0, None),
+        "{cleared:?}"
+    );
+    relay.drain().await.expect("drain");
+    assert!(pending_ids(&backend).await.is_empty(), "the shard went on");
+    assert!(
+        recorder
+            .seen()
+            .iter()
+            .any(|seen| seen.shard == org_shard(1) && seen.seq == 2),
+        "the message after it was delivered"
+    );
+
+    // Replayed like any letter: it fails again, and blocks again.
+    let replayed = store.replay_dead_letters(&[ids[0]]).await.expect("replay");
+    relay.drain().await.expect("drain");
+    assert_eq!(pending_ids(&backend).await, replayed);
+}
