@@ -937,7 +937,7 @@ pub async fn s25_an_operator_sets_one_message_aside<B: StoreBackend>() {
         ),
         (ids[0], &org_shard(1), "bad payload, ticket 7", 1)
     );
-    assert_eq!(dead_letters(&store).await, [letter.clone()]);
+    assert_eq!(dead_letters(&store).await, std::slice::from_ref(&letter));
     let cleared = state_of(&store, &org_shard(1))
         .await
         .expect("shard 1's state");
