@@ -125,11 +125,17 @@ pub enum Outcome {
 }
 
 /// A failed delivery, as the store records it on the shard.
+///
+/// A failure with a [`parked_category`](Self::parked_category) parks the shard (S26): it is
+/// not due again, whatever its retry time or newer messages, until
+/// [`Store::unpark`] names the category (a relay that knows it runs) or an operator
+/// reschedules it; `retry_in` and `watermark` are not used, and `attempts` is what the shard
+/// had (a park is not an attempt).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     /// The error with its causes, shown to operators.
     pub error: String,
-    /// The shard's failed attempts, counting this one.
+    /// The shard's failed attempts, counting this one (for a park, those before it).
     pub attempts: u32,
     /// How long until the shard is due again.
     pub retry_in: Duration,
@@ -712,7 +718,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Returns whether the lease was still held.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool, Error>> + Send;
 
-    /// Makes shards parked on one of `known` categories due now; returns how many.
+    /// Makes shards parked on one of `known` categories due now, and no longer parked;
+    /// returns how many. Relays call it at start-up and at each upkeep, so that a shard an
+    /// older binary parks during a rolling deploy resumes without another restart.
     fn unpark(&self, known: &[CategoryId]) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// The id of the newest message in the outbox, if there is any: the bound of a pass that

@@ -212,13 +212,19 @@ const RELEASE_LEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
-// A first failure (attempt 1, or none recorded) starts the failures' clock.
+// A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
+// waits for no time and no message: its retry time is the end of year 9999 and its watermark
+// the highest id, until a relay that knows the category unparks it.
 const FAIL: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
         first_failed_at = CASE WHEN $5 <= 1 OR first_failed_at IS NULL THEN now() \
             ELSE first_failed_at END, \
-        last_error = $6, retry_at = now() + $7::bigint * interval '1 millisecond', \
-        watermark = $8, parked_category = $9 \
+        last_error = $6, \
+        retry_at = CASE WHEN $9::integer IS NULL \
+            THEN now() + $7::bigint * interval '1 millisecond' \
+            ELSE timestamptz '9999-12-31 23:59:59+00' END, \
+        watermark = CASE WHEN $9::integer IS NULL THEN $8 ELSE 9223372036854775807 END, \
+        parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
 // Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
@@ -549,7 +555,8 @@ macro_rules! shard_columns {
     () => {
         "shard_scope, shard_identifier, destination, pending, \
         (extract(epoch FROM oldest) * 1000)::bigint AS oldest_ms, attempts::bigint AS attempts, \
-        last_error, (extract(epoch FROM retry_at) * 1000)::bigint AS retry_ms, parked_category, \
+        last_error, CASE WHEN state <> 'parked' \
+            THEN (extract(epoch FROM retry_at) * 1000)::bigint END AS retry_ms, parked_category, \
         lease_owner, paused, state"
     };
 }
@@ -675,7 +682,7 @@ impl Dialect for PgDialect {
         release_interrupted: RELEASE_INTERRUPTED,
         table_exists: "SELECT to_regclass($1) IS NOT NULL",
         discover: DISCOVER,
-        unpark: "UPDATE outbox_shards SET retry_at = now() \
+        unpark: "UPDATE outbox_shards SET parked_category = NULL, retry_at = now() \
                  WHERE parked_category = ANY($1) AND retry_at > now()",
         reschedule: "UPDATE outbox_shards SET retry_at = now() \
                      WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \

@@ -193,15 +193,18 @@ const RELEASE_LEASE: &str = "\
     UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4";
 
-// A first failure (attempt 1, or none recorded) starts the failures' clock.
+// A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
+// waits for no time and no message: its retry time is the end of year 9999 (ms) and its
+// watermark the highest id, until a relay that knows the category unparks it.
 const FAIL: &str = concat!(
     "UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = ?5, \
         first_failed_at = iif(?5 <= 1 OR first_failed_at IS NULL, ",
     now!(),
     ", first_failed_at), \
-        last_error = ?6, retry_at = ",
+        last_error = ?6, retry_at = iif(?9 IS NULL, ",
     now!(),
-    " + ?7, watermark = ?8, parked_category = ?9 \
+    " + ?7, 253402300799000), watermark = iif(?9 IS NULL, ?8, 9223372036854775807), \
+        parked_category = ?9 \
      WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 AND lease_token = ?4"
 );
 
@@ -306,7 +309,7 @@ const LAPSED_OWNER: &str = concat!(
 );
 
 const UNPARK: &str = concat!(
-    "UPDATE outbox_shards SET retry_at = ",
+    "UPDATE outbox_shards SET parked_category = NULL, retry_at = ",
     now!(),
     " WHERE parked_category IN (SELECT value FROM json_each(?1)) AND retry_at > ",
     now!()
@@ -515,7 +518,7 @@ macro_rules! shard_view {
 macro_rules! shard_columns {
     () => {
         "shard_scope, shard_identifier, destination, pending, oldest, attempts, last_error, \
-        retry_at, parked_category, lease_owner, paused, state"
+        iif(state = 'parked', NULL, retry_at), parked_category, lease_owner, paused, state"
     };
 }
 

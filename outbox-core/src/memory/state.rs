@@ -63,6 +63,11 @@ impl Row {
 }
 
 /// One row of `outbox_shards`: a shard's lease and failures.
+/// A parked shard's retry time (S26): the end of year 9999, as the SQL stores record it.
+fn parked_until() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)
+}
+
 #[derive(Debug, Clone)]
 struct Record {
     attempts: u32,
@@ -553,8 +558,14 @@ impl Tables {
                 }
                 record.attempts = failure.attempts;
                 record.last_error = Some(failure.error.clone());
-                record.retry_at = Some(later(now, failure.retry_in));
-                record.watermark = failure.watermark;
+                if failure.parked_category.is_some() {
+                    // Parked (S26): due for no time and no message, until unparked.
+                    record.retry_at = Some(parked_until());
+                    record.watermark = MessageId(i64::MAX);
+                } else {
+                    record.retry_at = Some(later(now, failure.retry_in));
+                    record.watermark = failure.watermark;
+                }
                 record.parked_category = failure.parked_category;
             }
         }
@@ -567,6 +578,7 @@ impl Tables {
             let parked = record.parked_category.is_some_and(|c| known.contains(&c));
             if parked && record.retry_at.is_some_and(|at| at > now) {
                 record.retry_at = Some(now);
+                record.parked_category = None;
                 unparked += 1;
             }
         }
@@ -657,19 +669,22 @@ impl Tables {
         });
         let parked = waiting && record.is_some_and(|r| r.parked_category.is_some());
         let paused = self.is_paused(shard);
+        let status = ShardStatus::of(paused, in_flight, parked, waiting);
         ShardInfo::new(
             shard.clone(),
             ids.len() as u64,
             ids.first().map(|id| self.messages[id].created_at),
             record.map_or(0, |record| record.attempts),
             record.and_then(|record| record.last_error.clone()),
-            record.and_then(|record| record.retry_at),
+            record
+                .and_then(|record| record.retry_at)
+                .filter(|_| status != ShardStatus::Parked),
             record.and_then(|record| record.parked_category),
             record
                 .filter(|record| !record.lease_lapsed(now))
                 .and_then(|record| record.lease_owner.clone()),
             paused,
-            ShardStatus::of(paused, in_flight, parked, waiting),
+            status,
         )
     }
 

@@ -387,7 +387,10 @@ impl<S: Store> Inner<S> {
     /// See [`Relay::maintain`].
     async fn maintain(&self) -> Result<MaintenanceReport, Error> {
         let coalescing = self.registry.coalescing_category_ids();
-        let mut report = MaintenanceReport::default();
+        let mut report = MaintenanceReport {
+            unparked: self.unpark().await?,
+            ..MaintenanceReport::default()
+        };
         if !coalescing.is_empty() {
             report.compacted =
                 in_batches(|limit| self.store.compact_paused(&coalescing, limit)).await?;
@@ -396,7 +399,7 @@ impl<S: Store> Inner<S> {
             report.purged_dead_letters =
                 in_batches(|limit| self.store.purge_dead_letters_older_than(age, limit)).await?;
         }
-        if report != MaintenanceReport::default() {
+        if report.compacted > 0 || report.purged_dead_letters > 0 {
             info!(
                 compacted = report.compacted,
                 purged_dead_letters = report.purged_dead_letters,
@@ -406,20 +409,27 @@ impl<S: Store> Inner<S> {
         Ok(report)
     }
 
+    /// Makes the shards parked on a category this binary knows due (S26), and says so once;
+    /// returns how many.
+    async fn unpark(&self) -> Result<u64, Error> {
+        let known = self.registry.category_ids();
+        let unparked = self.store.unpark(&known).await?;
+        if unparked > 0 {
+            info!(
+                unparked,
+                "resumed shards parked on categories this binary knows"
+            );
+        }
+        Ok(unparked)
+    }
+
     /// Checks the schema and un-parks shards waiting for a category this binary knows.
     /// Runs once per relay.
     async fn prepare(&self) -> Result<(), Error> {
         self.prepared
             .get_or_try_init(|| async {
                 self.store.check_schema().await?;
-                let known = self.registry.category_ids();
-                let unparked = self.store.unpark(&known).await?;
-                if unparked > 0 {
-                    info!(
-                        unparked,
-                        "resumed shards parked on categories this binary knows"
-                    );
-                }
+                self.unpark().await?;
                 Ok::<_, Error>(())
             })
             .await

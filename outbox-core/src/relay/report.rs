@@ -116,4 +116,6 @@ pub struct MaintenanceReport {
     pub compacted: u64,
     /// Dead letters purged for being older than the retention.
     pub purged_dead_letters: u64,
+    /// Shards parked on a category this binary knows, made due (S26).
+    pub unparked: u64,
 }

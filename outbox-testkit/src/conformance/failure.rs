@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::{
-    Admin, Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, Store, error_chain,
+    Admin, Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, ShardStatus, Store,
+    error_chain,
 };
 
 use super::{assert_in, config, pending, pending_ids, state_of, write};
@@ -176,14 +177,27 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
     );
 }
 
-/// S20: a message whose category this binary does not know is never deleted; its shard is
-/// parked with a clear error until a binary that knows the category runs.
+/// S20 and S26: a message whose category this binary does not know is never deleted; its
+/// shard is parked with a clear error, counts no attempt and backs off no more (a new message
+/// does not make it due), until a relay that knows the category runs: at its start, or at its
+/// upkeep for a shard an older relay parked after it started (a rolling deploy).
 pub async fn s20_unknown_category_parks_and_is_never_deleted<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
     let shard = org_shard(1);
     let old = Recorder::new();
     let old_relay = Relay::with_config(store.clone(), old.registry(), config("old-binary"));
+    let new = Recorder::new();
+    let new_relay = Relay::with_config(
+        store.clone(),
+        new.builder()
+            .handle::<FutureCategory>(new.handler())
+            .build()
+            .expect("registry"),
+        config("new-binary"),
+    );
+    // The new binary's relay has started (nothing is parked yet).
+    new_relay.drain().await.expect("drain");
 
     write(&backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
     let unknown = backend
@@ -211,28 +225,40 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: StoreBackend>() 
         .await
         .expect("a parked shard has state");
     assert_eq!(state.parked_category, Some(FutureCategory::ID));
+    assert_eq!(state.attempts, 0, "a park is not an attempt");
     let error = state.last_error.expect("an error is recorded");
     assert!(
         error.contains("category 99") && error.contains("parked"),
         "{error}"
     );
+    let info = store
+        .shard(&shard)
+        .await
+        .expect("a shard")
+        .expect("pending");
+    assert_eq!((info.status, info.retry_at), (ShardStatus::Parked, None));
 
+    // Parked, not backing off: a new message does not make it due.
     assert_eq!(old_relay.drain().await.expect("drain").shards_claimed, 0);
-    assert_eq!(pending(&backend).await.len(), 2, "nothing was deleted");
-
-    let new = Recorder::new();
-    let new_relay = Relay::with_config(
-        store.clone(),
-        new.builder()
-            .handle::<FutureCategory>(new.handler())
-            .build()
-            .expect("registry"),
-        config("new-binary"),
+    write(&backend, &[note::<OrgUpdate>(1, 4, 4)]).await;
+    assert_eq!(old_relay.drain().await.expect("drain").shards_claimed, 0);
+    assert_eq!(pending(&backend).await.len(), 3, "nothing was deleted");
+    assert_eq!(
+        state_of(&store, &shard).await.map(|state| state.attempts),
+        Some(0)
     );
+
+    // The new relay started before the park: its upkeep resumes the shard.
+    assert_eq!(new_relay.drain().await.expect("drain").shards_claimed, 0);
+    assert_eq!(new_relay.maintain().await.expect("upkeep").unparked, 1);
     new_relay.drain().await.expect("drain");
     assert_eq!(
         new.triples(),
-        [("future_category", 2, 2), ("org_update", 3, 3)]
+        [
+            ("future_category", 2, 2),
+            ("org_update", 3, 3),
+            ("org_update", 4, 4)
+        ]
     );
     assert!(pending(&backend).await.is_empty());
 }
