@@ -60,6 +60,12 @@ pub const MESSAGES_WRITTEN: &str = "outbox_messages_written_total";
 pub const DELIVERIES: &str = "outbox_deliveries_total";
 /// Deliveries that failed (counter; `category`, `scope`, `kind`).
 pub const HANDLER_FAILURES: &str = "outbox_handler_failures_total";
+/// Shard heads found failing before any handler ran: a category this binary does not know,
+/// a row that does not decode, a scope that is not the category's (counter; `scope`,
+/// `kind`: one of [`HEAD_FAILURE_KINDS`]).
+pub const HEAD_FAILURES: &str = "outbox_head_failures_total";
+/// The kinds of the [`HEAD_FAILURES`] counter.
+pub const HEAD_FAILURE_KINDS: [&str; 3] = ["unknown_category", "undecodable", "scope_mismatch"];
 /// Rows deleted after their delivery (counter; `scope`).
 pub const ROWS_ACKNOWLEDGED: &str = "outbox_rows_acknowledged_total";
 /// Rows a delivery covered without delivering them (counter; `category`, `scope`).
@@ -117,6 +123,11 @@ pub fn describe() {
         HANDLER_FAILURES,
         Unit::Count,
         "Deliveries that failed, by kind"
+    );
+    describe_counter!(
+        HEAD_FAILURES,
+        Unit::Count,
+        "Shard heads found failing before any handler ran, by kind"
     );
     describe_counter!(
         ROWS_ACKNOWLEDGED,
@@ -204,6 +215,9 @@ pub fn register(registry: &crate::Registry) {
         }
         for name in [ROWS_ACKNOWLEDGED, LEASE_LOSSES] {
             metrics::counter!(name, "scope" => scope).increment(0);
+        }
+        for kind in HEAD_FAILURE_KINDS {
+            metrics::counter!(HEAD_FAILURES, "scope" => scope, "kind" => kind).increment(0);
         }
     }
     for operation in DATABASE_OPERATIONS {
@@ -295,6 +309,17 @@ impl RelayMetrics {
         self.categories.get(&id)
     }
 
+    /// A shard head that failed before any handler ran (`kind`, one of
+    /// [`HEAD_FAILURE_KINDS`]): labelled with its scope's name, or its number for a scope this
+    /// binary does not know.
+    pub(crate) fn head_failed(&self, scope: ScopeId, kind: &'static str) {
+        let scope = self
+            .scopes
+            .get(&scope)
+            .map_or_else(|| scope.0.to_string(), |metrics| metrics.scope.to_owned());
+        metrics::counter!(HEAD_FAILURES, "scope" => scope, "kind" => kind).increment(1);
+    }
+
     /// A drain's end: its duration and rows, and whether it lost its lease.
     pub(crate) fn drained(&self, scope: ScopeId, took: Duration, rows: u64, lost_lease: bool) {
         let Some(metrics) = self.scopes.get(&scope) else {
@@ -313,6 +338,7 @@ impl RelayMetrics {
 
 /// A scope's handles.
 struct ScopeMetrics {
+    scope: &'static str,
     acknowledged: Counter,
     lease_losses: Counter,
     drain_duration: Histogram,
@@ -322,6 +348,7 @@ struct ScopeMetrics {
 impl ScopeMetrics {
     fn new(scope: &'static str) -> Self {
         Self {
+            scope,
             acknowledged: metrics::counter!(ROWS_ACKNOWLEDGED, "scope" => scope),
             lease_losses: metrics::counter!(LEASE_LOSSES, "scope" => scope),
             drain_duration: metrics::histogram!(DRAIN_DURATION, "scope" => scope),

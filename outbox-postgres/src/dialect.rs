@@ -724,8 +724,17 @@ impl Dialect for PgDialect {
             // undefined_table, undefined_column, undefined_function
             Some("42P01" | "42703" | "42883") => Fault::SchemaMissing,
             // connection_exception (08xxx), operator_intervention (57xxx: shutdown, terminated
-            // session), cannot_connect_now
-            Some(code) if code.starts_with("08") || code.starts_with("57") => Fault::Unavailable,
+            // session), cannot_connect_now, insufficient_resources (53xxx: too many
+            // connections, disk full), invalid_catalog_name (3D000: the database does not
+            // exist yet; it can be created, and the relay should be there when it is)
+            Some(code)
+                if code.starts_with("08")
+                    || code.starts_with("57")
+                    || code.starts_with("53")
+                    || code == "3D000" =>
+            {
+                Fault::Unavailable
+            }
             _ => Fault::Other,
         }
     }

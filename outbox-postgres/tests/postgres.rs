@@ -998,3 +998,122 @@ async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
             .is_empty()
     );
 }
+
+/// Waits until a session of the database waits on a lock (explicit: polled, never a sleep
+/// taken as proof).
+async fn a_session_waits_on_a_lock(database: &PgTestDatabase) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(database.pool())
+        .await
+        .expect("read waits");
+        if waits > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing waits on a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Readiness waits for the relay's start-up checks: with the migrations table locked, the
+/// relay runs (live) and the database answers, but it is not ready until its check passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_is_ready_only_after_its_start_up_checks() {
+    let database = migrated().await;
+    let relay = Relay::with_config(
+        PgStore::new(database.pool().clone()),
+        Recorder::new().registry(),
+        config("starting", false, Duration::from_millis(50)),
+    );
+    let mut other = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let mut holding = other.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE _outbox_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holding)
+        .await
+        .expect("lock the migrations table");
+    let running = Running::start(&relay);
+    a_session_waits_on_a_lock(&database).await;
+    let starting = relay.health().await;
+    assert!(
+        starting.is_live() && starting.database_reachable && !starting.started,
+        "{starting:?}"
+    );
+    assert!(
+        !starting.is_ready(),
+        "not ready before its checks: {starting:?}"
+    );
+    holding.rollback().await.expect("unlock");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !relay.health().await.is_ready() {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.stop().await;
+}
+
+/// A database that does not exist yet is an outage, not a fault of the configuration: `run`
+/// keeps retrying (live, not ready) and starts once the database is created and migrated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
+    let server = migrated().await;
+    let name = format!("{}_later", server.name());
+    let url = server.url().replacen(server.name(), &name, 1);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy(&url)
+        .expect("a lazy pool");
+    let recorder = Recorder::new();
+    let relay = Relay::with_config(
+        PgStore::new(pool.clone()),
+        recorder.registry(),
+        config("waiting", false, Duration::from_millis(50)),
+    );
+    let running = Running::start(&relay);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = relay.health().await;
+        if health
+            .database_error
+            .as_deref()
+            .is_some_and(|error| error.contains("does not exist"))
+        {
+            assert!(health.is_live() && !health.is_ready(), "{health:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{health:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!running.task.is_finished(), "run did not return");
+
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(server.pool())
+        .await
+        .expect("create the database");
+    let created = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("connect");
+    outbox_postgres::migrate(&created).await.expect("migrate");
+    write(&created, note::<OrgUpdate>(1, 1, 1)).await;
+    created.close().await;
+    delivered(&recorder, 1, Duration::from_secs(30)).await;
+    assert!(relay.health().await.is_ready());
+    running.stop().await;
+    pool.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{name}\" WITH (FORCE)"
+    )))
+    .execute(server.pool())
+    .await
+    .expect("drop the database");
+}

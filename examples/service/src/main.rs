@@ -169,6 +169,7 @@ fn body(health: &Health) -> Json<Value> {
     Json(json!({
         "live": health.is_live(),
         "ready": health.is_ready(),
+        "started": health.started,
         "database_reachable": health.database_reachable,
         "database_error": health.database_error,
         "shards_in_flight": health.shards_in_flight,

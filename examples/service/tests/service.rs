@@ -48,8 +48,7 @@ async fn without_its_database_it_is_live_but_not_ready() {
     let database = PgTestDatabase::create().await;
     let service = Service::start(&database.url(), &[]);
     service.wait_for("/readyz", 200).await;
-    // The relay is past its start-up (the schema's check, which fails for good on a database
-    // that does not exist) once it has delivered an order: readiness says 200 before that.
+    // Ready means past the relay's start-up checks; an order delivered shows it at work.
     let (status, created) = service
         .request_json("POST", "/orders", r#"{"total_cents": 1250}"#)
         .expect("POST /orders");

@@ -161,15 +161,47 @@ async fn failures_back_off_until_retry_or_a_newer_message() {
         (state.attempts, state.last_error.as_deref()),
         (3, Some("boom"))
     );
-    assert_eq!(state.retry_at, Some(clock.now() + Duration::from_secs(60)));
     assert_eq!(state.parked_category, Some(CategoryId(9)));
     assert!(store.discover(None, 10).await.unwrap().due.is_empty());
 
+    // Parked (S26): neither its retry time nor a newer message makes it due; an unpark of
+    // its category does.
+    clock.advance(Duration::from_secs(3_600));
+    raw(&store, 1, 3);
+    assert!(store.discover(None, 10).await.unwrap().due.is_empty());
     assert_eq!(
         store.unpark(&[CategoryId(1)]).await.unwrap(),
         0,
         "parked on another category"
     );
+    assert_eq!(store.unpark(&[CategoryId(9)]).await.unwrap(), 1);
+    assert_eq!(
+        store.discover(None, 10).await.unwrap().due,
+        [shard(1)],
+        "unparked"
+    );
+    assert_eq!(store.shard_states().await.unwrap()[0].parked_category, None);
+
+    // A failure that is not a park backs off for its time.
+    let session = store
+        .claim(&shard(1), &options("w", Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let newest = store.newest_message_id().await.unwrap().unwrap();
+    session
+        .finish(Outcome::Failed(Failure {
+            error: "boom".into(),
+            attempts: 3,
+            retry_in: Duration::from_secs(60),
+            watermark: newest,
+            parked_category: None,
+        }))
+        .await
+        .unwrap();
+    let state = &store.shard_states().await.unwrap()[0];
+    assert_eq!(state.retry_at, Some(clock.now() + Duration::from_secs(60)));
+    assert!(store.discover(None, 10).await.unwrap().due.is_empty());
     clock.advance(Duration::from_secs(60));
     assert_eq!(
         store.discover(None, 10).await.unwrap().due,
@@ -189,7 +221,7 @@ async fn failures_back_off_until_retry_or_a_newer_message() {
             error: "boom".into(),
             attempts: 4,
             retry_in: Duration::from_secs(60),
-            watermark: head,
+            watermark: newest,
             parked_category: None,
         }))
         .await

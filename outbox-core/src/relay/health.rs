@@ -15,6 +15,9 @@ pub struct Health {
     /// Whether [`Relay::run`](crate::Relay::run) is running (it keeps running through
     /// database outages, retrying).
     pub running: bool,
+    /// Whether the relay passed its start-up checks (the schema's migrations, the shards
+    /// parked on categories it knows): until then it delivers nothing, and is not ready.
+    pub started: bool,
     /// Whether the database answered the health check's query just now.
     pub database_reachable: bool,
     /// The database's error, when it did not.
@@ -38,10 +41,10 @@ impl Health {
         self.running
     }
 
-    /// Whether the relay can do its work: its loop runs and the database answers. For the
-    /// readiness probe.
+    /// Whether the relay can do its work: its loop runs, it passed its start-up checks, and
+    /// the database answers. For the readiness probe.
     pub fn is_ready(&self) -> bool {
-        self.running && self.database_reachable
+        self.running && self.started && self.database_reachable
     }
 }
 
@@ -85,13 +88,14 @@ impl Vitals {
         Running(self)
     }
 
-    pub(crate) fn health(&self, lag: Result<Option<Duration>, String>) -> Health {
+    pub(crate) fn health(&self, lag: Result<Option<Duration>, String>, started: bool) -> Health {
         let (database_reachable, oldest_due_lag, database_error) = match lag {
             Ok(lag) => (true, lag, None),
             Err(error) => (false, None, Some(error)),
         };
         Health {
             running: self.running.load(Ordering::Relaxed) > 0,
+            started,
             database_reachable,
             database_error,
             last_claim_at: time(self.last_claim_ms.load(Ordering::Relaxed)),

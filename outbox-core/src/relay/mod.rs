@@ -226,7 +226,9 @@ impl<S: Store> Relay<S> {
             .oldest_due_age()
             .await
             .map_err(|error| crate::error::error_chain(&error));
-        self.inner.vitals.health(lag)
+        self.inner
+            .vitals
+            .health(lag, self.inner.prepared.initialized())
     }
 
     /// The relay's upkeep, once (what [`Relay::run`] does every

@@ -586,6 +586,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     async fn fail(self, error: DeliveryError, reported: bool) -> Result<ShardRun, Error> {
         let state = &self.state;
         let shard = state.lease.shard.clone();
+        if !reported {
+            // Found before any handler ran: no delivery's span or metrics counted it.
+            state.inner.metrics().head_failed(shard.scope, error.kind());
+        }
         if let DrainMode::Flush { .. } = state.mode {
             debug!(%shard, error = %error_chain(&error), "delivery failed during a flush; the relay will retry");
             let failure = ShardFailure {

@@ -180,6 +180,7 @@ macro_rules! store_conformance_tests {
         $crate::conformance_tests!(@captured $backend;
             telemetry_counts_writes_deliveries_and_coalescing,
             telemetry_reports_failures_dead_letters_and_gauges,
+            telemetry_counts_heads_that_fail_before_a_handler,
             an_open_breaker_is_a_gauge_and_its_openings_a_counter,
         );
     };

@@ -8,16 +8,18 @@ use std::sync::Arc;
 
 use outbox_core::telemetry::{
     DATABASE_ERRORS, DEAD_LETTERED, DEAD_LETTERS, DELIVERIES, DELIVERY_LAG, DRAIN_ROWS,
-    HANDLER_DURATION, HANDLER_FAILURES, LEASE_LOSSES, MESSAGES_WRITTEN, OLDEST_PENDING_AGE,
-    PENDING_MESSAGES, ROWS_ACKNOWLEDGED, ROWS_COALESCED, SHARDS,
+    HANDLER_DURATION, HANDLER_FAILURES, HEAD_FAILURES, LEASE_LOSSES, MESSAGES_WRITTEN,
+    OLDEST_PENDING_AGE, PENDING_MESSAGES, ROWS_ACKNOWLEDGED, ROWS_COALESCED, SHARDS,
 };
-use outbox_core::{Admin, BoxError, Delivery, Relay, ShardKey};
+use outbox_core::{Admin, BoxError, Category, Delivery, Relay, ShardKey};
 use tracing::Level;
 
 use super::delivery::writing_once_during_delivery;
 use super::{config, pending, write};
 use crate::backend::StoreBackend;
-use crate::fixtures::{AuditEvent, OrgAlert, OrgUpdate, Recorder, UserUpdate, note};
+use crate::fixtures::{
+    AuditEvent, FutureCategory, OrgAlert, OrgUpdate, Recorder, UserUpdate, note, org_shard,
+};
 use crate::telemetry::{Probe, Telemetry, capture};
 
 const ORG_UPDATE: [(&str, &str); 2] = [("category", "org_update"), ("scope", "organization")];
@@ -247,6 +249,70 @@ pub fn telemetry_reports_failures_dead_letters_and_gauges<B: StoreBackend>() {
     assert_eq!(after_dead_letter.oldest_age, 0.0);
     assert_eq!(after_dead_letter.backoff, 0.0);
     assert_eq!(after_dead_letter.dead_letters, 1.0);
+    assert_bounded_labels(&telemetry);
+}
+
+/// Heads that fail before any handler runs are counted by kind (S26 and the scope check):
+/// a message of a category this binary does not know parks its shard, counted once and
+/// warned once however often the relay drains; a relay that knows the category says once, at
+/// info, that it resumed the shard. A row whose scope is not its category's is counted too.
+pub fn telemetry_counts_heads_that_fail_before_a_handler<B: StoreBackend>() {
+    let ((), telemetry) = capture(|_| async move {
+        let backend = B::create().await;
+        let store = backend.store();
+        backend
+            .insert_raw(
+                &org_shard(3),
+                FutureCategory::ID.0,
+                1.into(),
+                r#"{"seq":1,"text":"future"}"#,
+            )
+            .await;
+        // OrgUpdate belongs to the organization scope, not the user scope (2).
+        backend
+            .insert_raw(
+                &ShardKey::local(outbox_core::ScopeId(2), 4),
+                OrgUpdate::ID.0,
+                1.into(),
+                r#"{"seq":2,"text":"mismatched"}"#,
+            )
+            .await;
+        let old = Relay::with_config(store.clone(), Recorder::new().registry(), config("old"));
+        for _ in 0..3 {
+            old.drain().await.expect("drain");
+        }
+        let recorder = Recorder::new();
+        let new = Relay::with_config(
+            store,
+            recorder
+                .builder()
+                .handle::<FutureCategory>(recorder.handler())
+                .build()
+                .expect("registry"),
+            config("new"),
+        );
+        new.drain().await.expect("drain");
+        assert_eq!(recorder.seen().len(), 1, "the parked message was delivered");
+    });
+    let head = |scope, kind| telemetry.counter(HEAD_FAILURES, &[("scope", scope), ("kind", kind)]);
+    assert_eq!(head("organization", "unknown_category"), 1, "parked once");
+    assert!(
+        head("user", "scope_mismatch") >= 1,
+        "the mismatched row is counted"
+    );
+    let events = telemetry.events();
+    let parked: Vec<_> = events
+        .iter()
+        .filter(|event| event.message.starts_with("shard parked"))
+        .collect();
+    assert_eq!(parked.len(), 1, "one warning when it parks");
+    assert_eq!(parked[0].level, Level::WARN);
+    let resumed: Vec<_> = events
+        .iter()
+        .filter(|event| event.message.starts_with("resumed shards parked"))
+        .collect();
+    assert_eq!(resumed.len(), 1, "one info when it resumes");
+    assert_eq!(resumed[0].level, Level::INFO);
     assert_bounded_labels(&telemetry);
 }
 
