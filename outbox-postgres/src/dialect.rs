@@ -484,8 +484,11 @@ const BACKFILL: BackfillStatements = BackfillStatements {
         watermark!(),
         " FROM outbox_backfills WHERE category = $1 FOR UPDATE SKIP LOCKED"
     ),
+    // Never waits on a relay walking a batch (it holds the row): skipped then, and recorded
+    // at a later tick (a transaction that holds the row itself takes it).
     declare: "UPDATE outbox_backfills SET model = $2, declared_version = $3, updated_at = now() \
-              WHERE category = $1",
+              WHERE category = (SELECT category FROM outbox_backfills WHERE category = $1 \
+                  FOR UPDATE SKIP LOCKED)",
     backlog: "SELECT count(*) FROM (SELECT 1 FROM outbox_messages LIMIT $1) AS b",
     record: concat!(
         "UPDATE outbox_backfills SET model = $2, declared_version = $3, walking_version = $4, \

@@ -1094,18 +1094,27 @@ async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
     }
     assert!(!running.task.is_finished(), "run did not return");
 
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+    // Created and migrated under another name, then renamed: the relay finds it whole (a
+    // relay that found it unmigrated would stop with `MigrationMissing`, as it should).
+    let making = format!("{name}_making");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{making}\"")))
         .execute(server.pool())
         .await
         .expect("create the database");
     let created = PgPoolOptions::new()
         .max_connections(1)
-        .connect(&url)
+        .connect(&server.url().replacen(server.name(), &making, 1))
         .await
         .expect("connect");
     outbox_postgres::migrate(&created).await.expect("migrate");
     write(&created, note::<OrgUpdate>(1, 1, 1)).await;
     created.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{making}\" RENAME TO \"{name}\""
+    )))
+    .execute(server.pool())
+    .await
+    .expect("rename the database");
     delivered(&recorder, 1, Duration::from_secs(30)).await;
     assert!(relay.health().await.is_ready());
     running.stop().await;

@@ -76,9 +76,22 @@ impl<D: Dialect> SqlxStore<D> {
         options: &BackfillOptions,
     ) -> Result<BackfillBatch, Error> {
         let sql = &D::SQL.backfill;
+        let recorded = self
+            .backfill_states()
+            .await?
+            .into_iter()
+            .find(|state| state.category == model.category);
+        let declared = recorded.as_ref().is_some_and(|state| {
+            state.model == model.name && state.declared_version >= model.version
+        });
+        let declares = recorded.as_ref().map_or(model.version, |state| {
+            state.declared_version.max(model.version)
+        });
         // Most ticks find nothing to do (not started, done, paused): seen by a read, they take
         // no write transaction (no row lock, no WAL flush; no write lock on SQLite).
-        if let Some(idle) = self.idle(model).await? {
+        if let Some(idle) = recorded
+            .filter(|state| declared && state.next_step(model.version) == BackfillStep::Gated)
+        {
             return Ok(BackfillBatch {
                 model: model.name,
                 outcome: BackfillOutcome::Gated,
@@ -89,6 +102,15 @@ impl<D: Dialect> SqlxStore<D> {
             .with(model.category.0)
             .with(model.name);
         self.write(ensure, WALKING).await?;
+        if !declared {
+            // What this relay's code declares is recorded on its own, before any batch: a
+            // batch that fails rolls back its own writes, not the declaration.
+            let declare = sqlx::query(sql.declare)
+                .with(model.category.0)
+                .with(model.name)
+                .with(version(declares));
+            self.write(declare, WALKING).await?;
+        }
         let mut writer = Writer::begin(&self.dialect, &self.pool, WALKING).await?;
         let locked = sqlx::query(sql.lock)
             .with(model.category.0)
@@ -145,21 +167,6 @@ impl<D: Dialect> SqlxStore<D> {
                 Err(error)
             }
         }
-    }
-
-    /// The model's watermark, read without taking it, if it records the model as this
-    /// binary declares it and calls for no walk by this binary's code.
-    async fn idle(&self, model: &BackfillModel) -> Result<Option<BackfillState>, Error> {
-        let recorded = self
-            .backfill_states()
-            .await?
-            .into_iter()
-            .find(|state| state.category == model.category);
-        Ok(recorded.filter(|state| {
-            state.model == model.name
-                && state.declared_version >= model.version
-                && state.next_step(model.version) == BackfillStep::Gated
-        }))
     }
 
     /// See [`Admin::backfills`](outbox_core::Admin::backfills).

@@ -220,7 +220,8 @@ pub struct BackfillStatements {
     /// SKIP LOCKED`; SQLite's write transaction holds the whole database already).
     pub lock: &'static str,
     /// Records what a relay declares of a model: `$1` category, `$2` model name, `$3` the
-    /// declared version (`i32`).
+    /// declared version (`i32`). Never waits on another transaction that holds the
+    /// watermark (PostgreSQL: `SKIP LOCKED`; it records nothing then).
     pub declare: &'static str,
     /// The backlog, counted up to a bound: `$1` the bound (`i64`); returns the count (`i64`).
     pub backlog: &'static str,

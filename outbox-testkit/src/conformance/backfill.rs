@@ -343,6 +343,12 @@ pub async fn a_failed_watermark_write_fails_its_batch<B: TestBackend>() {
     assert!(pending(&backend).await.is_empty(), "the batch rolled back");
     let stuck = watermark::<B, Project>(&backend).await;
     assert_eq!((stuck.low_bound, stuck.rows_walked), (None, 0));
+    assert_eq!(
+        (stuck.model.as_str(), stuck.declared_version),
+        ("project", 2),
+        "the relay's declaration outlives its failed first batch: {stuck:?}"
+    );
+    assert_ne!(stuck.phase(), BackfillPhase::WaitingForCode, "{stuck:?}");
     assert!(
         stuck
             .last_error
