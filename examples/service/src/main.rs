@@ -176,6 +176,7 @@ fn body(health: &Health) -> Json<Value> {
         "last_claim_at": seconds(health.last_claim_at),
         "last_ack_at": seconds(health.last_ack_at),
         "oldest_due_lag_ms": health.oldest_due_lag.map(|lag| lag.as_millis()),
+        "open_breakers": health.open_breakers,
     }))
 }
 

@@ -1,7 +1,10 @@
 //! What a service's liveness and readiness probes read: [`Relay::health`](crate::Relay::health).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::sink::Breaker;
 
 /// A relay's health, as [`Relay::health`](crate::Relay::health) found it.
 ///
@@ -33,6 +36,11 @@ pub struct Health {
     /// answer). Shards backing off after a failure, parked or paused are not counted: `outbox
     /// status` shows those.
     pub oldest_due_lag: Option<Duration>,
+    /// The names of the breakers (of sinks, or handlers of your own) that this relay found
+    /// open and that are open still: the systems that do not answer. Their shards wait, with
+    /// no attempt counted, until each closes; the relay stays ready meanwhile (it does its
+    /// work, and restarting it would not bring the system back).
+    pub open_breakers: Vec<String>,
 }
 
 impl Health {
@@ -56,6 +64,8 @@ pub(crate) struct Vitals {
     last_claim_ms: AtomicU64,
     last_ack_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// The breakers a drain found open, until they close.
+    breakers: Mutex<Vec<Breaker>>,
 }
 
 fn now_ms() -> u64 {
@@ -77,6 +87,15 @@ impl Vitals {
         self.last_claim_ms.store(now_ms(), Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self)
+    }
+
+    /// A drain found `breaker` open: its shards wait for it.
+    pub(crate) fn waiting_on(&self, breaker: &Breaker) {
+        let mut breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
+        breakers.retain(Breaker::is_open);
+        if !breakers.iter().any(|known| known.id() == breaker.id()) {
+            breakers.push(breaker.clone());
+        }
     }
 
     pub(crate) fn acknowledged(&self) {
@@ -102,6 +121,14 @@ impl Vitals {
             last_ack_at: time(self.last_ack_ms.load(Ordering::Relaxed)),
             shards_in_flight: self.in_flight.load(Ordering::Relaxed),
             oldest_due_lag,
+            open_breakers: self
+                .breakers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter(|breaker| breaker.is_open())
+                .map(|breaker| breaker.name().to_owned())
+                .collect(),
         }
     }
 }

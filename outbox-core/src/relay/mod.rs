@@ -165,8 +165,8 @@ impl<S: Store> Relay<S> {
         }
     }
 
-    /// One pass: every due shard drained once, in `mode`, concurrently. The first page's
-    /// discovery, once it succeeds, releases the leases an outage interrupted.
+    /// One pass: every due shard drained once, in `mode`, concurrently, after the leases an
+    /// outage interrupted are released (their shards are due in this pass).
     async fn pass(
         &self,
         mode: DrainMode,
@@ -177,6 +177,9 @@ impl<S: Store> Relay<S> {
         let mut pool = ShardPool::new(config.max_concurrent_shards);
         let mut first_error = None;
         let mut cursor: Option<ShardKey> = None;
+        // Leases an outage interrupted are given up first, so that this pass finds their
+        // shards due (if the database still does not answer, they wait for the next).
+        self.inner.release_interrupted().await;
         loop {
             let page = match self
                 .inner
@@ -190,9 +193,6 @@ impl<S: Store> Relay<S> {
                     break;
                 }
             };
-            if cursor.is_none() {
-                self.inner.release_interrupted().await;
-            }
             let mut due = page.due;
             due.retain(|shard| !parked.holds(shard));
             while !due.is_empty() {

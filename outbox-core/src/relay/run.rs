@@ -133,10 +133,12 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         self.idle().await
     }
 
-    /// One page of the sweep; `None` after a failure (and the pause before retrying). Once
-    /// the database answers, an outage ends and the leases it interrupted are released.
+    /// One page of the sweep, after the leases an outage interrupted are released (once the
+    /// database answers); `None` after a failure (and the pause before retrying).
     async fn discover(&mut self) -> ControlFlow<(), Option<DiscoveryPage>> {
         let config = &self.inner.config;
+        // Released before the page is read, so that it finds their shards due.
+        self.inner.release_interrupted().await;
         match (self.inner.store)
             .discover(self.sweep.cursor.as_ref(), config.discovery_page)
             .await
@@ -144,7 +146,6 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             Ok(page) => {
                 self.reconnect.reset();
                 self.outage.end();
-                self.inner.release_interrupted().await;
                 ControlFlow::Continue(Some(page))
             }
             Err(error) => {

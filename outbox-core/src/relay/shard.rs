@@ -571,6 +571,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     /// released with no attempt counted (its failures reset if this drain got a group
     /// through), and waits for the breaker to close.
     async fn park(self, breaker: Breaker) -> Result<ShardRun, Error> {
+        self.state.inner.vitals.waiting_on(&breaker);
         debug!(shard = %self.state.lease.shard, breaker = breaker.name(), "shard waits for its breaker to close");
         let outcome = if self.state.progressed {
             Outcome::Yielded

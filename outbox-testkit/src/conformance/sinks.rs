@@ -248,6 +248,8 @@ pub async fn an_unreachable_sink_parks_its_shards_without_counting_attempts<B: S
     assert_eq!(first.unavailable.len(), 3, "{first:?}");
     assert!(sink.breaker().is_open());
     assert!(sink.attempts() <= 3, "at most one publish per shard");
+    let health = relay.health().await;
+    assert_eq!(health.open_breakers, ["the memory sink"], "{health:?}");
     let attempts = sink.attempts();
     for _ in 0..3 {
         let again = relay.drain().await.expect("drain");
@@ -275,6 +277,7 @@ pub async fn an_unreachable_sink_parks_its_shards_without_counting_attempts<B: S
 
     sink.set_down(false);
     closed(&sink).await;
+    assert!(relay.health().await.open_breakers.is_empty(), "closed");
     let report = relay.drain().await.expect("drain");
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(seqs_of(&sink, "1:1"), [1, 2]);

@@ -98,14 +98,19 @@ impl Pending {
         if !self.failing.is_empty() {
             table.push_str("shards whose deliveries failed:\n");
             for state in &self.failing {
-                let _ = write!(
-                    table,
-                    "  {}: {} failed attempt(s)",
-                    state.shard, state.attempts
-                );
-                if let Some(category) = state.parked_category {
-                    let _ = write!(table, ", parked on unknown category #{category}");
-                }
+                // A parked shard counts no attempt (S26).
+                let _ = match state.parked_category {
+                    Some(category) => write!(
+                        table,
+                        "  {}: parked on unknown category #{category}",
+                        state.shard
+                    ),
+                    None => write!(
+                        table,
+                        "  {}: {} failed attempt(s)",
+                        state.shard, state.attempts
+                    ),
+                };
                 if let Some(error) = &state.last_error {
                     let _ = write!(table, "; last error: {error}");
                 }
