@@ -43,12 +43,19 @@ pub struct OrderPlaced {
 }
 
 /// Where the example publishes: the stream `stream`, capturing subjects `stream.>`; the
-/// orders go to `stream.order_placed`.
-#[derive(Debug, Clone)]
+/// orders go to `stream.order_placed`. Both programs take it on their command line.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Target {
     /// The NATS server.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        hide_env_values = true,
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub url: String,
-    /// The stream's name, and its subjects' prefix.
+    /// The JetStream stream, created if missing, capturing the subjects `<STREAM>.>`.
+    #[arg(long, default_value = "orders")]
     pub stream: String,
 }
 

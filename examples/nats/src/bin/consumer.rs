@@ -16,26 +16,15 @@ use outbox_core::BoxError;
 /// once none has come for two seconds.
 #[derive(Debug, Parser)]
 struct Args {
-    /// The JetStream stream, created if missing.
-    #[arg(long, default_value = "orders")]
-    stream: String,
-    /// The NATS server.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        hide_env_values = true,
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    url: String,
+    /// Where the orders are.
+    #[command(flatten)]
+    target: Target,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    let target = Target {
-        url: args.url,
-        stream: args.stream,
-    };
+    let target = args.target;
     let received = consume(&target, Duration::from_secs(2), |one| {
         println!(
             "order {:>4}  {:>6} cents  customer shard {}  message {}",

@@ -21,26 +21,15 @@ struct Args {
     /// How many customers place them (one customer's orders are published in order).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     customers: u32,
-    /// The JetStream stream, created if missing, capturing the subjects `<STREAM>.>`.
-    #[arg(long, default_value = "orders")]
-    stream: String,
-    /// The NATS server.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        hide_env_values = true,
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    url: String,
+    /// Where the orders are.
+    #[command(flatten)]
+    target: Target,
 }
 
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {
     let args = Args::parse();
-    let target = Target {
-        url: args.url,
-        stream: args.stream,
-    };
+    let target = args.target;
     let published = publish(&target, args.orders, args.customers).await?;
     println!(
         "wrote orders {} to {}; JetStream acknowledged {} of their {} messages ({} rows \
