@@ -216,6 +216,17 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
         ),
         Step::new("documentation", &["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
+        // The TLS features the docs offer build (one of them: both choose sqlx's TLS stack).
+        Step::new(
+            "TLS feature",
+            &[
+                "check",
+                "--package",
+                "outbox-cli",
+                "--features",
+                "tls-rustls",
+            ],
+        ),
         Step::new("tests", &test),
         Step::new(
             "chaos (short)",
