@@ -571,13 +571,9 @@ const STATUS: &str = concat!(
     " FROM v ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $1) \
     SELECT t.*, d.* FROM ( \
         SELECT count(*), coalesce(sum(pending), 0)::bigint, \
-            (extract(epoch FROM min(oldest)) * 1000)::bigint, \
-            count(*) FILTER (WHERE state = 'due'), \
-            count(*) FILTER (WHERE state = 'in flight'), \
-            count(*) FILTER (WHERE state = 'backing off'), \
-            count(*) FILTER (WHERE state = 'parked'), \
-            count(*) FILTER (WHERE state = 'paused'), \
-            (SELECT count(*) FROM outbox_dead_letters), \
+            (extract(epoch FROM min(oldest)) * 1000)::bigint, ",
+    outbox_sqlx::shard_counts!(),
+    ", (SELECT count(*) FROM outbox_dead_letters), \
             (SELECT (extract(epoch FROM min(dead_lettered_at)) * 1000)::bigint \
              FROM outbox_dead_letters) \
         FROM v) t \

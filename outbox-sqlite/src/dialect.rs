@@ -528,13 +528,9 @@ const STATUS: &str = concat!(
     shard_columns!(),
     " FROM v ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?1) \
     SELECT t.*, d.* FROM ( \
-        SELECT count(*), coalesce(sum(pending), 0), min(oldest), \
-            count(*) FILTER (WHERE state = 'due'), \
-            count(*) FILTER (WHERE state = 'in flight'), \
-            count(*) FILTER (WHERE state = 'backing off'), \
-            count(*) FILTER (WHERE state = 'parked'), \
-            count(*) FILTER (WHERE state = 'paused'), \
-            (SELECT count(*) FROM outbox_dead_letters), \
+        SELECT count(*), coalesce(sum(pending), 0), min(oldest), ",
+    outbox_sqlx::shard_counts!(),
+    ", (SELECT count(*) FROM outbox_dead_letters), \
             (SELECT min(dead_lettered_at) FROM outbox_dead_letters) \
         FROM v) t \
     LEFT JOIN d ON 1 \

@@ -255,6 +255,19 @@ macro_rules! shard_status {
     };
 }
 
+/// The shards of a shard view counted by their [`shard_status!`], in the order of
+/// [`Statements::status`]'s counts: due, in flight, backing off, parked, paused.
+#[macro_export]
+macro_rules! shard_counts {
+    () => {
+        "count(*) FILTER (WHERE state = 'due'), \
+         count(*) FILTER (WHERE state = 'in flight'), \
+         count(*) FILTER (WHERE state = 'backing off'), \
+         count(*) FILTER (WHERE state = 'parked'), \
+         count(*) FILTER (WHERE state = 'paused')"
+    };
+}
+
 /// The SQL condition that a pause holds the shard whose scope, identifier and destination
 /// are the columns or parameters named (as string literals) by the arguments: a pause of the
 /// shard, of its scope, or of a category of which it holds a message (S23). It reads
