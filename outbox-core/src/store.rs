@@ -504,6 +504,10 @@ pub struct OutboxStatus {
     pub oldest_dead_letter_at: Option<SystemTime>,
     /// The shards with the most pending messages, deepest first.
     pub deepest: Vec<ShardInfo>,
+    /// Whether the figures are estimates: what [`Store::gauges`] reads above a backlog its
+    /// store counts exactly (see the store's documentation), so that their cost does not grow
+    /// with the backlog. [`Admin::status`] always counts.
+    pub estimated: bool,
 }
 
 /// What a shard with pending messages is doing, as [`Admin::status`] counts it and every
@@ -747,7 +751,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn is_paused(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// The outbox's state for the relay's gauges (see [`crate::telemetry`]): what
-    /// [`Admin::status`] reads, without its deepest shards, in one query.
+    /// [`Admin::status`] reads, without its deepest shards. Every relay reads it at every
+    /// gauge interval, so its cost must not grow with the backlog: a store may estimate the
+    /// figures of a large one (and says so, [`OutboxStatus::estimated`]).
     fn gauges(&self) -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
 
     /// In paused shards, deletes up to `limit` rows of the `coalescing` categories that are

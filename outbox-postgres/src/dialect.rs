@@ -593,6 +593,31 @@ const SHARDS: &str = concat!(
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
 );
 
+// The gauges above the exact limit: the statistics' live rows (never below the limit), the
+// first message by id, the shard states (few: shards held, failing or parked), the shard
+// pauses, and the dead letters counted up to the limit.
+const GAUGES: &str = "\
+    SELECT greatest($1, coalesce((SELECT n_live_tup FROM pg_stat_user_tables \
+            WHERE relid = 'outbox_messages'::regclass), 0))::bigint, \
+        (SELECT (extract(epoch FROM created_at) * 1000)::bigint FROM outbox_messages \
+            ORDER BY id LIMIT 1), \
+        count(*) FILTER (WHERE s.lease_expires_at > now()), \
+        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > now(), false) \
+            AND s.retry_at > now() AND s.parked_category IS NULL \
+            AND NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.shard_scope = s.shard_scope \
+                AND m.shard_identifier = s.shard_identifier AND m.destination = s.destination \
+                AND m.id > s.watermark)), \
+        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > now(), false) \
+            AND s.retry_at > now() AND s.parked_category IS NOT NULL), \
+        (SELECT count(*) FROM outbox_pauses WHERE kind = 'shard'), \
+        (SELECT greatest(count(*), CASE WHEN count(*) < $1 THEN 0 ELSE coalesce(( \
+                SELECT n_live_tup FROM pg_stat_user_tables \
+                WHERE relid = 'outbox_dead_letters'::regclass), 0) END) \
+            FROM (SELECT 1 FROM outbox_dead_letters LIMIT $1) d), \
+        (SELECT (extract(epoch FROM dead_lettered_at) * 1000)::bigint \
+            FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
+    FROM outbox_shards s";
+
 const SHARD: &str = concat!(
     shard_view!("WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3"),
     "SELECT ",
@@ -714,6 +739,7 @@ impl Dialect for PgDialect {
         status: STATUS,
         shards: SHARDS,
         shard: SHARD,
+        gauges: GAUGES,
         set_aside: SET_ASIDE,
         shard_messages: SHARD_MESSAGES,
     };

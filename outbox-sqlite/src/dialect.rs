@@ -549,6 +549,38 @@ const SHARDS: &str = concat!(
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
 );
 
+// The gauges above the exact limit: the span of the message ids (an upper bound, never below
+// the limit), the first message by id, the shard states (few: shards held, failing or
+// parked), the shard pauses, and the dead letters counted up to the limit (their id span
+// above it).
+const GAUGES: &str = concat!(
+    "SELECT max(?1, coalesce((SELECT max(id) - min(id) + 1 FROM outbox_messages), 0)), \
+        (SELECT created_at FROM outbox_messages ORDER BY id LIMIT 1), \
+        count(*) FILTER (WHERE s.lease_expires_at > ",
+    now!(),
+    "), \
+        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > ",
+    now!(),
+    ", 0) AND s.retry_at > ",
+    now!(),
+    " AND s.parked_category IS NULL \
+            AND NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.shard_scope = s.shard_scope \
+                AND m.shard_identifier = s.shard_identifier AND m.destination = s.destination \
+                AND m.id > s.watermark)), \
+        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > ",
+    now!(),
+    ", 0) AND s.retry_at > ",
+    now!(),
+    " AND s.parked_category IS NOT NULL), \
+        (SELECT count(*) FROM outbox_pauses WHERE kind = 'shard'), \
+        (SELECT iif(count(*) < ?1, count(*), \
+                max(count(*), (SELECT max(message_id) - min(message_id) + 1 \
+                    FROM outbox_dead_letters))) \
+            FROM (SELECT 1 FROM outbox_dead_letters LIMIT ?1)), \
+        (SELECT dead_lettered_at FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
+    FROM outbox_shards s"
+);
+
 const SHARD: &str = concat!(
     shard_view!("WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3"),
     "SELECT ",
@@ -717,6 +749,7 @@ impl Dialect for SqliteDialect {
         status: STATUS,
         shards: SHARDS,
         shard: SHARD,
+        gauges: GAUGES,
         set_aside: SET_ASIDE,
         shard_messages: SHARD_MESSAGES,
     };

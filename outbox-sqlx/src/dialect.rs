@@ -159,6 +159,13 @@ pub struct Statements {
     /// time set aside (ms); then one of the deepest shards with the columns of
     /// [`Statements::shards`], deepest first (all `NULL` on the one row if there is none).
     pub status: &'static str,
+    /// The gauges' estimate of a backlog of at least `$1` messages (`i64`), in one row that
+    /// reads no more than an index descent per table and the shard states: pending messages
+    /// (`i64`, at least `$1`), the oldest's creation time (ms; the first by id), the shards in
+    /// flight, backing off and parked (by the shard states), the shards a pause of their own
+    /// holds, the dead letters (`i64`, exact up to `$1`, estimated above) and the oldest's time
+    /// set aside (ms).
+    pub gauges: &'static str,
     /// Shards with pending messages, deepest first: `$1` which (`'pending'`, `'failing'`,
     /// `'paused'`, `'parked'`), `$2` the limit (`i64`). Returns the shard's key, pending
     /// messages (`i64`), the oldest's creation time (ms), attempts (`i64`), last error, retry

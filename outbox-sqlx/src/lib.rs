@@ -46,7 +46,7 @@ pub use crate::dialect::{
 pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{Columns, Writable, Write};
 pub use crate::session::SqlxSession;
-pub use crate::store::SqlxStore;
+pub use crate::store::{EXACT_GAUGES_UP_TO, SqlxStore};
 pub use crate::transaction::{OutboxTransaction, begin};
 pub use crate::wake::SqlxWakeups;
 pub use crate::write::{write, write_all};

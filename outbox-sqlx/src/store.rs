@@ -27,6 +27,8 @@ const NEWEST_MESSAGE: &str = "SELECT max(id) FROM outbox_messages";
 pub struct SqlxStore<D: Dialect> {
     pub(crate) pool: Pool<D::Database>,
     pub(crate) dialect: D,
+    /// Up to how many pending messages the gauges are counted exactly.
+    exact_gauges_up_to: usize,
 }
 
 impl<D: Dialect> Clone for SqlxStore<D> {
@@ -34,9 +36,13 @@ impl<D: Dialect> Clone for SqlxStore<D> {
         Self {
             pool: self.pool.clone(),
             dialect: self.dialect.clone(),
+            exact_gauges_up_to: self.exact_gauges_up_to,
         }
     }
 }
+
+/// Up to how many pending messages a store's gauges are exact, by default.
+pub const EXACT_GAUGES_UP_TO: usize = 10_000;
 
 impl<D: Dialect + Default> SqlxStore<D> {
     /// A store on `pool`. Apply the migrations first.
@@ -48,7 +54,24 @@ impl<D: Dialect + Default> SqlxStore<D> {
 impl<D: Dialect> SqlxStore<D> {
     /// A store on `pool` with a dialect value of the caller's.
     pub fn with_dialect(pool: Pool<D::Database>, dialect: D) -> Self {
-        Self { pool, dialect }
+        Self {
+            pool,
+            dialect,
+            exact_gauges_up_to: EXACT_GAUGES_UP_TO,
+        }
+    }
+
+    /// Counts the gauges ([`Store::gauges`]) exactly while fewer than `limit` messages are
+    /// pending ([`EXACT_GAUGES_UP_TO`] by default), and estimates them above: then they read
+    /// an index descent per table, the shard states (the shards held, failing or parked) and
+    /// one page of due-shard discovery of at most `limit` shards, whatever the backlog.
+    /// Pending messages are then PostgreSQL's statistics of live rows (SQLite: the span of
+    /// the ids, an upper bound), never below `limit`; shards due are counted up to `limit`;
+    /// shards paused are those paused one by one. [`Admin::status`] always counts exactly.
+    #[must_use]
+    pub fn exact_gauges_up_to(mut self, limit: usize) -> Self {
+        self.exact_gauges_up_to = limit.max(1);
+        self
     }
 
     /// The pool.
@@ -330,7 +353,52 @@ impl<D: Dialect> Store for SqlxStore<D> {
     }
 
     async fn gauges(&self) -> Result<OutboxStatus, Error> {
-        Admin::status(self, 0).await
+        const OPERATION: &str = "reading the gauges";
+        let limit = i64::try_from(self.exact_gauges_up_to).unwrap_or(i64::MAX);
+        let counted: i64 = self
+            .scalar(sqlx::query(D::SQL.backfill.backlog).with(limit), OPERATION)
+            .await?;
+        if counted < limit {
+            // The view reads fewer rows than the limit: exact, at a bounded cost.
+            return Admin::status(self, 0).await;
+        }
+        let rows = self
+            .rows(sqlx::query(D::SQL.gauges).with(limit), OPERATION)
+            .await?;
+        let row = rows.first().ok_or_else(|| Error::Database {
+            operation: OPERATION,
+            source: "the statement returned no row".into(),
+        })?;
+        let number = |index| {
+            get::<D::Database, i64>(row, index)
+                .map(count)
+                .map_err(database::<D>(OPERATION))
+        };
+        let time = |index| {
+            get::<D::Database, Option<i64>>(row, index)
+                .map(|ms| ms.map(from_ms))
+                .map_err(database::<D>(OPERATION))
+        };
+        let mut status = OutboxStatus::default();
+        status.estimated = true;
+        status.pending_messages = number(0)?;
+        status.oldest_pending_at = time(1)?;
+        status.shards_in_flight = number(2)?;
+        status.shards_in_backoff = number(3)?;
+        status.shards_parked = number(4)?;
+        status.shards_paused = number(5)?;
+        status.dead_letters = number(6)?;
+        status.oldest_dead_letter_at = time(7)?;
+        let discovered = self
+            .discover(None, self.exact_gauges_up_to.min(i32::MAX as usize))
+            .await?;
+        status.shards_due = discovered.due.len() as u64;
+        status.shards = status.shards_due
+            + status.shards_in_flight
+            + status.shards_in_backoff
+            + status.shards_parked
+            + status.shards_paused;
+        Ok(status)
     }
 
     async fn is_paused(&self, shard: &ShardKey) -> Result<bool, Error> {

@@ -721,6 +721,7 @@ impl Tables {
                 .map(|letter| letter.dead_lettered_at)
                 .min(),
             deepest: Self::deepest(shards, deepest),
+            estimated: false,
         }
     }
 

@@ -6,6 +6,7 @@
 mod backfill;
 mod baselines;
 mod drain;
+mod gauges;
 mod latency;
 mod memory;
 mod models;
@@ -42,7 +43,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill).
+    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -71,7 +72,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 10] = [
+    let scenarios: [(&str, Scenario); 11] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -82,6 +83,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("metrics", |a, s| Box::pin(telemetry::postgres(a, s))),
         ("sinks", |a, s| Box::pin(sinks::run(a, s))),
         ("backfill", |a, s| Box::pin(backfill::run(a, s))),
+        ("gauges", |a, s| Box::pin(gauges::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {
