@@ -111,11 +111,7 @@ async fn operated<P: Provision>(database: &SqlxTestDatabase<P>) -> Registry {
 
 /// Writes `messages` in a transaction of their own.
 async fn write<P: Provision>(database: &SqlxTestDatabase<P>, messages: &[Message]) {
-    let mut tx = outbox_sqlx::transaction::begin::<P::Dialect>(database.pool())
-        .await
-        .expect("begin");
-    tx.write_all(messages).await.expect("write");
-    tx.commit().await.expect("commit");
+    database.write_messages(messages).await;
 }
 
 /// The test categories, with OrgUpdate failing in shard 1 and ProjectUpdate failing

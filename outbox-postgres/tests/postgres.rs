@@ -520,32 +520,43 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     assert!(report.database_errors >= 1, "{report:?}");
 }
 
-/// Waits until a claim statement (of [`outbox_postgres`]'s claims of several shards) of
-/// `database` waits on a lock, failing with `otherwise` if `claiming` ends first.
-async fn claim_waits_on_a_lock<T>(
+/// Waits until a statement of `database` whose text is `LIKE` `statement` waits on a lock,
+/// failing with `otherwise` if `task` (the one running it) ends first. Polled: the wait is
+/// seen in `pg_stat_activity`, never assumed after a sleep.
+async fn waits_on_a_lock<T>(
     database: &PgTestDatabase,
-    claiming: &JoinHandle<T>,
+    statement: &str,
+    task: &JoinHandle<T>,
     otherwise: &str,
 ) {
     let mut admin = PgConnection::connect(&server_url())
         .await
         .expect("admin connection");
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE 'WITH want AS%'",
-        database.name()
-    );
     loop {
-        let waiters: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
-            .fetch_one(&mut admin)
-            .await
-            .expect("pg_stat_activity");
+        let waiters: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 \
+             AND wait_event_type = 'Lock' AND query LIKE $2",
+        )
+        .bind(database.name())
+        .bind(statement)
+        .fetch_one(&mut admin)
+        .await
+        .expect("pg_stat_activity");
         if waiters > 0 {
             return;
         }
-        assert!(!claiming.is_finished(), "{otherwise}");
+        assert!(!task.is_finished(), "{otherwise}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// [`waits_on_a_lock`] for a claim of several shards.
+async fn claim_waits_on_a_lock<T>(
+    database: &PgTestDatabase,
+    claiming: &JoinHandle<T>,
+    otherwise: &str,
+) {
+    waits_on_a_lock(database, "WITH want AS%", claiming, otherwise).await;
 }
 
 /// The shards of a `claim_many` call that it claimed, by identifier.
@@ -964,21 +975,13 @@ async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
         let store = store.clone();
         async move { store.set_aside(first, "second").await }
     });
-    // The waiting set-aside is blocked on the message's lock.
-    let blocked = loop {
-        let waits: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(database.pool())
-        .await
-        .expect("read waits");
-        if waits > 0 || waiting.is_finished() {
-            break waits > 0;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert!(blocked, "the second set-aside waits on the message");
+    waits_on_a_lock(
+        &database,
+        "%",
+        &waiting,
+        "the second set-aside waits on the message",
+    )
+    .await;
     sqlx::query("DELETE FROM outbox_messages WHERE id = $1")
         .bind(first.0)
         .execute(&mut *holding)
@@ -997,29 +1000,6 @@ async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
             .expect("letters")
             .is_empty()
     );
-}
-
-/// Waits until a session of the database waits on a lock (explicit: polled, never a sleep
-/// taken as proof).
-async fn a_session_waits_on_a_lock(database: &PgTestDatabase) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let waits: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(database.pool())
-        .await
-        .expect("read waits");
-        if waits > 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing waits on a lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Readiness waits for the relay's start-up checks: with the migrations table locked, the
@@ -1041,7 +1021,13 @@ async fn a_relay_is_ready_only_after_its_start_up_checks() {
         .await
         .expect("lock the migrations table");
     let running = Running::start(&relay);
-    a_session_waits_on_a_lock(&database).await;
+    waits_on_a_lock(
+        &database,
+        "%",
+        &running.task,
+        "the relay's start-up check waits on the migrations table",
+    )
+    .await;
     let starting = relay.health().await;
     assert!(
         starting.is_live() && starting.database_reachable && !starting.started,

@@ -146,11 +146,36 @@ impl<D: Dialect> SqlxStore<D> {
         D::Database: crate::sql::Decodes<T>,
     {
         let rows = self.rows(query, operation).await?;
-        let row = rows.first().ok_or_else(|| Error::Database {
-            operation,
-            source: "the statement returned no row".into(),
-        })?;
-        get::<D::Database, T>(row, 0).map_err(database::<D>(operation))
+        get::<D::Database, T>(first_row(&rows, operation)?, 0).map_err(database::<D>(operation))
+    }
+}
+
+/// The first of `rows`, or the error of a statement that returned none.
+fn first_row<'r, R>(rows: &'r [R], operation: &'static str) -> Result<&'r R, Error> {
+    rows.first().ok_or_else(|| Error::Database {
+        operation,
+        source: "the statement returned no row".into(),
+    })
+}
+
+/// The figures of one row, read while `operation` runs: counts (`i64`) and times (ms since
+/// the epoch).
+struct Figures<'r, D: Dialect> {
+    row: &'r <D::Database as Database>::Row,
+    operation: &'static str,
+}
+
+impl<D: Dialect> Figures<'_, D> {
+    fn number(&self, index: usize) -> Result<u64, Error> {
+        get::<D::Database, i64>(self.row, index)
+            .map(count)
+            .map_err(database::<D>(self.operation))
+    }
+
+    fn time(&self, index: usize) -> Result<Option<SystemTime>, Error> {
+        get::<D::Database, Option<i64>>(self.row, index)
+            .map(|ms| ms.map(from_ms))
+            .map_err(database::<D>(self.operation))
     }
 }
 
@@ -365,30 +390,20 @@ impl<D: Dialect> Store for SqlxStore<D> {
         let rows = self
             .rows(sqlx::query(D::SQL.gauges).with(limit), OPERATION)
             .await?;
-        let row = rows.first().ok_or_else(|| Error::Database {
+        let row = Figures::<D> {
+            row: first_row(&rows, OPERATION)?,
             operation: OPERATION,
-            source: "the statement returned no row".into(),
-        })?;
-        let number = |index| {
-            get::<D::Database, i64>(row, index)
-                .map(count)
-                .map_err(database::<D>(OPERATION))
-        };
-        let time = |index| {
-            get::<D::Database, Option<i64>>(row, index)
-                .map(|ms| ms.map(from_ms))
-                .map_err(database::<D>(OPERATION))
         };
         let mut status = OutboxStatus::default();
         status.estimated = true;
-        status.pending_messages = number(0)?;
-        status.oldest_pending_at = time(1)?;
-        status.shards_in_flight = number(2)?;
-        status.shards_in_backoff = number(3)?;
-        status.shards_parked = number(4)?;
-        status.shards_paused = number(5)?;
-        status.dead_letters = number(6)?;
-        status.oldest_dead_letter_at = time(7)?;
+        status.pending_messages = row.number(0)?;
+        status.oldest_pending_at = row.time(1)?;
+        status.shards_in_flight = row.number(2)?;
+        status.shards_in_backoff = row.number(3)?;
+        status.shards_parked = row.number(4)?;
+        status.shards_paused = row.number(5)?;
+        status.dead_letters = row.number(6)?;
+        status.oldest_dead_letter_at = row.time(7)?;
         let discovered = self
             .discover(None, self.exact_gauges_up_to.min(i32::MAX as usize))
             .await?;
@@ -505,31 +520,21 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         const OPERATION: &str = "reading the outbox's status";
         let query = sqlx::query(D::SQL.status).with(i64::try_from(deepest).unwrap_or(i64::MAX));
         let rows = self.rows(query, OPERATION).await?;
-        let row = rows.first().ok_or_else(|| Error::Database {
+        let row = Figures::<D> {
+            row: first_row(&rows, OPERATION)?,
             operation: OPERATION,
-            source: "the statement returned no row".into(),
-        })?;
-        let number = |index| {
-            get::<D::Database, i64>(row, index)
-                .map(count)
-                .map_err(database::<D>(OPERATION))
-        };
-        let time = |index| {
-            get::<D::Database, Option<i64>>(row, index)
-                .map(|ms| ms.map(from_ms))
-                .map_err(database::<D>(OPERATION))
         };
         let mut status = OutboxStatus::default();
-        status.shards = number(0)?;
-        status.pending_messages = number(1)?;
-        status.oldest_pending_at = time(2)?;
-        status.shards_due = number(3)?;
-        status.shards_in_flight = number(4)?;
-        status.shards_in_backoff = number(5)?;
-        status.shards_parked = number(6)?;
-        status.shards_paused = number(7)?;
-        status.dead_letters = number(8)?;
-        status.oldest_dead_letter_at = time(9)?;
+        status.shards = row.number(0)?;
+        status.pending_messages = row.number(1)?;
+        status.oldest_pending_at = row.time(2)?;
+        status.shards_due = row.number(3)?;
+        status.shards_in_flight = row.number(4)?;
+        status.shards_in_backoff = row.number(5)?;
+        status.shards_parked = row.number(6)?;
+        status.shards_paused = row.number(7)?;
+        status.dead_letters = row.number(8)?;
+        status.oldest_dead_letter_at = row.time(9)?;
         // The deepest shards, on the same rows (none: one row of NULLs).
         const SHARD_AT: usize = 10;
         for row in &rows {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outbox_core::store::{ClaimOptions, Failure, Outcome, ShardSession};
-use outbox_core::{Admin, CategoryId, HandlerMode, Message, MessageId, Store};
+use outbox_core::{Admin, CategoryId, HandlerMode, MessageId, Store};
 use outbox_sqlx::SqlxStore;
 use outbox_testkit::fixtures::{OrgUpdate, note, org_shard};
 use outbox_testkit::postgres::PgDatabase;
@@ -18,14 +18,6 @@ fn claiming(worker: &str) -> ClaimOptions {
         lease: Duration::from_secs(60),
         mode: HandlerMode::Leased,
     }
-}
-
-async fn write<P: Provision>(database: &SqlxTestDatabase<P>, messages: &[Message]) {
-    let mut tx = outbox_sqlx::transaction::begin::<P::Dialect>(database.pool())
-        .await
-        .expect("begin");
-    tx.write_all(messages).await.expect("write");
-    tx.commit().await.expect("commit");
 }
 
 /// Shards 1 to 5 with three messages each: 1 backing off, 2 held by a relay, 3 parked, 4 and
@@ -41,7 +33,7 @@ where
             messages.push(note::<OrgUpdate>(shard, object, shard * 10 + object));
         }
     }
-    write(&database, &messages).await;
+    database.write_messages(&messages).await;
     let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
     let newest: MessageId = store
         .newest_message_id()
@@ -72,12 +64,11 @@ where
         .expect("claim")
         .expect("due");
 
-    let exact = store
-        .clone()
-        .exact_gauges_up_to(100)
-        .gauges()
-        .await
-        .expect("gauges");
+    let gauges_up_to = |limit| {
+        let store = store.clone().exact_gauges_up_to(limit);
+        async move { store.gauges().await.expect("gauges") }
+    };
+    let exact = gauges_up_to(100).await;
     assert!(!exact.estimated, "{exact:?}");
     assert_eq!(exact, store.status(0).await.expect("status"));
     let shards = |status: &outbox_core::OutboxStatus| {
@@ -93,12 +84,7 @@ where
     assert_eq!(shards(&exact), (5, 2, 1, 1, 1, 0));
     assert_eq!(exact.pending_messages, 15);
 
-    let estimated = store
-        .clone()
-        .exact_gauges_up_to(5)
-        .gauges()
-        .await
-        .expect("gauges");
+    let estimated = gauges_up_to(5).await;
     assert!(estimated.estimated, "{estimated:?}");
     assert_eq!(shards(&estimated), shards(&exact), "{estimated:?}");
     assert!(
@@ -108,13 +94,10 @@ where
     assert_eq!(estimated.oldest_pending_at, exact.oldest_pending_at);
 
     // A message newer than shard 1's failure makes it due (S19), in the estimate too.
-    write(&database, &[note::<OrgUpdate>(1, 4, 99)]).await;
-    let estimated = store
-        .clone()
-        .exact_gauges_up_to(5)
-        .gauges()
-        .await
-        .expect("gauges");
+    database
+        .write_messages(&[note::<OrgUpdate>(1, 4, 99)])
+        .await;
+    let estimated = gauges_up_to(5).await;
     assert_eq!(
         (estimated.shards_due, estimated.shards_in_backoff),
         (3, 0),

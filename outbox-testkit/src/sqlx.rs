@@ -96,6 +96,17 @@ impl<P: Provision> SqlxTestDatabase<P> {
         Relay::new(SqlxStore::new(self.pool.clone()), registry)
     }
 
+    /// Writes `messages` in a transaction of their own and commits them, failing the test if
+    /// that fails; returns their ids.
+    pub async fn write_messages(&self, messages: &[Message]) -> Vec<MessageId> {
+        let mut tx = outbox_sqlx::transaction::begin::<P::Dialect>(&self.pool)
+            .await
+            .expect("begin");
+        let ids = tx.write_all(messages).await.expect("write the messages");
+        tx.commit().await.expect("commit");
+        ids
+    }
+
     /// Runs statements of the test's own (creating its tables, say), failing the test if
     /// they fail.
     pub async fn execute(&self, sql: &str) {

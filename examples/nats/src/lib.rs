@@ -74,6 +74,12 @@ impl Target {
         Ok(jetstream)
     }
 
+    /// Deletes the stream and what it stored (a test's clean-up).
+    pub async fn delete_stream(&self) -> Result<(), BoxError> {
+        self.jetstream().await?.delete_stream(&self.stream).await?;
+        Ok(())
+    }
+
     /// The stream's last sequence number: how many messages it has stored, ever.
     pub async fn last_sequence(&self, jetstream: &jetstream::Context) -> Result<u64, BoxError> {
         let stream = jetstream.get_stream(&self.stream).await?;

@@ -152,10 +152,7 @@ async fn two_runs_of_the_publisher_in_a_row_both_get_their_orders_stored() {
         "the second run numbers its orders after the first's: {received:#?}"
     );
     target
-        .jetstream()
-        .await
-        .expect("JetStream")
-        .delete_stream(&target.stream)
+        .delete_stream()
         .await
         .expect("delete the test's stream");
 }

@@ -35,10 +35,7 @@ async fn the_consumer_receives_every_order_in_order_per_customer() {
         assert_eq!(orders, &sorted, "customer {customer}'s orders in order");
     }
     target
-        .jetstream()
-        .await
-        .expect("JetStream")
-        .delete_stream(&target.stream)
+        .delete_stream()
         .await
         .expect("delete the example stream");
 }

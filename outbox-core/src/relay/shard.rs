@@ -603,41 +603,31 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 .release(Outcome::Released, DrainEnd::Failed(failure))
                 .await;
         }
-        if let Some(category) = error.parked_category() {
+        let parked = error.parked_category();
+        let (attempts, retry_in) = match parked {
             // Parked (S26): not an attempt, no backoff; due again once a relay that knows the
             // category unparks it. Said once, here: the shard is not claimed again until then.
-            warn!(%shard, category = category.0, error = %error_chain(&error), "shard parked: its head's category is unknown to this binary; it resumes when a relay that knows the category runs");
-            let attempts = state.lease.attempts;
-            let recorded = Failure {
-                error: error_chain(&error),
-                attempts,
-                retry_in: Duration::ZERO,
-                watermark: state.watermark,
-                parked_category: Some(category),
-            };
-            let failure = ShardFailure {
-                shard,
-                error,
-                attempts,
-                retry_in: Duration::ZERO,
-            };
-            return self
-                .release(Outcome::Failed(recorded), DrainEnd::Failed(failure))
-                .await;
-        }
-        let attempts = state.head_attempt();
-        let retry_in = state.inner.config.backoff.delay(attempts);
-        if reported {
-            info!(%shard, attempts, ?retry_in, "shard backs off after a failed delivery");
-        } else {
-            warn!(%shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
-        }
+            Some(category) => {
+                warn!(%shard, category = category.0, error = %error_chain(&error), "shard parked: its head's category is unknown to this binary; it resumes when a relay that knows the category runs");
+                (state.lease.attempts, Duration::ZERO)
+            }
+            None => {
+                let attempts = state.head_attempt();
+                let retry_in = state.inner.config.backoff.delay(attempts);
+                if reported {
+                    info!(%shard, attempts, ?retry_in, "shard backs off after a failed delivery");
+                } else {
+                    warn!(%shard, attempts, ?retry_in, error = %error_chain(&error), "delivery failed; shard backs off");
+                }
+                (attempts, retry_in)
+            }
+        };
         let recorded = Failure {
             error: error_chain(&error),
             attempts,
             retry_in,
             watermark: state.watermark,
-            parked_category: error.parked_category(),
+            parked_category: parked,
         };
         let failure = ShardFailure {
             shard,
