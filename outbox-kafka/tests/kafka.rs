@@ -14,6 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 type Cluster = MockCluster<'static, DefaultProducerContext>;
@@ -177,6 +178,28 @@ async fn a_message_too_large_fails_only_its_shard() {
     brokers::refusal_fails_only_its_shard(publisher, &sink, "refused", async |count| {
         consumed.stored(count).await
     })
+    .await;
+}
+
+/// A record refused by the broker (a topic this producer may not write) does not stop those
+/// queued after it for another topic: they are confirmed and never produced twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_after_a_refused_one_are_produced_once() {
+    let cluster = cluster();
+    cluster
+        .topic_error(
+            "outbox.forbidden",
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .expect("refuse the topic");
+    let consumed = Consumed::new(&cluster);
+    let sink = sink(&cluster);
+    brokers::refusal_in_a_run_publishes_nothing_twice(
+        sink,
+        "outbox.audit_event".to_owned(),
+        "outbox.forbidden".to_owned(),
+        async |count| consumed.stored(count).await,
+    )
     .await;
 }
 

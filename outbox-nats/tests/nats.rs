@@ -153,6 +153,23 @@ async fn a_subject_without_a_stream_fails_only_its_shard() {
     stream.remove().await;
 }
 
+/// JetStream refuses a message whose subject no stream takes and stores those published after
+/// it: they are confirmed and never published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_after_a_refused_one_are_published_once() {
+    let stream = TestStream::create("after").await;
+    let sink = stream.sink(NATS).await;
+    let prefix = stream.name.clone();
+    brokers::refusal_in_a_run_publishes_nothing_twice(
+        sink,
+        format!("{prefix}.audit"),
+        format!("nowhere_{prefix}.audit"),
+        async |_| stream.messages().await,
+    )
+    .await;
+    stream.remove().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_opens_the_breaker_and_loses_nothing() {
     let stream = TestStream::create("outage").await;

@@ -287,7 +287,8 @@ impl RabbitSink {
 
     /// Publishes `envelopes` in order on a channel of their own, then reads every confirm:
     /// the confirmed prefix ends at the first message that was returned (matched by its
-    /// message id, whichever confirm carried it), not confirmed, or not sent.
+    /// message id, whichever confirm carried it), not confirmed, or not sent. Those confirmed
+    /// after a returned one (routed where a queue is bound) are confirmed all the same.
     async fn publish_on_channel(&self, envelopes: Vec<Envelope>) -> Published {
         let channel = match self.link.checkout().await {
             Ok(channel) => channel,
@@ -321,29 +322,27 @@ impl RabbitSink {
             outcomes.push(outcome);
         }
         let clean = unsent.is_none() && !failed && returned.is_empty();
-        let mut confirmed = 0;
-        let mut error = None;
-        for (envelope, outcome) in envelopes.iter().zip(outcomes) {
-            let own = returned.iter().position(|message| {
-                message
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(ShortString::as_str)
-                    == Some(envelope.dedup_key.as_str())
-            });
-            if let Some(at) = own {
-                error = Some(self.unroutable(envelope, &returned.swap_remove(at)));
-                break;
-            }
-            if let Err(failure) = outcome {
-                error = Some(failure);
-                break;
-            }
-            confirmed += 1;
-        }
+        let mut outcomes: Vec<Result<(), SinkError>> = envelopes
+            .iter()
+            .zip(outcomes)
+            .map(|(envelope, outcome)| {
+                let own = returned.iter().position(|message| {
+                    message
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(ShortString::as_str)
+                        == Some(envelope.dedup_key.as_str())
+                });
+                match own {
+                    Some(at) => Err(self.unroutable(envelope, &returned.swap_remove(at))),
+                    None => outcome,
+                }
+            })
+            .collect();
+        outcomes.extend(unsent.map(Err));
         self.link.checkin(channel, clean).await;
-        Published::new(confirmed, error.or(unsent))
+        Published::from_outcomes(outcomes)
     }
 
     /// The refusal of `envelope`, which RabbitMQ returned as `returned`.

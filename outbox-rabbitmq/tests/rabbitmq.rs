@@ -189,6 +189,26 @@ async fn an_unroutable_message_fails_only_its_shard() {
     queue.remove().await;
 }
 
+/// RabbitMQ returns an unroutable message and routes those published after it on the channel:
+/// they are confirmed and never published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_after_an_unroutable_one_are_published_once() {
+    let queue = TestQueue::declare("after").await;
+    let sink = sink(&queue, RABBITMQ).await;
+    let taken = Taken::default();
+    brokers::refusal_in_a_run_publishes_nothing_twice(
+        sink,
+        queue.name(),
+        format!("{}.nowhere", queue.prefix),
+        async |_| {
+            taken.take(&queue).await;
+            taken.all()
+        },
+    )
+    .await;
+    queue.remove().await;
+}
+
 /// RabbitMQ confirms several messages of a channel at once, and lapin hands a returned message
 /// to any confirm it resolves with it: with many shards publishing at once, each return must
 /// still fail its own message and no other (the odd shards all route nowhere, the even ones

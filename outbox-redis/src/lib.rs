@@ -37,7 +37,7 @@ use std::time::Duration;
 use outbox_core::BoxError;
 use outbox_core::sink::{Breaker, Envelope, Published, Sink, SinkError, one_at_a_time};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 /// How long a command waits for Redis's reply by default.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -187,19 +187,29 @@ impl Sink for RedisSink {
     }
 
     /// Sends every `XADD` in one pipeline (one round trip; Redis runs them in order) and
-    /// reads the replies; deduplicated, one script call at a time. A pipeline that fails
-    /// confirms none of its entries (they may be stored: a redelivery repeats them).
+    /// reads each one's reply: an entry Redis refused (a key of another type) does not stop
+    /// it from storing those after it, which are confirmed all the same. Deduplicated, one
+    /// script call at a time. A pipeline whose connection fails confirms none of its entries
+    /// (they may be stored: a redelivery repeats them).
     async fn publish_all(&self, envelopes: Vec<Envelope>) -> Published {
         if self.dedup_window.is_some() {
             return one_at_a_time(self, envelopes).await;
         }
         let mut pipeline = redis::pipe();
+        pipeline.ignore_errors();
         for envelope in &envelopes {
             pipeline.add_command(xadd(envelope));
         }
         let mut connection = self.connection.clone();
-        match pipeline.query_async::<Vec<String>>(&mut connection).await {
-            Ok(_) => Published::new(envelopes.len(), None),
+        match pipeline
+            .query_async::<Vec<RedisResult<String>>>(&mut connection)
+            .await
+        {
+            Ok(replies) => Published::from_outcomes(
+                replies
+                    .into_iter()
+                    .map(|reply| reply.map(drop).map_err(classify)),
+            ),
             Err(error) => Published::new(0, Some(classify(error))),
         }
     }

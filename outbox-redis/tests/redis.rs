@@ -166,6 +166,28 @@ async fn a_key_that_is_not_a_stream_fails_only_its_shard() {
     keys.remove().await;
 }
 
+/// Redis runs a pipeline's `XADD`s one by one: the entry refused in the middle (a key of another
+/// type) does not stop those after it, which are confirmed and never appended twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_after_a_refused_one_are_appended_once() {
+    let keys = TestKeys::new("after").await;
+    let mut connection = keys.connection.clone();
+    let not_a_stream = format!("{}:plain", keys.prefix);
+    let _: () = connection
+        .set(&not_a_stream, "a string")
+        .await
+        .expect("set a plain key");
+    let sink = keys.sink(REDIS).await;
+    brokers::refusal_in_a_run_publishes_nothing_twice(
+        sink,
+        keys.stream(),
+        not_a_stream,
+        async |_| keys.entries().await,
+    )
+    .await;
+    keys.remove().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_opens_the_breaker_and_loses_nothing() {
     let keys = TestKeys::new("outage").await;

@@ -10,10 +10,15 @@
 //!   acknowledgement; another takes the shard over and publishes the message again.
 //! - [`refusal_fails_only_its_shard`]: a publisher that sends shard 1 where the broker refuses
 //!   it; only shard 1 fails, the breaker stays closed.
+//! - [`refusal_in_a_run_publishes_nothing_twice`]: the broker refuses the middle message of a
+//!   shard's pipelined run and stores those after it; they are acknowledged, and the refused
+//!   one, once the broker takes it, is the only one published again.
 //! - [`rides_out_an_outage`]: a running relay, the connection cut and restored; nothing lost,
 //!   every shard in order, the breaker opened and closed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::sink::{Publisher, Sink};
@@ -187,6 +192,66 @@ pub async fn refusal_fails_only_its_shard<K: Sink + Clone>(
     assert_eq!(shards.get("1:3"), Some(&vec![3001, 3002]));
     assert!(!shards.contains_key("1:1"));
     report
+}
+
+/// The seq of the message [`refusal_in_a_run_publishes_nothing_twice`] sends where the broker
+/// refuses it: the third of shard 1's five.
+pub const REFUSED_IN_A_RUN: u64 = 1003;
+
+/// Drains one shard of 5 events through `sink`, all in one pipelined run: the third
+/// ([`REFUSED_IN_A_RUN`]) goes to destination `refused`, where the broker refuses it, the
+/// others to `stored`. The four others are stored and acknowledged; the third alone stays
+/// pending. Then the third goes to `stored` too, and a second drain publishes it and nothing
+/// else: (read back with `read`) each message stored once, the refused one last.
+pub async fn refusal_in_a_run_publishes_nothing_twice<K: Sink + Clone>(
+    sink: K,
+    stored: String,
+    refused: String,
+    mut read: impl AsyncFnMut(usize) -> Vec<Stored>,
+) {
+    let accepted = Arc::new(AtomicBool::new(false));
+    let accepting = Arc::clone(&accepted);
+    let publisher = Publisher::<AuditEvent, _>::new(sink).to(move |delivery| {
+        if delivery.payload.seq == REFUSED_IN_A_RUN && !accepting.load(Ordering::Acquire) {
+            refused.clone()
+        } else {
+            stored.clone()
+        }
+    });
+    let registry = Registry::builder()
+        .publish(publisher)
+        .build()
+        .expect("a registry");
+    let backend = SqliteBackend::create().await;
+    let store = backend.store();
+    let relay = Relay::with_config(store.clone(), registry, relay_config("in-a-run"));
+    let ids = backend.write(&events(1, 5)).await.expect("write");
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert_eq!(report.deliveries, 4, "{report:?}");
+    let pending: Vec<MessageId> = store
+        .pending_messages(10)
+        .await
+        .expect("pending")
+        .into_iter()
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(pending, [ids[2]], "only the refused message is pending");
+    let stored = by_shard(&read(4).await);
+    assert_eq!(stored.get("1:1"), Some(&vec![1001, 1002, 1004, 1005]));
+
+    accepted.store(true, Ordering::Release);
+    let shard = report.failures[0].shard.clone();
+    assert!(store.reschedule(&shard).await.expect("reschedule"));
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.deliveries, 1, "only the refused message: {report:?}");
+    let stored = read(5).await;
+    assert_eq!(
+        by_shard(&stored).get("1:1"),
+        Some(&vec![1001, 1002, 1004, 1005, REFUSED_IN_A_RUN]),
+        "each message once: {stored:?}"
+    );
 }
 
 /// A running relay publishes 5 events through `sink`; `cut` takes the broker away, 10 more

@@ -31,6 +31,8 @@ struct Inner {
     batches: Mutex<Vec<usize>>,
     attempts: AtomicU64,
     refuse: Mutex<Option<Arc<Refusal>>>,
+    /// Whether a refusal leaves the later envelopes of a `publish_all` call in flight.
+    pipelining: AtomicBool,
 }
 
 impl std::fmt::Debug for MemorySink {
@@ -89,6 +91,14 @@ impl MemorySink {
         self.down.down.store(down, Ordering::Release);
     }
 
+    /// Makes the sink take each [`Sink::publish_all`] call's envelopes all in flight, as a
+    /// pipelining broker does (Kafka, RabbitMQ, Redis): one it refuses does not stop it from
+    /// storing those after it, which it reports as [`Published::confirmed_after`]. By default
+    /// it stops at the first refusal.
+    pub fn set_pipelining(&self, pipelining: bool) {
+        self.inner.pipelining.store(pipelining, Ordering::Release);
+    }
+
     /// Refuses every message for which `refuse` holds, as a broker refuses one that is too
     /// large or has no stream.
     pub fn refuse(&self, refuse: impl Fn(&Envelope) -> bool + Send + Sync + 'static) {
@@ -136,7 +146,14 @@ impl Sink for MemorySink {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(envelopes.len());
-        one_at_a_time(self, envelopes).await
+        if !self.inner.pipelining.load(Ordering::Acquire) {
+            return one_at_a_time(self, envelopes).await;
+        }
+        let mut outcomes = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            outcomes.push(self.publish(envelope).await);
+        }
+        Published::from_outcomes(outcomes)
     }
 
     async fn publish(&self, envelope: Envelope) -> Result<(), SinkError> {

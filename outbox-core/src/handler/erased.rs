@@ -152,6 +152,9 @@ pub(crate) struct Pipelined {
     pub(crate) confirmed: usize,
     /// Why the next one did not, if one did not.
     pub(crate) error: Option<DeliveryError>,
+    /// The deliveries after the failed one that got through all the same (a broker that
+    /// stored them after refusing it), by index, ascending.
+    pub(crate) confirmed_after: Vec<usize>,
 }
 
 impl Pipelined {
@@ -160,6 +163,7 @@ impl Pipelined {
         Self {
             confirmed,
             error: Some(error),
+            confirmed_after: Vec::new(),
         }
     }
 }

@@ -40,8 +40,8 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
 /// Delivers `groups`, consecutive groups of the shard whose handler takes them at once
 /// (`pipeline`: a sink's publisher, which pipelines them), the first at attempt `attempts[0]`
 /// and so on: under the lease and the handler timeout, each reported in a span of its own as
-/// [`deliver`] reports it. How many, from the first, got through, and the error of the first
-/// that did not.
+/// [`deliver`] reports it. How many, from the first, got through, the error of the first
+/// that did not, and those after it that got through all the same.
 pub(super) async fn deliver_all<St: Store>(
     pipeline: &dyn Pipeline,
     inner: &Inner<St>,
@@ -65,11 +65,15 @@ pub(super) async fn deliver_all<St: Store>(
         Err(error) => Pipelined::failed(0, error),
     };
     let took = started.elapsed();
-    let reached = (pipelined.confirmed + usize::from(pipelined.error.is_some())).min(groups.len());
-    for (index, (group, span)) in groups.iter().zip(&spans).take(reached).enumerate() {
-        let error = (index >= pipelined.confirmed)
-            .then_some(pipelined.error.as_ref())
-            .flatten();
+    for (index, (group, span)) in groups.iter().zip(&spans).enumerate() {
+        let error = if index < pipelined.confirmed || pipelined.confirmed_after.contains(&index) {
+            None
+        } else if index == pipelined.confirmed && pipelined.error.is_some() {
+            pipelined.error.as_ref()
+        } else {
+            // Not reached, or not known to be stored: delivered again later.
+            continue;
+        };
         span.in_scope(|| reported(inner, group, took, error));
     }
     pipelined

@@ -378,6 +378,13 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     attempt = 1;
                 }
                 if let Some(error) = pipelined.error {
+                    // Stored by the broker after the one it refused: acknowledged now, not
+                    // published again; the failed one, retried, follows them.
+                    for &after in &pipelined.confirmed_after {
+                        if let Some(group) = groups.get(after) {
+                            state.got_through(&mut delivered, group);
+                        }
+                    }
                     let failed = &groups[pipelined.confirmed.min(groups.len() - 1)];
                     delivered.failure = Some(Failed::of(failed, attempt, error));
                     break;

@@ -12,9 +12,13 @@
 //!
 //! Order: the relay hands a sink the consecutive groups of a shard's read at once
 //! ([`Sink::publish_all`]); a sink whose broker keeps one connection's order sends them all,
-//! in order, before awaiting their confirmations, and the outbox acknowledges them only as far
-//! as they were confirmed in an unbroken run from the first: N+1 is never acknowledged before
-//! N. Shards are published concurrently, up to the relay's `max_concurrent_shards`.
+//! in order, before awaiting their confirmations, and the outbox acknowledges them as far as
+//! they were confirmed in an unbroken run from the first. One case breaks that run: the broker
+//! refuses message N (no stream, unroutable, wrong type) and stores N+1, already sent behind
+//! it. The broker's order is broken then, whatever the outbox does; publishing N+1 again would
+//! add a duplicate to it. So what the broker confirmed after a refusal
+//! ([`Published::confirmed_after`]) is acknowledged too, and N, retried, follows it. Shards are
+//! published concurrently, up to the relay's `max_concurrent_shards`.
 //!
 //! Outages: a sink reports an unreachable broker as [`SinkError::Unavailable`]. That opens
 //! its [`Breaker`]: the relay parks the shards that found it open, counts no attempt against
@@ -144,8 +148,9 @@ pub async fn one_at_a_time<K: Sink + ?Sized>(sink: &K, envelopes: Vec<Envelope>)
 
 /// [`Sink::publish_all`] for a client that hands messages to one connection in order and
 /// confirms them later: `send` each envelope in turn (stopping at the first that cannot be
-/// sent), then `confirm` what was sent, in order, stopping at the first that is not
-/// confirmed.
+/// sent), then `confirm` what was sent, in order. After a refusal the broker is answering, so
+/// the rest's confirmations are read too (what it stored after the refused one is
+/// [`Published::confirmed_after`]); after an outage they are not waited for.
 pub async fn send_then_confirm<T, S, SentFuture, C, ConfirmFuture>(
     envelopes: Vec<Envelope>,
     mut send: S,
@@ -168,14 +173,17 @@ where
             }
         }
     }
-    let mut confirmed = 0;
+    let mut outcomes = Vec::with_capacity(sent.len() + 1);
     for pending in sent {
-        if let Err(error) = confirm(pending).await {
-            return Published::new(confirmed, Some(error));
+        let outcome = confirm(pending).await;
+        let outage = matches!(outcome, Err(SinkError::Unavailable(_)));
+        outcomes.push(outcome);
+        if outage {
+            break;
         }
-        confirmed += 1;
     }
-    Published::new(confirmed, unsent)
+    outcomes.extend(unsent.map(Err));
+    Published::from_outcomes(outcomes)
 }
 
 /// What [`Sink::publish_all`] got through.
@@ -186,12 +194,36 @@ pub struct Published {
     pub confirmed: usize,
     /// Why the next one was not, if one was not.
     pub error: Option<SinkError>,
+    /// The envelopes after the failed one that the broker confirmed all the same, by their
+    /// index in the call's envelopes (ascending): a broker that took the run pipelined went on
+    /// after refusing one of them. The outbox acknowledges them with the first `confirmed`
+    /// and never publishes them again; the failed one, retried, follows them.
+    pub confirmed_after: Vec<usize>,
 }
 
 impl Published {
     /// `confirmed` envelopes confirmed, then `error` (if any).
     pub fn new(confirmed: usize, error: Option<SinkError>) -> Self {
-        Self { confirmed, error }
+        Self {
+            confirmed,
+            error,
+            confirmed_after: Vec::new(),
+        }
+    }
+
+    /// From the outcome of each envelope, in order (as far as they are known): those
+    /// confirmed from the first, the first error, and those confirmed after it.
+    pub fn from_outcomes(outcomes: impl IntoIterator<Item = Result<(), SinkError>>) -> Self {
+        let mut published = Self::default();
+        for (index, outcome) in outcomes.into_iter().enumerate() {
+            match (outcome, &published.error) {
+                (Ok(()), None) => published.confirmed += 1,
+                (Ok(()), Some(_)) => published.confirmed_after.push(index),
+                (Err(error), None) => published.error = Some(error),
+                (Err(_), Some(_)) => {}
+            }
+        }
+        published
     }
 }
 
@@ -393,7 +425,11 @@ impl<C: Deliverable, K: Sink> Pipeline for Publisher<C, K> {
                 }
             }
             let sent = envelopes.len();
-            let Published { confirmed, error } = if envelopes.is_empty() {
+            let Published {
+                confirmed,
+                error,
+                confirmed_after,
+            } = if envelopes.is_empty() {
                 Published::default()
             } else {
                 self.sink.publish_all(envelopes).await
@@ -401,7 +437,13 @@ impl<C: Deliverable, K: Sink> Pipeline for Publisher<C, K> {
             let confirmed = confirmed.min(sent);
             match (error, unprepared) {
                 (Some(error), _) => {
-                    Pipelined::failed(confirmed, self.failed(&deliveries[confirmed], error))
+                    let mut failed =
+                        Pipelined::failed(confirmed, self.failed(&deliveries[confirmed], error));
+                    failed.confirmed_after = confirmed_after
+                        .into_iter()
+                        .filter(|&index| index > confirmed && index < sent)
+                        .collect();
+                    failed
                 }
                 (None, _) if confirmed < sent => Pipelined::failed(
                     confirmed,
@@ -415,7 +457,7 @@ impl<C: Deliverable, K: Sink> Pipeline for Publisher<C, K> {
                 (None, Some((index, error))) => Pipelined::failed(index, error),
                 (None, None) => Pipelined {
                     confirmed,
-                    error: None,
+                    ..Pipelined::default()
                 },
             }
         })
@@ -442,5 +484,114 @@ impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
                 .await
                 .map_err(|error| self.failed(&raw, error))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    fn envelopes(count: i64) -> Vec<Envelope> {
+        (1..=count)
+            .map(|id| Envelope {
+                destination: "outbox.test".into(),
+                key: "1:1".into(),
+                dedup_key: id.to_string(),
+                message_id: MessageId(id),
+                category: "test",
+                headers: Vec::new(),
+                payload: Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Publishes five envelopes whose confirmations are `outcome(id)`: what got through, and
+    /// the ids whose confirmation was awaited.
+    async fn confirming(
+        outcome: impl Fn(i64) -> Result<(), SinkError>,
+        unsendable: Option<i64>,
+    ) -> (Published, Vec<i64>) {
+        let awaited = RefCell::new(Vec::new());
+        let send = |envelope: Envelope| {
+            let id = envelope.message_id.0;
+            std::future::ready(match unsendable {
+                Some(refused) if refused == id => Err(SinkError::Refused("too large".into())),
+                _ => Ok(id),
+            })
+        };
+        let confirm = |id: i64| {
+            awaited.borrow_mut().push(id);
+            std::future::ready(outcome(id))
+        };
+        let published = send_then_confirm(envelopes(5), send, confirm).await;
+        (published, awaited.into_inner())
+    }
+
+    #[tokio::test]
+    async fn confirmations_after_a_refusal_are_read_and_reported() {
+        let (published, awaited) = confirming(
+            |id| match id {
+                3 => Err(SinkError::Refused("no stream".into())),
+                _ => Ok(()),
+            },
+            None,
+        )
+        .await;
+        assert_eq!(published.confirmed, 2);
+        assert!(matches!(published.error, Some(SinkError::Refused(_))));
+        assert_eq!(
+            published.confirmed_after,
+            [3, 4],
+            "the fourth and fifth, by index"
+        );
+        assert_eq!(awaited, [1, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test]
+    async fn confirmations_after_an_outage_are_not_awaited() {
+        let (published, awaited) = confirming(
+            |id| match id {
+                2 => Err(SinkError::Unavailable("timed out".into())),
+                _ => Ok(()),
+            },
+            None,
+        )
+        .await;
+        assert_eq!(published.confirmed, 1);
+        assert!(matches!(published.error, Some(SinkError::Unavailable(_))));
+        assert!(published.confirmed_after.is_empty());
+        assert_eq!(awaited, [1, 2], "nothing waited for after the outage");
+    }
+
+    #[tokio::test]
+    async fn a_message_that_cannot_be_sent_ends_the_run() {
+        let (published, awaited) = confirming(|_| Ok(()), Some(4)).await;
+        assert_eq!(published.confirmed, 3);
+        assert!(matches!(published.error, Some(SinkError::Refused(_))));
+        assert!(
+            published.confirmed_after.is_empty(),
+            "nothing sent after it"
+        );
+        assert_eq!(awaited, [1, 2, 3]);
+    }
+
+    #[test]
+    fn outcomes_make_the_prefix_the_error_and_what_follows() {
+        let published = Published::from_outcomes([
+            Ok(()),
+            Err(SinkError::Refused("first".into())),
+            Err(SinkError::Refused("second".into())),
+            Ok(()),
+        ]);
+        assert_eq!(published.confirmed, 1);
+        let error = published.error.expect("an error");
+        assert_eq!(
+            std::error::Error::source(&error).map(ToString::to_string),
+            Some("first".to_owned()),
+            "the first error is the run's"
+        );
+        assert_eq!(published.confirmed_after, [3]);
     }
 }

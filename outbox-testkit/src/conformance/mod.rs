@@ -143,6 +143,7 @@ macro_rules! store_conformance_tests {
             a_sink_publishes_each_delivery_with_its_keys_and_headers,
             a_publisher_routes_encodes_and_prefixes_its_own_way,
             a_sink_takes_a_shards_groups_at_once_and_acknowledges_what_it_confirmed,
+            what_a_broker_stored_after_a_refusal_is_not_published_again,
             a_refused_message_fails_only_its_shard,
             an_unreachable_sink_parks_its_shards_without_counting_attempts,
             a_running_relay_resumes_parked_shards_when_the_breaker_closes,

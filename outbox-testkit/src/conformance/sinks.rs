@@ -156,6 +156,50 @@ pub async fn a_sink_takes_a_shards_groups_at_once_and_acknowledges_what_it_confi
     assert!(pending_ids(&backend).await.is_empty());
 }
 
+/// A pipelining broker that refuses a message in the middle of a run and stores those after
+/// it: they are acknowledged (never published twice), the refused one stays at the shard's
+/// head, and once the broker takes it, it follows them.
+pub async fn what_a_broker_stored_after_a_refusal_is_not_published_again<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let sink = MemorySink::new();
+    sink.set_pipelining(true);
+    sink.refuse(|envelope| {
+        serde_json::from_slice::<Note>(&envelope.payload).is_ok_and(|note| note.seq == 3)
+    });
+    let relay = outbox_core::Relay::with_config(store.clone(), publishing(&sink), config("after"));
+    let ids = write(
+        &backend,
+        &(1..=5)
+            .map(|seq| note::<AuditEvent>(1, seq, seq))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert_eq!(report.deliveries, 4, "{report:?}");
+    assert_eq!(sink.batches(), [5], "the read's five groups at once");
+    assert_eq!(seqs_of(&sink, "1:1"), [1, 2, 4, 5]);
+    assert_eq!(
+        pending_ids(&backend).await,
+        [ids[2]],
+        "only the refused one"
+    );
+    let state = state_of(&store, &org_shard(1)).await.expect("a state");
+    assert_eq!(state.attempts, 1, "the refusal is an attempt");
+
+    sink.refuse(|_| false);
+    assert!(store.reschedule(&org_shard(1)).await.expect("reschedule"));
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(
+        seqs_of(&sink, "1:1"),
+        [1, 2, 4, 5, 3],
+        "each once; the refused one after what the broker stored"
+    );
+    assert!(pending_ids(&backend).await.is_empty());
+}
+
 /// A publisher can route, encode and prefix its de-duplication keys its own way.
 pub async fn a_publisher_routes_encodes_and_prefixes_its_own_way<B: StoreBackend>() {
     let backend = B::create().await;
