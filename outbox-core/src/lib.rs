@@ -139,8 +139,8 @@ pub use crate::replication::{Deletion, Replication};
 pub use crate::secret::{redact_url, secret_parameters};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{
-    Admin, DeadLetter, DeadLetterFilter, HandlerMode, OutboxStatus, Pause, PauseTarget,
-    ShardFilter, ShardInfo, ShardStatus, Store,
+    Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, HandlerMode, Heartbeat, OutboxStatus,
+    Pause, PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardStatus, Store,
 };
 pub use crate::trace::TraceRelation;
 

@@ -634,6 +634,91 @@ impl ShardInfo {
     }
 }
 
+/// What a running relay says of itself at each heartbeat ([`Store::beat`]): the row
+/// [`Admin::relays`] reads back, so that an operator's `outbox status` sees the relays that
+/// run and the systems they are waiting on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Heartbeat {
+    /// The relay's worker id.
+    pub worker: String,
+    /// When its [`Relay::run`](crate::Relay::run) started.
+    pub started_at: SystemTime,
+    /// The shards it is draining now.
+    pub shards_in_flight: u64,
+    /// The shards it holds back while their breaker is open.
+    pub shards_waiting: u64,
+    /// The names of the breakers it found open that are open still.
+    pub open_breakers: Vec<String>,
+    /// How long the row stands for a running relay without another heartbeat (a few of its
+    /// intervals): past it, the relay stopped answering.
+    pub expires_in: Duration,
+}
+
+impl Heartbeat {
+    /// A heartbeat (stores' tests build these; the relay makes its own).
+    pub fn new(worker: impl Into<String>, started_at: SystemTime, expires_in: Duration) -> Self {
+        Self {
+            worker: worker.into(),
+            started_at,
+            shards_in_flight: 0,
+            shards_waiting: 0,
+            open_breakers: Vec::new(),
+            expires_in,
+        }
+    }
+
+    /// With `in_flight` shards being drained and `waiting` held back behind
+    /// `open_breakers`.
+    pub fn with_shards(mut self, in_flight: u64, waiting: u64, open_breakers: Vec<String>) -> Self {
+        self.shards_in_flight = in_flight;
+        self.shards_waiting = waiting;
+        self.open_breakers = open_breakers;
+        self
+    }
+}
+
+/// A relay as its last heartbeat recorded it ([`Admin::relays`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayInfo {
+    /// The relay's worker id.
+    pub worker: String,
+    /// When it started.
+    pub started_at: SystemTime,
+    /// Its last heartbeat, by the database's clock.
+    pub seen_at: SystemTime,
+    /// Whether it is running: its last heartbeat has not expired. A relay that stops
+    /// deletes its row; one whose row expired stopped answering (killed, hung, or cut off
+    /// from the database).
+    pub live: bool,
+    /// The shards it was draining.
+    pub shards_in_flight: u64,
+    /// The shards it held back while their breaker was open.
+    pub shards_waiting: u64,
+    /// The breakers it found open (the systems that did not answer it).
+    pub open_breakers: Vec<String>,
+}
+
+impl RelayInfo {
+    /// A relay record (backends build these when listing).
+    pub fn new(heartbeat: Heartbeat, seen_at: SystemTime, live: bool) -> Self {
+        Self {
+            worker: heartbeat.worker,
+            started_at: heartbeat.started_at,
+            seen_at,
+            live,
+            shards_in_flight: heartbeat.shards_in_flight,
+            shards_waiting: heartbeat.shards_waiting,
+            open_breakers: heartbeat.open_breakers,
+        }
+    }
+}
+
+/// How long a relay that stopped answering stays in [`Admin::relays`] (then its row is
+/// deleted at another relay's heartbeat).
+pub const FORGET_RELAYS_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Which shards [`Admin::shards`] lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ShardFilter {
@@ -787,6 +872,13 @@ pub trait Store: Clone + Send + Sync + 'static {
         age: Duration,
         limit: usize,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Records a running relay's heartbeat (its row, by worker id, written anew), and deletes
+    /// the rows of relays that stopped answering more than [`FORGET_RELAYS_AFTER`] ago.
+    fn beat(&self, heartbeat: &Heartbeat) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deletes a stopping relay's row.
+    fn leave(&self, worker: &str) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// The operator's side of a store: what is pending, each shard's state, and a shard made due
@@ -901,6 +993,11 @@ pub trait Admin: Send + Sync {
         &self,
         category: CategoryId,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The relays as their heartbeats recorded them, by worker id: those running, and those
+    /// that stopped answering in the last [`FORGET_RELAYS_AFTER`] (`live` false). A relay
+    /// that stopped on its own is not listed.
+    fn relays(&self) -> impl Future<Output = Result<Vec<RelayInfo>, Error>> + Send;
 }
 
 /// A claimed shard: read its messages, acknowledge delivered groups, finish.

@@ -6,7 +6,8 @@ use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, SetAsideStatements, Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
+    Statements,
 };
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
@@ -49,6 +50,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 6,
         description: "backfill watermarks",
         sql: include_str!("../migrations/0006_backfills.sql"),
+    },
+    EmbeddedMigration {
+        version: 7,
+        description: "relays' heartbeats",
+        sql: include_str!("../migrations/0007_relays.sql"),
     },
 ];
 
@@ -625,6 +631,28 @@ const SHARD: &str = concat!(
     " FROM v"
 );
 
+/// The relays' heartbeats.
+const RELAYS: RelayStatements = RelayStatements {
+    beat: "INSERT INTO outbox_relays (worker, started_at, seen_at, expires_at, in_flight, \
+               waiting, open_breakers) \
+           VALUES ($1, to_timestamp($2::bigint / 1000.0), now(), \
+               now() + $3::bigint * interval '1 millisecond', $4, $5, $6) \
+           ON CONFLICT (worker) DO UPDATE SET started_at = excluded.started_at, \
+               seen_at = excluded.seen_at, expires_at = excluded.expires_at, \
+               in_flight = excluded.in_flight, waiting = excluded.waiting, \
+               open_breakers = excluded.open_breakers",
+    forget: "DELETE FROM outbox_relays \
+             WHERE expires_at < now() - $1::bigint * interval '1 millisecond'",
+    leave: "DELETE FROM outbox_relays WHERE worker = $1",
+    list: "SELECT worker, (extract(epoch FROM started_at) * 1000)::bigint, \
+               (extract(epoch FROM seen_at) * 1000)::bigint, \
+               (extract(epoch FROM expires_at - seen_at) * 1000)::bigint, in_flight, waiting, \
+               open_breakers, expires_at > now() \
+           FROM outbox_relays \
+           WHERE expires_at >= now() - $1::bigint * interval '1 millisecond' \
+           ORDER BY worker",
+};
+
 const SET_ASIDE: SetAsideStatements = SetAsideStatements {
     lock_message: "SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
                    WHERE id = $1 FOR UPDATE",
@@ -741,6 +769,7 @@ impl Dialect for PgDialect {
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,
+        relays: RELAYS,
         shard_messages: SHARD_MESSAGES,
     };
 

@@ -13,7 +13,8 @@ use outbox_sqlx::error::database;
 use outbox_sqlx::session::shard_keyed;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, SetAsideStatements, Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
+    Statements,
 };
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
@@ -70,6 +71,11 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 6,
         description: "backfill watermarks",
         sql: include_str!("../migrations/0006_backfills.sql"),
+    },
+    EmbeddedMigration {
+        version: 7,
+        description: "relays' heartbeats",
+        sql: include_str!("../migrations/0007_relays.sql"),
     },
 ];
 
@@ -588,6 +594,37 @@ const SHARD: &str = concat!(
     " FROM v"
 );
 
+/// The relays' heartbeats.
+const RELAYS: RelayStatements = RelayStatements {
+    beat: concat!(
+        "INSERT INTO outbox_relays (worker, started_at, seen_at, expires_at, in_flight, \
+             waiting, open_breakers) \
+         VALUES (?1, ?2, ",
+        now!(),
+        ", ",
+        now!(),
+        " + ?3, ?4, ?5, ?6) \
+         ON CONFLICT (worker) DO UPDATE SET started_at = excluded.started_at, \
+             seen_at = excluded.seen_at, expires_at = excluded.expires_at, \
+             in_flight = excluded.in_flight, waiting = excluded.waiting, \
+             open_breakers = excluded.open_breakers"
+    ),
+    forget: concat!(
+        "DELETE FROM outbox_relays WHERE expires_at < ",
+        now!(),
+        " - ?1"
+    ),
+    leave: "DELETE FROM outbox_relays WHERE worker = ?1",
+    list: concat!(
+        "SELECT worker, started_at, seen_at, expires_at - seen_at, in_flight, waiting, \
+             open_breakers, expires_at > ",
+        now!(),
+        " FROM outbox_relays WHERE expires_at >= ",
+        now!(),
+        " - ?1 ORDER BY worker"
+    ),
+};
+
 const SET_ASIDE: SetAsideStatements = SetAsideStatements {
     lock_message: "SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
                    WHERE id = ?1",
@@ -751,6 +788,7 @@ impl Dialect for SqliteDialect {
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,
+        relays: RELAYS,
         shard_messages: SHARD_MESSAGES,
     };
 

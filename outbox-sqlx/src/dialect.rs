@@ -186,6 +186,27 @@ pub struct Statements {
     pub backfill: BackfillStatements,
     /// An operator's set-aside of one message (S25).
     pub set_aside: SetAsideStatements,
+    /// The relays' heartbeats.
+    pub relays: RelayStatements,
+}
+
+/// The statements of the relays' heartbeats ([`Store::beat`](outbox_core::Store::beat),
+/// [`Admin::relays`](outbox_core::Admin::relays)).
+#[derive(Debug, Clone, Copy)]
+pub struct RelayStatements {
+    /// Writes a relay's row anew: `$1` worker, `$2` when it started (ms since the epoch),
+    /// `$3` milliseconds until it expires, `$4` shards in flight, `$5` shards waiting (`i64`),
+    /// `$6` the open breakers' names (a JSON array). Seen now, by the database's clock.
+    pub beat: &'static str,
+    /// Deletes the rows that expired more than `$1` milliseconds ago.
+    pub forget: &'static str,
+    /// Deletes a relay's row: `$1` worker.
+    pub leave: &'static str,
+    /// The rows that expired no more than `$1` milliseconds ago, by worker: worker, started
+    /// and seen (ms since the epoch), how long the row stands after it was seen (ms), shards
+    /// in flight and waiting (`i64`), open breakers (a JSON array), and whether it is live
+    /// (not expired; a boolean).
+    pub list: &'static str,
 }
 
 /// The statements that set one pending message aside as a dead letter (S25), run in this

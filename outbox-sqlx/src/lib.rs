@@ -41,7 +41,8 @@ pub mod wake;
 pub mod write;
 
 pub use crate::dialect::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, SetAsideStatements, Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
+    Statements,
 };
 pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{Columns, Writable, Write};

@@ -6,9 +6,9 @@ use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
 };
 use outbox_core::store::{
-    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, Lease, MIGRATIONS_TABLE,
-    OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState,
-    ShardStatus, check_migrations,
+    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, FORGET_RELAYS_AFTER,
+    Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget, PendingMessage,
+    RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
 use sqlx::{Database, Pool};
@@ -446,6 +446,35 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         self.write(query, "purging expired dead letters").await
     }
+
+    async fn beat(&self, heartbeat: &Heartbeat) -> Result<(), Error> {
+        const OPERATION: &str = "recording the relay's heartbeat";
+        let started_ms = heartbeat
+            .started_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, duration_ms);
+        // A list of strings always serialises.
+        let breakers =
+            serde_json::to_string(&heartbeat.open_breakers).unwrap_or_else(|_| "[]".to_owned());
+        let query = sqlx::query(D::SQL.relays.beat)
+            .with(heartbeat.worker.clone())
+            .with(started_ms)
+            .with(duration_ms(heartbeat.expires_in))
+            .with(i64::try_from(heartbeat.shards_in_flight).unwrap_or(i64::MAX))
+            .with(i64::try_from(heartbeat.shards_waiting).unwrap_or(i64::MAX))
+            .with(breakers);
+        self.write(query, OPERATION).await?;
+        let forget = sqlx::query(D::SQL.relays.forget).with(duration_ms(FORGET_RELAYS_AFTER));
+        self.write(forget, OPERATION).await?;
+        Ok(())
+    }
+
+    async fn leave(&self, worker: &str) -> Result<(), Error> {
+        let query = sqlx::query(D::SQL.relays.leave).with(worker.to_owned());
+        self.write(query, "deleting the relay's heartbeat")
+            .await
+            .map(drop)
+    }
 }
 
 /// A shard as [`Statements::shards`](crate::Statements::shards) returns it, its columns from
@@ -774,6 +803,36 @@ impl<D: Dialect> Admin for SqlxStore<D> {
 
     async fn backfills(&self) -> Result<Vec<BackfillState>, Error> {
         self.backfill_states().await
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        const OPERATION: &str = "listing the relays";
+        let query = sqlx::query(D::SQL.relays.list).with(duration_ms(FORGET_RELAYS_AFTER));
+        let rows = self.rows(query, OPERATION).await?;
+        let relay = |row: &<D::Database as Database>::Row| -> Result<RelayInfo, sqlx::Error> {
+            let count = |index| {
+                get::<D::Database, i64>(row, index).map(|count| u64::try_from(count).unwrap_or(0))
+            };
+            let breakers: String = get::<D::Database, _>(row, 6)?;
+            let breakers: Vec<String> = serde_json::from_str(&breakers)
+                .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
+            let stands = get::<D::Database, i64>(row, 3)?;
+            let heartbeat = Heartbeat::new(
+                get::<D::Database, String>(row, 0)?,
+                from_ms(get::<D::Database, _>(row, 1)?),
+                Duration::from_millis(u64::try_from(stands).unwrap_or(0)),
+            )
+            .with_shards(count(4)?, count(5)?, breakers);
+            let seen = from_ms(get::<D::Database, _>(row, 2)?);
+            Ok(RelayInfo::new(
+                heartbeat,
+                seen,
+                get::<D::Database, bool>(row, 7)?,
+            ))
+        };
+        rows.iter()
+            .map(|row| relay(row).map_err(database::<D>(OPERATION)))
+            .collect()
     }
 
     async fn start_backfill(&self, start: &BackfillStart) -> Result<BackfillState, Error> {

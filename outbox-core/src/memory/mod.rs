@@ -81,9 +81,9 @@ use crate::id::Identifier;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ReplicatedModel};
 use crate::store::{
-    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Lease,
-    OutboxStatus, Pause, PauseTarget, PendingMessage, ShardFilter, ShardInfo, ShardState, Store,
-    Wakeup, WakeupStream,
+    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Heartbeat,
+    Lease, OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo,
+    ShardState, Store, Wakeup, WakeupStream,
 };
 
 /// The outbox in memory: a [`Store`] without a database (see [the module](self)).
@@ -431,6 +431,18 @@ impl Store for MemoryStore {
             tables.purge_dead_letters_older_than(age, limit, now)
         })
     }
+
+    async fn beat(&self, heartbeat: &Heartbeat) -> Result<(), Error> {
+        self.operation("recording the relay's heartbeat", |tables, now| {
+            tables.beat(heartbeat, now);
+        })
+    }
+
+    async fn leave(&self, worker: &str) -> Result<(), Error> {
+        self.operation("deleting the relay's heartbeat", |tables, _| {
+            tables.leave(worker);
+        })
+    }
 }
 
 impl Admin for MemoryStore {
@@ -533,6 +545,10 @@ impl Admin for MemoryStore {
         self.operation("pausing a backfill", |tables, now| {
             tables.pause_backfill(category, now)
         })
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        self.operation("listing the relays", |tables, now| tables.relays(now))
     }
 }
 

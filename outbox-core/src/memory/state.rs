@@ -14,8 +14,9 @@ use crate::id::Id;
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
-    GroupKey, GroupTail, Lease, OutboxStatus, Outcome, Pause, PauseTarget, PendingMessage,
-    ShardFilter, ShardInfo, ShardState, ShardStatus, StoredMessage,
+    FORGET_RELAYS_AFTER, GroupKey, GroupTail, Heartbeat, Lease, OutboxStatus, Outcome, Pause,
+    PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus,
+    StoredMessage,
 };
 
 /// One pending row of `outbox_messages`.
@@ -124,9 +125,33 @@ pub(super) struct Tables {
     models: HashMap<(&'static str, Id), serde_json::Value>,
     /// The backfills' watermarks (S11).
     backfills: BTreeMap<CategoryId, BackfillState>,
+    /// The relays' last heartbeats, and when each came.
+    relays: BTreeMap<String, (Heartbeat, SystemTime)>,
 }
 
 impl Tables {
+    pub(super) fn beat(&mut self, heartbeat: &Heartbeat, now: SystemTime) {
+        self.relays
+            .retain(|_, (beat, seen)| later(*seen, beat.expires_in + FORGET_RELAYS_AFTER) > now);
+        self.relays
+            .insert(heartbeat.worker.clone(), (heartbeat.clone(), now));
+    }
+
+    pub(super) fn leave(&mut self, worker: &str) {
+        self.relays.remove(worker);
+    }
+
+    pub(super) fn relays(&self, now: SystemTime) -> Vec<RelayInfo> {
+        self.relays
+            .values()
+            .filter(|(beat, seen)| later(*seen, beat.expires_in + FORGET_RELAYS_AFTER) > now)
+            .map(|(beat, seen)| {
+                let live = later(*seen, beat.expires_in) > now;
+                RelayInfo::new(beat.clone(), *seen, live)
+            })
+            .collect()
+    }
+
     pub(super) fn insert(&mut self, row: Row) -> MessageId {
         self.last_id += 1;
         let id = MessageId(self.last_id);

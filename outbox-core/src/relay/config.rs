@@ -53,6 +53,7 @@ pub struct RelayConfig {
     pub(crate) max_reconnect_delay: Duration,
     pub(crate) flush_wait: Duration,
     pub(crate) maintenance_interval: Duration,
+    pub(crate) heartbeat_interval: Duration,
     pub(crate) dead_letter_retention: Option<Duration>,
     pub(crate) gauge_interval: Option<Duration>,
     pub(crate) backfill_interval: Option<Duration>,
@@ -84,6 +85,7 @@ impl Default for RelayConfig {
             max_reconnect_delay: Duration::from_secs(30),
             flush_wait: Duration::from_secs(5),
             maintenance_interval: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(10),
             dead_letter_retention: None,
             gauge_interval: Some(Duration::from_secs(15)),
             backfill_interval: Some(Duration::from_millis(100)),
@@ -194,6 +196,11 @@ impl RelayConfig {
         self.maintenance_interval
     }
 
+    /// How often the background relay records its heartbeat ([`Admin::relays`](crate::Admin::relays)).
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
     /// How long dead letters are kept before the relay's upkeep purges them; `None`: for ever.
     pub fn dead_letter_retention(&self) -> Option<Duration> {
         self.dead_letter_retention
@@ -276,6 +283,11 @@ impl RelayConfig {
                 "maintenance_interval",
                 self.maintenance_interval,
                 "the relay's upkeep would run without pause",
+            ),
+            (
+                "heartbeat_interval",
+                self.heartbeat_interval,
+                "the relay's heartbeat would be written without pause",
             ),
             (
                 "max_reconnect_delay",
@@ -501,6 +513,16 @@ impl RelayConfigBuilder {
     /// does it once, on demand.
     pub fn maintenance_interval(mut self, interval: Duration) -> Self {
         self.config.maintenance_interval = interval;
+        self
+    }
+
+    /// How often [`Relay::run`](crate::Relay::run) records its heartbeat (10 s by default;
+    /// not zero), and at once when it finds a breaker open: its worker id, when it started,
+    /// the shards it drains and those waiting on open breakers, which
+    /// [`Admin::relays`](crate::Admin::relays) and `outbox status` read. A heartbeat stands for
+    /// three intervals: a relay silent longer stopped answering.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.config.heartbeat_interval = interval;
         self
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::sink::Breaker;
+use crate::store::Heartbeat;
 
 /// A relay's health, as [`Relay::health`](crate::Relay::health) found it.
 ///
@@ -66,6 +67,10 @@ pub(crate) struct Vitals {
     in_flight: AtomicUsize,
     /// The breakers a drain found open, until they close.
     breakers: Mutex<Vec<Breaker>>,
+    /// The shards parked on open breakers.
+    waiting: AtomicUsize,
+    /// Asks for a heartbeat now (a breaker found open, shards parked or resumed).
+    beat_now: tokio::sync::Notify,
 }
 
 fn now_ms() -> u64 {
@@ -95,7 +100,45 @@ impl Vitals {
         breakers.retain(Breaker::is_open);
         if !breakers.iter().any(|known| known.id() == breaker.id()) {
             breakers.push(breaker.clone());
+            self.beat_now.notify_one();
         }
+    }
+
+    /// `count` shards are parked on open breakers now.
+    pub(crate) fn set_waiting(&self, count: usize) {
+        if self.waiting.swap(count, Ordering::Relaxed) != count {
+            self.beat_now.notify_one();
+        }
+    }
+
+    /// Ends when a heartbeat is wanted before the next interval.
+    pub(crate) async fn beat_wanted(&self) {
+        self.beat_now.notified().await;
+    }
+
+    /// The relay's heartbeat now.
+    pub(crate) fn heartbeat(
+        &self,
+        worker: &str,
+        started_at: SystemTime,
+        expires_in: Duration,
+    ) -> Heartbeat {
+        Heartbeat::new(worker, started_at, expires_in).with_shards(
+            self.in_flight.load(Ordering::Relaxed) as u64,
+            self.waiting.load(Ordering::Relaxed) as u64,
+            self.open_breakers(),
+        )
+    }
+
+    /// The names of the breakers found open that are open still.
+    fn open_breakers(&self) -> Vec<String> {
+        self.breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|breaker| breaker.is_open())
+            .map(|breaker| breaker.name().to_owned())
+            .collect()
     }
 
     pub(crate) fn acknowledged(&self) {
@@ -121,14 +164,7 @@ impl Vitals {
             last_ack_at: time(self.last_ack_ms.load(Ordering::Relaxed)),
             shards_in_flight: self.in_flight.load(Ordering::Relaxed),
             oldest_due_lag,
-            open_breakers: self
-                .breakers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .filter(|breaker| breaker.is_open())
-                .map(|breaker| breaker.name().to_owned())
-                .collect(),
+            open_breakers: self.open_breakers(),
         }
     }
 }

@@ -64,6 +64,11 @@ impl Parked {
         self.shards.holds(shard)
     }
 
+    /// How many shards are parked.
+    pub(super) fn len(&self) -> usize {
+        self.shards.0.len()
+    }
+
     /// Whether a breaker is being waited on.
     pub(super) fn is_waiting(&self) -> bool {
         !self.closing.is_empty()

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -83,9 +83,15 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             return Ok(self.report);
         }
         info!(worker = %self.inner.config.worker_id, "relay running");
-        let _upkeep = Upkeep::start(self.inner);
+        let upkeep = Upkeep::start(self.inner);
         while self.turn().await.is_continue() {}
-        Ok(self.stop().await)
+        let report = self.stop().await;
+        drop(upkeep);
+        let worker = &inner.config.worker_id;
+        if let Err(error) = inner.store.leave(worker).await {
+            debug!(error = %error_chain(&error), "deleting the relay's heartbeat failed; it expires");
+        }
+        Ok(report)
     }
 
     /// Checks the schema, retrying with backoff while the database is unavailable.
@@ -219,7 +225,10 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                     self.rewake.extend(busy.cloned());
                     self.start(shards).await?;
                 }
-                Woken::Closed(shards) => self.start(shards).await?,
+                Woken::Closed(shards) => {
+                    self.inner.vitals.set_waiting(self.parked.len());
+                    self.start(shards).await?;
+                }
                 Woken::Wakeup(Err(error)) => {
                     self.listener.broke(&error);
                     return ControlFlow::Continue(());
@@ -251,6 +260,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             && let DrainEnd::Unavailable(breaker) = &run.end
         {
             self.parked.park(shard.clone(), breaker.clone());
+            self.inner.vitals.set_waiting(self.parked.len());
         }
         self.resweep |= drained.is_err();
         finished(&mut self.report, &mut self.outage, &shard, drained);
@@ -263,6 +273,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     /// that closed.
     async fn start_again(&mut self) -> ControlFlow<()> {
         let closed = self.parked.closed_now();
+        if !closed.is_empty() {
+            self.inner.vitals.set_waiting(self.parked.len());
+        }
         self.again.extend(closed);
         if self.again.is_empty() {
             return ControlFlow::Continue(());
@@ -308,11 +321,12 @@ impl Upkeep {
     fn start<S: Store>(inner: &Arc<Inner<S>>) -> Self {
         let config = &inner.config;
         let upkeep = config.maintenance_interval;
-        let mut tasks = vec![every(inner, upkeep, upkeep, |inner| async move {
+        let mut tasks = vec![tokio::spawn(beat(Arc::clone(inner)))];
+        tasks.push(every(inner, upkeep, upkeep, |inner| async move {
             if let Err(error) = inner.maintain().await {
                 warn!(error = %error_chain(&error), "relay upkeep failed; retried at the next interval");
             }
-        })];
+        }));
         if let Some(interval) = config.gauge_interval {
             tasks.push(every(inner, Duration::ZERO, interval, |inner| async move {
                 if let Err(error) = inner.refresh_gauges().await {
@@ -348,6 +362,33 @@ impl Upkeep {
             }));
         }
         Self(tasks)
+    }
+}
+
+/// Records the relay's heartbeat now, then every heartbeat interval, and at once when its
+/// shards start or stop waiting on a breaker. A failure is logged once until one succeeds.
+async fn beat<S: Store>(inner: Arc<Inner<S>>) {
+    let config = &inner.config;
+    let started_at = SystemTime::now();
+    let interval = config.heartbeat_interval;
+    let expires_in = interval.saturating_mul(3);
+    let mut failing = false;
+    loop {
+        let heartbeat = inner
+            .vitals
+            .heartbeat(&config.worker_id, started_at, expires_in);
+        match inner.store.beat(&heartbeat).await {
+            Ok(()) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                debug!(error = %error_chain(&error), "recording the relay's heartbeat failed; retried at the next interval");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = inner.vitals.beat_wanted() => {}
+        }
     }
 }
 

@@ -147,6 +147,8 @@ macro_rules! store_conformance_tests {
             a_refused_message_fails_only_its_shard,
             an_unreachable_sink_parks_its_shards_without_counting_attempts,
             a_running_relay_resumes_parked_shards_when_the_breaker_closes,
+            heartbeats_are_listed_until_their_relay_leaves,
+            a_running_relay_says_which_breakers_hold_its_shards,
             s15_concurrent_claims_grant_one_lease,
             s15_two_relays_share_shards_without_overlap,
             s15_claiming_many_shards_grants_each_once,

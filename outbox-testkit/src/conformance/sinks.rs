@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use outbox_core::sink::{Publisher, Sink, headers};
 use outbox_core::telemetry::{BREAKER_OPEN, BREAKER_OPENINGS};
-use outbox_core::{Admin, BoxError, Delivery, Registry, RelayConfig, TRACEPARENT};
+use outbox_core::{
+    Admin, BoxError, Delivery, Heartbeat, Registry, RelayConfig, RelayInfo, Store, TRACEPARENT,
+};
 
 use super::relay::{run_until_stopped, stopped};
 use super::{config, eventually, pending_ids, state_of, write};
@@ -382,6 +384,135 @@ pub async fn a_running_relay_resumes_parked_shards_when_the_breaker_closes<B: St
     assert_eq!(report.failures, 0, "{report:?}");
     assert!(report.unavailable >= 1, "{report:?}");
     assert!(pending_ids(&backend).await.is_empty());
+}
+
+/// Polls `store`'s relays until `check` holds of them, failing the test after 15 s.
+async fn relays_until<S: Admin>(
+    store: &S,
+    what: &str,
+    check: impl Fn(&[RelayInfo]) -> bool,
+) -> Vec<RelayInfo> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let relays = store.relays().await.expect("the relays");
+        if check(&relays) {
+            return relays;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}: {relays:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Heartbeats are listed by worker, live until they expire, for a day after that (a relay
+/// that stopped answering), and not at all once their relay left.
+pub async fn heartbeats_are_listed_until_their_relay_leaves<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    assert!(store.relays().await.expect("relays").is_empty());
+    let started = std::time::SystemTime::now() - Duration::from_secs(60);
+    let beat = Heartbeat::new("relay-a", started, Duration::from_secs(30)).with_shards(
+        2,
+        3,
+        vec!["nats".to_owned()],
+    );
+    store.beat(&beat).await.expect("beat");
+    store
+        .beat(&Heartbeat::new(
+            "relay-b",
+            started,
+            Duration::from_millis(1),
+        ))
+        .await
+        .expect("beat");
+    let relays = relays_until(&store, "relay-b stops answering", |relays| {
+        relays.len() == 2 && !relays[1].live
+    })
+    .await;
+    let a = &relays[0];
+    assert_eq!(a.worker, "relay-a");
+    assert!(a.live, "{a:?}");
+    assert_eq!((a.shards_in_flight, a.shards_waiting), (2, 3));
+    assert_eq!(a.open_breakers, ["nats"]);
+    let drift = a
+        .started_at
+        .duration_since(started)
+        .unwrap_or_else(|early| early.duration());
+    assert!(
+        drift < Duration::from_millis(2),
+        "started to the millisecond: {drift:?}"
+    );
+    let age = std::time::SystemTime::now()
+        .duration_since(a.seen_at)
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(10), "seen just now: {age:?}");
+    assert_eq!(relays[1].worker, "relay-b");
+
+    // A new heartbeat replaces the row.
+    store
+        .beat(&Heartbeat::new("relay-a", started, Duration::from_secs(30)))
+        .await
+        .expect("beat");
+    let relays = store.relays().await.expect("relays");
+    assert_eq!(
+        (relays[0].shards_waiting, relays[0].open_breakers.len()),
+        (0, 0)
+    );
+
+    store.leave("relay-a").await.expect("leave");
+    let relays = store.relays().await.expect("relays");
+    assert_eq!(relays.len(), 1, "{relays:?}");
+    assert_eq!(relays[0].worker, "relay-b");
+}
+
+/// A running relay records its heartbeat from its start: the shards it holds back behind an
+/// open breaker and the breaker's name as soon as it opens, none once it closed; and its row
+/// goes when it stops.
+pub async fn a_running_relay_says_which_breakers_hold_its_shards<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let sink = MemorySink::new();
+    sink.set_down(true);
+    let config: RelayConfig = config("beating")
+        .to_builder()
+        .heartbeat_interval(Duration::from_secs(3600))
+        .build()
+        .expect("a valid relay configuration");
+    let relay = outbox_core::Relay::with_config(store.clone(), publishing(&sink), config);
+    let (stop, running) = run_until_stopped(&relay);
+    relays_until(&store, "the relay beats at its start", |relays| {
+        relays.len() == 1 && relays[0].worker == "beating" && relays[0].live
+    })
+    .await;
+    write(
+        &backend,
+        &[note::<AuditEvent>(1, 1, 1), note::<AuditEvent>(2, 1, 2)],
+    )
+    .await;
+    // The heartbeat interval is an hour: only the breaker's opening can say so.
+    let relays = relays_until(&store, "the open breaker is recorded", |relays| {
+        relays
+            .first()
+            .is_some_and(|relay| relay.shards_waiting == 2)
+    })
+    .await;
+    assert_eq!(relays[0].open_breakers, ["the memory sink"], "{relays:?}");
+
+    sink.set_down(false);
+    relays_until(&store, "the closed breaker is recorded", |relays| {
+        relays
+            .first()
+            .is_some_and(|relay| relay.shards_waiting == 0 && relay.open_breakers.is_empty())
+    })
+    .await;
+    let report = stopped(stop, running).await;
+    assert_eq!(report.failures, 0, "{report:?}");
+    assert!(
+        store.relays().await.expect("relays").is_empty(),
+        "a relay that stops deletes its row"
+    );
 }
 
 /// An open breaker is the gauge `outbox_breaker_open` at 1 (0 once it closed), and its
