@@ -476,6 +476,7 @@ async fn execute<S: Store + Admin>(
         Command::Status { deepest } => printer.status(
             out,
             &store.status(deepest).await?,
+            &store.relays().await?,
             &store.backfills().await?,
         ),
         Command::Shards {

@@ -7,7 +7,7 @@ use comfy_table::{Table, presets};
 use outbox_core::store::PendingMessage;
 use outbox_core::{
     BackfillPhase, BackfillState, Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget,
-    ShardInfo, ShardKey, ShardStatus,
+    RelayInfo, ShardInfo, ShardKey, ShardStatus,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -53,6 +53,35 @@ fn render(table: &Table) -> String {
 
 /// A span of time in its two largest units, as people read it: `45s`, `3m 12s`, `2h 5m`,
 /// `10d 0h`.
+/// The relays at a glance: how many run, and how many stopped answering.
+fn relays_summary(relays: &[RelayInfo]) -> String {
+    let running = relays.iter().filter(|relay| relay.live).count();
+    let silent = relays.len() - running;
+    let mut summary = match running {
+        0 => "none running: nothing is delivered".to_owned(),
+        _ => format!("{running} running"),
+    };
+    if silent > 0 {
+        summary.push_str(&format!(", {silent} stopped answering"));
+    }
+    summary
+}
+
+/// The breakers the running relays found open (the systems that do not answer them), and
+/// how many shards wait on them; `None` if there is none.
+fn breakers_summary(relays: &[RelayInfo]) -> Option<String> {
+    let live = relays.iter().filter(|relay| relay.live);
+    let breakers: std::collections::BTreeSet<&str> = live
+        .clone()
+        .flat_map(|relay| relay.open_breakers.iter().map(String::as_str))
+        .collect();
+    let waiting: u64 = live.map(|relay| relay.shards_waiting).sum();
+    (!breakers.is_empty()).then(|| {
+        let names: Vec<&str> = breakers.into_iter().collect();
+        format!("{}: {waiting} shards waiting", names.join(", "))
+    })
+}
+
 fn span(duration: Duration) -> String {
     let seconds = duration.as_secs();
     let (minutes, hours, days) = (seconds / 60, seconds / 3600, seconds / 86_400);
@@ -209,6 +238,7 @@ impl<'a> Printer<'a> {
         &self,
         out: &mut dyn Write,
         status: &OutboxStatus,
+        relays: &[RelayInfo],
         backfills: &[BackfillState],
     ) -> Result<(), CliError> {
         if self.json {
@@ -227,6 +257,7 @@ impl<'a> Printer<'a> {
                     "dead_letters": status.dead_letters,
                     "oldest_dead_letter_at": rfc3339(status.oldest_dead_letter_at),
                     "deepest": status.deepest.iter().map(|info| self.shard_json(info)).collect::<Vec<_>>(),
+                    "relays": relays.iter().map(|relay| self.relay_json(relay)).collect::<Vec<_>>(),
                     "backfills": backfills.iter().map(|state| self.backfill_json(state)).collect::<Vec<_>>(),
                 }),
             );
@@ -253,6 +284,13 @@ impl<'a> Printer<'a> {
             status.dead_letters,
             self.ago(status.oldest_dead_letter_at)
         )?;
+        writeln!(out, "relays            {}", relays_summary(relays))?;
+        if let Some(breakers) = breakers_summary(relays) {
+            writeln!(out, "open breakers     {breakers}")?;
+        }
+        if !relays.is_empty() {
+            writeln!(out, "\nrelays\n{}", render(&self.relay_table(relays)))?;
+        }
         if !status.deepest.is_empty() {
             writeln!(
                 out,
@@ -272,6 +310,53 @@ impl<'a> Printer<'a> {
             )?;
         }
         Ok(())
+    }
+
+    fn relay_json(&self, relay: &RelayInfo) -> Value {
+        json!({
+            "worker": relay.worker,
+            "running": relay.live,
+            "started_at": rfc3339(Some(relay.started_at)),
+            "seen_at": rfc3339(Some(relay.seen_at)),
+            "seen_age_seconds": self.age_seconds(Some(relay.seen_at)),
+            "shards_in_flight": relay.shards_in_flight,
+            "shards_waiting": relay.shards_waiting,
+            "open_breakers": relay.open_breakers,
+        })
+    }
+
+    fn relay_table(&self, relays: &[RelayInfo]) -> Table {
+        let mut table = table(&[
+            "WORKER",
+            "STATE",
+            "STARTED",
+            "SEEN",
+            "IN FLIGHT",
+            "WAITING",
+            "OPEN BREAKERS",
+        ]);
+        for relay in relays {
+            let running = relay.live;
+            table.add_row(vec![
+                relay.worker.clone(),
+                if running {
+                    "running"
+                } else {
+                    "stopped answering"
+                }
+                .to_owned(),
+                self.ago(Some(relay.started_at)),
+                self.ago(Some(relay.seen_at)),
+                relay.shards_in_flight.to_string(),
+                relay.shards_waiting.to_string(),
+                if relay.open_breakers.is_empty() {
+                    "-".to_owned()
+                } else {
+                    relay.open_breakers.join(", ")
+                },
+            ]);
+        }
+        table
     }
 
     /// A model by its category: its name where known, else its number.

@@ -2,11 +2,13 @@
 //! and SQLite databases holding failing, parked, paused and dead-lettered shards.
 
 use std::process::Output;
+use std::time::{Duration, SystemTime};
 
 use assert_cmd::Command;
 use clap::Parser;
 use outbox_core::{
-    Admin, BoxError, Catalog, Delivery, Message, PauseTarget, Registry, Relay, ShardKey,
+    Admin, BoxError, Catalog, Delivery, Heartbeat, Message, PauseTarget, Registry, Relay, ShardKey,
+    Store,
 };
 use outbox_sqlx::{Dialect, SqlxStore};
 use outbox_testkit::fixtures::{FutureCategory, OrgUpdate, ProjectUpdate, note};
@@ -257,10 +259,10 @@ where
     };
 
     // Retry: due now, attempts kept; a second retry has nothing to do.
-    assert!(state(org(1)).await.retry_at > Some(std::time::SystemTime::now()));
+    assert!(state(org(1)).await.retry_at > Some(SystemTime::now()));
     expect(&url, &["retry", "1:1"], 0);
     let retried = state(org(1)).await;
-    assert!(retried.retry_at <= Some(std::time::SystemTime::now()));
+    assert!(retried.retry_at <= Some(SystemTime::now()));
     assert_eq!(retried.attempts, 1);
     let refused = outbox(&url, &["retry", "1:1"]);
     assert_eq!(refused.status.code(), Some(3));
@@ -415,12 +417,12 @@ where
         .0
         .to_string();
     expect(&url, &["retry", "1:1"], 0);
-    let session = outbox_core::Store::claim(
+    let session = Store::claim(
         &store,
         &org(1),
         &outbox_core::store::ClaimOptions {
             worker: "relay-7".to_owned(),
-            lease: std::time::Duration::from_secs(30),
+            lease: Duration::from_secs(30),
             mode: outbox_core::HandlerMode::Leased,
         },
     )
@@ -434,7 +436,7 @@ where
         "{}",
         stderr(&held)
     );
-    outbox_core::Store::release(&store, outbox_core::store::ShardSession::lease(&session))
+    Store::release(&store, outbox_core::store::ShardSession::lease(&session))
         .await
         .expect("release");
     drop(session);
@@ -664,6 +666,78 @@ where
 
 /// One test per backend for each scenario: `name(database…)`, each database fresh and
 /// `migrated` or `create`d empty.
+/// `status` says which relays run, which stopped answering, and the breakers they found
+/// open: none running is said as such.
+async fn relays<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    let url = database.url();
+    let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
+    let status = expect(&url, &["status"], 0);
+    assert!(
+        status.contains("relays            none running: nothing is delivered"),
+        "{status}"
+    );
+    assert!(!status.contains("open breakers"), "{status}");
+
+    let started = SystemTime::now() - Duration::from_secs(3 * 3600);
+    let heartbeat = Heartbeat::new("relay-a", started, Duration::from_secs(60));
+    store
+        .beat(&heartbeat.with_shards(1, 2, vec!["nats".to_owned()]))
+        .await
+        .expect("beat");
+    store
+        .beat(&Heartbeat::new(
+            "relay-b",
+            started,
+            Duration::from_millis(1),
+        ))
+        .await
+        .expect("beat");
+    for _ in 0..200 {
+        let relays = store.relays().await.expect("relays");
+        if relays
+            .iter()
+            .any(|relay| relay.worker == "relay-b" && !relay.live)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status = expect(&url, &["status"], 0);
+    for line in [
+        "relays            1 running, 1 stopped answering",
+        "open breakers     nats: 2 shards waiting",
+    ] {
+        assert!(status.contains(line), "{line:?} in:\n{status}");
+    }
+    let rows: Vec<Vec<&str>> = status
+        .lines()
+        .skip_while(|line| !line.starts_with("WORKER"))
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{status}");
+    assert_eq!(rows[0][..4], ["relay-a", "running", "3h", "0m"], "{status}");
+    assert_eq!(rows[0][rows[0].len() - 3..], ["1", "2", "nats"], "{status}");
+    assert_eq!(
+        rows[1][..3],
+        ["relay-b", "stopped", "answering"],
+        "{status}"
+    );
+
+    let status = json(&url, &["status"]);
+    let relays = status["relays"].as_array().expect("relays");
+    assert_eq!(relays.len(), 2);
+    assert_eq!(relays[0]["worker"], "relay-a");
+    assert_eq!(relays[0]["running"], true);
+    assert_eq!(relays[0]["shards_waiting"], 2);
+    assert_eq!(relays[0]["open_breakers"], serde_json::json!(["nats"]));
+    assert_eq!(relays[1]["running"], false);
+}
+
 macro_rules! on_both_backends {
     ($($scenario:ident($($made:ident),+);)+) => {
         mod postgres {
@@ -690,6 +764,7 @@ on_both_backends! {
     operations(migrated);
     names(migrated);
     backfills(migrated);
+    relays(migrated);
     migrations(create, create);
 }
 
