@@ -35,8 +35,16 @@ async fn serves_probes_delivers_orders_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "the order was not shipped");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let live = service.wait_for("/healthz", 200).await;
-    assert!(live["last_ack_at"].is_number(), "{live}");
+    // The shipment commits before the relay records its acknowledgement: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live = service.wait_for("/healthz", 200).await;
+        if live["last_ack_at"].is_number() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no acknowledgement: {live}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let (status, took) = service.terminate().await;
     assert!(status.success(), "exits 0 on SIGTERM: {status:?}");
