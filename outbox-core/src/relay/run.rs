@@ -84,9 +84,12 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         }
         info!(worker = %self.inner.config.worker_id, "relay running");
         let upkeep = Upkeep::start(self.inner);
+        let heartbeat = Heartbeats::start(self.inner);
         while self.turn().await.is_continue() {}
         let report = self.stop().await;
         drop(upkeep);
+        // The heartbeat in flight lands before the row is deleted, never after.
+        heartbeat.stop().await;
         let worker = &inner.config.worker_id;
         if let Err(error) = inner.store.leave(worker).await {
             debug!(error = %error_chain(&error), "deleting the relay's heartbeat failed; it expires");
@@ -321,12 +324,11 @@ impl Upkeep {
     fn start<S: Store>(inner: &Arc<Inner<S>>) -> Self {
         let config = &inner.config;
         let upkeep = config.maintenance_interval;
-        let mut tasks = vec![tokio::spawn(beat(Arc::clone(inner)))];
-        tasks.push(every(inner, upkeep, upkeep, |inner| async move {
+        let mut tasks = vec![every(inner, upkeep, upkeep, |inner| async move {
             if let Err(error) = inner.maintain().await {
                 warn!(error = %error_chain(&error), "relay upkeep failed; retried at the next interval");
             }
-        }));
+        })];
         if let Some(interval) = config.gauge_interval {
             tasks.push(every(inner, Duration::ZERO, interval, |inner| async move {
                 if let Err(error) = inner.refresh_gauges().await {
@@ -365,9 +367,45 @@ impl Upkeep {
     }
 }
 
+/// The task that records the relay's heartbeat ([`beat`]): stopped between two heartbeats
+/// by [`Heartbeats::stop`], aborted if dropped.
+struct Heartbeats {
+    stop: Arc<tokio::sync::Notify>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Heartbeats {
+    fn start<S: Store>(inner: &Arc<Inner<S>>) -> Self {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn(beat(Arc::clone(inner), Arc::clone(&stop)));
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops the task once its heartbeat in flight (if any) is recorded.
+    async fn stop(mut self) {
+        self.stop.notify_one();
+        if let Some(task) = self.task.take() {
+            // The task ends on its own; it cannot panic short of a bug, logged by tokio.
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Heartbeats {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
 /// Records the relay's heartbeat now, then every heartbeat interval, and at once when its
-/// shards start or stop waiting on a breaker. A failure is logged once until one succeeds.
-async fn beat<S: Store>(inner: Arc<Inner<S>>) {
+/// shards start or stop waiting on a breaker, until `stop`. A failure is logged once until
+/// one succeeds.
+async fn beat<S: Store>(inner: Arc<Inner<S>>, stop: Arc<tokio::sync::Notify>) {
     let config = &inner.config;
     let started_at = SystemTime::now();
     let interval = config.heartbeat_interval;
@@ -386,6 +424,7 @@ async fn beat<S: Store>(inner: Arc<Inner<S>>) {
             Err(_) => {}
         }
         tokio::select! {
+            () = stop.notified() => return,
             () = tokio::time::sleep(interval) => {}
             () = inner.vitals.beat_wanted() => {}
         }
