@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 use assert_cmd::Command;
 use clap::Parser;
 use outbox_core::{
-    Admin, BoxError, Catalog, Delivery, Heartbeat, Message, PauseTarget, Registry, Relay, ShardKey,
-    Store,
+    Admin, BoxError, Catalog, Delivery, Message, PauseTarget, Registry, Relay, ShardKey, Store,
 };
 use outbox_sqlx::{Dialect, SqlxStore};
+use outbox_testkit::conformance::a_running_and_a_silent_relay;
 use outbox_testkit::fixtures::{FutureCategory, OrgUpdate, ProjectUpdate, note};
 use outbox_testkit::postgres::{PgDatabase, PgTestDatabase};
 use outbox_testkit::sqlite::SqliteTestDatabase;
@@ -682,33 +682,11 @@ where
     assert!(!status.contains("open breakers"), "{status}");
 
     let started = SystemTime::now() - Duration::from_secs(3 * 3600);
-    let heartbeat = Heartbeat::new("relay-a", started, Duration::from_secs(60));
-    store
-        .beat(&heartbeat.with_shards(1, 2, vec!["nats".to_owned()]))
-        .await
-        .expect("beat");
-    store
-        .beat(&Heartbeat::new(
-            "relay-b",
-            started,
-            Duration::from_millis(1),
-        ))
-        .await
-        .expect("beat");
-    for _ in 0..200 {
-        let relays = store.relays().await.expect("relays");
-        if relays
-            .iter()
-            .any(|relay| relay.worker == "relay-b" && !relay.live)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    a_running_and_a_silent_relay(&store, started).await;
     let status = expect(&url, &["status"], 0);
     for line in [
         "relays            1 running, 1 stopped answering",
-        "open breakers     nats: 2 shards waiting",
+        "open breakers     nats: 3 shards waiting",
     ] {
         assert!(status.contains(line), "{line:?} in:\n{status}");
     }
@@ -721,7 +699,7 @@ where
         .collect();
     assert_eq!(rows.len(), 2, "{status}");
     assert_eq!(rows[0][..4], ["relay-a", "running", "3h", "0m"], "{status}");
-    assert_eq!(rows[0][rows[0].len() - 3..], ["1", "2", "nats"], "{status}");
+    assert_eq!(rows[0][rows[0].len() - 3..], ["2", "3", "nats"], "{status}");
     assert_eq!(
         rows[1][..3],
         ["relay-b", "stopped", "answering"],
@@ -733,7 +711,7 @@ where
     assert_eq!(relays.len(), 2);
     assert_eq!(relays[0]["worker"], "relay-a");
     assert_eq!(relays[0]["running"], true);
-    assert_eq!(relays[0]["shards_waiting"], 2);
+    assert_eq!(relays[0]["shards_waiting"], 3);
     assert_eq!(relays[0]["open_breakers"], serde_json::json!(["nats"]));
     assert_eq!(relays[1]["running"], false);
 }

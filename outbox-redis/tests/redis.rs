@@ -49,6 +49,17 @@ impl TestKeys {
         format!("{}:audit_event", self.prefix)
     }
 
+    /// A key holding a plain string, where Redis refuses an `XADD` (WRONGTYPE).
+    async fn plain_key(&self) -> String {
+        let key = format!("{}:plain", self.prefix);
+        let mut connection = self.connection.clone();
+        let _: () = connection
+            .set(&key, "a string")
+            .await
+            .expect("set a plain key");
+        key
+    }
+
     /// The stream's entries, in order.
     async fn entries(&self) -> Vec<Stored> {
         let mut connection = self.connection.clone();
@@ -143,12 +154,7 @@ async fn a_deduplicated_sink_stores_a_redelivery_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_that_is_not_a_stream_fails_only_its_shard() {
     let keys = TestKeys::new("refused").await;
-    let mut connection = keys.connection.clone();
-    let not_a_stream = format!("{}:plain", keys.prefix);
-    let _: () = connection
-        .set(&not_a_stream, "a string")
-        .await
-        .expect("set a plain key");
+    let not_a_stream = keys.plain_key().await;
     let sink = keys.sink(REDIS).await;
     let stream = keys.stream();
     let publisher =
@@ -171,12 +177,7 @@ async fn a_key_that_is_not_a_stream_fails_only_its_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_after_a_refused_one_are_appended_once() {
     let keys = TestKeys::new("after").await;
-    let mut connection = keys.connection.clone();
-    let not_a_stream = format!("{}:plain", keys.prefix);
-    let _: () = connection
-        .set(&not_a_stream, "a string")
-        .await
-        .expect("set a plain key");
+    let not_a_stream = keys.plain_key().await;
     let sink = keys.sink(REDIS).await;
     brokers::refusal_in_a_run_publishes_nothing_twice(
         sink,

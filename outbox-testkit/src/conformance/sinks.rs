@@ -406,6 +406,26 @@ async fn relays_until<S: Admin>(
     }
 }
 
+/// Records two relays' heartbeats, both started at `started`: `relay-a` running (2 shards in
+/// flight, 3 waiting on the open breaker `nats`), and `relay-b`, whose heartbeat expires at
+/// once; waits until `relay-b` stopped answering, and returns the relays listed then.
+pub async fn a_running_and_a_silent_relay<S: Store + Admin>(
+    store: &S,
+    started: std::time::SystemTime,
+) -> Vec<RelayInfo> {
+    let running = Heartbeat::new("relay-a", started, Duration::from_secs(60));
+    store
+        .beat(&running.with_shards(2, 3, vec!["nats".to_owned()]))
+        .await
+        .expect("beat");
+    let silent = Heartbeat::new("relay-b", started, Duration::from_millis(1));
+    store.beat(&silent).await.expect("beat");
+    relays_until(store, "relay-b stops answering", |relays| {
+        relays.len() == 2 && !relays[1].live
+    })
+    .await
+}
+
 /// Heartbeats are listed by worker, live until they expire, for a day after that (a relay
 /// that stopped answering), and not at all once their relay left.
 pub async fn heartbeats_are_listed_until_their_relay_leaves<B: StoreBackend>() {
@@ -413,24 +433,7 @@ pub async fn heartbeats_are_listed_until_their_relay_leaves<B: StoreBackend>() {
     let store = backend.store();
     assert!(store.relays().await.expect("relays").is_empty());
     let started = std::time::SystemTime::now() - Duration::from_secs(60);
-    let beat = Heartbeat::new("relay-a", started, Duration::from_secs(30)).with_shards(
-        2,
-        3,
-        vec!["nats".to_owned()],
-    );
-    store.beat(&beat).await.expect("beat");
-    store
-        .beat(&Heartbeat::new(
-            "relay-b",
-            started,
-            Duration::from_millis(1),
-        ))
-        .await
-        .expect("beat");
-    let relays = relays_until(&store, "relay-b stops answering", |relays| {
-        relays.len() == 2 && !relays[1].live
-    })
-    .await;
+    let relays = a_running_and_a_silent_relay(&store, started).await;
     let a = &relays[0];
     assert_eq!(a.worker, "relay-a");
     assert!(a.live, "{a:?}");
