@@ -1,7 +1,9 @@
 //! The drain scenarios' baselines: plain SQL that deletes the same rows and returns each one
-//! to the client (`RETURNING id, payload`, as a relay must read what it delivers), in three
-//! ways, each over 1, 2 and 4 connections. The best of them is what the relay is measured
-//! against (issue 15).
+//! to the client (`RETURNING id, payload`, as a relay must read what it delivers), each over
+//! 1, 2 and 4 connections. The same-guarantee loop ([`Strategy::Leased`]: lease, commit,
+//! deliver outside the transaction, delete by id) is the bar the relay is measured against
+//! (issue 32); the deletes that return what they delete in the claiming statement are the
+//! physical ceiling, reported beside it (issue 15).
 
 use std::time::Instant;
 
@@ -23,17 +25,38 @@ pub(super) enum Strategy {
     /// The shards split between the connections, each deleting whole shards, as many at a
     /// time as hold about 1,000 rows.
     PerShard,
+    /// The same guarantee as the relay's: each connection leases up to `batch` unleased rows
+    /// across shards in one committed statement (`FOR UPDATE SKIP LOCKED`, a lease time on
+    /// each row, its id and payload returned), delivers them outside that transaction (reads
+    /// them), and deletes them by id in a second one. A worker that dies mid-batch leaves its
+    /// rows leased until the lease lapses, as the relay's shards are.
+    Leased {
+        /// Rows leased at once.
+        batch: i64,
+    },
 }
 
 impl Strategy {
-    pub(super) const ALL: [Self; 3] = [Self::SkipLocked, Self::Keyset, Self::PerShard];
+    /// The deletes that return what they delete: the physical ceiling.
+    pub(super) const CEILINGS: [Self; 3] = [Self::SkipLocked, Self::Keyset, Self::PerShard];
+    /// The same-guarantee loops: the bar.
+    pub(super) const SAME_GUARANTEE: [Self; 2] =
+        [Self::Leased { batch: 100 }, Self::Leased { batch: 1_000 }];
 
-    pub(super) fn describe(self) -> &'static str {
+    pub(super) fn describe(self) -> String {
         match self {
-            Self::SkipLocked => "SKIP LOCKED loop",
-            Self::Keyset => "keyset ranges of ids",
-            Self::PerShard => "per-shard batches",
+            Self::SkipLocked => "SKIP LOCKED loop".to_owned(),
+            Self::Keyset => "keyset ranges of ids".to_owned(),
+            Self::PerShard => "per-shard batches".to_owned(),
+            Self::Leased { batch } => {
+                format!("same-guarantee loop (lease {batch}, commit, deliver, delete by id)")
+            }
         }
+    }
+
+    /// Whether it gives the relay's guarantee (delivery outside the claiming transaction).
+    pub(super) fn same_guarantee(self) -> bool {
+        matches!(self, Self::Leased { .. })
     }
 }
 
@@ -53,6 +76,12 @@ pub(super) async fn drain(
             .await
             .map_err(failed("reading the id range"))?;
     let (low, high): (i64, i64) = (bounds.get(0), bounds.get(1));
+    if let Strategy::Leased { .. } = strategy {
+        sqlx::query("ALTER TABLE outbox_messages ADD COLUMN IF NOT EXISTS leased_until timestamptz")
+            .execute(pool)
+            .await
+            .map_err(failed("adding the baseline's lease column"))?;
+    }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..connections {
@@ -69,6 +98,7 @@ pub(super) async fn drain(
                     let step = (BATCH as u64 / rows_per_shard.max(1)).max(1);
                     per_shard(&pool, worker, connections, shards, step).await
                 }
+                Strategy::Leased { batch } => leased(&pool, batch).await,
             }
         });
     }
@@ -152,4 +182,31 @@ async fn per_shard(
         first += step * connections;
     }
     Ok(rows)
+}
+
+async fn leased(pool: &PgPool, batch: i64) -> Result<u64, String> {
+    let mut rows = 0;
+    loop {
+        let leased = sqlx::query(
+            "UPDATE outbox_messages SET leased_until = now() + interval '30 seconds' \
+             WHERE id IN (SELECT id FROM outbox_messages \
+                 WHERE leased_until IS NULL OR leased_until < now() \
+                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             RETURNING id, payload::text",
+        )
+        .bind(batch)
+        .fetch_all(pool)
+        .await
+        .map_err(failed("the same-guarantee loop's lease"))?;
+        if leased.is_empty() {
+            return Ok(rows);
+        }
+        rows += read(&leased)?;
+        let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
+        sqlx::query("DELETE FROM outbox_messages WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(pool)
+            .await
+            .map_err(failed("the same-guarantee loop's delete"))?;
+    }
 }
