@@ -281,6 +281,40 @@ impl Error {
             _ => false,
         }
     }
+
+    /// The error of one statement or transaction done for `count` parties (a batch of
+    /// shards finished together), as one error each: each reads as this one and is an outage
+    /// if it is ([`Error::is_unavailable`]); any other is a database error while `operation`.
+    pub fn shared_by(self, count: usize, operation: &'static str) -> Vec<Error> {
+        let unavailable = self.is_unavailable();
+        let shared = std::sync::Arc::new(self);
+        (0..count)
+            .map(|_| {
+                let source: BoxError = Box::new(Shared(std::sync::Arc::clone(&shared)));
+                if unavailable {
+                    Self::Unavailable { source }
+                } else {
+                    Self::Database { operation, source }
+                }
+            })
+            .collect()
+    }
+}
+
+/// An error several parties share ([`Error::shared_by`]): reads as the error it holds.
+#[derive(Debug)]
+struct Shared(std::sync::Arc<Error>);
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 /// A declared scope or category, as a registry problem names it.

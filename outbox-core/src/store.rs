@@ -788,6 +788,26 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
+    /// Acknowledges and releases several drained shards at once, each as its session's
+    /// [`ack_and_finish`](ShardSession::ack_and_finish) with [`Outcome::Drained`] does, and
+    /// fenced by its own lease: a lease no longer held acknowledges nothing of its shard
+    /// ([`Error::LeaseLost`] for it) and takes nothing from the others. A backend may write
+    /// them all in one transaction: then if that fails, nothing of it is written, and each
+    /// shard gets the error ([`Error::shared_by`]). One result per session, in order. The
+    /// default finishes them one at a time.
+    fn ack_and_finish_many(
+        &self,
+        finishing: Vec<(Self::Session, Vec<Acknowledgement>)>,
+    ) -> impl Future<Output = Vec<Result<(u64, bool), Error>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(finishing.len());
+            for (session, acks) in finishing {
+                results.push(session.ack_and_finish(&acks, Outcome::Drained).await);
+            }
+            results
+        }
+    }
+
     /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
     fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
 

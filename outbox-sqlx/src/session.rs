@@ -210,6 +210,114 @@ impl<D: Dialect> SqlxSession<D> {
         }
     }
 
+    /// Acknowledges and releases drained shards together ([`Store::ack_and_finish_many`]):
+    /// one alone as [`ShardSession::ack_and_finish`] does; several in one write transaction,
+    /// in shard key order (two relays' batches lock their rows in one order), each fenced by
+    /// its own lease. A lease no longer held deletes nothing of its shard and is
+    /// [`Error::LeaseLost`] for it; a statement or commit that fails writes nothing of the
+    /// batch, and is the error of each. Sessions claimed in a transaction finish alone.
+    ///
+    /// [`Store::ack_and_finish_many`]: outbox_core::Store::ack_and_finish_many
+    pub(crate) async fn ack_and_finish_together(
+        pool: &Pool<D::Database>,
+        dialect: &D,
+        finishing: Vec<(Self, Vec<Acknowledgement>)>,
+    ) -> Vec<Result<(u64, bool), Error>> {
+        const OPERATION: &str = "acknowledging and releasing drained shards";
+        let mut results: Vec<Option<Result<(u64, bool), Error>>> =
+            finishing.iter().map(|_| None).collect();
+        let mut together = Vec::with_capacity(finishing.len());
+        for (at, (session, acks)) in finishing.into_iter().enumerate() {
+            if session.claiming.is_some() {
+                results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
+            } else {
+                together.push((at, session, acks));
+            }
+        }
+        if together.len() == 1 {
+            let (at, session, acks) = together.remove(0);
+            results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
+        } else if !together.is_empty() {
+            together.sort_by(|a, b| a.1.lease.shard.cmp(&b.1.lease.shard));
+            let (places, batch): (Vec<usize>, Vec<_>) = together
+                .into_iter()
+                .map(|(at, session, acks)| (at, (session.lease, session.lease_duration, acks)))
+                .unzip();
+            match Self::finish_in_one_transaction(pool, dialect, batch, OPERATION).await {
+                Ok(finished) => {
+                    for (at, result) in places.into_iter().zip(finished) {
+                        results[at] = Some(result);
+                    }
+                }
+                Err(error) => {
+                    let errors = error.shared_by(places.len(), OPERATION);
+                    for (at, error) in places.into_iter().zip(errors) {
+                        results[at] = Some(Err(error));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(Error::Unavailable {
+                        source: "the shard was left out of its batch".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// The batch of [`SqlxSession::ack_and_finish_together`], in one write transaction: each
+    /// session's result, or the error that wrote nothing.
+    async fn finish_in_one_transaction(
+        pool: &Pool<D::Database>,
+        dialect: &D,
+        batch: Vec<(Lease, Duration, Vec<Acknowledgement>)>,
+        operation: &'static str,
+    ) -> Result<Vec<Result<(u64, bool), Error>>, Error> {
+        let mut writer = Writer::begin(dialect, pool, operation).await?;
+        let mut finished = Vec::with_capacity(batch.len());
+        for (lease, lease_duration, acks) in batch {
+            let lease = &lease;
+            let acks = &acks;
+            let result = match D::SQL.ack_and_release {
+                Some(sql) => {
+                    let (ids, lowest, highest) = acknowledged(acks);
+                    let query =
+                        D::bind_ids(fenced::<D>(sql, lease).with(lowest).with(highest), ids);
+                    let row = query
+                        .fetch_one(D::Database::on(writer.conn()))
+                        .await
+                        .map_err(database::<D>(operation))?;
+                    let column = |index| {
+                        get::<D::Database, i64>(&row, index).map_err(database::<D>(operation))
+                    };
+                    if column(0)? == 0 {
+                        Err(lease_lost(lease))
+                    } else {
+                        Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0))
+                    }
+                }
+                None => match Self::ack_on(lease, lease_duration, writer.conn(), acks).await {
+                    Ok(deleted) => {
+                        let released =
+                            Self::finish_on(lease, writer.conn(), &Outcome::Drained).await?;
+                        Ok((deleted, released > 0))
+                    }
+                    Err(Error::LeaseLost { shard, token }) => {
+                        Err(Error::LeaseLost { shard, token })
+                    }
+                    Err(error) => return Err(error),
+                },
+            };
+            finished.push(result);
+        }
+        writer.commit(operation).await?;
+        Ok(finished)
+    }
+
     fn keyed(&self, sql: &'static str) -> Statement<'static, D::Database> {
         fenced::<D>(sql, &self.lease)
     }

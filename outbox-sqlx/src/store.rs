@@ -6,9 +6,9 @@ use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
 };
 use outbox_core::store::{
-    Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, FORGET_RELAYS_AFTER,
-    Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget, PendingMessage,
-    RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
+    Acknowledgement, Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage,
+    FORGET_RELAYS_AFTER, Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget,
+    PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
 use sqlx::{Database, Pool};
@@ -445,6 +445,13 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .with(duration_ms(age))
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         self.write(query, "purging expired dead letters").await
+    }
+
+    async fn ack_and_finish_many(
+        &self,
+        finishing: Vec<(SqlxSession<D>, Vec<Acknowledgement>)>,
+    ) -> Vec<Result<(u64, bool), Error>> {
+        SqlxSession::ack_and_finish_together(&self.pool, &self.dialect, finishing).await
     }
 
     async fn beat(&self, heartbeat: &Heartbeat) -> Result<(), Error> {

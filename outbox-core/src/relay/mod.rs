@@ -16,6 +16,7 @@
 
 mod config;
 mod deliver;
+mod finish;
 mod flush;
 mod health;
 mod parked;
@@ -75,7 +76,7 @@ impl<S: Store> std::fmt::Debug for Relay<S> {
     }
 }
 
-struct Inner<S> {
+struct Inner<S: Store> {
     store: S,
     registry: Registry,
     config: RelayConfig,
@@ -86,6 +87,8 @@ struct Inner<S> {
     interrupted: std::sync::Mutex<Vec<Lease>>,
     /// What [`Relay::health`] reports.
     vitals: Vitals,
+    /// The drained shards being finished together.
+    finisher: finish::Finisher<S>,
     /// The metrics' handles, resolved at the first delivery.
     metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
 }
@@ -114,6 +117,7 @@ impl<S: Store> Relay<S> {
                 prepared: OnceCell::new(),
                 interrupted: std::sync::Mutex::default(),
                 vitals: Vitals::default(),
+                finisher: finish::Finisher::default(),
                 metrics: std::sync::OnceLock::new(),
             }),
         }

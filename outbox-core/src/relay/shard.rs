@@ -530,10 +530,22 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         }
     }
 
-    /// The last step on a shard the drain emptied: acknowledge and release at once.
+    /// The last step on a shard the drain emptied: acknowledge and release at once, with the
+    /// other shards finishing now (outside the in-transaction mode, whose claiming
+    /// transaction commits alone).
     async fn acknowledge_and_release(self, acks: &[Acknowledgement]) -> Result<ShardRun, Error> {
         let Self { session, mut state } = self;
-        match session.ack_and_finish(acks, Outcome::Drained).await {
+        let inner = state.inner;
+        let finished = match inner.config.handler_mode {
+            HandlerMode::InTransaction => session.ack_and_finish(acks, Outcome::Drained).await,
+            HandlerMode::Leased => {
+                inner
+                    .finisher
+                    .finish(&inner.store, session, acks.to_vec())
+                    .await
+            }
+        };
+        match finished {
             Ok((rows, released)) => {
                 state.inner.vitals.acknowledged();
                 state.rows_acknowledged += rows;

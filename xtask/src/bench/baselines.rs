@@ -77,10 +77,12 @@ pub(super) async fn drain(
             .map_err(failed("reading the id range"))?;
     let (low, high): (i64, i64) = (bounds.get(0), bounds.get(1));
     if let Strategy::Leased { .. } = strategy {
-        sqlx::query("ALTER TABLE outbox_messages ADD COLUMN IF NOT EXISTS leased_until timestamptz")
-            .execute(pool)
-            .await
-            .map_err(failed("adding the baseline's lease column"))?;
+        sqlx::query(
+            "ALTER TABLE outbox_messages ADD COLUMN IF NOT EXISTS leased_until timestamptz",
+        )
+        .execute(pool)
+        .await
+        .map_err(failed("adding the baseline's lease column"))?;
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
