@@ -1112,3 +1112,108 @@ async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
     .await
     .expect("drop the database");
 }
+
+/// Drained shards finished together are one transaction: stepped so that the batch waits on
+/// shard 2's state row (after shard 1's statement ran) and its connection is terminated
+/// there, nothing of it is written (not even shard 1's), each shard gets the error as an
+/// outage, and once their leases are released every message is delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
+    use outbox_core::store::{Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession};
+    let database = migrated().await;
+    for shard in [1u64, 2] {
+        write(database.pool(), note::<OrgUpdate>(shard, 1, shard)).await;
+    }
+    let store = PgStore::new(database.connect().await);
+    let options = ClaimOptions {
+        worker: "batch".to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    };
+    let mut finishing = Vec::new();
+    let mut leases = Vec::new();
+    for shard in [1u64, 2] {
+        let mut session = store
+            .claim(&org_shard(shard), &options)
+            .await
+            .expect("claim")
+            .expect("due");
+        let rows = session.fetch(10).await.expect("fetch");
+        let acks = vec![Acknowledgement {
+            group: GroupKey {
+                category: rows[0].category,
+                object_identifier: rows[0].object_identifier,
+            },
+            ids: vec![rows[0].id],
+        }];
+        leases.push(session.lease().clone());
+        finishing.push((session, acks));
+    }
+    // Another transaction holds shard 2's state row.
+    let mut blocker = PgConnection::connect_with(&database.connect_options())
+        .await
+        .expect("another connection");
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM outbox_shards WHERE shard_identifier = 2 FOR UPDATE")
+        .execute(&mut blocker)
+        .await
+        .expect("lock shard 2's row");
+    let batch = {
+        let store = store.clone();
+        tokio::spawn(async move { store.ack_and_finish_many(finishing).await })
+    };
+    waits_on_a_lock(
+        &database,
+        "%outbox_shards%",
+        &batch,
+        "the batch did not wait on shard 2's row",
+    )
+    .await;
+    let mut admin = PgConnection::connect(&server_url())
+        .await
+        .expect("admin connection");
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = $1 AND wait_event_type = 'Lock' AND query LIKE '%outbox_shards%'",
+    )
+    .bind(database.name())
+    .fetch_one(&mut admin)
+    .await
+    .expect("terminate the batch's connection");
+    assert_eq!(terminated, 1);
+    let results = batch.await.expect("the batch's task");
+    assert_eq!(results.len(), 2);
+    for result in &results {
+        assert!(
+            matches!(result, Err(error) if error.is_unavailable()),
+            "{result:?}"
+        );
+    }
+    sqlx::query("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .expect("rollback");
+    assert_eq!(
+        store.pending_messages(10).await.expect("pending").len(),
+        2,
+        "nothing of the batch was written"
+    );
+    for lease in &leases {
+        assert!(store.release(lease).await.expect("release"), "still held");
+    }
+    let recorder = Recorder::new();
+    let relay = Relay::new(store.clone(), recorder.registry());
+    let report = relay.drain().await.expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(recorder.seen().len(), 2, "both delivered again");
+    assert!(
+        store
+            .pending_messages(10)
+            .await
+            .expect("pending")
+            .is_empty()
+    );
+}

@@ -6,11 +6,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox_core::store::{Acknowledgement, GroupKey, HandlerMode, Outcome, ShardSession};
+use outbox_core::store::{
+    Acknowledgement, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession,
+};
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
 use tokio::sync::{Barrier, Notify};
 
-use super::{claim_options, config, eventually, int, pending, pending_ids, write};
+use super::{
+    claim_options, config, eventually, eventually_async, int, pending, pending_ids, write,
+};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 
@@ -251,6 +255,152 @@ pub async fn s16_stale_worker_cannot_acknowledge<B: StoreBackend>() {
     );
     fresh.finish(Outcome::Drained).await.expect("finish");
     assert!(pending(&backend).await.is_empty());
+}
+
+/// The acknowledgement of one claimed shard's head, read whole.
+async fn head_acknowledgement<S: ShardSession>(session: &mut S) -> Vec<Acknowledgement> {
+    session
+        .fetch(10)
+        .await
+        .expect("fetch")
+        .iter()
+        .map(|row| Acknowledgement {
+            group: GroupKey {
+                category: row.category,
+                object_identifier: row.object_identifier,
+            },
+            ids: vec![row.id],
+        })
+        .collect()
+}
+
+/// Drained shards finished together (`Store::ack_and_finish_many`) are each fenced by their
+/// own lease: the one whose lease another worker took over acknowledges nothing and learns
+/// it lost the lease; the others' rows go and their shards are released.
+pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(2, 1, 2),
+            note::<OrgUpdate>(3, 1, 3),
+        ],
+    )
+    .await;
+    let claim = |shard: u64, options: ClaimOptions| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&org_shard(shard), &options)
+                .await
+                .expect("claim")
+        }
+    };
+    let mut first = claim(1, claim_options("batch")).await.expect("shard 1");
+    let mut third = claim(3, claim_options("batch")).await.expect("shard 3");
+    // Shard 2's lease lapses at once: another worker takes the shard over.
+    let lapsing = ClaimOptions {
+        lease: Duration::from_millis(1),
+        ..claim_options("batch")
+    };
+    let mut stale = claim(2, lapsing).await.expect("shard 2");
+    let mut taken = None;
+    eventually_async("another worker takes shard 2 over", async || {
+        taken = claim(2, claim_options("other")).await;
+        taken.is_some()
+    })
+    .await;
+    let mut taker = taken.expect("taken over");
+    let acks = [
+        head_acknowledgement(&mut first).await,
+        head_acknowledgement(&mut stale).await,
+        head_acknowledgement(&mut third).await,
+    ];
+    let results = store
+        .ack_and_finish_many(vec![
+            (first, acks[0].clone()),
+            (stale, acks[1].clone()),
+            (third, acks[2].clone()),
+        ])
+        .await;
+    assert_eq!(results.len(), 3);
+    assert!(matches!(results[0], Ok((1, true))), "{:?}", results[0]);
+    assert!(
+        matches!(results[1], Err(outbox_core::Error::LeaseLost { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(results[2], Ok((1, true))), "{:?}", results[2]);
+    assert_eq!(
+        pending_ids(&backend).await,
+        [ids[1]],
+        "only shard 2's message"
+    );
+
+    // The worker that took shard 2 over still holds it.
+    let acks = head_acknowledgement(&mut taker).await;
+    assert_eq!(
+        taker.ack(&acks).await.expect("the new owner acknowledges"),
+        1
+    );
+    taker.finish(Outcome::Drained).await.expect("finish");
+    assert!(pending_ids(&backend).await.is_empty());
+    let states = outbox_core::Admin::shard_states(&store)
+        .await
+        .expect("shard states");
+    assert!(states.is_empty(), "every shard released: {states:?}");
+}
+
+/// A shard whose handler is slow holds back none of the shards drained beside it: they are
+/// acknowledged while it still runs.
+pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
+    let backend = B::create().await;
+    let ids = write(
+        &backend,
+        &(1..=6)
+            .map(|shard| note::<OrgUpdate>(shard, 1, shard))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let recorder = Recorder::new();
+    let handler = {
+        let (recorder, entered, release) =
+            (recorder.clone(), Arc::clone(&entered), Arc::clone(&release));
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let slow = delivery.shard_identifier() == outbox_core::Id::from(1_i64);
+            let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+            async move {
+                if slow {
+                    entered.notify_one();
+                    release.notified().await;
+                }
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("slow"),
+    );
+    let draining = tokio::spawn(async move { relay.drain().await });
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the slow handler started");
+    eventually_async("the other shards are acknowledged", async || {
+        pending_ids(&backend).await == ids[..1]
+    })
+    .await;
+    release.notify_one();
+    let report = draining.await.expect("drain task").expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.rows_acknowledged, 6);
+    assert!(pending_ids(&backend).await.is_empty());
 }
 
 struct WritesInTransaction<B>(PhantomData<fn() -> B>);

@@ -153,6 +153,8 @@ macro_rules! store_conformance_tests {
             s15_two_relays_share_shards_without_overlap,
             s15_claiming_many_shards_grants_each_once,
             s16_stale_worker_cannot_acknowledge,
+            drained_shards_finished_together_are_each_fenced_by_their_lease,
+            a_slow_shard_holds_back_no_other,
             s16_a_long_handler_keeps_its_lease,
             s17_a_lapsed_claim_counts_as_an_attempt,
             s17_crashed_worker_is_resumed_in_order,
@@ -316,8 +318,13 @@ impl Gate {
 
 /// Waits until `check` holds, failing the test after 15 s.
 pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    eventually_async(what, async || check()).await;
+}
+
+/// Waits until `check` (which may read the database) holds, failing the test after 15 s.
+pub(crate) async fn eventually_async(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !check() {
+    while !check().await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting until {what}"
