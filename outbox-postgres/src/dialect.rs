@@ -198,6 +198,31 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
     SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
         (SELECT count(*) FROM held)";
 
+// Drained shards' acknowledgements and releases in one statement: ACK_AND_RELEASE for each
+// lease of `$1..$4` (arrays: scope, identifier, destination, token), numbered by its place;
+// `$5` and `$6` the acknowledged ids and the place of the lease each belongs to. Each shard's
+// part is fenced by its own token: a lease no longer held deletes nothing of its shard, and
+// takes nothing from the others. One row per lease, in order: its place, whether it was held,
+// the rows deleted.
+pub(crate) const ACK_AND_RELEASE_MANY: &str = "\
+    WITH want AS ( \
+        SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[]) \
+            WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, n)), \
+     held AS ( \
+        DELETE FROM outbox_shards s USING want w \
+        WHERE s.shard_scope = w.shard_scope AND s.shard_identifier = w.shard_identifier \
+            AND s.destination = w.destination AND s.lease_token = w.lease_token \
+        RETURNING w.n, s.shard_scope, s.shard_identifier, s.destination), \
+     acked AS ( \
+        DELETE FROM outbox_messages m \
+        USING held h, unnest($5::bigint[], $6::bigint[]) AS a(n, id) \
+        WHERE a.n = h.n AND m.id = a.id AND m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+        RETURNING h.n) \
+    SELECT w.n, (SELECT count(*) FROM held h WHERE h.n = w.n), \
+        (SELECT count(*) FROM acked a WHERE a.n = w.n) \
+    FROM want w ORDER BY w.n";
+
 // A lease extended from beside a running handler.
 const EXTEND_LEASE: &str = "\
     UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
@@ -1026,6 +1051,61 @@ impl Dialect for PgDialect {
             }
         }
         Ok(claims)
+    }
+
+    async fn ack_and_release_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch: &[outbox_sqlx::session::Finishing],
+    ) -> Result<Vec<outbox_sqlx::session::Finished>, Error> {
+        const OPERATION: &str = "acknowledging and releasing drained shards";
+        let mut scopes = Vec::with_capacity(batch.len());
+        let mut identifiers = Vec::with_capacity(batch.len());
+        let mut destinations = Vec::with_capacity(batch.len());
+        let mut tokens = Vec::with_capacity(batch.len());
+        let (mut places, mut ids) = (Vec::new(), Vec::new());
+        for (place, (lease, _, acks)) in (1_i64..).zip(batch) {
+            let (identifier, destination) = stored_shard(&lease.shard);
+            scopes.push(lease.shard.scope.0);
+            identifiers.push(identifier);
+            destinations.push(destination);
+            tokens.push(lease.token);
+            for id in acks.iter().flat_map(|ack| &ack.ids) {
+                places.push(place);
+                ids.push(id.0);
+            }
+        }
+        let rows = sqlx::query(ACK_AND_RELEASE_MANY)
+            .bind(scopes)
+            .bind(identifiers)
+            .bind(destinations)
+            .bind(tokens)
+            .bind(places)
+            .bind(ids)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        if rows.len() != batch.len() {
+            return Err(Error::Database {
+                operation: OPERATION,
+                source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
+            });
+        }
+        rows.iter()
+            .zip(batch)
+            .map(|(row, (lease, _, _))| {
+                let held: i64 = row.try_get(1).map_err(database::<Self>(OPERATION))?;
+                let deleted: i64 = row.try_get(2).map_err(database::<Self>(OPERATION))?;
+                Ok(if held == 0 {
+                    Err(Error::LeaseLost {
+                        shard: lease.shard.clone(),
+                        token: lease.token,
+                    })
+                } else {
+                    Ok((u64::try_from(deleted).unwrap_or(0), true))
+                })
+            })
+            .collect()
     }
 
     async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {

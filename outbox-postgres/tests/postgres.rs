@@ -1114,9 +1114,9 @@ async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
 }
 
 /// Drained shards finished together are one transaction: stepped so that the batch waits on
-/// shard 2's state row (after shard 1's statement ran) and its connection is terminated
-/// there, nothing of it is written (not even shard 1's), each shard gets the error as an
-/// outage, and once their leases are released every message is delivered again.
+/// shard 2's state row and its connection is terminated there, nothing of it is written (not
+/// even shard 1's, whose row was free), each shard gets the error as an outage, and once
+/// their leases are released every message is delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
     use outbox_core::store::{Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession};

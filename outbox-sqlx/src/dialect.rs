@@ -594,6 +594,20 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         claim_each(self, pool, shards, options)
     }
 
+    /// Acknowledges and releases drained shards on `conn`, a write transaction the caller
+    /// commits: for each of `batch` (a lease, its duration, the rows it acknowledges), the
+    /// rows deleted and whether the release found the lease, or [`Error::LeaseLost`] if the
+    /// lease was not held (nothing of that shard changed). An error is the batch's: its
+    /// transaction must not commit. The default runs each shard's statements in turn; a
+    /// backend may do them all in one statement.
+    fn ack_and_release_on<'c>(
+        &'c self,
+        conn: &'c mut <Self::Database as Database>::Connection,
+        batch: &'c [crate::session::Finishing],
+    ) -> impl Future<Output = Result<Vec<crate::session::Finished>, Error>> + Send + 'c {
+        crate::session::ack_and_release_each::<Self>(conn, batch)
+    }
+
     /// A stream of the wake-ups that other processes' commits send, if the backend has one
     /// (the relay hears this process's own commits directly: see [`crate::wake`]).
     fn wakeups(

@@ -222,10 +222,9 @@ impl<D: Dialect> SqlxSession<D> {
         pool: &Pool<D::Database>,
         dialect: &D,
         finishing: Vec<(Self, Vec<Acknowledgement>)>,
-    ) -> Vec<Result<(u64, bool), Error>> {
+    ) -> Vec<Finished> {
         const OPERATION: &str = "acknowledging and releasing drained shards";
-        let mut results: Vec<Option<Result<(u64, bool), Error>>> =
-            finishing.iter().map(|_| None).collect();
+        let mut results: Vec<Option<Finished>> = finishing.iter().map(|_| None).collect();
         let mut together = Vec::with_capacity(finishing.len());
         for (at, (session, acks)) in finishing.into_iter().enumerate() {
             if session.claiming.is_some() {
@@ -274,46 +273,11 @@ impl<D: Dialect> SqlxSession<D> {
     async fn finish_in_one_transaction(
         pool: &Pool<D::Database>,
         dialect: &D,
-        batch: Vec<(Lease, Duration, Vec<Acknowledgement>)>,
+        batch: Vec<Finishing>,
         operation: &'static str,
-    ) -> Result<Vec<Result<(u64, bool), Error>>, Error> {
+    ) -> Result<Vec<Finished>, Error> {
         let mut writer = Writer::begin(dialect, pool, operation).await?;
-        let mut finished = Vec::with_capacity(batch.len());
-        for (lease, lease_duration, acks) in batch {
-            let lease = &lease;
-            let acks = &acks;
-            let result = match D::SQL.ack_and_release {
-                Some(sql) => {
-                    let (ids, lowest, highest) = acknowledged(acks);
-                    let query =
-                        D::bind_ids(fenced::<D>(sql, lease).with(lowest).with(highest), ids);
-                    let row = query
-                        .fetch_one(D::Database::on(writer.conn()))
-                        .await
-                        .map_err(database::<D>(operation))?;
-                    let column = |index| {
-                        get::<D::Database, i64>(&row, index).map_err(database::<D>(operation))
-                    };
-                    if column(0)? == 0 {
-                        Err(lease_lost(lease))
-                    } else {
-                        Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0))
-                    }
-                }
-                None => match Self::ack_on(lease, lease_duration, writer.conn(), acks).await {
-                    Ok(deleted) => {
-                        let released =
-                            Self::finish_on(lease, writer.conn(), &Outcome::Drained).await?;
-                        Ok((deleted, released > 0))
-                    }
-                    Err(Error::LeaseLost { shard, token }) => {
-                        Err(Error::LeaseLost { shard, token })
-                    }
-                    Err(error) => return Err(error),
-                },
-            };
-            finished.push(result);
-        }
+        let finished = dialect.ack_and_release_on(writer.conn(), &batch).await?;
         writer.commit(operation).await?;
         Ok(finished)
     }
@@ -340,7 +304,7 @@ impl<D: Dialect> SqlxSession<D> {
 
     /// Proves and extends the lease and deletes the acknowledged rows, on `conn`: the rows
     /// deleted, or [`Error::LeaseLost`] (and nothing deleted).
-    async fn ack_on(
+    pub(crate) async fn ack_on(
         lease: &Lease,
         lease_duration: Duration,
         conn: &mut <D::Database as Database>::Connection,
@@ -381,7 +345,7 @@ impl<D: Dialect> SqlxSession<D> {
     }
 
     /// Records `outcome` on `conn`: the state rows it changed (0 if the lease was lost).
-    async fn finish_on(
+    pub(crate) async fn finish_on(
         lease: &Lease,
         conn: &mut <D::Database as Database>::Connection,
         outcome: &Outcome,
@@ -632,4 +596,51 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         }
         Ok(())
     }
+}
+
+/// A drained shard to finish: its lease, the lease's duration, and the rows it acknowledges.
+pub type Finishing = (Lease, Duration, Vec<Acknowledgement>);
+
+/// How a drained shard's finish went: the rows it deleted and whether the release found the
+/// lease, or [`Error::LeaseLost`].
+pub type Finished = Result<(u64, bool), Error>;
+
+/// [`Dialect::ack_and_release_on`]'s default: each shard's acknowledgement and release in
+/// turn, one or two statements each, on `conn`.
+pub async fn ack_and_release_each<D: Dialect>(
+    conn: &mut <D::Database as Database>::Connection,
+    batch: &[Finishing],
+) -> Result<Vec<Finished>, Error> {
+    const OPERATION: &str = "acknowledging and releasing drained shards";
+    let mut finished = Vec::with_capacity(batch.len());
+    for (lease, lease_duration, acks) in batch {
+        let result = match D::SQL.ack_and_release {
+            Some(sql) => {
+                let (ids, lowest, highest) = acknowledged(acks);
+                let query = D::bind_ids(fenced::<D>(sql, lease).with(lowest).with(highest), ids);
+                let row = query
+                    .fetch_one(D::Database::on(&mut *conn))
+                    .await
+                    .map_err(database::<D>(OPERATION))?;
+                let column =
+                    |index| get::<D::Database, i64>(&row, index).map_err(database::<D>(OPERATION));
+                if column(0)? == 0 {
+                    Err(lease_lost(lease))
+                } else {
+                    Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0))
+                }
+            }
+            None => match SqlxSession::<D>::ack_on(lease, *lease_duration, conn, acks).await {
+                Ok(deleted) => {
+                    let released =
+                        SqlxSession::<D>::finish_on(lease, conn, &Outcome::Drained).await?;
+                    Ok((deleted, released > 0))
+                }
+                Err(Error::LeaseLost { shard, token }) => Err(Error::LeaseLost { shard, token }),
+                Err(error) => return Err(error),
+            },
+        };
+        finished.push(result);
+    }
+    Ok(finished)
 }
