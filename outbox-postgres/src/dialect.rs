@@ -1053,6 +1053,8 @@ impl Dialect for PgDialect {
         Ok(claims)
     }
 
+    const FINISHES_IN_ONE_STATEMENT: bool = true;
+
     async fn ack_and_release_on(
         &self,
         conn: &mut sqlx::PgConnection,

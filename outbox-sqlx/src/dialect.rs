@@ -594,12 +594,17 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         claim_each(self, pool, shards, options)
     }
 
+    /// Whether [`Dialect::ack_and_release_on`] is one statement: then it runs on a pooled
+    /// connection, as its own transaction, rather than in one the caller begins and commits.
+    const FINISHES_IN_ONE_STATEMENT: bool = false;
+
     /// Acknowledges and releases drained shards on `conn`, a write transaction the caller
-    /// commits: for each of `batch` (a lease, its duration, the rows it acknowledges), the
-    /// rows deleted and whether the release found the lease, or [`Error::LeaseLost`] if the
-    /// lease was not held (nothing of that shard changed). An error is the batch's: its
-    /// transaction must not commit. The default runs each shard's statements in turn; a
-    /// backend may do them all in one statement.
+    /// commits (or, with [`Dialect::FINISHES_IN_ONE_STATEMENT`], a pooled connection): for
+    /// each of `batch` (a lease, its duration, the rows it acknowledges), the rows deleted and
+    /// whether the release found the lease, or [`Error::LeaseLost`] if the lease was not held
+    /// (nothing of that shard changed). An error is the batch's: its transaction must not
+    /// commit. The default runs each shard's statements in turn; a backend may do them all in
+    /// one statement.
     fn ack_and_release_on<'c>(
         &'c self,
         conn: &'c mut <Self::Database as Database>::Connection,

@@ -276,6 +276,11 @@ impl<D: Dialect> SqlxSession<D> {
         batch: Vec<Finishing>,
         operation: &'static str,
     ) -> Result<Vec<Finished>, Error> {
+        if D::FINISHES_IN_ONE_STATEMENT {
+            // One statement is a transaction of its own: no BEGIN and COMMIT round trips.
+            let mut conn = pool.acquire().await.map_err(database::<D>(operation))?;
+            return dialect.ack_and_release_on(&mut conn, &batch).await;
+        }
         let mut writer = Writer::begin(dialect, pool, operation).await?;
         let finished = dialect.ack_and_release_on(writer.conn(), &batch).await?;
         writer.commit(operation).await?;
