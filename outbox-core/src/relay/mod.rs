@@ -495,7 +495,6 @@ impl<S: Store> Inner<S> {
             return;
         }
         let claim = Arc::new(BatchClaim::new(batch.clone()));
-        pool.claiming(Arc::clone(&claim.settled));
         for (shard, permit) in batch.into_iter().zip(permits) {
             let (inner, stopping, claim) = (Arc::clone(self), pool.stopping(), Arc::clone(&claim));
             let key = shard.clone();
@@ -591,14 +590,6 @@ struct BatchClaim<S: Store> {
     shards: Vec<ShardKey>,
     /// The sessions claimed, by shard, or the claim's error until a task takes it.
     claimed: OnceCell<std::sync::Mutex<Claimed<S::Session>>>,
-    /// Settled once the claim is made (or the claim dropped unmade).
-    settled: Arc<pool::Settled>,
-}
-
-impl<S: Store> Drop for BatchClaim<S> {
-    fn drop(&mut self) {
-        self.settled.settle();
-    }
 }
 
 /// What a [`BatchClaim`] got.
@@ -609,7 +600,6 @@ impl<S: Store> BatchClaim<S> {
         Self {
             shards,
             claimed: OnceCell::new(),
-            settled: Arc::default(),
         }
     }
 
@@ -630,7 +620,6 @@ impl<S: Store> BatchClaim<S> {
                         shards = self.shards.len()
                     ))
                     .await;
-                self.settled.settle();
                 std::sync::Mutex::new(
                     sessions
                         .map(|sessions| {

@@ -21,37 +21,6 @@ pub(super) struct ShardPool<T> {
     tasks: JoinSet<(ShardKey, T)>,
     in_flight: HashSet<ShardKey>,
     stop: watch::Sender<bool>,
-    /// The last claim of several shards this pool started: the next waits for it to settle.
-    claiming: Option<Arc<Settled>>,
-}
-
-/// Whether a claim has settled (made, or given up), for the next one to wait on: claims one at
-/// a time, so that the permits freed while one is made go to the next, together, as a
-/// database groups commits.
-#[derive(Debug, Default)]
-pub(super) struct Settled {
-    settled: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl Settled {
-    /// Marks it settled.
-    pub(super) fn settle(&self) {
-        self.settled
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
-    /// Ends once it is settled.
-    async fn settled(&self) {
-        loop {
-            let notified = self.notify.notified();
-            if self.settled.load(std::sync::atomic::Ordering::Acquire) {
-                return;
-            }
-            notified.await;
-        }
-    }
 }
 
 impl<T: Send + 'static> ShardPool<T> {
@@ -61,14 +30,7 @@ impl<T: Send + 'static> ShardPool<T> {
             tasks: JoinSet::new(),
             in_flight: HashSet::new(),
             stop: watch::Sender::new(false),
-            claiming: None,
         }
-    }
-
-    /// Records the claim being made for the drains started now: the next
-    /// [`ShardPool::permits`] waits for it to settle.
-    pub(super) fn claiming(&mut self, claim: Arc<Settled>) {
-        self.claiming = Some(claim);
     }
 
     /// Whether the relay is stopping, for the drains this pool starts.
@@ -99,15 +61,12 @@ impl<T: Send + 'static> ShardPool<T> {
         true
     }
 
-    /// Up to `want` permits (at least one, if `want` is): waits for the last claim to settle
-    /// and for the first permit, then takes those free at once. Cancel-safe. Each starts one drain
+    /// Up to `want` permits (at least one, if `want` is): waits for the first, then takes
+    /// those free at once. Cancel-safe. Each starts one drain
     /// ([`ShardPool::spawn`]); those left unused go back when dropped.
     pub(super) async fn permits(&self, want: usize) -> Vec<OwnedSemaphorePermit> {
         if want == 0 {
             return Vec::new();
-        }
-        if let Some(claim) = &self.claiming {
-            claim.settled().await;
         }
         let first = Arc::clone(&self.permits)
             .acquire_owned()
