@@ -732,6 +732,42 @@ fn json_error(source: serde_json::Error) -> Error {
     }
 }
 
+/// Claims `shard` in the write transaction `tx` if it is due and free: its lease.
+async fn claim_on(
+    tx: &mut sqlx::SqliteConnection,
+    shard: &ShardKey,
+    options: &ClaimOptions,
+) -> Result<Option<Lease>, Error> {
+    let failed = || database::<SqliteDialect>("claiming a shard");
+    let token: i64 = sqlx::query_scalar(NEXT_TOKEN)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let previous_owner: Option<String> = shard_keyed::<SqliteDialect>(LAPSED_OWNER, shard)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(failed())?
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(failed())?;
+    let attempts: Option<i64> = shard_keyed::<SqliteDialect>(CLAIM, shard)
+        .bind(options.worker.clone())
+        .bind(token)
+        .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(failed())?
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(failed())?;
+    Ok(attempts.map(|attempts| Lease {
+        shard: shard.clone(),
+        token,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        previous_owner,
+    }))
+}
+
 impl Dialect for SqliteDialect {
     type Database = Sqlite;
     type Turn = OwnedMutexGuard<()>;
@@ -940,36 +976,9 @@ impl Dialect for SqliteDialect {
         let failed = || database::<Self>("claiming a shard");
         let turn = self.take_turn().await;
         let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
-        let token: i64 = sqlx::query_scalar(NEXT_TOKEN)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(failed())?;
-        let previous_owner: Option<String> = shard_keyed::<Self>(LAPSED_OWNER, shard)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(failed())?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(failed())?;
-        let attempts: Option<i64> = shard_keyed::<Self>(CLAIM, shard)
-            .bind(options.worker.clone())
-            .bind(token)
-            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(failed())?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(failed())?;
-        let Some(attempts) = attempts else {
+        let Some(lease) = claim_on(&mut tx, shard, options).await? else {
             tx.rollback().await.map_err(failed())?;
             return Ok(None);
-        };
-        let lease = Lease {
-            shard: shard.clone(),
-            token,
-            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-            previous_owner,
         };
         // In transaction mode the session keeps the turn as long as it keeps the transaction.
         let claiming = match options.mode {
@@ -984,6 +993,35 @@ impl Dialect for SqliteDialect {
             claiming,
             head: None,
         }))
+    }
+
+    /// Leased claims of several shards in one write transaction (one commit); in transaction
+    /// mode each claim keeps a transaction of its own.
+    async fn claim_many(
+        &self,
+        pool: &SqlitePool,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+        _first_read: usize,
+    ) -> Result<Vec<Claim<Self>>, Error> {
+        if options.mode == HandlerMode::InTransaction || shards.len() < 2 {
+            return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
+        }
+        let failed = || database::<Self>("claiming shards");
+        let _turn = self.take_turn().await;
+        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+        let mut claims = Vec::with_capacity(shards.len());
+        for shard in shards {
+            if let Some(lease) = claim_on(&mut tx, shard, options).await? {
+                claims.push(Claim {
+                    lease,
+                    claiming: None,
+                    head: None,
+                });
+            }
+        }
+        tx.commit().await.map_err(failed())?;
+        Ok(claims)
     }
 
     async fn wakeups(_pool: &SqlitePool) -> Result<Option<NoWakeups>, Error> {
