@@ -460,17 +460,11 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     let mut admin = PgConnection::connect(&server_url())
         .await
         .expect("admin connection");
-    let mut locker = PgConnection::connect_with(&database.connect_options())
-        .await
-        .expect("a connection of the application's");
-    sqlx::query("BEGIN")
-        .execute(&mut locker)
-        .await
-        .expect("begin");
-    sqlx::query("LOCK TABLE outbox_shards IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut locker)
-        .await
-        .expect("lock");
+    let mut locker = holding(
+        &database,
+        "LOCK TABLE outbox_shards IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
     gate.add_permits(1);
     let waiting = format!(
         "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
@@ -518,6 +512,21 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     assert!(seen[1].token > seen[0].token);
     let report = running.stop().await;
     assert!(report.database_errors >= 1, "{report:?}");
+}
+
+/// A connection of the application's with a transaction open in which `statement` ran: the
+/// locks it took are held until the transaction ends.
+async fn holding(database: &PgTestDatabase, statement: &str) -> PgConnection {
+    let mut connection = PgConnection::connect_with(&database.connect_options())
+        .await
+        .expect("a connection of the application's");
+    for sql in ["BEGIN", statement] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut connection)
+            .await
+            .expect("hold a lock");
+    }
+    connection
 }
 
 /// Waits until a statement of `database` whose text is `LIKE` `statement` waits on a lock,
@@ -1150,17 +1159,11 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
         finishing.push((session, acks));
     }
     // Another transaction holds shard 2's state row.
-    let mut blocker = PgConnection::connect_with(&database.connect_options())
-        .await
-        .expect("another connection");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM outbox_shards WHERE shard_identifier = 2 FOR UPDATE")
-        .execute(&mut blocker)
-        .await
-        .expect("lock shard 2's row");
+    let mut blocker = holding(
+        &database,
+        "SELECT 1 FROM outbox_shards WHERE shard_identifier = 2 FOR UPDATE",
+    )
+    .await;
     let batch = {
         let store = store.clone();
         tokio::spawn(async move { store.ack_and_finish_many(finishing).await })
