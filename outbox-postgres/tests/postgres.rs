@@ -839,14 +839,7 @@ async fn a_backfill_batch_cut_off_mid_way_is_walked_again_whole() {
         worker: "doomed".to_owned(),
         budget: 25,
     };
-    let mut locker = PgConnection::connect(&database.url())
-        .await
-        .expect("connect");
-    let mut locking = locker.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *locking)
-        .await
-        .expect("lock the model's table");
+    let mut locker = holding(&database, "LOCK TABLE projects IN ACCESS EXCLUSIVE MODE").await;
     let doomed = tokio::spawn({
         let store = store.clone();
         let options = options.clone();
@@ -889,7 +882,10 @@ async fn a_backfill_batch_cut_off_mid_way_is_walked_again_whole() {
         .expect("terminate the tick's connection");
     let cut = doomed.await.expect("the tick's task");
     assert!(cut.is_err(), "the cut-off batch fails: {cut:?}");
-    locking.commit().await.expect("unlock");
+    sqlx::query("COMMIT")
+        .execute(&mut locker)
+        .await
+        .expect("unlock");
     assert!(
         store
             .pending_messages(100)
@@ -1021,14 +1017,11 @@ async fn a_relay_is_ready_only_after_its_start_up_checks() {
         Recorder::new().registry(),
         config("starting", false, Duration::from_millis(50)),
     );
-    let mut other = PgConnection::connect(&database.url())
-        .await
-        .expect("connect");
-    let mut holding = other.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE _outbox_migrations IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *holding)
-        .await
-        .expect("lock the migrations table");
+    let mut locker = holding(
+        &database,
+        "LOCK TABLE _outbox_migrations IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
     let running = Running::start(&relay);
     waits_on_a_lock(
         &database,
@@ -1046,7 +1039,10 @@ async fn a_relay_is_ready_only_after_its_start_up_checks() {
         !starting.is_ready(),
         "not ready before its checks: {starting:?}"
     );
-    holding.rollback().await.expect("unlock");
+    sqlx::query("ROLLBACK")
+        .execute(&mut locker)
+        .await
+        .expect("unlock");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !relay.health().await.is_ready() {
         assert!(std::time::Instant::now() < deadline, "never ready");
