@@ -287,10 +287,6 @@ impl<D: Dialect> SqlxSession<D> {
         Ok(finished)
     }
 
-    fn keyed(&self, sql: &'static str) -> Statement<'static, D::Database> {
-        fenced::<D>(sql, &self.lease)
-    }
-
     fn lease_lost(&self) -> Error {
         lease_lost(&self.lease)
     }
@@ -547,23 +543,14 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         }
         if let (Some(sql), Outcome::Drained) = (D::SQL.ack_and_release, &outcome) {
             // One round trip for both.
-            let (ids, lowest, highest) = acknowledged(acks);
-            let query = D::bind_ids(self.keyed(sql).with(lowest).with(highest), ids);
             let mut conn = self
                 .pool
                 .acquire()
                 .await
                 .map_err(database::<D>(OPERATION))?;
-            let row = query
-                .fetch_one(D::Database::on(&mut conn))
+            return ack_and_release_with::<D>(sql, &self.lease, acks, &mut conn, OPERATION)
                 .await
-                .map_err(database::<D>(OPERATION))?;
-            let column =
-                |index| get::<D::Database, i64>(&row, index).map_err(database::<D>(OPERATION));
-            if column(0)? == 0 {
-                return Err(self.lease_lost());
-            }
-            return Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0));
+                .and_then(|finished| finished);
         }
         if !D::WRITES_IN_TRANSACTION {
             return ack_then_finish(self, acks, outcome).await;
@@ -620,32 +607,44 @@ pub async fn ack_and_release_each<D: Dialect>(
     let mut finished = Vec::with_capacity(batch.len());
     for (lease, lease_duration, acks) in batch {
         let result = match D::SQL.ack_and_release {
-            Some(sql) => {
-                let (ids, lowest, highest) = acknowledged(acks);
-                let query = D::bind_ids(fenced::<D>(sql, lease).with(lowest).with(highest), ids);
-                let row = query
-                    .fetch_one(D::Database::on(&mut *conn))
-                    .await
-                    .map_err(database::<D>(OPERATION))?;
-                let column =
-                    |index| get::<D::Database, i64>(&row, index).map_err(database::<D>(OPERATION));
-                if column(0)? == 0 {
-                    Err(lease_lost(lease))
-                } else {
-                    Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0))
-                }
-            }
+            Some(sql) => ack_and_release_with::<D>(sql, lease, acks, conn, OPERATION).await?,
             None => match SqlxSession::<D>::ack_on(lease, *lease_duration, conn, acks).await {
                 Ok(deleted) => {
                     let released =
                         SqlxSession::<D>::finish_on(lease, conn, &Outcome::Drained).await?;
                     Ok((deleted, released > 0))
                 }
-                Err(Error::LeaseLost { shard, token }) => Err(Error::LeaseLost { shard, token }),
+                Err(lost @ Error::LeaseLost { .. }) => Err(lost),
                 Err(error) => return Err(error),
             },
         };
         finished.push(result);
     }
     Ok(finished)
+}
+
+/// The one-statement acknowledgement and release `sql` ([`Statements::ack_and_release`]) of
+/// `lease`'s `acks`, on `conn`: the rows deleted and whether the release found the lease, or
+/// [`Error::LeaseLost`] (nothing changed). The outer error is the statement's.
+///
+/// [`Statements::ack_and_release`]: crate::Statements::ack_and_release
+async fn ack_and_release_with<D: Dialect>(
+    sql: &'static str,
+    lease: &Lease,
+    acks: &[Acknowledgement],
+    conn: &mut <D::Database as Database>::Connection,
+    operation: &'static str,
+) -> Result<Finished, Error> {
+    let (ids, lowest, highest) = acknowledged(acks);
+    let query = D::bind_ids(fenced::<D>(sql, lease).with(lowest).with(highest), ids);
+    let row = query
+        .fetch_one(D::Database::on(conn))
+        .await
+        .map_err(database::<D>(operation))?;
+    let column = |index| get::<D::Database, i64>(&row, index).map_err(database::<D>(operation));
+    Ok(if column(0)? == 0 {
+        Err(lease_lost(lease))
+    } else {
+        Ok((u64::try_from(column(1)?).unwrap_or(0), column(2)? > 0))
+    })
 }
