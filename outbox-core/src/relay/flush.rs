@@ -37,7 +37,7 @@ impl<S: Store> Relay<S> {
             return Ok(DrainReport::default());
         }
         self.inner.prepare().await.map_err(FlushError::Store)?;
-        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.max_concurrent_shards);
+        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.shards_held());
         for (shard, up_to) in written.iter() {
             let inner = std::sync::Arc::clone(&self.inner);
             let stopping = pool.stopping();

@@ -12,7 +12,8 @@
 //!   due shards' drains in its pool without waiting for them, and when a whole sweep found
 //!   nothing due, [`Relay::run`] waits for a commit, a wake or the poll interval ([`run`]).
 //!
-//! A [`pool::ShardPool`] bounds how many shards drain at once, in a pass, a flush or a run.
+//! A [`pool::ShardPool`] bounds how many shards drain at once, in a pass, a flush or a run
+//! (a claim's batch); their handlers take turns, `max_concurrent_shards` at once.
 
 mod config;
 mod deliver;
@@ -89,6 +90,10 @@ struct Inner<S: Store> {
     vitals: Vitals,
     /// The drained shards being finished together.
     finisher: finish::Finisher<S>,
+    /// The turns of handlers: `max_concurrent_shards` run at once, whatever the shards held.
+    handler_slots: tokio::sync::Semaphore,
+    /// How fast the handlers take their turns: how many shards to hold.
+    pace: pool::Pace,
     /// The metrics' handles, resolved at the first delivery.
     metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
 }
@@ -107,6 +112,7 @@ impl<S: Store> Relay<S> {
             lease: config.lease,
             mode: config.handler_mode,
         };
+        let handler_slots = tokio::sync::Semaphore::new(config.max_concurrent_shards);
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -118,6 +124,8 @@ impl<S: Store> Relay<S> {
                 interrupted: std::sync::Mutex::default(),
                 vitals: Vitals::default(),
                 finisher: finish::Finisher::default(),
+                handler_slots,
+                pace: pool::Pace::default(),
                 metrics: std::sync::OnceLock::new(),
             }),
         }
@@ -147,7 +155,8 @@ impl<S: Store> Relay<S> {
 
     /// Delivers everything that is due, then returns: passes until one claims nothing. Shards
     /// in backoff are left for later, and failures are reported, not returned as errors.
-    /// Shards are drained concurrently, up to `max_concurrent_shards`. For tests, examples and
+    /// Shards are drained concurrently, claimed in batches of up to `claim_batch`, their
+    /// handlers up to `max_concurrent_shards` at once. For tests, examples and
     /// one-shot jobs.
     ///
     /// Fails if the schema is not migrated or the database fails; work already acknowledged
@@ -178,7 +187,7 @@ impl<S: Store> Relay<S> {
         parked: &ParkedShards,
     ) -> Result<(), Error> {
         let config = &self.inner.config;
-        let mut pool = ShardPool::new(config.max_concurrent_shards);
+        let mut pool = ShardPool::new(config.shards_held());
         let mut first_error = None;
         let mut cursor: Option<ShardKey> = None;
         // Leases an outage interrupted are given up first, so that this pass finds their
@@ -268,7 +277,7 @@ impl<S: Store> Relay<S> {
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
-        let mut pool = ShardPool::new(self.inner.config.max_concurrent_shards);
+        let mut pool = ShardPool::new(self.inner.config.shards_held());
         for shard in shards {
             self.start(&mut pool, shard.clone(), DrainMode::Relay).await;
         }
@@ -334,6 +343,14 @@ where
 }
 
 impl<S: Store> Inner<S> {
+    /// The shards to hold at once now: what the handlers get through soon at their pace,
+    /// within a claim's batch ([`pool::Pace`]).
+    pub(super) fn shards_to_hold(&self) -> usize {
+        let config = &self.config;
+        self.pace
+            .shards_to_hold(config.max_concurrent_shards, config.shards_held())
+    }
+
     /// The metrics' handles (resolved from the recorder installed at the first call: install
     /// it before the relay delivers).
     pub(super) fn metrics(&self) -> &crate::telemetry::RelayMetrics {
@@ -474,7 +491,7 @@ impl<S: Store> Inner<S> {
         mode: DrainMode,
     ) {
         due.retain(|shard| !pool.is_draining(shard));
-        let permits = pool.permits(due.len()).await;
+        let permits = pool.permits(due.len(), self.shards_to_hold()).await;
         self.start_claimed(pool, due, permits, mode);
     }
 

@@ -3,30 +3,38 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 
 use crate::model::ShardKey;
 
-/// Shards drained concurrently, at most `max_concurrent_shards` at once, each at most once at
-/// a time: one pool per pass, flush or run of the relay.
+/// Shards drained concurrently, at most the configuration's `shards_held` at once (whose
+/// handlers take turns at the relay's slots), each at most once at a time: one pool per pass,
+/// flush or run of the relay.
 ///
 /// Starting a shard waits for a free permit; its task holds the permit until it ends. The
 /// pool's stop signal ([`ShardPool::stopping`]) tells the drains it started that the relay is
 /// stopping, so that they yield after their current delivery.
 pub(super) struct ShardPool<T> {
     permits: Arc<Semaphore>,
+    /// The permits in all.
+    capacity: usize,
+    /// Notified when a drain ends (its permit back).
+    ended: Arc<Notify>,
     tasks: JoinSet<(ShardKey, T)>,
     in_flight: HashSet<ShardKey>,
     stop: watch::Sender<bool>,
 }
 
 impl<T: Send + 'static> ShardPool<T> {
-    pub(super) fn new(max_concurrent_shards: usize) -> Self {
+    pub(super) fn new(shards_held: usize) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(max_concurrent_shards)),
+            permits: Arc::new(Semaphore::new(shards_held)),
+            capacity: shards_held,
+            ended: Arc::new(Notify::new()),
             tasks: JoinSet::new(),
             in_flight: HashSet::new(),
             stop: watch::Sender::new(false),
@@ -54,20 +62,33 @@ impl<T: Send + 'static> ShardPool<T> {
         if self.in_flight.contains(&shard) {
             return false;
         }
-        let Some(permit) = self.permits(1).await.pop() else {
+        let Some(permit) = self.permits(1, usize::MAX).await.pop() else {
             return false;
         };
         self.spawn(shard, permit, begin());
         true
     }
 
-    /// Up to `want` permits (at least one, if `want` is): waits for the first, then takes
-    /// those free at once. Cancel-safe. Each starts one drain
-    /// ([`ShardPool::spawn`]); those left unused go back when dropped.
-    pub(super) async fn permits(&self, want: usize) -> Vec<OwnedSemaphorePermit> {
+    /// Up to `want` permits (at least one, if `want` is), while fewer than `hold` drains run
+    /// (the shards the handlers' pace can take soon: [`Pace::shards_to_hold`]): waits until
+    /// one more may start, then takes those free at once, up to `hold` running. Cancel-safe.
+    /// Each starts one drain ([`ShardPool::spawn`]); those left unused go back when dropped.
+    pub(super) async fn permits(&self, want: usize, hold: usize) -> Vec<OwnedSemaphorePermit> {
         if want == 0 {
             return Vec::new();
         }
+        let hold = hold.max(1);
+        let running = loop {
+            // Registered before the count is read: a drain that ends in between still wakes
+            // this wait.
+            let ended = self.ended.notified();
+            let running = self.capacity - self.permits.available_permits();
+            if running < hold {
+                break running;
+            }
+            ended.await;
+        };
+        let want = want.min(hold - running);
         let first = Arc::clone(&self.permits)
             .acquire_owned()
             .await
@@ -90,9 +111,12 @@ impl<T: Send + 'static> ShardPool<T> {
     {
         debug_assert!(!self.in_flight.contains(&shard), "{shard} drains twice");
         self.in_flight.insert(shard.clone());
+        let ended = Arc::clone(&self.ended);
         self.tasks.spawn(async move {
-            let _permit = permit;
-            (shard, work.await)
+            let output = work.await;
+            drop(permit);
+            ended.notify_one();
+            (shard, output)
         });
     }
 
@@ -159,5 +183,46 @@ fn joined<T>(done: Result<T, JoinError>) -> T {
         Ok(task) => task,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         Err(error) => panic!("relay task was cancelled unexpectedly: {error}"),
+    }
+}
+
+/// How fast handlers take their turns: a relay holds no more shards than its handlers get
+/// through within [`Pace::HORIZON`], so that with slow handlers it leaves the rest to other
+/// relays, and with fast ones claims whole batches.
+#[derive(Debug)]
+pub(super) struct Pace {
+    /// A moving average of a turn's length, in nanoseconds.
+    nanos_per_turn: AtomicU64,
+}
+
+impl Default for Pace {
+    /// Until a turn is measured, a relay holds as many shards as run at once.
+    fn default() -> Self {
+        Self {
+            nanos_per_turn: AtomicU64::new(Self::HORIZON.as_nanos() as u64),
+        }
+    }
+}
+
+impl Pace {
+    /// How long a held shard should wait for its turn, at most, at the handlers' pace.
+    pub(super) const HORIZON: Duration = Duration::from_millis(10);
+
+    /// A turn took `took`.
+    pub(super) fn turned(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let average = self.nanos_per_turn.load(Ordering::Relaxed);
+        let next = average - average / 8 + took / 8;
+        self.nanos_per_turn.store(next.max(1), Ordering::Relaxed);
+    }
+
+    /// The shards to hold at once: what `slots` handlers at the measured pace get through
+    /// within the horizon, no fewer than `slots` and no more than `most`.
+    pub(super) fn shards_to_hold(&self, slots: usize, most: usize) -> usize {
+        let per_turn = u128::from(self.nanos_per_turn.load(Ordering::Relaxed).max(1));
+        let soon = slots as u128 * Self::HORIZON.as_nanos() / per_turn;
+        usize::try_from(soon)
+            .unwrap_or(usize::MAX)
+            .clamp(slots.min(most), most)
     }
 }

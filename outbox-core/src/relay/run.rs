@@ -61,7 +61,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         Self {
             inner,
             shutdown,
-            pool: ShardPool::new(config.max_concurrent_shards),
+            pool: ShardPool::new(config.shards_held()),
             listener: Listener::new(config.wake_on_commit),
             sweep: Sweep::default(),
             rewake: HashSet::new(),
@@ -183,7 +183,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             }
             let permits = tokio::select! {
                 () = &mut self.shutdown => return ControlFlow::Break(()),
-                permits = self.pool.permits(due.len()) => permits,
+                permits = self.pool.permits(due.len(), inner.shards_to_hold()) => permits,
             };
             inner.start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay);
             self.take_finished();

@@ -5,13 +5,14 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{SemaphorePermit, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Inner;
-use super::deliver::{deliver, deliver_all};
+use super::deliver::{deliver, deliver_all, keeping_the_lease};
 use super::plan::{Group, Plan};
+use super::pool::Pace;
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::handler::Pipeline;
 use crate::model::{MessageId, ShardKey};
@@ -167,6 +168,20 @@ impl Failed {
     }
 }
 
+/// A handler's turn: one of the relay's slots, its length measured for the relay's pace
+/// when it ends.
+struct Turn<'a> {
+    _slot: SemaphorePermit<'a>,
+    pace: &'a Pace,
+    since: Instant,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.pace.turned(self.since.elapsed());
+    }
+}
+
 /// A claimed shard being drained: its session, and where the drain stands.
 struct ShardDrain<'a, St: Store> {
     session: St::Session,
@@ -179,7 +194,11 @@ struct DrainState<'a, St: Store> {
     inner: &'a Inner<St>,
     stopping: &'a watch::Receiver<bool>,
     mode: DrainMode,
+    /// When the drain's first handler turn began: the time budget counts from it, not from
+    /// the claim, whose shard may wait behind the others of its batch.
     started: Instant,
+    /// Whether the drain has had a handler's turn.
+    turned: bool,
     /// Whether an acknowledgement moved the shard's head during this drain.
     progressed: bool,
     rows_delivered: u64,
@@ -209,6 +228,7 @@ pub(crate) async fn drain<St: Store>(
             stopping,
             mode,
             started: Instant::now(),
+            turned: false,
             progressed: false,
             rows_delivered: 0,
             watermark: MessageId(0),
@@ -266,7 +286,7 @@ fn announce_takeover(lease: &Lease, worker_id: &str) {
     }
 }
 
-impl<St: Store> DrainState<'_, St> {
+impl<'a, St: Store> DrainState<'a, St> {
     /// Whether the drain should stop delivering: the relay is stopping, or (in the relay's
     /// drains) the row or time budget is spent.
     fn budget_spent(&self) -> bool {
@@ -279,6 +299,35 @@ impl<St: Store> DrainState<'_, St> {
 
     fn stopping(&self) -> bool {
         *self.stopping.borrow()
+    }
+
+    /// A handler's turn (one of the relay's `max_concurrent_shards` slots), waited for with
+    /// the lease kept alive; `None` if the relay stops first.
+    async fn turn(&mut self) -> Option<Turn<'a>> {
+        let inner: &'a Inner<St> = self.inner;
+        let turn = match inner.handler_slots.try_acquire() {
+            Ok(turn) => turn,
+            Err(_) => {
+                let mut stopping = self.stopping.clone();
+                let wait = async move {
+                    tokio::select! {
+                        turn = inner.handler_slots.acquire() => turn.ok(),
+                        _ = stopping.wait_for(|stop| *stop) => None,
+                    }
+                };
+                keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await?
+            }
+        };
+        let now = Instant::now();
+        if !self.turned {
+            self.turned = true;
+            self.started = now;
+        }
+        Some(Turn {
+            _slot: turn,
+            pace: &inner.pace,
+            since: now,
+        })
     }
 
     /// Counts `group`'s delivery, which got through, and notes its acknowledgement.
@@ -364,6 +413,12 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 delivered.out_of_budget = true;
                 break;
             }
+            // A held shard waits for a handler's turn; if the relay stops first, it is
+            // released undelivered.
+            let Some(_turn) = state.turn().await else {
+                delivered.out_of_budget = true;
+                break;
+            };
             if let Some((pipeline, end)) = pipelined_run(state.inner, plan, index) {
                 let groups = &plan.groups[index..end];
                 let attempts: Vec<u32> = (0..groups.len())

@@ -403,6 +403,163 @@ pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
     assert!(pending_ids(&backend).await.is_empty());
 }
 
+/// The relay holds a claim's batch of shards while only `max_concurrent_shards` handlers run:
+/// the held shards wait for their turn keeping their leases alive (another relay finds them
+/// held, leases after leases), and each is delivered once when its turn comes.
+pub async fn held_shards_wait_their_turn_keeping_their_leases<B: StoreBackend>() {
+    let backend = B::create().await;
+    let shards: Vec<ShardKey> = (1..=5).map(org_shard).collect();
+    let recorder = Recorder::new();
+    let (gate, mut inside) = super::Gate::new();
+    let lease = Duration::from_millis(300);
+    let held_config = config("holding")
+        .to_builder()
+        .lease(lease)
+        .max_concurrent_shards(1)
+        .claim_batch(5)
+        .build()
+        .expect("a valid relay configuration");
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(gate.recording::<OrgUpdate>(&recorder)),
+        held_config,
+    );
+    paced(&backend, &relay).await;
+    write_one_per_shard(&backend, 5).await;
+    let draining = tokio::spawn(async move { relay.drain().await });
+    inside.recv().await.expect("the first handler runs");
+
+    let other = Relay::with_config(
+        backend.connect_store().await,
+        recorder.registry(),
+        config("other")
+            .to_builder()
+            .lease(lease)
+            .build()
+            .expect("a valid relay configuration"),
+    );
+    for _ in 0..4 {
+        tokio::time::sleep(lease).await;
+        let report = other.drain_shards(&shards).await.expect("drain");
+        assert_eq!(
+            report.shards_claimed, 0,
+            "every shard of the batch is held, running or waiting for its turn"
+        );
+        assert!(
+            inside.try_recv().is_err(),
+            "one handler at a time: the others wait for the one running"
+        );
+    }
+    gate.open();
+    let report = draining.await.expect("drain task").expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.rows_acknowledged, 5);
+    let mut delivered: Vec<_> = gated(&recorder)
+        .iter()
+        .map(|seen| seen.shard.clone())
+        .collect();
+    delivered.sort();
+    assert_eq!(delivered, shards, "each shard delivered once");
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// A relay that stops while shards of its batch wait for a handler's turn releases them at
+/// once, undelivered, rather than deliver them or leave them to their leases: another relay
+/// takes them at once.
+pub async fn a_stopping_relay_releases_the_shards_waiting_for_their_turn<B: StoreBackend>() {
+    let backend = B::create().await;
+    let shards: Vec<ShardKey> = (1..=5).map(org_shard).collect();
+    let recorder = Recorder::new();
+    let (gate, mut inside) = super::Gate::new();
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(gate.recording::<OrgUpdate>(&recorder)),
+        config("stopping")
+            .to_builder()
+            .max_concurrent_shards(1)
+            .claim_batch(5)
+            .build()
+            .expect("a valid relay configuration"),
+    );
+    paced(&backend, &relay).await;
+    write_one_per_shard(&backend, 5).await;
+    let (stop, running) = super::relay::run_until_stopped(&relay);
+    inside.recv().await.expect("the first handler runs");
+    let store = backend.store();
+    eventually_async("the whole batch is held", async || {
+        leased(&store).await == 5
+    })
+    .await;
+
+    stop.send(()).expect("the relay is running");
+    eventually_async(
+        "the shards waiting for their turn are released",
+        async || leased(&store).await == 1,
+    )
+    .await;
+    gate.open();
+    let report = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the relay stops promptly")
+        .expect("relay task")
+        .expect("run");
+    assert_eq!(report.abandoned, 0);
+    assert_eq!(report.deliveries, 1, "{report:?}");
+    assert_eq!(
+        gated(&recorder).len(),
+        1,
+        "the waiting shards were not delivered"
+    );
+
+    let other = Relay::with_config(backend.store(), recorder.registry(), config("other"));
+    let report = other.drain_shards(&shards).await.expect("drain");
+    assert_eq!(
+        (report.deliveries, report.rows_acknowledged),
+        (4, 4),
+        "released, not left to their leases: {report:?}"
+    );
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// Lets `relay` measure its handlers' pace on 40 quick deliveries (of audit events, in
+/// shards 101 to 140), as a relay at work has: until it has, it holds no more shards than
+/// run at once, and the tests of held shards need it to hold a batch.
+async fn paced<B: StoreBackend, S: Store>(backend: &B, relay: &Relay<S>) {
+    let quick: Vec<_> = (101..=140)
+        .map(|shard| note::<AuditEvent>(shard, 1, shard))
+        .collect();
+    write(backend, &quick).await;
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.deliveries, 40, "{report:?}");
+}
+
+/// One update in each of the shards 1 to `shards`.
+async fn write_one_per_shard<B: StoreBackend>(backend: &B, shards: i64) {
+    let updates: Vec<_> = (1..=shards)
+        .map(|shard| note::<OrgUpdate>(shard, 1, shard as u64))
+        .collect();
+    write(backend, &updates).await;
+}
+
+/// The deliveries of updates (those the gate held), not of the quick ones.
+fn gated(recorder: &Recorder) -> Vec<crate::fixtures::Seen> {
+    recorder
+        .seen()
+        .into_iter()
+        .filter(|seen| seen.category == "org_update")
+        .collect()
+}
+
+/// How many shards a lease holds now.
+async fn leased<S: outbox_core::Admin>(store: &S) -> usize {
+    outbox_core::Admin::shard_states(store)
+        .await
+        .expect("shard states")
+        .iter()
+        .filter(|state| state.lease_owner.is_some())
+        .count()
+}
+
 struct WritesInTransaction<B>(PhantomData<fn() -> B>);
 
 impl<B: TestBackend> Handler<Delivery<OrgUpdate>> for WritesInTransaction<B> {

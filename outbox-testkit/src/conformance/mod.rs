@@ -155,6 +155,8 @@ macro_rules! store_conformance_tests {
             s16_stale_worker_cannot_acknowledge,
             drained_shards_finished_together_are_each_fenced_by_their_lease,
             a_slow_shard_holds_back_no_other,
+            held_shards_wait_their_turn_keeping_their_leases,
+            a_stopping_relay_releases_the_shards_waiting_for_their_turn,
             s16_a_long_handler_keeps_its_lease,
             s17_a_lapsed_claim_counts_as_an_attempt,
             s17_crashed_worker_is_resumed_in_order,
