@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use super::BenchArgs;
-use super::latency::{Instants, commit_one, latencies, note, noting, percentile, run_relay};
+use super::latency::{Instants, latencies, live_traffic, noting, percentile, run_relay};
 use super::models::Project;
 use super::report::{Row, Target};
 use super::setup::{Server, Transferred, failed};
@@ -157,43 +157,6 @@ async fn batches(pool: &PgPool, walked: u64) -> Result<Vec<Row>, String> {
     )])
 }
 
-/// Commits live messages at `LIVE_RATE` from `LIVE_WRITERS` writers, objects from `first`,
-/// until `stop` says so; returns how many.
-async fn live_traffic(
-    pool: &PgPool,
-    first: i64,
-    committed: &Instants,
-    mut stop: watch::Receiver<bool>,
-) -> Result<i64, String> {
-    let interval = Duration::from_secs(LIVE_WRITERS) / LIVE_RATE as u32;
-    let begin = tokio::time::Instant::now();
-    let mut writers = tokio::task::JoinSet::new();
-    for writer in 0..LIVE_WRITERS {
-        let (pool, committed, stop) = (pool.clone(), Arc::clone(committed), stop.clone());
-        writers.spawn(async move {
-            let offset = interval / LIVE_WRITERS as u32 * writer as u32;
-            let mut written = 0i64;
-            for i in 0u32.. {
-                if *stop.borrow() {
-                    break;
-                }
-                tokio::time::sleep_until(begin + offset + interval * i).await;
-                let object = first + i64::from(i) * LIVE_WRITERS as i64 + writer as i64;
-                commit_one(&pool, object).await?;
-                note(&committed, object);
-                written += 1;
-            }
-            Ok::<i64, String>(written)
-        });
-    }
-    let _ = stop.wait_for(|stop| *stop).await;
-    let mut written = 0;
-    while let Some(done) = writers.join_next().await {
-        written += done.map_err(failed("a live writer"))??;
-    }
-    Ok(written)
-}
-
 /// A running relay walks the whole table beside live traffic.
 async fn beside_live_traffic(
     pool: &PgPool,
@@ -229,7 +192,7 @@ async fn beside_live_traffic(
     let (stop_live, live_stopped) = watch::channel(false);
     let live = tokio::spawn({
         let (pool, committed) = (pool.clone(), Arc::clone(&committed));
-        async move { live_traffic(&pool, 0, &committed, live_stopped).await }
+        async move { live_traffic(&pool, 0, &committed, live_stopped, LIVE_RATE, LIVE_WRITERS).await }
     });
     tokio::time::sleep(before).await;
     let boundary = {

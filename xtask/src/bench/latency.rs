@@ -51,6 +51,45 @@ pub(super) async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String>
     Ok(())
 }
 
+/// Commits live messages at `rate` from `writers` writers, objects from `first`,
+/// until `stop` says so; returns how many.
+pub(super) async fn live_traffic(
+    pool: &PgPool,
+    first: i64,
+    committed: &Instants,
+    mut stop: watch::Receiver<bool>,
+    rate: u64,
+    writers: u64,
+) -> Result<i64, String> {
+    let interval = Duration::from_secs(writers) / rate as u32;
+    let begin = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..writers {
+        let (pool, committed, stop) = (pool.clone(), Arc::clone(committed), stop.clone());
+        tasks.spawn(async move {
+            let offset = interval / writers as u32 * writer as u32;
+            let mut written = 0i64;
+            for i in 0u32.. {
+                if *stop.borrow() {
+                    break;
+                }
+                tokio::time::sleep_until(begin + offset + interval * i).await;
+                let object = first + i64::from(i) * writers as i64 + writer as i64;
+                commit_one(&pool, object).await?;
+                note(&committed, object);
+                written += 1;
+            }
+            Ok::<i64, String>(written)
+        });
+    }
+    let _ = stop.wait_for(|stop| *stop).await;
+    let mut written = 0;
+    while let Some(done) = tasks.join_next().await {
+        written += done.map_err(failed("a live writer"))??;
+    }
+    Ok(written)
+}
+
 /// The percentile `p` (0 to 1) of sorted `values`.
 pub(super) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());

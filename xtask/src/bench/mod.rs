@@ -7,6 +7,7 @@ mod backfill;
 mod baselines;
 mod drain;
 mod gauges;
+mod horizon;
 mod latency;
 mod memory;
 mod models;
@@ -43,7 +44,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse).
+    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
+    /// horizon).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -72,7 +74,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 12] = [
+    let scenarios: [(&str, Scenario); 13] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -85,6 +87,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("backfill", |a, s| Box::pin(backfill::run(a, s))),
         ("gauges", |a, s| Box::pin(gauges::run(a, s))),
         ("sparse", |a, s| Box::pin(drain::sparse(a, s))),
+        ("horizon", |a, s| Box::pin(horizon::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {
