@@ -69,21 +69,24 @@ impl<T: Send + 'static> ShardPool<T> {
         true
     }
 
-    /// Up to `want` permits (at least one, if `want` is), while fewer than `hold` drains run
-    /// (the shards the handlers' pace can take soon: [`Pace::shards_to_hold`]): waits until
-    /// one more may start, then takes those free at once, up to `hold` running. Cancel-safe.
-    /// Each starts one drain ([`ShardPool::spawn`]); those left unused go back when dropped.
+    /// Up to `want` permits (at least one, if `want` is), with no more than `hold` drains
+    /// running (the shards the handlers' pace can take soon: [`Pace::shards_to_hold`]): waits
+    /// until none runs, or room is free for `want` or a quarter of `hold`, whichever is
+    /// fewer, then takes those free at once. So a busy relay claims in batches (each claim
+    /// costs a commit, whatever its size), and an idle one at once. Cancel-safe. Each starts
+    /// one drain ([`ShardPool::spawn`]); those left unused go back when dropped.
     pub(super) async fn permits(&self, want: usize, hold: usize) -> Vec<OwnedSemaphorePermit> {
         if want == 0 {
             return Vec::new();
         }
         let hold = hold.max(1);
+        let enough = want.min(hold / 4).max(1);
         let running = loop {
             // Registered before the count is read: a drain that ends in between still wakes
             // this wait.
             let ended = self.ended.notified();
             let running = self.capacity - self.permits.available_permits();
-            if running < hold {
+            if running == 0 || running + enough <= hold {
                 break running;
             }
             ended.await;
@@ -224,5 +227,114 @@ impl Pace {
         usize::try_from(soon)
             .unwrap_or(usize::MAX)
             .clamp(slots.min(most), most)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::model::ScopeId;
+
+    fn shard(id: i64) -> ShardKey {
+        ShardKey::local(ScopeId(1), id)
+    }
+
+    /// Starts `count` drains that each end when told, from shard `first` on.
+    fn blocked(pool: &mut ShardPool<()>, first: i64, count: i64) -> Vec<oneshot::Sender<()>> {
+        let mut ends = Vec::new();
+        for id in first..first + count {
+            let permit = pool
+                .permits(1, usize::MAX)
+                .now_or_never()
+                .expect("a permit is free")
+                .pop()
+                .expect("one permit");
+            let (end, ended) = oneshot::channel::<()>();
+            pool.spawn(shard(id), permit, async move {
+                let _ = ended.await;
+            });
+            ends.push(end);
+        }
+        ends
+    }
+
+    #[tokio::test]
+    async fn a_busy_pool_hands_out_permits_in_batches_and_an_idle_one_at_once() {
+        let mut pool: ShardPool<()> = ShardPool::new(8);
+        assert_eq!(
+            pool.permits(3, 8)
+                .now_or_never()
+                .map(|permits| permits.len()),
+            Some(3),
+            "nothing runs: at once"
+        );
+        let mut ends = blocked(&mut pool, 1, 8);
+        for _ in 0..1 {
+            let _ = ends.pop().expect("a drain").send(());
+            pool.next_finished().await.expect("a drain ended");
+        }
+        assert!(
+            pool.permits(8, 8).now_or_never().is_none(),
+            "one free of 8: a claim waits for a quarter of the batch"
+        );
+        let _ = ends.pop().expect("a drain").send(());
+        pool.next_finished().await.expect("a drain ended");
+        let permits = pool
+            .permits(8, 8)
+            .now_or_never()
+            .expect("a quarter is free");
+        assert_eq!(permits.len(), 2);
+        drop(permits);
+        assert_eq!(
+            pool.permits(1, 8)
+                .now_or_never()
+                .map(|permits| permits.len()),
+            Some(1),
+            "a claim of one waits for one"
+        );
+        assert!(
+            pool.permits(2, 6).now_or_never().is_none(),
+            "no more running than the pace holds"
+        );
+        drop(ends);
+        while pool.next_finished().await.is_some() {}
+    }
+
+    #[test]
+    fn the_pace_holds_what_the_handlers_get_through_soon() {
+        let pace = Pace::default();
+        assert_eq!(
+            pace.shards_to_hold(16, 512),
+            16,
+            "unmeasured: as many as run"
+        );
+        for _ in 0..100 {
+            pace.turned(Duration::from_micros(10));
+        }
+        assert_eq!(
+            pace.shards_to_hold(16, 512),
+            512,
+            "quick handlers: a whole batch"
+        );
+        for _ in 0..100 {
+            pace.turned(Duration::from_millis(2));
+        }
+        let held = pace.shards_to_hold(16, 512);
+        assert!(
+            (70..=90).contains(&held),
+            "16 slots of 2 ms for 10 ms: {held}"
+        );
+        for _ in 0..100 {
+            pace.turned(Duration::from_secs(1));
+        }
+        assert_eq!(
+            pace.shards_to_hold(16, 512),
+            16,
+            "slow handlers: as many as run"
+        );
+        assert_eq!(pace.shards_to_hold(16, 4), 4, "never more than a batch");
     }
 }
