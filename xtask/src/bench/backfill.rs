@@ -18,10 +18,9 @@ use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, Bac
 use outbox_core::{Admin, Category, Deletion, Registry, Relay, RelayConfig, Replication, Store};
 use outbox_postgres::PgStore;
 use sqlx::PgPool;
-use tokio::sync::watch;
 
 use super::BenchArgs;
-use super::latency::{Instants, latencies, live_traffic, noting, percentile, run_relay};
+use super::latency::{Instants, latencies, noting, percentile, run_relay, start_live, stopped};
 use super::models::Project;
 use super::report::{Row, Target};
 use super::setup::{Server, Transferred, failed};
@@ -189,11 +188,7 @@ async fn beside_live_traffic(
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Live traffic alone, then with the walk, to its end.
-    let (stop_live, live_stopped) = watch::channel(false);
-    let live = tokio::spawn({
-        let (pool, committed) = (pool.clone(), Arc::clone(&committed));
-        async move { live_traffic(&pool, 0, &committed, live_stopped, LIVE_RATE, LIVE_WRITERS).await }
-    });
+    let (stop_live, live) = start_live(pool, &committed, LIVE_RATE, LIVE_WRITERS);
     tokio::time::sleep(before).await;
     let boundary = {
         let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -241,11 +236,7 @@ async fn beside_live_traffic(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = stop_relay.send(true);
-    running
-        .await
-        .map_err(failed("the relay task"))?
-        .map_err(failed("the relay"))?;
+    stopped(stop_relay, running).await?;
 
     let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
     let (quiet, busy) = {

@@ -8,15 +8,16 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use outbox_core::{Registry, Relay, RelayConfig};
+use outbox_core::{Relay, RelayConfig};
 use outbox_postgres::PgStore;
 use sqlx::{PgPool, Row as _};
-use tokio::sync::watch;
 
 use super::BenchArgs;
-use super::latency::{Instants, latencies, live_traffic, noting, percentile, run_relay};
+use super::latency::{
+    Instants, delivered, latencies, noting_registry, percentile, run_relay, start_live, stopped,
+};
 use super::report::{Row, Target};
-use super::setup::{Server, Transferred, failed};
+use super::setup::{Server, failed};
 
 const RATE: u64 = 800;
 const WRITERS: u64 = 4;
@@ -49,19 +50,12 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
     let pool = &database.pool;
     let committed: Instants = Arc::default();
     let started: Instants = Arc::default();
-    let registry = Registry::builder()
-        .handle::<Transferred>(noting(&started))
-        .build()
-        .map_err(failed("the registry"))?;
+    let registry = noting_registry(&started)?;
     let relay = Relay::with_config(PgStore::new(pool.clone()), registry, RelayConfig::default());
     let (stop_relay, running) = run_relay(&relay);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let (stop_live, live_stopped) = watch::channel(false);
-    let live = tokio::spawn({
-        let (pool, committed) = (pool.clone(), Arc::clone(&committed));
-        async move { live_traffic(&pool, 0, &committed, live_stopped, RATE, WRITERS).await }
-    });
+    let (stop_live, live) = start_live(pool, &committed, RATE, WRITERS);
     tokio::time::sleep(quiet).await;
     let mut phases = vec![(boundary(&committed), tables(pool).await?)];
 
@@ -87,18 +81,8 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
 
     let _ = stop_live.send(true);
     let written = live.await.map_err(failed("the live traffic"))??;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while started.lock().unwrap_or_else(PoisonError::into_inner).len() < written as usize {
-        if tokio::time::Instant::now() > deadline {
-            return Err("the relay did not deliver every live message within 60 s".to_owned());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = stop_relay.send(true);
-    running
-        .await
-        .map_err(failed("the relay task"))?
-        .map_err(failed("the relay"))?;
+    delivered(&started, written as usize, Duration::from_secs(60)).await?;
+    stopped(stop_relay, running).await?;
     database.drop_database().await?;
 
     let held_for = held.as_secs();

@@ -162,10 +162,7 @@ async fn measure(
     let database = server.database(WRITERS as u32 + 2).await?;
     let committed: Instants = Arc::default();
     let started: Instants = Arc::default();
-    let registry = Registry::builder()
-        .handle::<Transferred>(noting(&started))
-        .build()
-        .map_err(failed("the registry"))?;
+    let registry = noting_registry(&started)?;
     let config = RelayConfig::builder()
         .wake_on_commit(woken != Woken::Polling)
         .build()
@@ -226,18 +223,8 @@ async fn measure(
         done.map_err(failed("a writer"))??;
     }
     let total = (WRITERS * per_writer) as usize;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while started.lock().unwrap_or_else(PoisonError::into_inner).len() < total {
-        if Instant::now() > deadline {
-            return Err("the relay did not deliver every message within 10 s".to_owned());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = stop.send(true);
-    running
-        .await
-        .map_err(failed("the relay task"))?
-        .map_err(failed("the relay"))?;
+    delivered(&started, total, Duration::from_secs(10)).await?;
+    stopped(stop, running).await?;
     database.drop_database().await?;
 
     let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -261,6 +248,65 @@ pub(super) fn noting(
         );
         std::future::ready(Ok(()))
     }
+}
+
+/// Waits until `total` messages have started their handler, failing after `within`.
+pub(super) async fn delivered(
+    started: &Instants,
+    total: usize,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    while started.lock().unwrap_or_else(PoisonError::into_inner).len() < total {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the relay did not deliver every message within {} s",
+                within.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Stops a relay [`run_relay`] started, and waits for it.
+pub(super) async fn stopped(
+    stop: watch::Sender<bool>,
+    running: tokio::task::JoinHandle<Result<outbox_core::RunReport, outbox_core::Error>>,
+) -> Result<(), String> {
+    let _ = stop.send(true);
+    running
+        .await
+        .map_err(failed("the relay task"))?
+        .map_err(failed("the relay"))?;
+    Ok(())
+}
+
+/// Starts [`live_traffic`] in a task, until the returned sender says stop.
+pub(super) fn start_live(
+    pool: &PgPool,
+    committed: &Instants,
+    rate: u64,
+    writers: u64,
+) -> (
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<i64, String>>,
+) {
+    let (stop, stopped) = watch::channel(false);
+    let (pool, committed) = (pool.clone(), Arc::clone(committed));
+    let live =
+        tokio::spawn(
+            async move { live_traffic(&pool, 0, &committed, stopped, rate, writers).await },
+        );
+    (stop, live)
+}
+
+/// A registry of the live messages' category alone, whose handler is [`noting`].
+pub(super) fn noting_registry(started: &Instants) -> Result<Registry, String> {
+    Registry::builder()
+        .handle::<Transferred>(noting(started))
+        .build()
+        .map_err(failed("the registry"))
 }
 
 /// Runs `relay` in a task until the returned sender says stop.
