@@ -37,7 +37,9 @@ impl<S: Store> Relay<S> {
             return Ok(DrainReport::default());
         }
         self.inner.prepare().await.map_err(FlushError::Store)?;
-        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.shards_held());
+        // A flush's drains run beside the relay's and do not take turns at its handler slots (a
+        // handler may flush what it writes): their own pool bounds them.
+        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.max_concurrent_shards);
         for (shard, up_to) in written.iter() {
             let inner = std::sync::Arc::clone(&self.inner);
             let stopping = pool.stopping();

@@ -187,7 +187,11 @@ impl<S: Store> Relay<S> {
         parked: &ParkedShards,
     ) -> Result<(), Error> {
         let config = &self.inner.config;
-        let mut pool = ShardPool::new(config.shards_held());
+        let mut pool = ShardPool::new(match mode {
+            DrainMode::Relay => config.shards_held(),
+            // Outside the handler slots (see `DrainState::turn`): bounded by its pool.
+            DrainMode::Flush { .. } => config.max_concurrent_shards,
+        });
         let mut first_error = None;
         let mut cursor: Option<ShardKey> = None;
         // Leases an outage interrupted are given up first, so that this pass finds their

@@ -171,7 +171,7 @@ impl Failed {
 /// A handler's turn: one of the relay's slots, its length measured for the relay's pace
 /// when it ends.
 struct Turn<'a> {
-    _slot: SemaphorePermit<'a>,
+    _slot: Option<SemaphorePermit<'a>>,
     pace: &'a Pace,
     since: Instant,
 }
@@ -302,21 +302,24 @@ impl<'a, St: Store> DrainState<'a, St> {
     }
 
     /// A handler's turn (one of the relay's `max_concurrent_shards` slots), waited for with
-    /// the lease kept alive; `None` if the relay stops first.
+    /// the lease kept alive; `None` if the relay stops first. A flush takes no slot: its own
+    /// pool bounds its drains, and a handler that flushes what it writes, holding a slot,
+    /// must not wait for another.
     async fn turn(&mut self) -> Option<Turn<'a>> {
         let inner: &'a Inner<St> = self.inner;
-        let turn = match inner.handler_slots.try_acquire() {
-            Ok(turn) => turn,
-            Err(_) => {
-                let mut stopping = self.stopping.clone();
-                let wait = async move {
-                    tokio::select! {
-                        turn = inner.handler_slots.acquire() => turn.ok(),
-                        _ = stopping.wait_for(|stop| *stop) => None,
-                    }
-                };
-                keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await?
-            }
+        let turn = if matches!(self.mode, DrainMode::Flush { .. }) {
+            None
+        } else if let Ok(turn) = inner.handler_slots.try_acquire() {
+            Some(turn)
+        } else {
+            let mut stopping = self.stopping.clone();
+            let wait = async move {
+                tokio::select! {
+                    turn = inner.handler_slots.acquire() => turn.ok(),
+                    _ = stopping.wait_for(|stop| *stop) => None,
+                }
+            };
+            Some(keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await?)
         };
         let now = Instant::now();
         if !self.turned {

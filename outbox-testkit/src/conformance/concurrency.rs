@@ -521,6 +521,54 @@ pub async fn a_stopping_relay_releases_the_shards_waiting_for_their_turn<B: Stor
     assert!(pending(&backend).await.is_empty());
 }
 
+/// A handler may write and flush more outbox messages while it holds the relay's only handler
+/// slot: the flush's drains run outside the slots, so it neither waits for itself nor hangs.
+pub async fn a_handler_may_flush_what_it_writes<B: StoreBackend>() {
+    let backend = Arc::new(B::create().await);
+    let recorder = Recorder::new();
+    let relay_of_handler: Arc<std::sync::OnceLock<Relay<B::Store>>> = Arc::default();
+    let handler = {
+        let (backend, recorder, relay) = (
+            Arc::clone(&backend),
+            recorder.clone(),
+            Arc::clone(&relay_of_handler),
+        );
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let (backend, relay) = (Arc::clone(&backend), Arc::clone(&relay));
+            async move {
+                let written = backend.commit(&[note::<AuditEvent>(2, 1, 2)]).await?;
+                let relay = relay.get().expect("the relay is built");
+                relay.flush(&written).await?;
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("flushing")
+            .to_builder()
+            .max_concurrent_shards(1)
+            .build()
+            .expect("a valid relay configuration"),
+    );
+    let _ = relay_of_handler.set(relay.clone());
+    write(&*backend, &[note::<OrgUpdate>(1, 1, 1)]).await;
+    let report = tokio::time::timeout(Duration::from_secs(15), relay.drain())
+        .await
+        .expect("the handler's flush does not wait for the slot its handler holds")
+        .expect("drain");
+    assert!(report.is_clean(), "{report:?}");
+    let categories: Vec<&str> = recorder.seen().iter().map(|seen| seen.category).collect();
+    assert_eq!(
+        categories,
+        ["org_update", "audit_event"],
+        "the flushed message was delivered inside the handler"
+    );
+    assert!(pending(&*backend).await.is_empty());
+}
+
 /// Lets `relay` measure its handlers' pace on 40 quick deliveries (of audit events, in
 /// shards 101 to 140), as a relay at work has: until it has, it holds no more shards than
 /// run at once, and the tests of held shards need it to hold a batch.

@@ -157,6 +157,7 @@ macro_rules! store_conformance_tests {
             a_slow_shard_holds_back_no_other,
             held_shards_wait_their_turn_keeping_their_leases,
             a_stopping_relay_releases_the_shards_waiting_for_their_turn,
+            a_handler_may_flush_what_it_writes,
             s16_a_long_handler_keeps_its_lease,
             s17_a_lapsed_claim_counts_as_an_attempt,
             s17_crashed_worker_is_resumed_in_order,
