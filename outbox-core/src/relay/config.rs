@@ -418,13 +418,15 @@ impl RelayConfigBuilder {
 
     /// How many shards one claim takes at most (512 by default; at least 1): with
     /// [`HandlerMode::Leased`], the relay holds up to this many shards at once, claims them
-    /// and reads their heads in one statement, and finishes those it empties together, while
-    /// their handlers take turns, `max_concurrent_shards` at a time. Most traffic is one or
-    /// two messages per shard, and then the relay's cost is per shard: batches are what
-    /// make it small. A held shard waiting for its turn keeps its lease alive, and no other
-    /// relay can take it meanwhile: lower it if handlers are slow and relays many. In
-    /// [`HandlerMode::InTransaction`] each shard holds its transaction, and the relay holds
-    /// `max_concurrent_shards` at most.
+    /// together (PostgreSQL: one statement, which reads their heads too; SQLite: one write
+    /// transaction), and finishes those it empties together, while their handlers take
+    /// turns, `max_concurrent_shards` at a time. Most traffic is one or two messages per
+    /// shard, and then the relay's cost is per shard: batches are what make it small. A held
+    /// shard waiting for its turn keeps its lease alive, and no other relay can take it
+    /// meanwhile, so a relay holds no more shards than its handlers get through in about
+    /// 10 ms at the pace it measures (as many as run at once, until it has measured): with
+    /// slow handlers it leaves the rest to other relays. In [`HandlerMode::InTransaction`]
+    /// each shard holds its transaction, and the relay holds `max_concurrent_shards` at most.
     pub fn claim_batch(mut self, shards: usize) -> Self {
         self.config.claim_batch = shards;
         self
