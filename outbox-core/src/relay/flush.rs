@@ -37,9 +37,7 @@ impl<S: Store> Relay<S> {
             return Ok(DrainReport::default());
         }
         self.inner.prepare().await.map_err(FlushError::Store)?;
-        // A flush's drains run beside the relay's and do not take turns at its handler slots (a
-        // handler may flush what it writes): their own pool bounds them.
-        let mut pool: ShardPool<Flushed> = ShardPool::new(self.inner.config.max_concurrent_shards);
+        let mut pool: ShardPool<Flushed> = ShardPool::flushes(&self.inner.config);
         for (shard, up_to) in written.iter() {
             let inner = std::sync::Arc::clone(&self.inner);
             let stopping = pool.stopping();

@@ -187,11 +187,10 @@ impl<S: Store> Relay<S> {
         parked: &ParkedShards,
     ) -> Result<(), Error> {
         let config = &self.inner.config;
-        let mut pool = ShardPool::new(match mode {
-            DrainMode::Relay => config.shards_held(),
-            // Outside the handler slots (see `DrainState::turn`): bounded by its pool.
-            DrainMode::Flush { .. } => config.max_concurrent_shards,
-        });
+        let mut pool = match mode {
+            DrainMode::Relay => ShardPool::relays(config),
+            DrainMode::Flush { .. } => ShardPool::flushes(config),
+        };
         let mut first_error = None;
         let mut cursor: Option<ShardKey> = None;
         // Leases an outage interrupted are given up first, so that this pass finds their
@@ -281,7 +280,7 @@ impl<S: Store> Relay<S> {
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.
     pub async fn drain_shards(&self, shards: &[ShardKey]) -> Result<DrainReport, Error> {
         self.inner.prepare().await?;
-        let mut pool = ShardPool::new(self.inner.config.shards_held());
+        let mut pool = ShardPool::relays(&self.inner.config);
         for shard in shards {
             self.start(&mut pool, shard.clone(), DrainMode::Relay).await;
         }

@@ -9,11 +9,12 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinError, JoinSet};
 
+use super::config::RelayConfig;
 use crate::model::ShardKey;
 
-/// Shards drained concurrently, at most the configuration's `shards_held` at once (whose
-/// handlers take turns at the relay's slots), each at most once at a time: one pool per pass,
-/// flush or run of the relay.
+/// Shards drained concurrently, at most the pool's capacity at once ([`ShardPool::relays`],
+/// [`ShardPool::flushes`]), each at most once at a time: one pool per pass, flush or run of
+/// the relay.
 ///
 /// Starting a shard waits for a free permit; its task holds the permit until it ends. The
 /// pool's stop signal ([`ShardPool::stopping`]) tells the drains it started that the relay is
@@ -30,6 +31,19 @@ pub(super) struct ShardPool<T> {
 }
 
 impl<T: Send + 'static> ShardPool<T> {
+    /// The pool of the relay's own drains: they hold up to a claim's batch
+    /// ([`RelayConfig::shards_held`]), their handlers taking turns at the relay's slots.
+    pub(super) fn relays(config: &RelayConfig) -> Self {
+        Self::new(config.shards_held())
+    }
+
+    /// The pool of a flush's drains, which take no handler slot (a handler may flush what it
+    /// writes, and must not wait for the slot it holds): this pool alone bounds them, at
+    /// `max_concurrent_shards`.
+    pub(super) fn flushes(config: &RelayConfig) -> Self {
+        Self::new(config.max_concurrent_shards)
+    }
+
     pub(super) fn new(shards_held: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(shards_held)),

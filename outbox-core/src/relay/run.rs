@@ -61,7 +61,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         Self {
             inner,
             shutdown,
-            pool: ShardPool::new(config.shards_held()),
+            pool: ShardPool::relays(config),
             listener: Listener::new(config.wake_on_commit),
             sweep: Sweep::default(),
             rewake: HashSet::new(),

@@ -194,11 +194,9 @@ struct DrainState<'a, St: Store> {
     inner: &'a Inner<St>,
     stopping: &'a watch::Receiver<bool>,
     mode: DrainMode,
-    /// When the drain's first handler turn began: the time budget counts from it, not from
-    /// the claim, whose shard may wait behind the others of its batch.
-    started: Instant,
-    /// Whether the drain has had a handler's turn.
-    turned: bool,
+    /// When the drain's first handler turn began (`None` before it): the time budget counts
+    /// from it, not from the claim, whose shard may wait behind the others of its batch.
+    started: Option<Instant>,
     /// Whether an acknowledgement moved the shard's head during this drain.
     progressed: bool,
     rows_delivered: u64,
@@ -227,8 +225,7 @@ pub(crate) async fn drain<St: Store>(
             inner,
             stopping,
             mode,
-            started: Instant::now(),
-            turned: false,
+            started: None,
             progressed: false,
             rows_delivered: 0,
             watermark: MessageId(0),
@@ -294,7 +291,9 @@ impl<'a, St: Store> DrainState<'a, St> {
         self.stopping()
             || (self.mode == DrainMode::Relay
                 && (self.rows_delivered >= config.shard_row_budget as u64
-                    || self.started.elapsed() >= config.shard_time_budget))
+                    || self
+                        .started
+                        .is_some_and(|started| started.elapsed() >= config.shard_time_budget)))
     }
 
     fn stopping(&self) -> bool {
@@ -322,10 +321,7 @@ impl<'a, St: Store> DrainState<'a, St> {
             Some(keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await?)
         };
         let now = Instant::now();
-        if !self.turned {
-            self.turned = true;
-            self.started = now;
-        }
+        self.started.get_or_insert(now);
         Some(Turn {
             _slot: turn,
             pace: &inner.pace,
