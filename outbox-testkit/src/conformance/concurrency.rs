@@ -10,7 +10,7 @@ use outbox_core::store::{
     Acknowledgement, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession,
 };
 use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
-use tokio::sync::{Barrier, Notify};
+use tokio::sync::{Barrier, Notify, watch};
 
 use super::{
     claim_options, config, eventually, eventually_async, int, pending, pending_ids, write,
@@ -61,6 +61,11 @@ pub async fn s15_concurrent_claims_grant_one_lease<B: StoreBackend>() {
 
 /// S15: two relays with connections of their own drain 150 shards at once: no shard is ever
 /// processed by both at the same time, both do work, and every group arrives, in order.
+///
+/// A relay claims in batches, so one that starts first could hold every shard before the other
+/// claims at all. Each relay's handlers therefore wait, once, until the other relay has entered a
+/// handler too: the first relay holds only what it claims before it has measured its pace (one
+/// shard per handler slot), and the second finds the rest.
 pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
     let backend = B::create().await;
     let shards: i64 = 150;
@@ -78,19 +83,32 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
 
     let in_flight: Arc<Mutex<HashSet<ShardKey>>> = Arc::default();
     let overlaps = Arc::new(AtomicUsize::new(0));
-    let exclusive = |recorder: &Recorder| {
-        let (recorder, in_flight, overlaps) = (
+    let entered_a = Arc::new(watch::Sender::new(false));
+    let entered_b = Arc::new(watch::Sender::new(false));
+    let exclusive = |recorder: &Recorder,
+                     mine: &Arc<watch::Sender<bool>>,
+                     other: &Arc<watch::Sender<bool>>| {
+        let (recorder, in_flight, overlaps, mine, other) = (
             recorder.clone(),
             Arc::clone(&in_flight),
             Arc::clone(&overlaps),
+            Arc::clone(mine),
+            Arc::clone(other),
         );
         move |delivery: Delivery<OrgUpdate>| {
-            let (recorder, in_flight, overlaps) = (
+            let (recorder, in_flight, overlaps, mine, mut other) = (
                 recorder.clone(),
                 Arc::clone(&in_flight),
                 Arc::clone(&overlaps),
+                Arc::clone(&mine),
+                other.subscribe(),
             );
             async move {
+                mine.send_replace(true);
+                // Bounded so that a relay that never works fails the assertion below instead
+                // of hanging the suite.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(30), other.wait_for(|in_| *in_)).await;
                 let entered = in_flight
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -113,12 +131,12 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
     let seen = Recorder::new();
     let relay_a = Relay::with_config(
         backend.connect_store().await,
-        seen.registry_with::<OrgUpdate>(exclusive(&seen)),
+        seen.registry_with::<OrgUpdate>(exclusive(&seen, &entered_a, &entered_b)),
         config("relay-a"),
     );
     let relay_b = Relay::with_config(
         backend.connect_store().await,
-        seen.registry_with::<OrgUpdate>(exclusive(&seen)),
+        seen.registry_with::<OrgUpdate>(exclusive(&seen, &entered_b, &entered_a)),
         config("relay-b"),
     );
     let (a, b) = tokio::join!(
