@@ -53,16 +53,26 @@ struct Outgoing {
 
 /// The shortest time between two of this process's `NOTIFY`s to one database, in
 /// microseconds; `u64::MAX`: none are sent.
-static ANNOUNCE_INTERVAL: AtomicU64 = AtomicU64::new(5_000);
+static ANNOUNCE_INTERVAL: AtomicU64 = AtomicU64::new(0);
+
+/// One announcement: a `NOTIFY` in a transaction of its own that does not wait for its commit
+/// to reach the disk. It announces commits that are on disk already, and a crash that loses it
+/// loses nothing the relays' polling does not find.
+const ANNOUNCE: &str = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)";
 
 /// Sets how often, at most, this process announces its [`OutboxTransaction`](crate::OutboxTransaction)s'
 /// commits to the relays of other processes, with one `NOTIFY` per database naming every shard
-/// committed since the last (5 ms by default). The first commit after a quiet spell is
-/// announced at once; those that follow within the interval wait for the next `NOTIFY`, so a
-/// relay in another process hears of a commit within about this interval, and a process sends
-/// at most one `NOTIFY` per interval however fast it commits (each costs the database about as
-/// much as a small transaction). `None` sends none: for deployments whose relays all run in
-/// the writers' processes (woken directly), or that are content with the relays' polling.
+/// committed since the last.
+///
+/// By default (no interval), a commit is announced at once unless an announcement is in
+/// flight; those made meanwhile go together in the next, so a process sends at most one
+/// `NOTIFY` per round trip to the database however fast it commits, and a relay in another
+/// process hears of a commit within about one round trip. An interval spaces the `NOTIFY`s
+/// out further: the first commit after a quiet spell is still announced at once, those that
+/// follow within the interval wait for the next (each `NOTIFY` costs the database about as
+/// much as a small transaction that does not wait for the disk). `None` sends none: for
+/// deployments whose relays all run in the writers' processes (woken directly), or that are
+/// content with the relays' polling.
 pub fn set_announce_interval(interval: Option<Duration>) {
     let micros = interval.map_or(u64::MAX, |interval| {
         u64::try_from(interval.as_micros()).unwrap_or(u64::MAX - 1)
@@ -125,7 +135,7 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                 outgoing.sent_at = Some(tokio::time::Instant::now());
                 payload(&database, &wakeup)
             };
-            if let Err(error) = sqlx::query("SELECT pg_notify($1, $2)")
+            if let Err(error) = sqlx::query(ANNOUNCE)
                 .bind(NOTIFY_CHANNEL)
                 .bind(payload)
                 .execute(&pool)

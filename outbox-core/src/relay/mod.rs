@@ -17,7 +17,6 @@
 
 mod config;
 mod deliver;
-mod finish;
 mod flush;
 mod health;
 mod parked;
@@ -26,6 +25,7 @@ mod pool;
 mod report;
 mod run;
 mod shard;
+mod together;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -88,8 +88,8 @@ struct Inner<S: Store> {
     interrupted: std::sync::Mutex<Vec<Lease>>,
     /// What [`Relay::health`] reports.
     vitals: Vitals,
-    /// The drained shards being finished together.
-    finisher: finish::Finisher<S>,
+    /// The shards being claimed, and the drained shards being finished, together.
+    together: together::Together<S>,
     /// The turns of handlers: `max_concurrent_shards` run at once, whatever the shards held.
     handler_slots: tokio::sync::Semaphore,
     /// How fast the handlers take their turns: how many shards to hold.
@@ -123,7 +123,7 @@ impl<S: Store> Relay<S> {
                 prepared: OnceCell::new(),
                 interrupted: std::sync::Mutex::default(),
                 vitals: Vitals::default(),
-                finisher: finish::Finisher::default(),
+                together: together::Together::default(),
                 handler_slots,
                 pace: pool::Pace::default(),
                 metrics: std::sync::OnceLock::new(),
@@ -499,10 +499,11 @@ impl<S: Store> Inner<S> {
     }
 
     /// Starts draining one of `due` (none of which the pool is draining) per permit, front
-    /// first, each in a task of the pool, claiming them all with one call to the
-    /// store ([`Store::claim_many`]: one round trip, which reads each shard's head too, on
-    /// PostgreSQL) made by the first of those tasks: the caller does not wait for the claim.
-    /// A shard not claimed ends its task at once; a failed claim is the error of one of them.
+    /// first, each in a task of the pool that claims its shard together with every other
+    /// shard being started meanwhile ([`together::Together::claim`]: one call to
+    /// [`Store::claim_many`], one round trip that reads each shard's head too, on
+    /// PostgreSQL): the caller does not wait for the claim. A shard not claimed ends its task
+    /// at once; a failed claim is the error of one of its shards.
     fn start_claimed(
         self: &Arc<Self>,
         pool: &mut ShardPool<Drained>,
@@ -511,15 +512,14 @@ impl<S: Store> Inner<S> {
         mode: DrainMode,
     ) {
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
-        if batch.is_empty() {
-            return;
-        }
-        let claim = Arc::new(BatchClaim::new(batch.clone()));
         for (shard, permit) in batch.into_iter().zip(permits) {
-            let (inner, stopping, claim) = (Arc::clone(self), pool.stopping(), Arc::clone(&claim));
+            let (inner, stopping) = (Arc::clone(self), pool.stopping());
             let key = shard.clone();
             pool.spawn(shard, permit, async move {
-                match claim.session(&inner, &key).await? {
+                let claimed = (inner.together)
+                    .claim(&inner.store, key, &inner.claim, inner.config.batch_size)
+                    .await?;
+                match claimed {
                     Some(session) => inner.drain_claimed(session, &stopping, mode).await,
                     None => Ok(None),
                 }
@@ -600,64 +600,6 @@ impl<S: Store> Inner<S> {
                 released,
                 "released the shards whose drain the database interrupted"
             );
-        }
-    }
-}
-
-/// One claim of several shards shared by their drain tasks: the first task to ask makes it,
-/// and each takes its own shard's session (or the claim's error, which only one gets).
-struct BatchClaim<S: Store> {
-    shards: Vec<ShardKey>,
-    /// The sessions claimed, by shard, or the claim's error until a task takes it.
-    claimed: OnceCell<std::sync::Mutex<Claimed<S::Session>>>,
-}
-
-/// What a [`BatchClaim`] got.
-type Claimed<T> = Result<std::collections::HashMap<ShardKey, T>, Option<Error>>;
-
-impl<S: Store> BatchClaim<S> {
-    fn new(shards: Vec<ShardKey>) -> Self {
-        Self {
-            shards,
-            claimed: OnceCell::new(),
-        }
-    }
-
-    /// `shard`'s session, if the claim got it.
-    async fn session(
-        &self,
-        inner: &Inner<S>,
-        shard: &ShardKey,
-    ) -> Result<Option<S::Session>, Error> {
-        let claimed = self
-            .claimed
-            .get_or_init(|| async {
-                let sessions = inner
-                    .store
-                    .claim_many(&self.shards, &inner.claim, inner.config.batch_size)
-                    .instrument(info_span!(
-                        "outbox.claim_shards",
-                        shards = self.shards.len()
-                    ))
-                    .await;
-                std::sync::Mutex::new(
-                    sessions
-                        .map(|sessions| {
-                            sessions
-                                .into_iter()
-                                .map(|session| (session.lease().shard.clone(), session))
-                                .collect()
-                        })
-                        .map_err(Some),
-                )
-            })
-            .await;
-        match &mut *claimed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-        {
-            Ok(sessions) => Ok(sessions.remove(shard)),
-            Err(error) => error.take().map_or(Ok(None), Err),
         }
     }
 }

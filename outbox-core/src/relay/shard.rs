@@ -594,7 +594,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             HandlerMode::InTransaction => session.ack_and_finish(acks, Outcome::Drained).await,
             HandlerMode::Leased => {
                 inner
-                    .finisher
+                    .together
                     .finish(&inner.store, session, acks.to_vec())
                     .await
             }

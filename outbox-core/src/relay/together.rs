@@ -1,0 +1,241 @@
+//! The relay's statements on many shards at once, as a database groups its commits: the
+//! claims of the shards the relay starts ([`Store::claim_many`]) and the acknowledgements and
+//! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]) each go
+//! to the store one batch at a time. Nothing waits for a batch to fill: a shard that finds no
+//! batch being written writes its own at once, alone; those that come meanwhile queue up and
+//! go with the next. At a low rate every shard goes at once; at a high one, a batch holds
+//! what came during one round trip.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+use tracing::{Instrument, info_span};
+
+use crate::error::Error;
+use crate::model::ShardKey;
+use crate::store::{Acknowledgement, ClaimOptions, ShardSession, Store};
+
+/// A queue of items that are written in batches, one batch at a time, each answered with its
+/// own result.
+pub(super) struct Batches<I, R> {
+    queue: Mutex<Vec<(I, oneshot::Sender<R>)>>,
+    /// Held by the caller writing a batch.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl<I, R> Default for Batches<I, R> {
+    fn default() -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl<I, R> Batches<I, R> {
+    /// Queues `item`, then waits for its result: written by whichever caller takes the next
+    /// turn (this one, if none is writing), with `write`, which answers each item of its
+    /// batch in order. `None`: the batch was dropped unwritten (its writer's task aborted at
+    /// shutdown) or `write` gave this item no answer.
+    pub(super) async fn submit<F, W>(&self, item: I, write: W) -> Option<R>
+    where
+        W: FnOnce(Vec<I>) -> F,
+        F: Future<Output = Vec<R>>,
+    {
+        let (reply, mut answer) = oneshot::channel();
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((item, reply));
+        let writing = tokio::select! {
+            biased;
+            answered = &mut answer => return answered.ok(),
+            writing = self.writing.lock() => writing,
+        };
+        let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));
+        if !batch.is_empty() {
+            let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let results = write(items).await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                // A caller that stopped waiting (its task aborted at shutdown) needs no answer.
+                let _ = reply.send(result);
+            }
+        }
+        drop(writing);
+        // This item went in this batch, or in one written before it took the turn.
+        answer.await.ok()
+    }
+}
+
+/// What a drained shard's finish did: the rows it deleted, and whether the lease was still
+/// held at the release (as [`ShardSession::ack_and_finish`](crate::store::ShardSession::ack_and_finish)
+/// returns it).
+pub(super) type Finished = Result<(u64, bool), Error>;
+
+/// A claim of one shard: its session, or `None` when another worker holds it (or it has
+/// nothing due).
+pub(super) type Claimed<S> = Result<Option<<S as Store>::Session>, Error>;
+
+/// The shards being claimed and finished together.
+pub(super) struct Together<S: Store> {
+    claims: Batches<ShardKey, Claimed<S>>,
+    finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
+}
+
+impl<S: Store> Default for Together<S> {
+    fn default() -> Self {
+        Self {
+            claims: Batches::default(),
+            finishes: Batches::default(),
+        }
+    }
+}
+
+impl<S: Store> Together<S> {
+    /// Claims `shard` with the other shards being started now, reading up to `limit` of each
+    /// one's heads.
+    pub(super) async fn claim(
+        &self,
+        store: &S,
+        shard: ShardKey,
+        options: &ClaimOptions,
+        limit: usize,
+    ) -> Claimed<S> {
+        let write = |shards: Vec<ShardKey>| async move {
+            let mut unique = shards.clone();
+            unique.sort();
+            unique.dedup();
+            let claimed = store
+                .claim_many(&unique, options, limit)
+                .instrument(info_span!("outbox.claim_shards", shards = unique.len()))
+                .await;
+            match claimed {
+                Ok(sessions) => {
+                    let mut sessions: HashMap<ShardKey, S::Session> = sessions
+                        .into_iter()
+                        .map(|session| (session.lease().shard.clone(), session))
+                        .collect();
+                    // A shard queued twice (by the relay and a flush) is claimed once: the
+                    // first to ask drains it, as if the other had found it held.
+                    shards
+                        .iter()
+                        .map(|shard| Ok(sessions.remove(shard)))
+                        .collect()
+                }
+                // One of the shards reports the error (its drain fails, and the relay sweeps
+                // and retries); the others were not claimed.
+                Err(error) => {
+                    let mut error = Some(error);
+                    shards
+                        .iter()
+                        .map(|_| error.take().map_or(Ok(None), Err))
+                        .collect()
+                }
+            }
+        };
+        self.claims
+            .submit(shard, write)
+            .await
+            .unwrap_or_else(|| Err(abandoned("claim")))
+    }
+
+    /// Acknowledges `acks` and releases `session`'s shard as drained, with the other shards
+    /// finishing now.
+    pub(super) async fn finish(
+        &self,
+        store: &S,
+        session: S::Session,
+        acks: Vec<Acknowledgement>,
+    ) -> Finished {
+        self.finishes
+            .submit((session, acks), |finishing| {
+                store.ack_and_finish_many(finishing)
+            })
+            .await
+            .unwrap_or_else(|| Err(abandoned("acknowledge")))
+    }
+}
+
+/// The error of a shard whose batch was dropped unwritten (its writer's task aborted at
+/// shutdown): as a drain the database interrupted, its lease (if any) is released later.
+fn abandoned(what: &str) -> Error {
+    Error::Unavailable {
+        source: format!("the batch that was to {what} this shard was abandoned").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn what_queues_while_a_batch_is_written_goes_in_the_next_one() {
+        let batches: Arc<Batches<u32, u32>> = Arc::default();
+        let written: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+        let (entered, mut wait_entered) = tokio::sync::mpsc::unbounded_channel();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let writer = |batches: &Arc<Batches<u32, u32>>, item: u32| {
+            let (batches, written, entered, gate) = (
+                Arc::clone(batches),
+                Arc::clone(&written),
+                entered.clone(),
+                Arc::clone(&gate),
+            );
+            tokio::spawn(async move {
+                batches
+                    .submit(item, |items: Vec<u32>| async move {
+                        let _ = entered.send(());
+                        gate.acquire().await.expect("open").forget();
+                        written
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(items.clone());
+                        items.iter().map(|item| item * 10).collect()
+                    })
+                    .await
+            })
+        };
+        // The first goes alone, at once.
+        let first = writer(&batches, 1);
+        wait_entered
+            .recv()
+            .await
+            .expect("the first batch is being written");
+        // These queue behind it.
+        let queued: Vec<_> = (2..=4).map(|item| writer(&batches, item)).collect();
+        while batches
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+            < 3
+        {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(2);
+        assert_eq!(first.await.expect("first"), Some(10));
+        let mut answers = Vec::new();
+        for task in queued {
+            answers.push(task.await.expect("queued"));
+        }
+        assert_eq!(answers, [Some(20), Some(30), Some(40)]);
+        assert_eq!(
+            *written.lock().unwrap_or_else(PoisonError::into_inner),
+            [vec![1], vec![2, 3, 4]],
+            "one batch alone, then one batch of everything that queued meanwhile"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_item_the_writer_does_not_answer_gets_none() {
+        let batches: Batches<u32, u32> = Batches::default();
+        let answer = batches
+            .submit(7, |_items: Vec<u32>| async { Vec::new() })
+            .await;
+        assert_eq!(answer, None);
+    }
+}
