@@ -515,12 +515,19 @@ impl<S: Store> Inner<S> {
         for (shard, permit) in batch.into_iter().zip(permits) {
             let (inner, stopping) = (Arc::clone(self), pool.stopping());
             let key = shard.clone();
+            // The claim and the drain are futures of several kilobytes, boxed so that the
+            // task does not copy them (a task is spawned per shard, and a shard may drain
+            // in a fraction of a millisecond).
             pool.spawn(shard, permit, async move {
-                let claimed = (inner.together)
-                    .claim(&inner.store, key, &inner.claim, inner.config.batch_size)
-                    .await?;
+                let claimed = Box::pin(inner.together.claim(
+                    &inner.store,
+                    key,
+                    &inner.claim,
+                    inner.config.batch_size,
+                ))
+                .await?;
                 match claimed {
-                    Some(session) => inner.drain_claimed(session, &stopping, mode).await,
+                    Some(session) => Box::pin(inner.drain_claimed(session, &stopping, mode)).await,
                     None => Ok(None),
                 }
             });
