@@ -5,7 +5,7 @@ use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart, BackfillState,
     BackfillStep, batch_size, destinations_from_json, destinations_json,
 };
-use outbox_core::{CategoryId, Error, Id, Message, ShardKey};
+use outbox_core::{CategoryId, Error, Id, Message};
 use sqlx::{AssertSqlSafe, Database};
 
 use crate::dialect::Dialect;
@@ -65,7 +65,7 @@ fn version(version: u32) -> i32 {
     i32::try_from(version).unwrap_or(i32::MAX)
 }
 
-/// What a batch walked: the batch, and the messages it wrote (for the wake-ups).
+/// What a batch walked: the batch, and the messages it wrote (whether to wake the relays).
 type Walked = (BackfillBatch, Vec<Message>);
 
 impl<D: Dialect> SqlxStore<D> {
@@ -145,11 +145,12 @@ impl<D: Dialect> SqlxStore<D> {
         };
         match walked {
             Ok((batch, messages)) => {
-                let mut shards: Vec<ShardKey> =
-                    messages.iter().map(|m| m.shard().clone()).collect();
-                shards.sort_unstable();
-                shards.dedup();
-                crate::wake::committed::<D>(Some(&self.pool), &shards);
+                // Announced as "some, anywhere", not by shard: a relay finds a walk's
+                // messages by sweeping, and drains them after the shards that commits name
+                // (live traffic), which would otherwise wait behind a whole batch of the walk.
+                if !messages.is_empty() {
+                    crate::wake::committed::<D>(Some(&self.pool), &[]);
+                }
                 Ok(batch)
             }
             Err(error) => {

@@ -25,6 +25,7 @@ mod pool;
 mod report;
 mod run;
 mod shard;
+mod slots;
 mod together;
 
 use std::future::Future;
@@ -43,6 +44,7 @@ pub use self::report::{DrainReport, MaintenanceReport, RunReport};
 use self::run::RunLoop;
 pub use self::shard::{DeadLettered, ShardFailure};
 use self::shard::{DrainMode, ShardRun};
+use self::slots::Lane;
 use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -91,7 +93,7 @@ struct Inner<S: Store> {
     /// The shards being claimed, and the drained shards being finished, together.
     together: together::Together<S>,
     /// The turns of handlers: `max_concurrent_shards` run at once, whatever the shards held.
-    handler_slots: tokio::sync::Semaphore,
+    handler_slots: slots::Slots,
     /// How fast the handlers take their turns: how many shards to hold.
     pace: pool::Pace,
     /// The metrics' handles, resolved at the first delivery.
@@ -112,7 +114,7 @@ impl<S: Store> Relay<S> {
             lease: config.lease,
             mode: config.handler_mode,
         };
-        let handler_slots = tokio::sync::Semaphore::new(config.max_concurrent_shards);
+        let handler_slots = slots::Slots::new(config.max_concurrent_shards);
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -482,7 +484,8 @@ impl<S: Store> Inner<S> {
         let Some(session) = self.store.claim(shard, &self.claim).await? else {
             return Ok(None);
         };
-        self.drain_claimed(session, stopping, mode).await
+        self.drain_claimed(session, stopping, mode, Lane::Routine)
+            .await
     }
 
     /// Claims as many of `due` as `pool` has free permits for (waiting for one), front first,
@@ -495,7 +498,7 @@ impl<S: Store> Inner<S> {
     ) {
         due.retain(|shard| !pool.is_draining(shard));
         let permits = pool.permits(due.len(), self.shards_to_hold()).await;
-        self.start_claimed(pool, due, permits, mode);
+        self.start_claimed(pool, due, permits, mode, Lane::Routine);
     }
 
     /// Starts draining one of `due` (none of which the pool is draining) per permit, front
@@ -510,6 +513,7 @@ impl<S: Store> Inner<S> {
         due: &mut Vec<ShardKey>,
         permits: Vec<tokio::sync::OwnedSemaphorePermit>,
         mode: DrainMode,
+        lane: Lane,
     ) {
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
         for (shard, permit) in batch.into_iter().zip(permits) {
@@ -527,7 +531,9 @@ impl<S: Store> Inner<S> {
                 ))
                 .await?;
                 match claimed {
-                    Some(session) => Box::pin(inner.drain_claimed(session, &stopping, mode)).await,
+                    Some(session) => {
+                        Box::pin(inner.drain_claimed(session, &stopping, mode, lane)).await
+                    }
                     None => Ok(None),
                 }
             });
@@ -542,6 +548,7 @@ impl<S: Store> Inner<S> {
         session: S::Session,
         stopping: &watch::Receiver<bool>,
         mode: DrainMode,
+        lane: Lane,
     ) -> Drained {
         let lease = session.lease().clone();
         let shard = &lease.shard;
@@ -554,7 +561,7 @@ impl<S: Store> Inner<S> {
         async {
             let _in_flight = self.vitals.claimed();
             let started = tokio::time::Instant::now();
-            let drained = shard::drain(session, self, stopping, mode).await;
+            let drained = shard::drain(session, self, stopping, mode, lane).await;
             if let Ok(run) = &drained {
                 self.metrics().drained(
                     shard.scope,

@@ -15,6 +15,7 @@ use super::parked::Parked;
 use super::pool::ShardPool;
 use super::report::RunReport;
 use super::shard::{DrainEnd, DrainMode};
+use super::slots::Lane;
 use super::{Drained, Inner};
 use crate::error::{Error, error_chain};
 use crate::model::ShardKey;
@@ -32,8 +33,13 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     /// Shards a commit notification named while they were draining: drained again when
     /// their drain ends.
     rewake: HashSet<ShardKey>,
-    /// Shards to drain again, whose drain ended with rows left (or perhaps left).
+    /// Shards to drain again, whose drain ended with rows left (or perhaps left): those a
+    /// commit named while they drained (urgent), and the others.
     again: Vec<ShardKey>,
+    again_urgent: Vec<ShardKey>,
+    /// Whether a commit notification naming no shard came during a sweep: the relay sweeps
+    /// again before it waits.
+    heard_any: bool,
     /// Whether a drain or a claim failed since the last sweep.
     resweep: bool,
     /// Shards whose delivery found a breaker open: not claimed until it closes.
@@ -66,6 +72,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             sweep: Sweep::default(),
             rewake: HashSet::new(),
             again: Vec::new(),
+            again_urgent: Vec::new(),
+            heard_any: false,
             resweep: false,
             parked: Parked::default(),
             outage: Outage::default(),
@@ -135,7 +143,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         due.retain(|shard| !self.parked.holds(shard));
         self.sweep.busy |= !due.is_empty();
         self.sweep.found |= due.iter().any(|shard| !self.pool.is_draining(shard));
-        self.start(due).await?;
+        self.start(due, Lane::Routine).await?;
         if self.sweep.advance(page.next) {
             return ControlFlow::Continue(());
         }
@@ -173,10 +181,17 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     }
 
     /// Claims the `due` shards that are not being drained already as permits come free,
-    /// several per round trip, and starts draining those claimed.
-    async fn start(&mut self, mut due: Vec<ShardKey>) -> ControlFlow<()> {
+    /// several per round trip, and starts draining those claimed. While routine shards (a
+    /// sweep's) wait for permits, the relay still listens: the shards a commit names are
+    /// started first, in the urgent lane, so that live messages do not wait behind a sweep
+    /// of a large backlog (which could last as long as the backlog keeps growing).
+    async fn start(&mut self, mut due: Vec<ShardKey>, lane: Lane) -> ControlFlow<()> {
         let inner: &'r Arc<Inner<S>> = self.inner;
         loop {
+            if lane == Lane::Routine && !self.again_urgent.is_empty() {
+                let urgent = std::mem::take(&mut self.again_urgent);
+                Box::pin(self.start(urgent, Lane::Urgent)).await?;
+            }
             due.retain(|shard| !self.pool.is_draining(shard) && !self.parked.holds(shard));
             if due.is_empty() {
                 return ControlFlow::Continue(());
@@ -184,9 +199,32 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             let permits = tokio::select! {
                 () = &mut self.shutdown => return ControlFlow::Break(()),
                 permits = self.pool.permits(due.len(), inner.shards_to_hold()) => permits,
+                wakeup = self.listener.next(), if lane == Lane::Routine => {
+                    self.heard(wakeup);
+                    continue;
+                }
             };
-            inner.start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay);
+            inner.start_claimed(&mut self.pool, &mut due, permits, DrainMode::Relay, lane);
             self.take_finished();
+        }
+    }
+
+    /// Takes in a commit notification: the shards it names are started next, urgent (or
+    /// again when their drain ends, if they are draining); one that names none makes the
+    /// relay sweep again before it waits.
+    fn heard(&mut self, wakeup: Result<Wakeup, Error>) {
+        match wakeup {
+            Ok(Wakeup::Shards(shards)) => {
+                for shard in shards {
+                    if self.pool.is_draining(&shard) {
+                        self.rewake.insert(shard);
+                    } else {
+                        self.again_urgent.push(shard);
+                    }
+                }
+            }
+            Ok(Wakeup::Any) => self.heard_any = true,
+            Err(error) => self.listener.broke(&error),
         }
     }
 
@@ -199,7 +237,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         let poll = Instant::now() + self.sweep.poll_after(&self.inner.config);
         loop {
             self.start_again().await?;
-            if std::mem::take(&mut self.resweep) {
+            if std::mem::take(&mut self.resweep) | std::mem::take(&mut self.heard_any) {
                 // A drain or a claim failed: sweep (and retry with backoff) rather than wait,
                 // its shards are still due.
                 return ControlFlow::Continue(());
@@ -224,13 +262,13 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                     self.absorb(shard, drained);
                 }
                 Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
-                    let busy = shards.iter().filter(|shard| self.pool.is_draining(shard));
-                    self.rewake.extend(busy.cloned());
-                    self.start(shards).await?;
+                    self.heard(Ok(Wakeup::Shards(shards)));
+                    let urgent = std::mem::take(&mut self.again_urgent);
+                    self.start(urgent, Lane::Urgent).await?;
                 }
                 Woken::Closed(shards) => {
                     self.inner.vitals.set_waiting(self.parked.len());
-                    self.start(shards).await?;
+                    self.start(shards, Lane::Routine).await?;
                 }
                 Woken::Wakeup(Err(error)) => {
                     self.listener.broke(&error);
@@ -267,7 +305,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         }
         self.resweep |= drained.is_err();
         finished(&mut self.report, &mut self.outage, &shard, drained);
-        if self.rewake.remove(&shard) || yielded {
+        if self.rewake.remove(&shard) {
+            self.again_urgent.push(shard);
+        } else if yielded {
             self.again.push(shard);
         }
     }
@@ -280,11 +320,15 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             self.inner.vitals.set_waiting(self.parked.len());
         }
         self.again.extend(closed);
-        if self.again.is_empty() {
-            return ControlFlow::Continue(());
+        let urgent = std::mem::take(&mut self.again_urgent);
+        if !urgent.is_empty() {
+            self.start(urgent, Lane::Urgent).await?;
         }
         let again = std::mem::take(&mut self.again);
-        self.start(again).await
+        if again.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        self.start(again, Lane::Routine).await
     }
 
     /// Stops claiming, and gives the drains in flight until the shutdown deadline to finish

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{SemaphorePermit, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -13,6 +13,7 @@ use super::Inner;
 use super::deliver::{deliver, deliver_all, keeping_the_lease};
 use super::plan::{Group, Plan};
 use super::pool::Pace;
+use super::slots::{Lane, Slot};
 use crate::error::{DeliveryError, Error, error_chain};
 use crate::handler::Pipeline;
 use crate::model::{MessageId, ShardKey};
@@ -171,7 +172,7 @@ impl Failed {
 /// A handler's turn: one of the relay's slots, its length measured for the relay's pace
 /// when it ends.
 struct Turn<'a> {
-    _slot: Option<SemaphorePermit<'a>>,
+    _slot: Option<Slot<'a>>,
     pace: &'a Pace,
     since: Instant,
 }
@@ -194,6 +195,8 @@ struct DrainState<'a, St: Store> {
     inner: &'a Inner<St>,
     stopping: &'a watch::Receiver<bool>,
     mode: DrainMode,
+    /// Where it waits for its handlers' turns.
+    lane: Lane,
     /// When the drain's first handler turn began (`None` before it): the time budget counts
     /// from it, not from the claim, whose shard may wait behind the others of its batch.
     started: Option<Instant>,
@@ -215,6 +218,7 @@ pub(crate) async fn drain<St: Store>(
     inner: &Inner<St>,
     stopping: &watch::Receiver<bool>,
     mode: DrainMode,
+    lane: Lane,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
     announce_takeover(&lease, &inner.config.worker_id);
@@ -225,6 +229,7 @@ pub(crate) async fn drain<St: Store>(
             inner,
             stopping,
             mode,
+            lane,
             started: None,
             progressed: false,
             rows_delivered: 0,
@@ -308,13 +313,13 @@ impl<'a, St: Store> DrainState<'a, St> {
         let inner: &'a Inner<St> = self.inner;
         let turn = if matches!(self.mode, DrainMode::Flush { .. }) {
             None
-        } else if let Ok(turn) = inner.handler_slots.try_acquire() {
+        } else if let Some(turn) = inner.handler_slots.try_acquire() {
             Some(turn)
         } else {
-            let mut stopping = self.stopping.clone();
+            let (mut stopping, lane) = (self.stopping.clone(), self.lane);
             let wait = async move {
                 tokio::select! {
-                    turn = inner.handler_slots.acquire() => turn.ok(),
+                    turn = inner.handler_slots.acquire(lane) => Some(turn),
                     _ = stopping.wait_for(|stop| *stop) => None,
                 }
             };
