@@ -33,12 +33,13 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     /// Shards a commit notification named while they were draining: drained again when
     /// their drain ends.
     rewake: HashSet<ShardKey>,
-    /// Shards to drain again, whose drain ended with rows left (or perhaps left): those a
-    /// commit named while they drained (urgent), and the others.
+    /// Shards to drain again, whose drain ended with rows left (or perhaps left).
     again: Vec<ShardKey>,
+    /// Shards to start in the urgent lane: named by a commit notification (while they
+    /// drained, or while the relay was busy with a sweep).
     again_urgent: Vec<ShardKey>,
-    /// Whether a commit notification naming no shard came during a sweep: the relay sweeps
-    /// again before it waits.
+    /// Whether a commit notification named no shard, or the notifications broke, since the
+    /// last sweep began: the relay sweeps again before it waits.
     heard_any: bool,
     /// Whether a drain or a claim failed since the last sweep.
     resweep: bool,
@@ -210,8 +211,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     }
 
     /// Takes in a commit notification: the shards it names are started next, urgent (or
-    /// again when their drain ends, if they are draining); one that names none makes the
-    /// relay sweep again before it waits.
+    /// again when their drain ends, if they are draining); one that names none, or the
+    /// stream's failure, makes the relay sweep again before it waits.
     fn heard(&mut self, wakeup: Result<Wakeup, Error>) {
         match wakeup {
             Ok(Wakeup::Shards(shards)) => {
@@ -224,7 +225,10 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 }
             }
             Ok(Wakeup::Any) => self.heard_any = true,
-            Err(error) => self.listener.broke(&error),
+            Err(error) => {
+                self.listener.broke(&error);
+                self.heard_any = true;
+            }
         }
     }
 
@@ -239,7 +243,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             self.start_again().await?;
             if std::mem::take(&mut self.resweep) | std::mem::take(&mut self.heard_any) {
                 // A drain or a claim failed: sweep (and retry with backoff) rather than wait,
-                // its shards are still due.
+                // its shards are still due. Or a commit notification named no shard, or the
+                // notifications broke (commits may have gone unannounced): look everywhere.
                 return ControlFlow::Continue(());
             }
             let until = self.listener.idle_until(poll);
@@ -256,23 +261,16 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 shards = self.parked.next_closed(), if parked => Woken::Closed(shards),
             };
             match woken {
-                Woken::Look | Woken::Wakeup(Ok(Wakeup::Any)) => return ControlFlow::Continue(()),
+                Woken::Look => return ControlFlow::Continue(()),
                 Woken::Finished(done) => {
                     let (shard, drained) = *done;
                     self.absorb(shard, drained);
                 }
-                Woken::Wakeup(Ok(Wakeup::Shards(shards))) => {
-                    self.heard(Ok(Wakeup::Shards(shards)));
-                    let urgent = std::mem::take(&mut self.again_urgent);
-                    self.start(urgent, Lane::Urgent).await?;
-                }
+                // Started (or swept for) at the top of the loop.
+                Woken::Wakeup(wakeup) => self.heard(wakeup),
                 Woken::Closed(shards) => {
                     self.inner.vitals.set_waiting(self.parked.len());
                     self.start(shards, Lane::Routine).await?;
-                }
-                Woken::Wakeup(Err(error)) => {
-                    self.listener.broke(&error);
-                    return ControlFlow::Continue(());
                 }
             }
         }
