@@ -5,7 +5,7 @@ use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart, BackfillState,
     BackfillStep, batch_size, destinations_from_json, destinations_json,
 };
-use outbox_core::{CategoryId, Error, Id, Message};
+use outbox_core::{CategoryId, Error, Id};
 use sqlx::{AssertSqlSafe, Database};
 
 use crate::dialect::Dialect;
@@ -64,9 +64,6 @@ fn flag(value: bool) -> i32 {
 fn version(version: u32) -> i32 {
     i32::try_from(version).unwrap_or(i32::MAX)
 }
-
-/// What a batch walked: the batch, and the messages it wrote (whether to wake the relays).
-type Walked = (BackfillBatch, Vec<Message>);
 
 impl<D: Dialect> SqlxStore<D> {
     /// See [`Store::backfill`](outbox_core::Store::backfill).
@@ -144,11 +141,12 @@ impl<D: Dialect> SqlxStore<D> {
             }
         };
         match walked {
-            Ok((batch, messages)) => {
+            Ok(batch) => {
                 // Announced as "some, anywhere", not by shard: a relay finds a walk's
                 // messages by sweeping, and drains them after the shards that commits name
                 // (live traffic), which would otherwise wait behind a whole batch of the walk.
-                if !messages.is_empty() {
+                if matches!(batch.outcome, BackfillOutcome::Walked { messages, .. } if messages > 0)
+                {
                     crate::wake::committed::<D>(Some(&self.pool), &[]);
                 }
                 Ok(batch)
@@ -212,7 +210,7 @@ async fn walk<D: Dialect>(
     model: &BackfillModel,
     options: &BackfillOptions,
     mut state: BackfillState,
-) -> Result<Walked, Error> {
+) -> Result<BackfillBatch, Error> {
     let sql = &D::SQL.backfill;
     let declared = state.declared_version.max(model.version);
     let undeclared = state.model != model.name || state.declared_version != declared;
@@ -237,7 +235,7 @@ async fn walk<D: Dialect>(
             outcome: BackfillOutcome::Gated,
             state: Some(state),
         };
-        return Ok((batch, Vec::new()));
+        return Ok(batch);
     };
     let bound = i64::try_from(options.budget).unwrap_or(i64::MAX);
     let backlog: i64 = sqlx::query(sql.backlog)
@@ -320,5 +318,5 @@ async fn walk<D: Dialect>(
         },
         state: Some(watermark::<D>(&recorded)?),
     };
-    Ok((batch, messages))
+    Ok(batch)
 }
