@@ -808,6 +808,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
+    /// Reads the rows of a replicated model's objects whose key column holds one of `keys`,
+    /// as [`ShardSession::load_model`] reads one, for the deliveries of shards held by
+    /// leases: one answer per key, in order (`None` where no row has the key). A backend may
+    /// read them all in one statement; the relay reads every row its drains need at once
+    /// this way. The default answers nothing (an empty list): each delivery then reads its
+    /// own row through its session.
+    fn load_models(
+        &self,
+        table: &ModelTable,
+        keys: &[Id],
+    ) -> impl Future<Output = Result<Vec<Option<ModelRow>>, Error>> + Send {
+        let _ = (table, keys);
+        async { Ok(Vec::new()) }
+    }
+
     /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
     fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
 

@@ -927,6 +927,29 @@ impl Dialect for PgDialect {
         crate::model::load_sql(table, wide)
     }
 
+    fn load_models_sql(table: &ModelTable, wide: bool) -> String {
+        crate::model::load_many_sql(table, wide)
+    }
+
+    fn bind_keys<'q>(query: Statement<'q, Postgres>, keys: &[Id]) -> Statement<'q, Postgres> {
+        match keys.first().and_then(|key| key.as_wide()) {
+            Some(_) => query.bind(
+                keys.iter()
+                    .map(|key| {
+                        key.wide_bytes()
+                            .map(|bytes| bytes.to_vec())
+                            .unwrap_or_default()
+                    })
+                    .collect::<Vec<Vec<u8>>>(),
+            ),
+            None => query.bind(
+                keys.iter()
+                    .map(|key| key.as_integer().unwrap_or_default())
+                    .collect::<Vec<i64>>(),
+            ),
+        }
+    }
+
     fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String {
         crate::model::walk_sql(table, after)
     }

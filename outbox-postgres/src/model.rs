@@ -49,12 +49,30 @@ pub(crate) fn load_sql(table: &ModelTable, wide: bool) -> String {
     )
 }
 
-/// A row of [`load_sql`].
+/// The statement the relay reads many objects with: each key of `$1` (an array of integers,
+/// or of wide keys' 16 bytes) with its position, and its object's row as [`load_sql`] reads
+/// it (one index probe per key), the position last.
+pub(crate) fn load_many_sql(table: &ModelTable, wide: bool) -> String {
+    let (keys, key) = if wide {
+        ("$1::bytea[]", "encode(k.key, 'hex')::uuid")
+    } else {
+        ("$1::bigint[]", "k.key")
+    };
+    format!(
+        "SELECT to_json(s)::text, s.*, k.position FROM unnest({keys}) WITH ORDINALITY          AS k(key, position) CROSS JOIN LATERAL (SELECT {} FROM {} WHERE {} = {key}) AS s",
+        column_list(table),
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+/// A row of [`load_sql`] (or of [`load_many_sql`], whose last column is no model's).
 pub(crate) fn read(row: &PgRow) -> Result<ModelRow, sqlx::Error> {
     let json: String = row.try_get(0)?;
     let json = serde_json::from_str(&json).map_err(|error| sqlx::Error::Decode(error.into()))?;
     let mut model = ModelRow::from_json(json)
         .ok_or_else(|| sqlx::Error::Decode("a model's row is not a JSON object".into()))?;
+    // A `bytea` column is one of the model's: the position after them is an integer.
     for column in row.columns().iter().skip(1) {
         if column.type_info().name() == "BYTEA" {
             let bytes: Option<Vec<u8>> = row.try_get(column.ordinal())?;

@@ -943,6 +943,15 @@ impl Dialect for SqliteDialect {
         crate::model::load_sql(table)
     }
 
+    fn load_models_sql(table: &ModelTable, _wide: bool) -> String {
+        crate::model::load_many_sql(table)
+    }
+
+    fn bind_keys<'q>(query: Statement<'q, Sqlite>, keys: &[Id]) -> Statement<'q, Sqlite> {
+        let keys: Vec<serde_json::Value> = keys.iter().copied().map(id_json).collect();
+        query.bind(serde_json::to_string(&keys).unwrap_or_default())
+    }
+
     fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String {
         crate::model::walk_sql(table, after.is_some())
     }

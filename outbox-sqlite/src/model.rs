@@ -14,19 +14,21 @@ fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// The columns of a model's row as [`read`] reads them: the table's, then the names of those
-/// declared `JSON` (whose text is a document, not a string) as a JSON array.
-fn read_columns(table: &ModelTable) -> String {
+/// The names of `table`'s columns declared `JSON` (whose text is a document, not a string),
+/// as a JSON array: the last of the columns [`read`] reads.
+fn json_columns(table: &ModelTable) -> String {
     let info = match table.table.split_once('.') {
         Some((schema, name)) => {
             format!("pragma_table_info({}, {})", literal(name), literal(schema))
         }
         None => format!("pragma_table_info({})", literal(table.table)),
     };
-    format!(
-        "{}, (SELECT json_group_array(name) FROM {info} WHERE lower(type) IN ('json', 'jsonb'))",
-        column_list(table),
-    )
+    format!("(SELECT json_group_array(name) FROM {info} WHERE lower(type) IN ('json', 'jsonb'))")
+}
+
+/// The columns of a model's row as [`read`] reads them: the table's, then [`json_columns`].
+fn read_columns(table: &ModelTable) -> String {
+    format!("{}, {}", column_list(table), json_columns(table))
 }
 
 /// The statement the relay reads an object with: its columns, then the names of those
@@ -36,6 +38,28 @@ pub(crate) fn load_sql(table: &ModelTable) -> String {
     format!(
         "SELECT {} FROM {} WHERE {} = ?1",
         read_columns(table),
+        quoted(table.table),
+        quoted(table.key),
+    )
+}
+
+/// The name of [`load_many_sql`]'s last column: a key's position, no column of the model's.
+const POSITION: &str = "outbox_key_position";
+
+/// The statement the relay reads many objects with: each key of the JSON array `?1` (an
+/// integer, or a wide key's hex digits) with its object's row as [`load_sql`] reads it (one
+/// index probe per key), then the key's position in the array, from 1.
+pub(crate) fn load_many_sql(table: &ModelTable) -> String {
+    let columns = table
+        .columns
+        .iter()
+        .map(|column| format!("t.{}", quoted(column)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "SELECT {columns}, {}, k.key + 1 AS {POSITION} FROM json_each(?1) AS k \
+         JOIN {} AS t ON t.{} = iif(k.type = 'text', unhex(k.value), k.value)",
+        json_columns(table),
         quoted(table.table),
         quoted(table.key),
     )
@@ -61,7 +85,11 @@ pub(crate) fn walk_sql(table: &ModelTable, after: bool) -> String {
 /// A row of [`load_sql`], each value by its storage class (the text of a `JSON` column as the
 /// document it holds).
 pub(crate) fn read(row: &SqliteRow) -> Result<ModelRow, sqlx::Error> {
-    let Some((json_columns, columns)) = row.columns().split_last() else {
+    let columns = match row.columns().split_last() {
+        Some((last, columns)) if last.name() == POSITION => columns,
+        _ => row.columns(),
+    };
+    let Some((json_columns, columns)) = columns.split_last() else {
         return Ok(ModelRow::new());
     };
     let json_columns: String = row.try_get(json_columns.ordinal())?;

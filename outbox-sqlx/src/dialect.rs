@@ -557,6 +557,19 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// identifier, the 16 bytes of a wide one), decoded by [`Dialect::read_model`].
     fn load_model_sql(table: &ModelTable, wide: bool) -> String;
 
+    /// The statement that reads the rows of many of a model's objects at once: `$1` their
+    /// keys (bound by [`Dialect::bind_keys`]; all integers, or all wide if `wide`). Each row
+    /// found as [`Dialect::read_model`] reads it, then, as its last column (which
+    /// `read_model` does not take for the model's), the position of its key among the keys,
+    /// from 1, as an `i64`.
+    fn load_models_sql(table: &ModelTable, wide: bool) -> String;
+
+    /// Binds the keys of [`Dialect::load_models_sql`].
+    fn bind_keys<'q>(
+        query: Statement<'q, Self::Database>,
+        keys: &[Id],
+    ) -> Statement<'q, Self::Database>;
+
     /// The statement that reads a batch of a model's rows for a backfill, in key order, as
     /// [`Dialect::read_model`] reads them: `$1` the low bound (an `i64`, or a wide key's 16
     /// bytes if `after` is `Some(true)`) and `$2` the limit (`i64`); without a low bound

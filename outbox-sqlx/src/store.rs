@@ -10,11 +10,13 @@ use outbox_core::store::{
     FORGET_RELAYS_AFTER, Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget,
     PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
 };
-use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey, Store};
-use sqlx::{Database, Pool};
+use outbox_core::{
+    CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeId, ShardKey, Store,
+};
+use sqlx::{AssertSqlSafe, Database, Pool, Row};
 
 use crate::dialect::{Claim, Dialect};
-use crate::error::database;
+use crate::error::{database, on_table};
 use crate::session::{SqlxSession, Writer, duration_ms, fenced, shard_keyed};
 use crate::sql::{Executes, Statement, With, get};
 use crate::wake::SqlxWakeups;
@@ -302,6 +304,52 @@ impl<D: Dialect> Store for SqlxStore<D> {
             }
         }
         Ok(page)
+    }
+
+    async fn load_models(
+        &self,
+        table: &ModelTable,
+        keys: &[Id],
+    ) -> Result<Vec<Option<ModelRow>>, Error> {
+        const OPERATION: &str = "reading a replicated model";
+        let mut answers = vec![None; keys.len()];
+        // A model's keys are all of one kind; keys of the other kind find no row either way.
+        for wide in [false, true] {
+            let (places, of_kind): (Vec<usize>, Vec<Id>) = keys
+                .iter()
+                .enumerate()
+                .filter(|(_, key)| key.as_wide().is_some() == wide)
+                .map(|(place, key)| (place, *key))
+                .unzip();
+            if of_kind.is_empty() {
+                continue;
+            }
+            let sql = AssertSqlSafe(D::load_models_sql(table, wide));
+            let query = D::bind_keys(sqlx::query(sql), &of_kind);
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(on_table::<D>(OPERATION))?;
+            let rows = query
+                .fetch_all(D::Database::on(&mut conn))
+                .await
+                .map_err(on_table::<D>(OPERATION))?;
+            for row in &rows {
+                let position = get::<D::Database, i64>(row, row.len() - 1)
+                    .map_err(on_table::<D>(OPERATION))?;
+                let place = usize::try_from(position)
+                    .ok()
+                    .and_then(|position| places.get(position.checked_sub(1)?))
+                    .ok_or_else(|| Error::Undecodable {
+                        operation: OPERATION,
+                        message_id: None,
+                        detail: format!("a row's key position {position} is not among the keys"),
+                    })?;
+                answers[*place] = Some(D::read_model(row).map_err(on_table::<D>(OPERATION))?);
+            }
+        }
+        Ok(answers)
     }
 
     async fn claim(

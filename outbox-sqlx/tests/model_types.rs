@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, TimeZone, Utc};
 use outbox_core::{
-    ColumnMismatch, Deletion, Error, ModelBatch, Registry, Replication, outbox_scope,
-    replicated_model,
+    ColumnMismatch, Deletion, Error, ModelBatch, Payload, Registry, ReplicatedModel, Replication,
+    Store, outbox_scope, replicated_model,
 };
 use outbox_sqlx::model::{Written, apply, check_pooled};
 use outbox_sqlx::sql::{Decodes, Executes, get};
-use outbox_sqlx::{Dialect, Writable, Write};
+use outbox_sqlx::{Dialect, SqlxStore, Writable, Write};
 use outbox_testkit::postgres::PgDatabase;
 use outbox_testkit::sqlite::SqliteFile;
 use outbox_testkit::sqlx::{Provision, SqlxTestDatabase};
@@ -97,6 +97,22 @@ where
     written
 }
 
+/// `keys` of `M`'s table read at once, as the relay's drains read their rows together
+/// ([`Store::load_models`](outbox_core::Store::load_models)): each row as the model, in the
+/// keys' order, `None` where no row has the key.
+async fn read_together<P: Provision, M: ReplicatedModel + Payload>(
+    database: &SqlxTestDatabase<P>,
+    keys: &[outbox_core::Id],
+) -> Vec<Option<M>> {
+    SqlxStore::<P::Dialect>::new(database.pool().clone())
+        .load_models(&M::TABLE, keys)
+        .await
+        .expect("read the rows together")
+        .into_iter()
+        .map(|row| row.map(|row| row.deserialize::<M>().expect("the row reads as its model")))
+        .collect()
+}
+
 /// Every field is stored as its value and read back at delivery as it was: through insert,
 /// update and save, with NULLs and without.
 async fn typed_columns_round_trip<P: Provision>(ddl: &str)
@@ -128,6 +144,11 @@ where
         .expect("the row");
     let data: Vec<u8> = get::<<P::Dialect as Dialect>::Database, _>(&row, 0).expect("bytes");
     assert_eq!(data, plain.data);
+    // Read together, each row is read as it is read alone: in the keys' order, once per key.
+    assert_eq!(
+        read_together::<P, Record>(&database, &[2.into(), 5.into(), 1.into(), 2.into()]).await,
+        [Some(full.clone()), None, Some(plain.clone()), Some(full.clone())]
+    );
     relay.drain().await.expect("drain");
     let mut delivered = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
     delivered.sort_by_key(|record| record.id);
@@ -499,6 +520,16 @@ where
         .await
         .expect("save");
     tx.commit().await.expect("commit");
+    let missing = Uuid::from_u128(2);
+    assert_eq!(
+        read_together::<P, Document>(
+            &database,
+            &[documents[1].id.into(), missing.into(), documents[0].id.into()]
+        )
+        .await,
+        [Some(documents[1].clone()), None, Some(documents[0].clone())],
+        "rows read together by their UUID keys"
+    );
     database
         .relay(registry.clone())
         .drain()

@@ -76,10 +76,11 @@ use self::state::{Row, Tables};
 use crate::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
 };
+use crate::columns::ModelRow;
 use crate::error::Error;
-use crate::id::Identifier;
+use crate::id::{Id, Identifier};
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
-use crate::replicated::{IntoModelBatch, ReplicatedModel};
+use crate::replicated::{IntoModelBatch, ModelTable, ReplicatedModel};
 use crate::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Heartbeat,
     Lease, OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo,
@@ -344,6 +345,18 @@ impl Store for MemoryStore {
             tables.claim(shard, options, now)
         })?;
         Ok(lease.map(|lease| MemorySession::new(self.clone(), lease, options.lease)))
+    }
+
+    async fn load_models(
+        &self,
+        table: &ModelTable,
+        keys: &[Id],
+    ) -> Result<Vec<Option<ModelRow>>, Error> {
+        self.operation("reading a replicated model", |tables, _| {
+            keys.iter()
+                .map(|key| tables.model(table.table, *key))
+                .collect()
+        })
     }
 
     async fn wakeups(&self) -> Result<Option<MemoryWakeups>, Error> {

@@ -165,23 +165,29 @@ async fn call_handler<S: ShardSession, St: Store>(
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
-    let row = match &group.info.model {
-        Some(table) => session
-            .load_model(table, group.newest.object_identifier)
-            .await
-            .map_err(|source| DeliveryError::Lookup {
-                model: group.info.name,
-                table: table.table,
-                object_identifier: group.newest.object_identifier,
-                source: Box::new(source),
-            })?,
-        None => None,
+    let loaded;
+    let row = match (&group.info.model, &group.model_row) {
+        (None, _) => None,
+        // Read with the other drains' rows (see `Group::model_row`).
+        (Some(_), Some(row)) => row.as_ref(),
+        (Some(table), None) => {
+            loaded = session
+                .load_model(table, group.newest.object_identifier)
+                .await
+                .map_err(|source| DeliveryError::Lookup {
+                    model: group.info.name,
+                    table: table.table,
+                    object_identifier: group.newest.object_identifier,
+                    source: Box::new(source),
+                })?;
+            loaded.as_ref()
+        }
     };
     let mut cx = HandlerContext::new(session.handler_connection(), inner.registry.state());
     let call = group
         .info
         .handler
-        .call(raw_delivery(lease, group, attempt, row.as_ref()), &mut cx);
+        .call(raw_delivery(lease, group, attempt, row), &mut cx);
     guarded(call, inner, lease, group).await?
 }
 

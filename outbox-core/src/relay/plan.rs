@@ -1,10 +1,13 @@
 //! Turning a shard's oldest rows into the groups to deliver, in order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use crate::columns::ModelRow;
 use crate::error::DeliveryError;
+use crate::id::Id;
 use crate::model::{MessageId, ShardKey};
 use crate::registry::{CategoryInfo, Registry};
+use crate::replicated::ModelTable;
 use crate::store::{Acknowledgement, GroupKey, GroupTail, StoredMessage};
 
 /// One delivery: a coalescing group (or a single message of a non-coalescing category).
@@ -19,6 +22,10 @@ pub(crate) struct Group {
     /// (an older id whose transaction committed later) is not among them, and survives to be
     /// delivered by a later pass (S13).
     pub(crate) ids: Vec<MessageId>,
+    /// A replicated model's row for `newest`, read with the rows of the other groups the
+    /// relay's drains read at the same time (`Some(None)`: no row has the key, the object is
+    /// gone); `None` if it was not read that way, and the delivery reads it itself.
+    pub(crate) model_row: Option<Option<ModelRow>>,
 }
 
 impl Group {
@@ -90,6 +97,7 @@ impl Plan {
                 info: info.clone(),
                 newest: row.clone(),
                 ids: vec![row.id],
+                model_row: None,
             });
         }
         plan
@@ -122,6 +130,39 @@ impl Plan {
             .filter(|group| group.info.coalesce)
             .map(|group| group.key)
             .collect()
+    }
+
+    /// The replicated models' objects whose rows the plan's deliveries read, each table with
+    /// the keys of its objects (each key once).
+    pub(crate) fn model_keys(&self) -> Vec<(ModelTable, Vec<Id>)> {
+        let mut tables: Vec<(ModelTable, Vec<Id>)> = Vec::new();
+        let mut seen = HashSet::new();
+        for group in &self.groups {
+            let Some(table) = group.info.model else {
+                continue;
+            };
+            let key = group.newest.object_identifier;
+            if !seen.insert((table.table, key)) {
+                continue;
+            }
+            match tables.iter_mut().find(|(known, _)| *known == table) {
+                Some((_, keys)) => keys.push(key),
+                None => tables.push((table, vec![key])),
+            }
+        }
+        tables
+    }
+
+    /// Gives the groups of `table`'s objects their rows: `rows[i]` is the row of `keys[i]`.
+    pub(crate) fn give_rows(&mut self, table: &ModelTable, keys: &[Id], rows: &[Option<ModelRow>]) {
+        let rows: HashMap<Id, &Option<ModelRow>> = keys.iter().copied().zip(rows).collect();
+        for group in &mut self.groups {
+            if group.info.model.as_ref() == Some(table)
+                && let Some(row) = rows.get(&group.newest.object_identifier)
+            {
+                group.model_row = Some((*row).clone());
+            }
+        }
     }
 
     /// Takes in a group's rows found beyond the rows read so far.

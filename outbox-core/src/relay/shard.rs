@@ -389,6 +389,19 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 }
             }
         }
+        // Replicated models' rows are read now, with those of every drain reading now: one
+        // statement per model for them all, not one per delivery. Each row is read after
+        // its group's newest message was (so it holds that change or a later one, whose
+        // message comes later). In transaction mode a row is read in the claiming
+        // transaction, by its delivery.
+        if state.inner.config.handler_mode == HandlerMode::Leased {
+            for (table, keys) in plan.model_keys() {
+                let inner = state.inner;
+                if let Some(rows) = inner.together.load(&inner.store, table, keys.clone()).await {
+                    plan.give_rows(&table, &keys, &rows);
+                }
+            }
+        }
         Ok(Some(Read { plan, full }))
     }
 

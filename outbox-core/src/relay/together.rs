@@ -11,10 +11,13 @@ use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
-use tracing::{Instrument, info_span};
+use tracing::{Instrument, debug, info_span};
 
+use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::id::Id;
 use crate::model::ShardKey;
+use crate::replicated::ModelTable;
 use crate::store::{Acknowledgement, ClaimOptions, ShardSession, Store};
 
 /// A queue of items that are written in batches, one batch at a time, each answered with its
@@ -78,10 +81,16 @@ pub(super) type Finished = Result<(u64, bool), Error>;
 /// nothing due).
 pub(super) type Claimed<S> = Result<Option<<S as Store>::Session>, Error>;
 
-/// The shards being claimed and finished together.
+/// The rows of a replicated model's objects, one answer per key (`None`: no such row), or
+/// nothing if the store did not read them so.
+pub(super) type Loaded = Option<Vec<Option<ModelRow>>>;
+
+/// The shards being claimed and finished together, and the models' rows their deliveries
+/// read together.
 pub(super) struct Together<S: Store> {
     claims: Batches<ShardKey, Claimed<S>>,
     finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
+    loads: Batches<(ModelTable, Vec<Id>), Loaded>,
 }
 
 impl<S: Store> Default for Together<S> {
@@ -89,6 +98,7 @@ impl<S: Store> Default for Together<S> {
         Self {
             claims: Batches::default(),
             finishes: Batches::default(),
+            loads: Batches::default(),
         }
     }
 }
@@ -139,6 +149,52 @@ impl<S: Store> Together<S> {
             .submit(shard, write)
             .await
             .unwrap_or_else(|| Err(abandoned("claim")))
+    }
+
+    /// Reads the rows of `table` whose keys are `keys` with those the other drains read now:
+    /// one statement per table for the whole batch ([`Store::load_models`]). `None` if the
+    /// store did not read them so, or failed to (each delivery then reads its own row, and
+    /// reports what fails).
+    pub(super) async fn load(&self, store: &S, table: ModelTable, keys: Vec<Id>) -> Loaded {
+        let write = |items: Vec<(ModelTable, Vec<Id>)>| async move {
+            let mut answers: Vec<Loaded> = vec![None; items.len()];
+            let mut tables: Vec<ModelTable> = items.iter().map(|(table, _)| *table).collect();
+            tables.sort_by_key(|table| table.table);
+            tables.dedup();
+            for table in tables {
+                let mut keys: Vec<Id> = items
+                    .iter()
+                    .filter(|(of, _)| *of == table)
+                    .flat_map(|(_, keys)| keys.iter().copied())
+                    .collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let rows = match store
+                    .load_models(&table, &keys)
+                    .instrument(info_span!(
+                        "outbox.load_models",
+                        table = table.table,
+                        rows = keys.len()
+                    ))
+                    .await
+                {
+                    Ok(rows) if rows.len() == keys.len() => rows,
+                    Ok(_) => continue,
+                    Err(error) => {
+                        debug!(table = table.table, error = %crate::error::error_chain(&error), "cannot read models' rows together; each delivery reads its own");
+                        continue;
+                    }
+                };
+                let found: HashMap<Id, Option<ModelRow>> = keys.into_iter().zip(rows).collect();
+                for ((of, keys), answer) in items.iter().zip(&mut answers) {
+                    if *of == table {
+                        *answer = keys.iter().map(|key| found.get(key).cloned()).collect();
+                    }
+                }
+            }
+            answers
+        };
+        self.loads.submit((table, keys), write).await.flatten()
     }
 
     /// Acknowledges `acks` and releases `session`'s shard as drained, with the other shards

@@ -99,6 +99,9 @@ macro_rules! conformance_tests {
             concurrent_relays_never_walk_the_same_batch,
             the_relay_walks_a_started_backfill,
         );
+        $crate::conformance_tests!(@captured $backend;
+            models_of_many_shards_are_read_together,
+        );
     };
     (@captured $backend:ty; $($name:ident),* $(,)?) => {
         $(

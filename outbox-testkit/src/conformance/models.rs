@@ -8,6 +8,7 @@ use outbox_core::{
 
 use super::{config, int, pending};
 use crate::backend::{ModelWrite, TestBackend};
+use crate::telemetry::capture;
 use crate::fixtures::{
     MODEL_TABLES, Member, MemberTombstone, ModelRecorder, ModelSeen, OrgScope, Project, org_shard,
 };
@@ -387,4 +388,63 @@ pub async fn unreadable_model_rows_are_precise_failures<B: TestBackend>() {
     let text = error_chain(&failures[1].error);
     assert!(text.contains("members"), "{text}");
     assert_eq!(pending(&backend).await.len(), 2, "the failed outboxes stay");
+}
+
+/// The rows of the objects whose outboxes many shards' drains deliver are read together: one
+/// statement per model for the shards drained at the same time, not one per delivery. Each
+/// delivery still sees its object's row as it stands after its newest message.
+pub fn models_of_many_shards_are_read_together<B: TestBackend>() {
+    const SHARDS: i64 = 32;
+    let (seen, telemetry) = capture(|_| async {
+        let backend = with_tables::<B>().await;
+        let recorder = ModelRecorder::default();
+        let relay = Relay::with_config(backend.store(), registry(&recorder), config("together"));
+        // Two objects in each shard; the first of each renamed after its first write.
+        let projects: Vec<Project> = (0..SHARDS * 2)
+            .map(|id| Project::new(id + 1, id / 2 + 1, "first"))
+            .collect();
+        write(&backend, ModelWrite::Insert, ModelBatch::local(&projects)).await;
+        let renamed: Vec<Project> = projects
+            .iter()
+            .step_by(2)
+            .map(|project| Project {
+                name: "renamed".into(),
+                ..project.clone()
+            })
+            .collect();
+        write(&backend, ModelWrite::Update, ModelBatch::local(&renamed)).await;
+        let report = relay.drain().await.expect("drain");
+        assert!(report.is_clean(), "{report:?}");
+        assert!(pending(&backend).await.is_empty(), "everything delivered");
+        recorder.take()
+    });
+    let mut seen: Vec<(i64, String)> = seen
+        .into_iter()
+        .map(|seen| match seen {
+            ModelSeen::Project(project, _) => (project.id, project.name),
+            other => panic!("only projects were written: {other:?}"),
+        })
+        .collect();
+    seen.sort();
+    let expected: Vec<(i64, String)> = (1..=SHARDS * 2)
+        .map(|id| (id, if id % 2 == 1 { "renamed" } else { "first" }.to_owned()))
+        .collect();
+    assert_eq!(seen, expected, "each object once, as it stands");
+
+    let loads = telemetry.spans("outbox.load_models");
+    let rows: usize = loads
+        .iter()
+        .map(|load| {
+            load.field("rows")
+                .and_then(|rows| rows.parse::<usize>().ok())
+                .expect("a read says how many rows it read")
+        })
+        .sum();
+    assert_eq!(rows, expected.len(), "every row read together: {loads:?}");
+    assert!(
+        loads.len() <= (SHARDS / 2) as usize,
+        "{} reads for {SHARDS} shards: the drains' rows are not read together: {:?}",
+        loads.len(),
+        loads.iter().map(|load| load.field("rows")).collect::<Vec<_>>()
+    );
 }
