@@ -510,7 +510,7 @@ macro_rules! watermark {
     };
 }
 
-const BACKFILL: BackfillStatements = BackfillStatements {
+pub(crate) const BACKFILL: BackfillStatements = BackfillStatements {
     ensure: "INSERT INTO outbox_backfills (category, model) VALUES ($1, $2) \
              ON CONFLICT (category) DO NOTHING",
     lock: concat!(
@@ -523,7 +523,9 @@ const BACKFILL: BackfillStatements = BackfillStatements {
     declare: "UPDATE outbox_backfills SET model = $2, declared_version = $3, updated_at = now() \
               WHERE category = (SELECT category FROM outbox_backfills WHERE category = $1 \
                   FOR UPDATE SKIP LOCKED)",
-    backlog: "SELECT count(*) FROM (SELECT 1 FROM outbox_messages LIMIT $1) AS b",
+    // From the newest row down: once the bound is reached, none of the rows acknowledged
+    // before (deleted, perhaps not yet vacuumed) is read.
+    backlog: "SELECT count(*) FROM (SELECT 1 FROM outbox_messages ORDER BY id DESC LIMIT $1) AS b",
     record: concat!(
         "UPDATE outbox_backfills SET model = $2, declared_version = $3, walking_version = $4, \
              done_version = $5, low_bound = $6, rows_walked = $7, worker = $8, \

@@ -6,7 +6,9 @@ use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
-use crate::dialect::{ACK, ACK_AND_RELEASE, CLAIM, DELETE_IF_EMPTY, DISCOVER, FETCH, FETCH_NEWEST};
+use crate::dialect::{
+    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, DELETE_IF_EMPTY, DISCOVER, FETCH, FETCH_NEWEST,
+};
 
 async fn populated() -> PgTestDatabase {
     let database = PgTestDatabase::create().await;
@@ -137,4 +139,13 @@ async fn hot_queries_use_the_indexes() {
         q.bind(1_i16).bind(42_i64).bind("").bind(1_i64)
     })
     .await;
+    // The backlog is counted from the newest rows down, never from the start of the table
+    // (where a queue's deleted rows wait for a vacuum).
+    let backlog = explain(pool, BACKFILL.backlog, |q| q.bind(2_000_i64)).await;
+    assert!(
+        backlog
+            .iter()
+            .any(|(kind, relation)| kind.starts_with("Index") && relation == "outbox_messages"),
+        "the backlog walks the primary key: {backlog:?}"
+    );
 }

@@ -147,7 +147,12 @@ where
     // Read together, each row is read as it is read alone: in the keys' order, once per key.
     assert_eq!(
         read_together::<P, Record>(&database, &[2.into(), 5.into(), 1.into(), 2.into()]).await,
-        [Some(full.clone()), None, Some(plain.clone()), Some(full.clone())]
+        [
+            Some(full.clone()),
+            None,
+            Some(plain.clone()),
+            Some(full.clone())
+        ]
     );
     relay.drain().await.expect("drain");
     let mut delivered = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
@@ -524,7 +529,11 @@ where
     assert_eq!(
         read_together::<P, Document>(
             &database,
-            &[documents[1].id.into(), missing.into(), documents[0].id.into()]
+            &[
+                documents[1].id.into(),
+                missing.into(),
+                documents[0].id.into()
+            ]
         )
         .await,
         [Some(documents[1].clone()), None, Some(documents[0].clone())],

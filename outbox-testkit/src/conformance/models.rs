@@ -8,10 +8,10 @@ use outbox_core::{
 
 use super::{config, int, pending};
 use crate::backend::{ModelWrite, TestBackend};
-use crate::telemetry::capture;
 use crate::fixtures::{
     MODEL_TABLES, Member, MemberTombstone, ModelRecorder, ModelSeen, OrgScope, Project, org_shard,
 };
+use crate::telemetry::capture;
 
 /// A backend with the model tables.
 async fn with_tables<B: TestBackend>() -> B {
@@ -445,6 +445,9 @@ pub fn models_of_many_shards_are_read_together<B: TestBackend>() {
         loads.len() <= (SHARDS / 2) as usize,
         "{} reads for {SHARDS} shards: the drains' rows are not read together: {:?}",
         loads.len(),
-        loads.iter().map(|load| load.field("rows")).collect::<Vec<_>>()
+        loads
+            .iter()
+            .map(|load| load.field("rows"))
+            .collect::<Vec<_>>()
     );
 }
