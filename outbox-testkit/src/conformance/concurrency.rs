@@ -17,6 +17,7 @@ use super::{
 };
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
+use crate::telemetry::capture;
 
 /// S15: many workers claiming one shard at the same instant, each with connections of its
 /// own: exactly one gets it, and the next claim carries a greater fencing token.
@@ -479,6 +480,71 @@ pub async fn held_shards_wait_their_turn_keeping_their_leases<B: StoreBackend>()
     delivered.sort();
     assert_eq!(delivered, shards, "each shard delivered once");
     assert!(pending(&backend).await.is_empty());
+}
+
+/// A running relay serves the shards that commits name before the shards a sweep found that
+/// wait for a handler's turn: live traffic does not queue behind a backlog. (Its first
+/// handler is held while a sweep's four other shards and then the named one wait; once it
+/// lets go, the named shard is served next.)
+pub fn a_shard_a_commit_names_is_served_before_a_sweeps_backlog<B: StoreBackend>() {
+    let (order, _) = capture(|probe| async move {
+        let backend = B::create().await;
+        let recorder = Recorder::new();
+        let (gate, mut inside) = super::Gate::new();
+        let relay = Relay::with_config(
+            backend.store(),
+            recorder.registry_with::<OrgUpdate>(gate.recording::<OrgUpdate>(&recorder)),
+            // Only the first sweep finds shards: the named one is found by its commit.
+            config("live-first")
+                .to_builder()
+                .poll_interval(Duration::from_secs(3600))
+                .min_poll_interval(Duration::from_secs(3600))
+                .max_concurrent_shards(1)
+                .claim_batch(6)
+                .build()
+                .expect("a valid relay configuration"),
+        );
+        paced(&backend, &relay).await;
+        let waiting = |lane: &str| {
+            probe
+                .events()
+                .iter()
+                .filter(|event| {
+                    event.message == "waiting for a handler's turn"
+                        && event.field("lane") == Some(lane)
+                })
+                .count()
+        };
+        write_one_per_shard(&backend, 5).await;
+        let (stop, running) = super::relay::run_until_stopped(&relay);
+        inside.recv().await.expect("the first handler runs");
+        eventually("the sweep's other shards wait for their turn", || {
+            waiting("Routine") == 4
+        })
+        .await;
+        // Committed as a service commits, announcing the shard it wrote.
+        backend
+            .commit(&[note::<OrgUpdate>(9, 1, 9)])
+            .await
+            .expect("write and commit");
+        eventually("the shard the commit named waits for its turn", || {
+            waiting("Urgent") == 1
+        })
+        .await;
+        gate.open();
+        eventually("every shard delivered", || gated(&recorder).len() == 6).await;
+        super::relay::stopped(stop, running).await;
+        gated(&recorder)
+            .into_iter()
+            .map(|seen| seen.shard)
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(order.len(), 6, "{order:?}");
+    assert_eq!(
+        order[1],
+        org_shard(9),
+        "the shard a commit named is served right after the one that was running: {order:?}"
+    );
 }
 
 /// A relay that stops while shards of its batch wait for a handler's turn releases them at
