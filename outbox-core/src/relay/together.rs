@@ -1,7 +1,8 @@
 //! The relay's statements on many shards at once, as a database groups its commits: the
 //! claims of the shards the relay starts ([`Store::claim_many`]) and the acknowledgements and
-//! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]) each go
-//! to the store one batch at a time. Nothing waits for a batch to fill: a shard that finds no
+//! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]), and the
+//! replicated models' rows the drains read ([`Store::load_models`]), each go to the store one
+//! batch at a time. Nothing waits for a batch to fill: a shard that finds no
 //! batch being written writes its own at once, alone; those that come meanwhile queue up and
 //! go with the next. At a low rate every shard goes at once; at a high one, a batch holds
 //! what came during one round trip.
@@ -73,7 +74,7 @@ impl<I, R> Batches<I, R> {
 }
 
 /// What a drained shard's finish did: the rows it deleted, and whether the lease was still
-/// held at the release (as [`ShardSession::ack_and_finish`](crate::store::ShardSession::ack_and_finish)
+/// held at the release (as [`ShardSession::ack_and_finish`]
 /// returns it).
 pub(super) type Finished = Result<(u64, bool), Error>;
 
