@@ -272,6 +272,8 @@ pub(crate) const DISCOVER: &str = concat!(
     ORDER BY k.n"
 );
 
+mod together;
+
 const NEXT_TOKEN: &str =
     "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
 
@@ -1004,33 +1006,59 @@ impl Dialect for SqliteDialect {
         }))
     }
 
-    /// Leased claims of several shards in one write transaction (one commit); in transaction
-    /// mode each claim keeps a transaction of its own.
+    /// Leased claims of several shards in one write transaction (one commit) of three
+    /// statements, then their heads in one read; in transaction mode each claim keeps a
+    /// transaction of its own.
     async fn claim_many(
         &self,
         pool: &SqlitePool,
         shards: &[ShardKey],
         options: &ClaimOptions,
-        _first_read: usize,
+        first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
         if options.mode == HandlerMode::InTransaction || shards.len() < 2 {
             return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
         }
         let failed = || database::<Self>("claiming shards");
-        let _turn = self.take_turn().await;
-        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
-        let mut claims = Vec::with_capacity(shards.len());
-        for shard in shards {
-            if let Some(lease) = claim_on(&mut tx, shard, options).await? {
-                claims.push(Claim {
-                    lease,
-                    claiming: None,
-                    head: None,
-                });
-            }
+        let leases = {
+            let _turn = self.take_turn().await;
+            let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+            let leases = together::claim_all(&mut tx, shards, options).await?;
+            tx.commit().await.map_err(failed())?;
+            leases
+        };
+        // The claims stand once committed: if their heads cannot be read together, each
+        // session reads its own.
+        let mut heads = match first_read {
+            0 => None,
+            _ if leases.is_empty() => None,
+            _ => together::heads(pool, &leases, first_read)
+                .await
+                .inspect_err(|error| {
+                    tracing::debug!(error = %error, "reading the claimed shards' heads failed");
+                })
+                .ok(),
         }
-        tx.commit().await.map_err(failed())?;
-        Ok(claims)
+        .map(Vec::into_iter);
+        Ok(leases
+            .into_iter()
+            .map(|lease| Claim {
+                lease,
+                claiming: None,
+                head: heads
+                    .as_mut()
+                    .and_then(Iterator::next)
+                    .map(|head| (head, first_read)),
+            })
+            .collect())
+    }
+
+    async fn ack_and_release_on(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        batch: &[outbox_sqlx::session::Finishing],
+    ) -> Result<Vec<outbox_sqlx::session::Finished>, Error> {
+        together::finish_all(conn, batch).await
     }
 
     async fn wakeups(_pool: &SqlitePool) -> Result<Option<NoWakeups>, Error> {

@@ -1,0 +1,327 @@
+//! Many shards per statement: the claims of a batch, the heads of its claimed shards, and the
+//! acknowledgements and releases of the shards that finished together, each in a fixed number
+//! of statements whatever the batch's size. The shards travel as one JSON array parameter
+//! (`json_each`), as the messages of a write do; what comes back is one row holding a JSON
+//! array, because `sqlx` hands each SQLite row over from the connection's thread on its own.
+
+use std::collections::HashMap;
+
+use outbox_core::store::{ClaimOptions, Lease, StoredMessage};
+use outbox_core::{Error, ShardKey};
+use outbox_sqlx::error::database;
+use outbox_sqlx::session::{Finished, Finishing};
+use sqlx::{Row, SqliteConnection, SqlitePool};
+
+use super::{SqliteDialect, decode, id_json, json_error};
+
+/// A shard key of the JSON array parameter: `[scope, identifier, destination, extra]`, the
+/// identifier as a number or a wide one's hex digits, `extra` a token or a place.
+fn shard_json(shard: &ShardKey, extra: i64) -> serde_json::Value {
+    serde_json::json!([
+        shard.scope.0,
+        id_json(shard.shard_identifier),
+        shard.destination_str(),
+        extra
+    ])
+}
+
+/// The columns of a shard key read from `json_each`'s `value`.
+macro_rules! key_of {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            ".value ->> 0, iif(json_type(",
+            $alias,
+            ".value, '$[1]') = 'text', unhex(",
+            $alias,
+            ".value ->> 1), ",
+            $alias,
+            ".value ->> 1), ",
+            $alias,
+            ".value ->> 2"
+        )
+    };
+}
+
+// `?1` the new counter's increment: the last of the tokens it hands out.
+const NEXT_TOKENS: &str = "\
+    UPDATE outbox_sequences SET value = value + ?1 WHERE name = 'lease_token' RETURNING value";
+
+// The holders of the leases that lapsed without a release among the shards `?1`: their
+// place in `?1` and the holder, as one JSON array.
+const LAPSED_OWNERS: &str = concat!(
+    "SELECT json_group_array(json_array(w.key, s.lease_owner)) \
+     FROM json_each(?1) w JOIN outbox_shards s \
+        ON (s.shard_scope, s.shard_identifier, s.destination) = (",
+    key_of!("w"),
+    ") \
+     WHERE s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
+    now!()
+);
+
+// CLAIM for each of the shards `?1` (each with its token): `?2` the worker, `?3` the lease's
+// milliseconds. One row per shard claimed: its token and attempts. (The WHERE of the SELECT
+// tells SQLite that ON CONFLICT is the upsert's, not a join's.)
+const CLAIM_MANY: &str = concat!(
+    "WITH want(shard_scope, shard_identifier, destination, lease_token) AS ( \
+        SELECT ",
+    key_of!("w"),
+    ", w.value ->> 3 FROM json_each(?1) w) \
+     INSERT INTO outbox_shards \
+        (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
+     SELECT shard_scope, shard_identifier, destination, ?2, lease_token, ",
+    now!(),
+    " + ?3 FROM want WHERE NOT ",
+    outbox_sqlx::paused!(
+        "want.shard_scope",
+        "want.shard_identifier",
+        "want.destination"
+    ),
+    " \
+     ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
+        lease_owner = excluded.lease_owner, \
+        lease_token = excluded.lease_token, \
+        lease_expires_at = excluded.lease_expires_at, \
+        attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
+     WHERE (outbox_shards.lease_expires_at IS NULL OR outbox_shards.lease_expires_at <= ",
+    now!(),
+    ") \
+        AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ",
+    now!(),
+    " OR EXISTS ( \
+            SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = excluded.shard_scope \
+                AND m.shard_identifier = excluded.shard_identifier \
+                AND m.destination = excluded.destination AND m.id > outbox_shards.watermark)) \
+     RETURNING lease_token, attempts"
+);
+
+// The first `?2` rows of each of the shards `?1`, as one JSON array of the head read's rows,
+// each led by its shard's place in `?1`. Each shard's bound (its `?2`-th id) is found first,
+// so that a shard's read stops there.
+const HEADS: &str = concat!(
+    "WITH bound(n, shard_scope, shard_identifier, destination, up_to) AS MATERIALIZED ( \
+        SELECT w.key, ",
+    key_of!("w"),
+    ", coalesce((SELECT x.id FROM outbox_messages x \
+            WHERE (x.shard_scope, x.shard_identifier, x.destination) = (",
+    key_of!("w"),
+    ") ORDER BY x.id LIMIT 1 OFFSET ?2 - 1), 9223372036854775807) \
+        FROM json_each(?1) w) \
+     SELECT json_group_array(json_array(b.n, m.id, m.category, m.shard_scope, \
+        iif(typeof(m.object_identifier) = 'blob', json_object('wide', hex(m.object_identifier)), \
+            m.object_identifier), \
+        m.payload, m.created_at * 1000, m.metadata)) \
+     FROM bound b JOIN outbox_messages m \
+        ON m.shard_scope = b.shard_scope AND m.shard_identifier = b.shard_identifier \
+        AND m.destination = b.destination AND m.id <= b.up_to"
+);
+
+// Which of the leases `?1` (each `[scope, identifier, destination, token]`) are still held,
+// by their place in `?1`.
+const HELD: &str = concat!(
+    "SELECT json_group_array(w.key) FROM json_each(?1) w JOIN outbox_shards s \
+        ON (s.shard_scope, s.shard_identifier, s.destination) = (",
+    key_of!("w"),
+    ") AND s.lease_token = w.value ->> 3"
+);
+
+// Which of the rows `?1` are still there.
+const PRESENT: &str = "\
+    SELECT json_group_array(id) FROM outbox_messages \
+    WHERE id IN (SELECT value FROM json_each(?1))";
+
+const DELETE_MESSAGES: &str =
+    "DELETE FROM outbox_messages WHERE id IN (SELECT value FROM json_each(?1))";
+
+// A drained shard's state row goes with its lease, as on PostgreSQL: its state is all reset
+// anyway, and a shard with no state row is due (a row written since its read is found by the
+// next sweep, or drained again on the commit's wake-up).
+const DELETE_STATES: &str = concat!(
+    "DELETE FROM outbox_shards WHERE (shard_scope, shard_identifier, destination) IN (SELECT ",
+    key_of!("w"),
+    " FROM json_each(?1) w)"
+);
+
+/// Leased claims of `shards` in the write transaction on `tx`, in three statements: the
+/// tokens, the lapsed leases' holders, and the claims.
+pub(super) async fn claim_all(
+    tx: &mut SqliteConnection,
+    shards: &[ShardKey],
+    options: &ClaimOptions,
+) -> Result<Vec<Lease>, Error> {
+    let failed = || database::<SqliteDialect>("claiming shards");
+    let count = i64::try_from(shards.len()).unwrap_or(i64::MAX);
+    let last: i64 = sqlx::query_scalar(NEXT_TOKENS)
+        .bind(count)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let first = last - count + 1;
+    let keys: Vec<serde_json::Value> = (first..)
+        .zip(shards)
+        .map(|(token, shard)| shard_json(shard, token))
+        .collect();
+    let keys = serde_json::Value::Array(keys).to_string();
+    let lapsed: String = sqlx::query_scalar(LAPSED_OWNERS)
+        .bind(&keys)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let lapsed: HashMap<usize, String> = serde_json::from_str::<Vec<(usize, String)>>(&lapsed)
+        .map_err(json_error)?
+        .into_iter()
+        .collect();
+    let rows = sqlx::query(CLAIM_MANY)
+        .bind(&keys)
+        .bind(options.worker.clone())
+        .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in rows {
+        let token: i64 = row.try_get(0).map_err(failed())?;
+        let attempts: i64 = row.try_get(1).map_err(failed())?;
+        let place = usize::try_from(token - first).ok();
+        let Some(shard) = place.and_then(|place| shards.get(place)) else {
+            return Err(Error::Database {
+                operation: "claiming shards",
+                source: format!("a claim returned the token {token}, not one it was given").into(),
+            });
+        };
+        leases.push(Lease {
+            shard: shard.clone(),
+            token,
+            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            previous_owner: place.and_then(|place| lapsed.get(&place).cloned()),
+        });
+    }
+    leases.sort_unstable_by_key(|lease| lease.token);
+    Ok(leases)
+}
+
+/// The first `limit` rows of the head of each shard of `leases`, in their order, read in one
+/// statement on `pool`.
+pub(super) async fn heads(
+    pool: &SqlitePool,
+    leases: &[Lease],
+    limit: usize,
+) -> Result<Vec<Vec<StoredMessage>>, Error> {
+    const OPERATION: &str = "reading shards";
+    let keys: Vec<serde_json::Value> = leases
+        .iter()
+        .map(|lease| shard_json(&lease.shard, 0))
+        .collect();
+    let json: String = sqlx::query_scalar(HEADS)
+        .bind(serde_json::Value::Array(keys).to_string())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_one(pool)
+        .await
+        .map_err(database::<SqliteDialect>(OPERATION))?;
+    let rows: Vec<Vec<serde_json::Value>> = serde_json::from_str(&json).map_err(json_error)?;
+    let mut heads: Vec<Vec<StoredMessage>> = leases.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let place = row.first().and_then(serde_json::Value::as_u64);
+        let Some(head) = place
+            .and_then(|place| usize::try_from(place).ok())
+            .and_then(|place| heads.get_mut(place))
+        else {
+            return Err(Error::Database {
+                operation: OPERATION,
+                source: format!("a head row of no shard read: {row:?}").into(),
+            });
+        };
+        head.push(decode(&row[1..])?);
+    }
+    for head in &mut heads {
+        head.sort_unstable_by_key(|message| message.id);
+    }
+    Ok(heads)
+}
+
+/// The acknowledgements and releases of `batch` in the write transaction on `conn`, in four
+/// statements: which leases are held, which of their rows are there, then the rows and the
+/// state rows of the shards held. A lease no longer held changes nothing of its shard.
+pub(super) async fn finish_all(
+    conn: &mut SqliteConnection,
+    batch: &[Finishing],
+) -> Result<Vec<Finished>, Error> {
+    const OPERATION: &str = "acknowledging and releasing drained shards";
+    let failed = || database::<SqliteDialect>(OPERATION);
+    let leases: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|(lease, _, _)| shard_json(&lease.shard, lease.token))
+        .collect();
+    let leases = serde_json::Value::Array(leases).to_string();
+    let held: String = sqlx::query_scalar(HELD)
+        .bind(&leases)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(failed())?;
+    let mut held_places = vec![false; batch.len()];
+    for place in serde_json::from_str::<Vec<usize>>(&held).map_err(json_error)? {
+        if let Some(slot) = held_places.get_mut(place) {
+            *slot = true;
+        }
+    }
+    // The rows of the shards held, each with the place of its shard.
+    let acked: HashMap<i64, usize> = batch
+        .iter()
+        .zip(&held_places)
+        .enumerate()
+        .filter(|(_, (_, held))| **held)
+        .flat_map(|(place, ((_, _, acks), _))| {
+            acks.iter()
+                .flat_map(|ack| &ack.ids)
+                .map(move |id| (id.0, place))
+        })
+        .collect();
+    let mut deleted = vec![0_u64; batch.len()];
+    if !acked.is_empty() {
+        let ids = serde_json::to_string(&acked.keys().collect::<Vec<_>>()).map_err(json_error)?;
+        let present: String = sqlx::query_scalar(PRESENT)
+            .bind(&ids)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed())?;
+        for id in serde_json::from_str::<Vec<i64>>(&present).map_err(json_error)? {
+            if let Some(count) = acked.get(&id).and_then(|&place| deleted.get_mut(place)) {
+                *count += 1;
+            }
+        }
+        sqlx::query(DELETE_MESSAGES)
+            .bind(ids)
+            .execute(&mut *conn)
+            .await
+            .map_err(failed())?;
+    }
+    let released: Vec<serde_json::Value> = batch
+        .iter()
+        .zip(&held_places)
+        .filter(|(_, held)| **held)
+        .map(|((lease, _, _), _)| shard_json(&lease.shard, lease.token))
+        .collect();
+    if !released.is_empty() {
+        sqlx::query(DELETE_STATES)
+            .bind(serde_json::Value::Array(released).to_string())
+            .execute(&mut *conn)
+            .await
+            .map_err(failed())?;
+    }
+    Ok(batch
+        .iter()
+        .zip(held_places)
+        .zip(deleted)
+        .map(|(((lease, _, _), held), deleted)| {
+            if held {
+                Ok((deleted, true))
+            } else {
+                Err(Error::LeaseLost {
+                    shard: lease.shard.clone(),
+                    token: lease.token,
+                })
+            }
+        })
+        .collect())
+}
