@@ -272,10 +272,37 @@ pub(crate) const DISCOVER: &str = concat!(
     ORDER BY k.n"
 );
 
-mod together;
-
 const NEXT_TOKEN: &str =
     "UPDATE outbox_sequences SET value = value + 1 WHERE name = 'lease_token' RETURNING value";
+
+// A claim's upsert of the state row `excluded` would insert: the lease taken if the shard
+// is due (not leased, not backing off or with a message newer than its failure), an attempt
+// more if a lapsed lease is taken over.
+macro_rules! claim_upsert {
+    () => {
+        concat!(
+            "ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
+                lease_owner = excluded.lease_owner, \
+                lease_token = excluded.lease_token, \
+                lease_expires_at = excluded.lease_expires_at, \
+                attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
+             WHERE (outbox_shards.lease_expires_at IS NULL \
+                    OR outbox_shards.lease_expires_at <= ",
+            now!(),
+            ") \
+                AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ",
+            now!(),
+            " OR EXISTS ( \
+                    SELECT 1 FROM outbox_messages m \
+                    WHERE m.shard_scope = excluded.shard_scope \
+                        AND m.shard_identifier = excluded.shard_identifier \
+                        AND m.destination = excluded.destination \
+                        AND m.id > outbox_shards.watermark)) "
+        )
+    };
+}
+
+mod together;
 
 // Takes the lease if the shard is due, unleased and not paused, creating its state row if it
 // has none. A lease that lapsed without a release (its holder died mid-drain, having perhaps
@@ -289,22 +316,9 @@ pub(crate) const CLAIM: &str = concat!(
     " + ?6 \
     WHERE NOT ",
     outbox_sqlx::paused!("?1", "?2", "?3"),
-    " \
-    ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
-        lease_owner = excluded.lease_owner, \
-        lease_token = excluded.lease_token, \
-        lease_expires_at = excluded.lease_expires_at, \
-        attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
-    WHERE (outbox_shards.lease_expires_at IS NULL OR outbox_shards.lease_expires_at <= ",
-    now!(),
-    ") \
-        AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ",
-    now!(),
-    " OR EXISTS ( \
-            SELECT 1 FROM outbox_messages m \
-            WHERE m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3 \
-                AND m.id > outbox_shards.watermark)) \
-    RETURNING attempts"
+    " ",
+    claim_upsert!(),
+    "RETURNING attempts"
 );
 
 // The holder of a lease that lapsed without a release, if the shard has one.

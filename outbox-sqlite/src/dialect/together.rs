@@ -14,15 +14,21 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::{SqliteDialect, decode, id_json, json_error};
 
-/// A shard key of the JSON array parameter: `[scope, identifier, destination, extra]`, the
-/// identifier as a number or a wide one's hex digits, `extra` a token or a place.
-fn shard_json(shard: &ShardKey, extra: i64) -> serde_json::Value {
-    serde_json::json!([
-        shard.scope.0,
-        id_json(shard.shard_identifier),
-        shard.destination_str(),
-        extra
-    ])
+/// The shards `keys` as the JSON array parameter: each `[scope, identifier, destination,
+/// extra]`, the identifier as a number or a wide one's hex digits, `extra` a token or a place.
+fn shards_json<'a>(keys: impl IntoIterator<Item = (&'a ShardKey, i64)>) -> String {
+    let keys: Vec<serde_json::Value> = keys
+        .into_iter()
+        .map(|(shard, extra)| {
+            serde_json::json!([
+                shard.scope.0,
+                id_json(shard.shard_identifier),
+                shard.destination_str(),
+                extra
+            ])
+        })
+        .collect();
+    serde_json::Value::Array(keys).to_string()
 }
 
 /// The columns of a shard key read from `json_each`'s `value`.
@@ -77,23 +83,9 @@ const CLAIM_MANY: &str = concat!(
         "want.shard_identifier",
         "want.destination"
     ),
-    " \
-     ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
-        lease_owner = excluded.lease_owner, \
-        lease_token = excluded.lease_token, \
-        lease_expires_at = excluded.lease_expires_at, \
-        attempts = outbox_shards.attempts + (outbox_shards.lease_owner IS NOT NULL) \
-     WHERE (outbox_shards.lease_expires_at IS NULL OR outbox_shards.lease_expires_at <= ",
-    now!(),
-    ") \
-        AND (outbox_shards.retry_at IS NULL OR outbox_shards.retry_at <= ",
-    now!(),
-    " OR EXISTS ( \
-            SELECT 1 FROM outbox_messages m \
-            WHERE m.shard_scope = excluded.shard_scope \
-                AND m.shard_identifier = excluded.shard_identifier \
-                AND m.destination = excluded.destination AND m.id > outbox_shards.watermark)) \
-     RETURNING lease_token, attempts"
+    " ",
+    claim_upsert!(),
+    "RETURNING lease_token, attempts"
 );
 
 // The first `?2` rows of each of the shards `?1`, as one JSON array of the head read's rows,
@@ -158,11 +150,7 @@ pub(super) async fn claim_all(
         .await
         .map_err(failed())?;
     let first = last - count + 1;
-    let keys: Vec<serde_json::Value> = (first..)
-        .zip(shards)
-        .map(|(token, shard)| shard_json(shard, token))
-        .collect();
-    let keys = serde_json::Value::Array(keys).to_string();
+    let keys = shards_json(shards.iter().zip(first..));
     let lapsed: String = sqlx::query_scalar(LAPSED_OWNERS)
         .bind(&keys)
         .fetch_one(&mut *tx)
@@ -209,12 +197,8 @@ pub(super) async fn heads(
     limit: usize,
 ) -> Result<Vec<Vec<StoredMessage>>, Error> {
     const OPERATION: &str = "reading shards";
-    let keys: Vec<serde_json::Value> = leases
-        .iter()
-        .map(|lease| shard_json(&lease.shard, 0))
-        .collect();
     let json: String = sqlx::query_scalar(HEADS)
-        .bind(serde_json::Value::Array(keys).to_string())
+        .bind(shards_json(leases.iter().map(|lease| (&lease.shard, 0))))
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_one(pool)
         .await
@@ -249,11 +233,11 @@ pub(super) async fn finish_all(
 ) -> Result<Vec<Finished>, Error> {
     const OPERATION: &str = "acknowledging and releasing drained shards";
     let failed = || database::<SqliteDialect>(OPERATION);
-    let leases: Vec<serde_json::Value> = batch
-        .iter()
-        .map(|(lease, _, _)| shard_json(&lease.shard, lease.token))
-        .collect();
-    let leases = serde_json::Value::Array(leases).to_string();
+    let leases = shards_json(
+        batch
+            .iter()
+            .map(|(lease, _, _)| (&lease.shard, lease.token)),
+    );
     let held: String = sqlx::query_scalar(HELD)
         .bind(&leases)
         .fetch_one(&mut *conn)
@@ -296,15 +280,14 @@ pub(super) async fn finish_all(
             .await
             .map_err(failed())?;
     }
-    let released: Vec<serde_json::Value> = batch
-        .iter()
-        .zip(&held_places)
-        .filter(|(_, held)| **held)
-        .map(|((lease, _, _), _)| shard_json(&lease.shard, lease.token))
-        .collect();
-    if !released.is_empty() {
+    if held_places.contains(&true) {
+        let released = batch
+            .iter()
+            .zip(&held_places)
+            .filter(|(_, held)| **held)
+            .map(|((lease, _, _), _)| (&lease.shard, lease.token));
         sqlx::query(DELETE_STATES)
-            .bind(serde_json::Value::Array(released).to_string())
+            .bind(shards_json(released))
             .execute(&mut *conn)
             .await
             .map_err(failed())?;
