@@ -15,7 +15,8 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 use super::{SqliteDialect, decode, id_json, json_error};
 
 /// The shards `keys` as the JSON array parameter: each `[scope, identifier, destination,
-/// extra]`, the identifier as a number or a wide one's hex digits, `extra` a token or a place.
+/// extra]`, the identifier as a number or a wide one's hex digits, `extra` a token, a place
+/// or a row's id.
 fn shards_json<'a>(keys: impl IntoIterator<Item = (&'a ShardKey, i64)>) -> String {
     let keys: Vec<serde_json::Value> = keys
         .into_iter()
@@ -118,10 +119,15 @@ const HELD: &str = concat!(
     ") AND s.lease_token = w.value ->> 3"
 );
 
-// Which of the rows `?1` are still there.
-const PRESENT: &str = "\
-    SELECT json_group_array(id) FROM outbox_messages \
-    WHERE id IN (SELECT value FROM json_each(?1))";
+// Which of the rows `?1` (each `[scope, identifier, destination, id]`) are still there, in
+// their shard: their ids. (Exactly these go: an id is only ever acknowledged in its shard.)
+const PRESENT: &str = concat!(
+    "SELECT json_group_array(m.id) FROM json_each(?1) a JOIN outbox_messages m \
+        ON m.id = a.value ->> 3 \
+        AND (m.shard_scope, m.shard_identifier, m.destination) = (",
+    key_of!("a"),
+    ")"
+);
 
 const DELETE_MESSAGES: &str =
     "DELETE FROM outbox_messages WHERE id IN (SELECT value FROM json_each(?1))";
@@ -225,8 +231,8 @@ pub(super) async fn heads(
 }
 
 /// The acknowledgements and releases of `batch` in the write transaction on `conn`, in four
-/// statements: which leases are held, which of their rows are there, then the rows and the
-/// state rows of the shards held. A lease no longer held changes nothing of its shard.
+/// statements: which leases are held, which of their rows are there (in their shards), then
+/// those rows and the state rows of the shards held. A lease no longer held changes nothing of its shard.
 pub(super) async fn finish_all(
     conn: &mut SqliteConnection,
     batch: &[Finishing],
@@ -263,22 +269,29 @@ pub(super) async fn finish_all(
         .collect();
     let mut deleted = vec![0_u64; batch.len()];
     if !acked.is_empty() {
-        let ids = serde_json::to_string(&acked.keys().collect::<Vec<_>>()).map_err(json_error)?;
+        let rows = shards_json(
+            acked
+                .iter()
+                .map(|(&id, &place)| (&batch[place].0.shard, id)),
+        );
         let present: String = sqlx::query_scalar(PRESENT)
-            .bind(&ids)
+            .bind(rows)
             .fetch_one(&mut *conn)
             .await
             .map_err(failed())?;
-        for id in serde_json::from_str::<Vec<i64>>(&present).map_err(json_error)? {
-            if let Some(count) = acked.get(&id).and_then(|&place| deleted.get_mut(place)) {
+        let present: Vec<i64> = serde_json::from_str(&present).map_err(json_error)?;
+        for id in &present {
+            if let Some(count) = acked.get(id).and_then(|&place| deleted.get_mut(place)) {
                 *count += 1;
             }
         }
-        sqlx::query(DELETE_MESSAGES)
-            .bind(ids)
-            .execute(&mut *conn)
-            .await
-            .map_err(failed())?;
+        if !present.is_empty() {
+            sqlx::query(DELETE_MESSAGES)
+                .bind(serde_json::to_string(&present).map_err(json_error)?)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed())?;
+        }
     }
     if held_places.contains(&true) {
         let released = batch
