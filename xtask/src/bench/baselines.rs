@@ -112,7 +112,12 @@ pub(super) async fn drain(
 }
 
 /// Reads what a statement returned, as a relay would: every id and payload.
-fn read(returned: &[sqlx::postgres::PgRow]) -> Result<u64, String> {
+pub(super) fn read<R: sqlx::Row>(returned: &[R]) -> Result<u64, String>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let mut bytes = 0usize;
     for row in returned {
         let _: i64 = row.try_get(0).map_err(failed("an id"))?;

@@ -405,7 +405,7 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
         if deleted.is_empty() {
             break;
         }
-        rows += read_sqlite(&deleted)?;
+        rows += baselines::read(&deleted)?;
     }
     let ceiling = rows as f64 / started.elapsed().as_secs_f64();
     check(rows, messages, "rows deleted by the raw loop")?;
@@ -440,32 +440,14 @@ async fn sqlite_leased(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
         if leased.is_empty() {
             return Ok(rows);
         }
-        rows += read_sqlite(&leased)?;
-        let ids: Vec<String> = leased
-            .iter()
-            .map(|row| row.get::<i64, _>(0).to_string())
-            .collect();
-        after = leased
-            .iter()
-            .map(|row| row.get::<i64, _>(0))
-            .max()
-            .unwrap_or(after);
+        rows += baselines::read(&leased)?;
+        let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
+        after = ids.iter().copied().max().unwrap_or(after);
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
         sqlx::query("DELETE FROM outbox_messages WHERE id IN (SELECT value FROM json_each(?1))")
             .bind(format!("[{}]", ids.join(",")))
             .execute(pool)
             .await
             .map_err(failed("the same-guarantee loop's delete"))?;
     }
-}
-
-/// Reads each returned row's id and payload, as a loop delivering them would: how many.
-fn read_sqlite(returned: &[sqlx::sqlite::SqliteRow]) -> Result<u64, String> {
-    let mut bytes = 0usize;
-    for row in returned {
-        let _: i64 = row.try_get(0).map_err(failed("an id"))?;
-        let payload: String = row.try_get(1).map_err(failed("a payload"))?;
-        bytes += payload.len();
-    }
-    std::hint::black_box(bytes);
-    Ok(returned.len() as u64)
 }
