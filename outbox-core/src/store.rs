@@ -767,9 +767,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// (the same guarantees, shard by shard), and returns their sessions, in no particular
     /// order; the others are left alone. A backend may claim them all in one round trip, and
     /// read each claimed shard's head with its claim: a session may then answer its first
-    /// [`fetch`](ShardSession::fetch) of `first_read` rows from that read, if no row of it
-    /// was deleted since (a row committed since is read by the next fetch, as a row committed
-    /// after any fetch is). The default claims them one at a time.
+    /// [`fetch`](ShardSession::fetch) from that read, if no row of it was deleted since (a
+    /// row committed since is read by the next fetch, as a row committed after any fetch is):
+    /// a fetch of `first_read` rows, or of any number if the read found fewer than
+    /// `first_read` (the shard's every row). The default claims them one at a time.
     fn claim_many(
         &self,
         shards: &[ShardKey],

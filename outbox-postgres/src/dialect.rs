@@ -261,25 +261,37 @@ const FAIL: &str = "\
         parked_category = $9 \
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
 
-// Skip-scan: one index descent per shard with pending rows, never a read of every row. Each
-// step finds the first row of the next shard in key order. Shards are due when no pause holds
+// The page's shards in key order after the cursor, found in two ways: the first `$4` rows'
+// keys, read in one pass of the shard index (where most shards hold a message or two, that
+// is the whole page), then a skip-scan from the last of them for the rest: one index descent
+// per shard, never a read of every row of a deep shard. Shards are due when no pause holds
 // them, nobody holds a live lease on them and they are not backing off, or have a message
 // newer than their failure.
 pub(crate) const DISCOVER: &str = concat!(
     "\
-    WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
-        (SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
-         WHERE (shard_scope, shard_identifier, destination) > ($1::integer, $2::bigint, $3::text) \
-         ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
+    WITH RECURSIVE near AS ( \
+        SELECT shard_scope, shard_identifier, destination, \
+            row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) AS n \
+        FROM (SELECT DISTINCT shard_scope, shard_identifier, destination \
+              FROM (SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
+                    WHERE (shard_scope, shard_identifier, destination) \
+                        > ($1::integer, $2::bigint, $3::text) \
+                    ORDER BY shard_scope, shard_identifier, destination LIMIT $4::integer) r) d), \
+     far(shard_scope, shard_identifier, destination, n) AS ( \
+        (SELECT shard_scope, shard_identifier, destination, n FROM near ORDER BY n DESC LIMIT 1) \
         UNION ALL \
         SELECT next.shard_scope, next.shard_identifier, next.destination, k.n + 1 \
-        FROM keys k CROSS JOIN LATERAL ( \
+        FROM far k CROSS JOIN LATERAL ( \
             SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
             WHERE (x.shard_scope, x.shard_identifier, x.destination) \
                 > (k.shard_scope, k.shard_identifier, k.destination) \
             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) next \
         WHERE k.n < $4 \
-    ) \
+    ), \
+     keys AS ( \
+        SELECT * FROM near \
+        UNION ALL \
+        SELECT * FROM far WHERE n > (SELECT count(*) FROM near)) \
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
         (s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \

@@ -421,10 +421,14 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     }
 
     async fn fetch(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
-        // The claim's read answers the first fetch, if it read as many rows as asked for.
-        if let Some((head, read)) = self.head.take()
-            && read == limit
+        // The claim's read answers the first fetch if it read as many rows as asked for, or
+        // found fewer than it read (every row the shard then had: the first `limit` of them
+        // answer). A head that filled a smaller read is not the answer: the rows after it
+        // were not read, and a short answer would say there are none.
+        if let Some((mut head, read)) = self.head.take()
+            && (read == limit || head.len() < read)
         {
+            head.truncate(limit);
             return Ok(head);
         }
         let query = shard_keyed::<D>(D::SQL.fetch, &self.lease.shard)

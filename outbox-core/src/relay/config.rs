@@ -432,7 +432,10 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// How many rows of a shard are read at once (500 by default; at least 1).
+    /// How many rows of a shard are read at once (500 by default; at least 1). The relay keeps
+    /// about `2 × max_concurrent_shards` such batches in memory, however many shards it
+    /// holds: a held shard reads its batch when there is room among them (a shard a commit
+    /// named reads at once).
     pub fn batch_size(mut self, rows: usize) -> Self {
         self.config.batch_size = rows;
         self

@@ -96,6 +96,9 @@ struct Inner<S: Store> {
     handler_slots: slots::Slots,
     /// How fast the handlers take their turns: how many shards to hold.
     pace: pool::Pace,
+    /// The rows that held shards may have read and not yet settled, one permit per row: two
+    /// batches per handler slot, however many shards the relay holds.
+    rows_read: tokio::sync::Semaphore,
     /// The metrics' handles, resolved at the first delivery.
     metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
 }
@@ -115,6 +118,13 @@ impl<S: Store> Relay<S> {
             mode: config.handler_mode,
         };
         let handler_slots = slots::Slots::new(config.max_concurrent_shards);
+        let rows_read = tokio::sync::Semaphore::new(
+            config
+                .max_concurrent_shards
+                .saturating_mul(config.batch_size)
+                .saturating_mul(2)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        );
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -128,6 +138,7 @@ impl<S: Store> Relay<S> {
                 together: together::Together::default(),
                 handler_slots,
                 pace: pool::Pace::default(),
+                rows_read,
                 metrics: std::sync::OnceLock::new(),
             }),
         }
@@ -356,6 +367,19 @@ impl<S: Store> Inner<S> {
             .shards_to_hold(config.max_concurrent_shards, config.shards_held())
     }
 
+    /// The rows of each shard's head to read with its claim: the rows that
+    /// `max_concurrent_shards` full batches would hold, shared among the shards held now (at
+    /// least one row each, at most a batch). A relay holding hundreds of shards keeps a few
+    /// rows of each in memory, not a batch of each; a shard whose head was cut short reads
+    /// its batch when its turn comes.
+    pub(super) fn head_limit(&self) -> usize {
+        let config = &self.config;
+        let budget = config
+            .max_concurrent_shards
+            .saturating_mul(config.batch_size);
+        (budget / self.shards_to_hold().max(1)).clamp(1, config.batch_size)
+    }
+
     /// The metrics' handles (resolved from the recorder installed at the first call: install
     /// it before the relay delivers).
     pub(super) fn metrics(&self) -> &crate::telemetry::RelayMetrics {
@@ -518,18 +542,13 @@ impl<S: Store> Inner<S> {
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
         for (shard, permit) in batch.into_iter().zip(permits) {
             let (inner, stopping) = (Arc::clone(self), pool.stopping());
-            let key = shard.clone();
+            let (key, head) = (shard.clone(), self.head_limit());
             // The claim and the drain are futures of several kilobytes, boxed so that the
             // task does not copy them (a task is spawned per shard, and a shard may drain
             // in a fraction of a millisecond).
             pool.spawn(shard, permit, async move {
-                let claimed = Box::pin(inner.together.claim(
-                    &inner.store,
-                    key,
-                    &inner.claim,
-                    inner.config.batch_size,
-                ))
-                .await?;
+                let claimed =
+                    Box::pin(inner.together.claim(&inner.store, key, &inner.claim, head)).await?;
                 match claimed {
                     Some(session) => {
                         Box::pin(inner.drain_claimed(session, &stopping, mode, lane)).await

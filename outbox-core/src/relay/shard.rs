@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{SemaphorePermit, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -123,10 +123,13 @@ impl ShardRun {
 }
 
 /// A shard's head as one read found it.
-struct Read {
+struct Read<'a> {
     plan: Plan,
     /// Whether the read was full: the shard may hold more rows than it returned.
     full: bool,
+    /// The read's share of the rows the relay's held shards may hold ([`DrainState::rows`]),
+    /// returned when the read is settled.
+    _rows: Option<SemaphorePermit<'a>>,
 }
 
 /// What a read's deliveries came to.
@@ -335,6 +338,36 @@ impl<'a, St: Store> DrainState<'a, St> {
         })
     }
 
+    /// Room for a read of `batch` rows among the rows the relay's held shards may hold at
+    /// once, waited for with the lease kept alive: a relay holding hundreds of shards keeps
+    /// in memory the batches its handlers are about to take, not a batch of every shard it
+    /// holds. `None` (nothing to wait for) for a shard a commit named, whose live messages
+    /// must not queue behind a backlog's reads, in a flush, which has its own bound, and in
+    /// transaction mode, where the relay holds no more shards than it has slots; and when
+    /// the relay stops while this waits (the drain reads, then finds no turn).
+    async fn rows(&self, batch: usize) -> Option<SemaphorePermit<'a>> {
+        let inner: &'a Inner<St> = self.inner;
+        if self.mode != DrainMode::Relay
+            || self.lane == Lane::Urgent
+            || inner.config.handler_mode == HandlerMode::InTransaction
+        {
+            return None;
+        }
+        let wanted = u32::try_from(batch).unwrap_or(u32::MAX);
+        if let Ok(rows) = inner.rows_read.try_acquire_many(wanted) {
+            return Some(rows);
+        }
+        let mut stopping = self.stopping.clone();
+        debug!(shard = %self.lease.shard, "waiting for room to read");
+        let wait = async move {
+            tokio::select! {
+                rows = inner.rows_read.acquire_many(wanted) => rows.ok(),
+                _ = stopping.wait_for(|stop| *stop) => None,
+            }
+        };
+        keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await
+    }
+
     /// Counts `group`'s delivery, which got through, and notes its acknowledgement.
     fn got_through(&mut self, delivered: &mut Delivered, group: &Group) {
         delivered.acks.push(group.acknowledgement());
@@ -368,11 +401,16 @@ impl<'a, St: Store> DrainState<'a, St> {
 impl<'a, St: Store> ShardDrain<'a, St> {
     /// Reads the shard's head up to the bound and plans its groups; `None` if nothing is left.
     /// A full read is extended to each coalescing group's newest row beyond it.
-    async fn read(&mut self) -> Result<Option<Read>, Error> {
+    async fn read(&mut self) -> Result<Option<Read<'a>>, Error> {
+        let batch_size = self.state.inner.config.batch_size;
+        let mut rows = self.state.rows(batch_size).await;
         let state = &mut self.state;
-        let batch_size = state.inner.config.batch_size;
         let bound = state.mode.bound();
         let mut head = self.session.fetch(batch_size).await?;
+        if let Some(rows) = &mut rows {
+            // What the read did not fill goes back at once.
+            drop(rows.split(batch_size.saturating_sub(head.len())));
+        }
         let full = head.len() >= batch_size;
         head.retain(|row| row.id <= bound);
         let Some(last) = head.last().map(|row| row.id) else {
@@ -403,7 +441,11 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 }
             }
         }
-        Ok(Some(Read { plan, full }))
+        Ok(Some(Read {
+            plan,
+            full,
+            _rows: rows,
+        }))
     }
 
     /// Delivers the planned groups in order, until one fails or the budget is spent. Runs of
@@ -491,7 +533,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     /// so, or continues it (to read again).
     async fn settle(
         mut self,
-        read: Read,
+        read: Read<'a>,
         delivered: Delivered,
     ) -> Result<ControlFlow<ShardRun, Self>, Error> {
         let Delivered {

@@ -3,7 +3,7 @@
 use outbox_core::Admin;
 use outbox_core::memory::MemoryStore;
 
-use super::{Event, Recorder, Update, config, msg, relay, shard};
+use super::{Event, Gate, Recorder, Update, config, eventually, msg, relay, shard};
 
 /// S10: groups in the order of their oldest row, each with its newest payload; events each
 /// in write order; across reads smaller than the shard.
@@ -103,4 +103,75 @@ async fn the_row_budget_lets_other_shards_through() {
         store.shard_states().await.unwrap().is_empty(),
         "no state left"
     );
+}
+
+/// A relay holding many shards reads the rows its handlers are about to take, not a batch of
+/// every shard it holds: with one handler slot and batches of one row, at most two reads are
+/// in memory at once. The shards held meanwhile read later, and so deliver the newest row of
+/// their group, written while they waited, and never the older one.
+#[tokio::test]
+async fn held_shards_read_only_what_the_handlers_are_about_to_take() {
+    let store = MemoryStore::new();
+    let recorder = Recorder::default();
+    let gate = Gate::new();
+    let config = config("reads")
+        .to_builder()
+        .max_concurrent_shards(1)
+        .batch_size(1)
+        .build()
+        .expect("a valid relay configuration");
+    let relay = relay(
+        &store,
+        recorder.registry_with(gate.handler(&recorder)),
+        config,
+    );
+    // Fast turns first: the relay then holds every due shard, not only as many as it has
+    // slots.
+    store.write_all(&(0..64).map(|n| msg::<Event>(100, n, 0)).collect::<Vec<_>>());
+    relay.drain().await.expect("drain");
+    let shards = 1..=9_i64;
+    store.write_all(
+        &shards
+            .clone()
+            .map(|n| msg::<Update>(n, 1, 1))
+            .collect::<Vec<_>>(),
+    );
+    let draining = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.drain().await.expect("drain") }
+    });
+    gate.entered().await;
+    eventually("every shard is held", || {
+        store
+            .states()
+            .iter()
+            .filter(|state| state.lease_owner.is_some())
+            .count()
+            == 9
+    })
+    .await;
+    // Whatever a held shard would read, it has read by now (the store answers at once).
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    store.write_all(
+        &shards
+            .clone()
+            .map(|n| msg::<Update>(n, 1, 2))
+            .collect::<Vec<_>>(),
+    );
+    gate.open();
+    draining.await.expect("the drain task");
+    let seen = recorder.triples();
+    let older = seen.iter().filter(|(_, _, seq)| *seq == 1).count();
+    assert!(
+        older <= 2,
+        "only the shard in its handler and one more read before the newer rows: {seen:?}"
+    );
+    for n in shards {
+        assert!(
+            seen.contains(&(n, 1, 2)),
+            "shard {n}'s newest row is delivered: {seen:?}"
+        );
+    }
 }
