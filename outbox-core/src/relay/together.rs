@@ -3,8 +3,9 @@
 //! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]), and the
 //! replicated models' rows the drains read ([`Store::load_models`]), each go to the store one
 //! batch at a time. Nothing waits for a batch to fill: a shard that finds no
-//! batch being written writes its own at once, alone; those that come meanwhile queue up and
-//! go with the next. At a low rate every shard goes at once; at a high one, a batch holds
+//! batch being written writes its own at once, with those whose tasks were ready to run at
+//! the same moment (one yield, no timer); those that come meanwhile queue up and go with the
+//! next. At a low rate every shard goes at once; at a high one, a batch holds
 //! what came during one round trip.
 
 use std::collections::HashMap;
@@ -58,6 +59,11 @@ impl<I, R> Batches<I, R> {
             answered = &mut answer => return answered.ok(),
             writing = self.writing.lock() => writing,
         };
+        // The tasks that are ready to run now (the other shards of a claim just answered,
+        // their drains ending at once) queue up before this batch is taken: one yield, no
+        // timer. Otherwise the first of them would write alone, and the batches would
+        // alternate between one item and the rest.
+        tokio::task::yield_now().await;
         let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));
         if !batch.is_empty() {
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
@@ -284,6 +290,37 @@ mod tests {
             *written.lock().unwrap_or_else(PoisonError::into_inner),
             [vec![1], vec![2, 3, 4]],
             "one batch alone, then one batch of everything that queued meanwhile"
+        );
+    }
+
+    /// Shards whose tasks are ready together (the drains of one claim, ending at once) go in
+    /// one batch: the first of them does not write alone.
+    #[tokio::test]
+    async fn items_submitted_by_tasks_ready_together_go_in_one_batch() {
+        let batches: Arc<Batches<u32, u32>> = Arc::default();
+        let written: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+        let tasks: Vec<_> = (1..=5)
+            .map(|item| {
+                let (batches, written) = (Arc::clone(&batches), Arc::clone(&written));
+                tokio::spawn(async move {
+                    batches
+                        .submit(item, |items: Vec<u32>| async move {
+                            written
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(items.clone());
+                            items
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for (task, item) in tasks.into_iter().zip(1..) {
+            assert_eq!(task.await.expect("task"), Some(item));
+        }
+        assert_eq!(
+            *written.lock().unwrap_or_else(PoisonError::into_inner),
+            [vec![1, 2, 3, 4, 5]]
         );
     }
 
