@@ -138,6 +138,12 @@ impl RelayConfig {
         }
     }
 
+    /// The rows of one full batch per handler slot: what the relay's memory is sized by
+    /// (the heads its claims read share them; its reads hold twice as many).
+    pub(crate) fn rows_per_turns(&self) -> usize {
+        self.max_concurrent_shards.saturating_mul(self.batch_size)
+    }
+
     /// How many rows of a shard are read at once.
     pub fn batch_size(&self) -> usize {
         self.batch_size

@@ -120,8 +120,7 @@ impl<S: Store> Relay<S> {
         let handler_slots = slots::Slots::new(config.max_concurrent_shards);
         let rows_read = tokio::sync::Semaphore::new(
             config
-                .max_concurrent_shards
-                .saturating_mul(config.batch_size)
+                .rows_per_turns()
                 .saturating_mul(2)
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         );
@@ -374,10 +373,7 @@ impl<S: Store> Inner<S> {
     /// its batch when its turn comes.
     pub(super) fn head_limit(&self) -> usize {
         let config = &self.config;
-        let budget = config
-            .max_concurrent_shards
-            .saturating_mul(config.batch_size);
-        (budget / self.shards_to_hold().max(1)).clamp(1, config.batch_size)
+        (config.rows_per_turns() / self.shards_to_hold().max(1)).clamp(1, config.batch_size)
     }
 
     /// The metrics' handles (resolved from the recorder installed at the first call: install
@@ -540,9 +536,10 @@ impl<S: Store> Inner<S> {
         lane: Lane,
     ) {
         let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
+        let head = self.head_limit();
         for (shard, permit) in batch.into_iter().zip(permits) {
             let (inner, stopping) = (Arc::clone(self), pool.stopping());
-            let (key, head) = (shard.clone(), self.head_limit());
+            let key = shard.clone();
             // The claim and the drain are futures of several kilobytes, boxed so that the
             // task does not copy them (a task is spawned per shard, and a shard may drain
             // in a fraction of a millisecond).
