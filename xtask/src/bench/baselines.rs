@@ -34,6 +34,18 @@ pub(super) enum Strategy {
         /// Rows leased at once.
         batch: i64,
     },
+    /// The relay's guarantee with its order per shard, in plain SQL: each connection leases
+    /// the shards of the next `batch` rows (one lease row per shard, inserted in key order; a
+    /// shard another connection holds is skipped), reads every row of the shards it got, all
+    /// in one committed statement; delivers them outside that transaction; then deletes the
+    /// rows and its leases in a second one, fenced by its lease token. No two connections
+    /// ever hold one shard, so each shard's rows are delivered in order by one of them (the
+    /// row loop above delivers a shard's rows from several connections at once). Only for
+    /// shards of at most [`BATCH`] rows: a lease reads its whole shard.
+    ShardLeased {
+        /// Rows whose shards are leased at once.
+        batch: i64,
+    },
 }
 
 impl Strategy {
@@ -42,6 +54,11 @@ impl Strategy {
     /// The same-guarantee loops: the bar.
     pub(super) const SAME_GUARANTEE: [Self; 2] =
         [Self::Leased { batch: 100 }, Self::Leased { batch: 1_000 }];
+    /// The same-guarantee loops that keep order per shard, as the relay does.
+    pub(super) const ORDERED: [Self; 2] = [
+        Self::ShardLeased { batch: 100 },
+        Self::ShardLeased { batch: 1_000 },
+    ];
 
     pub(super) fn describe(self) -> String {
         match self {
@@ -51,12 +68,21 @@ impl Strategy {
             Self::Leased { batch } => {
                 format!("same-guarantee loop (lease {batch}, commit, deliver, delete by id)")
             }
+            Self::ShardLeased { batch } => format!(
+                "ordered loop (lease the shards of {batch} rows, read them, commit, deliver, \
+                 delete rows and leases by token)"
+            ),
         }
     }
 
     /// Whether it gives the relay's guarantee (delivery outside the claiming transaction).
     pub(super) fn same_guarantee(self) -> bool {
         matches!(self, Self::Leased { .. })
+    }
+
+    /// Whether it also keeps the relay's order per shard (one holder per shard at a time).
+    pub(super) fn ordered(self) -> bool {
+        matches!(self, Self::ShardLeased { .. })
     }
 }
 
@@ -84,6 +110,17 @@ pub(super) async fn drain(
         .await
         .map_err(failed("adding the baseline's lease column"))?;
     }
+    if let Strategy::ShardLeased { .. } = strategy {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS bench_shard_leases (shard_scope smallint NOT NULL, \
+             shard_identifier bigint NOT NULL, destination text NOT NULL, token bigint NOT NULL, \
+             expires_at timestamptz NOT NULL, \
+             PRIMARY KEY (shard_scope, shard_identifier, destination))",
+        )
+        .execute(pool)
+        .await
+        .map_err(failed("creating the ordered loop's lease table"))?;
+    }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..connections {
@@ -101,6 +138,7 @@ pub(super) async fn drain(
                     per_shard(&pool, worker, connections, shards, step).await
                 }
                 Strategy::Leased { batch } => leased(&pool, batch).await,
+                Strategy::ShardLeased { batch } => shard_leased(&pool, worker, batch).await,
             }
         });
     }
@@ -224,4 +262,108 @@ async fn leased(pool: &PgPool, batch: i64) -> Result<u64, String> {
             .await
             .map_err(failed("the same-guarantee loop's delete"))?;
     }
+}
+
+/// The ordered loop of one connection ([`Strategy::ShardLeased`]). Like the row loop, it goes
+/// on from the highest id it looked at: the rows below were read by it or by the connection
+/// that held their shard, which read the whole shard. The statement reads in a snapshot taken
+/// before its leases: a shard another connection drained and released meanwhile still shows
+/// the rows that connection deleted, their `xmax` set; those are left out (the relay reads
+/// such a shard again). A deleting transaction that rolled back would leave its rows out too:
+/// none does here.
+async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, String> {
+    let mut rows = 0;
+    let mut after = i64::MIN;
+    for round in 1_i64.. {
+        let token = ((worker as i64) << 40) | round;
+        let leased = sqlx::query(
+            "WITH page AS ( \
+                 SELECT id, shard_scope, shard_identifier, destination FROM outbox_messages \
+                 WHERE id > $2 ORDER BY id LIMIT $1), \
+              held AS ( \
+                 INSERT INTO bench_shard_leases \
+                     (shard_scope, shard_identifier, destination, token, expires_at) \
+                 SELECT DISTINCT shard_scope, shard_identifier, destination, $3::bigint, \
+                     now() + interval '30 seconds' \
+                 FROM page ORDER BY 1, 2, 3 \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING shard_scope, shard_identifier, destination) \
+             SELECT m.id, m.payload, (SELECT max(id) FROM page), \
+                 h.shard_scope, h.shard_identifier, h.destination \
+             FROM (SELECT 1) one LEFT JOIN ( \
+                 held h LEFT JOIN LATERAL ( \
+                     SELECT x.id, x.payload::text AS payload FROM outbox_messages x \
+                     WHERE x.shard_scope = h.shard_scope \
+                         AND x.shard_identifier = h.shard_identifier \
+                         AND x.destination = h.destination AND x.xmax::text = '0' \
+                     ORDER BY x.id LIMIT 1000) m ON true) ON true",
+        )
+        .bind(batch)
+        .bind(after)
+        .bind(token)
+        .fetch_all(pool)
+        .await
+        .map_err(failed("the ordered loop's lease"))?;
+        let Some(high) = leased
+            .first()
+            .map(|row| row.try_get::<Option<i64>, _>(2))
+            .transpose()
+            .map_err(failed("the page's highest id"))?
+            .flatten()
+        else {
+            return Ok(rows);
+        };
+        after = high;
+        // Every shard leased, with or without rows left to deliver: each lease is released.
+        let mut shards: Vec<(i16, i64, String)> = leased
+            .iter()
+            .filter_map(|row| {
+                let scope: Option<i16> = row.get(3);
+                Some((scope?, row.get(4), row.get(5)))
+            })
+            .collect();
+        if shards.is_empty() {
+            continue;
+        }
+        let delivered: Vec<_> = leased
+            .into_iter()
+            .filter(|row| matches!(row.try_get::<Option<i64>, _>(0), Ok(Some(_))))
+            .collect();
+        rows += read(&delivered)?;
+        let ids: Vec<i64> = delivered.iter().map(|row| row.get(0)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let (scopes, identifiers, destinations): (Vec<i16>, Vec<i64>, Vec<String>) =
+            shards.into_iter().fold(
+                (Vec::new(), Vec::new(), Vec::new()),
+                |(mut scopes, mut identifiers, mut destinations),
+                 (scope, identifier, destination)| {
+                    scopes.push(scope);
+                    identifiers.push(identifier);
+                    destinations.push(destination);
+                    (scopes, identifiers, destinations)
+                },
+            );
+        sqlx::query(
+            "WITH released AS ( \
+                 DELETE FROM bench_shard_leases l \
+                 USING unnest($2::smallint[], $3::bigint[], $4::text[]) \
+                     AS k(shard_scope, shard_identifier, destination) \
+                 WHERE l.shard_scope = k.shard_scope AND l.shard_identifier = k.shard_identifier \
+                     AND l.destination = k.destination AND l.token = $1 \
+                 RETURNING l.shard_scope, l.shard_identifier, l.destination) \
+             DELETE FROM outbox_messages m USING released r \
+             WHERE m.id = ANY($5) AND m.shard_scope = r.shard_scope \
+                 AND m.shard_identifier = r.shard_identifier AND m.destination = r.destination",
+        )
+        .bind(token)
+        .bind(&scopes)
+        .bind(&identifiers)
+        .bind(&destinations)
+        .bind(&ids)
+        .execute(pool)
+        .await
+        .map_err(failed("the ordered loop's delete"))?;
+    }
+    Ok(rows)
 }
