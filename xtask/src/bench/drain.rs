@@ -13,6 +13,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _, SqlitePool};
 
 use super::BenchArgs;
 use super::baselines::{self, Strategy};
+use super::cpu::{CpuClock, CpuPerMessage};
 use super::report::{Row, Target};
 use super::setup::{Server, SqliteDatabase, Transferred, failed};
 
@@ -87,8 +88,10 @@ pub(super) async fn relay_pg(pool: &PgPool) -> Result<(u64, u64, f64), String> {
 struct Measured {
     relay_rows: f64,
     relay_groups: f64,
-    /// `(strategy, connections, rows/s)`.
-    baselines: Vec<(Strategy, u64, f64)>,
+    /// The processor time of the relay's fastest run.
+    relay_cpu: CpuPerMessage,
+    /// `(strategy, connections, rows/s, processor time)`.
+    baselines: Vec<(Strategy, u64, f64, CpuPerMessage)>,
 }
 
 impl Measured {
@@ -104,17 +107,54 @@ impl Measured {
 
     /// The best of the baselines whose strategy `which` takes: `(what it is, rows/s)`.
     fn best_of(&self, which: impl Fn(Strategy) -> bool) -> (String, f64) {
-        self.baselines
-            .iter()
-            .filter(|(strategy, _, _)| which(*strategy))
-            .max_by(|a, b| a.2.total_cmp(&b.2))
-            .map(|(strategy, connections, rate)| {
+        self.fastest(which)
+            .map(|(strategy, connections, rate, _)| {
                 (
                     format!("{}, {connections} conn.", strategy.describe()),
                     *rate,
                 )
             })
             .unwrap_or_default()
+    }
+
+    /// The fastest of the baselines whose strategy `which` takes.
+    fn fastest(
+        &self,
+        which: impl Fn(Strategy) -> bool,
+    ) -> Option<&(Strategy, u64, f64, CpuPerMessage)> {
+        self.baselines
+            .iter()
+            .filter(|(strategy, ..)| which(*strategy))
+            .max_by(|a, b| a.2.total_cmp(&b.2))
+    }
+
+    /// The processor time per message of the relay and of the fastest same-guarantee loops,
+    /// in this process and in the server's.
+    fn cpu_rows(&self, number: &str) -> Vec<Row> {
+        let mut measured = vec![("the relay".to_owned(), self.relay_cpu)];
+        for which in [Strategy::same_guarantee, Strategy::ordered] {
+            if let Some((strategy, connections, _, cpu)) = self.fastest(which) {
+                let what = format!("{}, {connections} conn.", strategy.describe());
+                measured.push((what, *cpu));
+            }
+        }
+        let mut rows = Vec::new();
+        for (what, cpu) in measured {
+            for (side, micros) in [
+                ("in its own process", cpu.process),
+                ("in PostgreSQL's processes", cpu.server),
+            ] {
+                if let Some(micros) = micros {
+                    rows.push(Row::measured(
+                        &format!("{number} processor time per message, {what}: {side}"),
+                        "µs",
+                        micros,
+                        Target::None,
+                    ));
+                }
+            }
+        }
+        rows
     }
 
     /// The relay against the best same-guarantee loop (target: `ratio` of it), and against the
@@ -151,6 +191,7 @@ impl Measured {
                 Target::None,
             ));
         }
+        rows.extend(self.cpu_rows(number));
         rows.extend(self.rows(number));
         rows
     }
@@ -159,7 +200,7 @@ impl Measured {
     fn rows(&self, scenario: &str) -> Vec<Row> {
         self.baselines
             .iter()
-            .map(|(strategy, connections, rate)| {
+            .map(|(strategy, connections, rate, _)| {
                 Row::measured(
                     &format!(
                         "{scenario} baseline: {}, {connections} connection(s), RETURNING id, payload",
@@ -185,11 +226,17 @@ async fn compare_pg(
     strategies: &[Strategy],
 ) -> Result<Measured, String> {
     let (mut relay_rows, mut relay_groups) = (0.0f64, 0.0f64);
+    let mut relay_cpu = CpuPerMessage::default();
     for _ in 0..2 {
         seed_pg(pool, messages, shards, groups_per_shard).await?;
+        let clock = CpuClock::start();
         let (rows, calls, seconds) = relay_pg(pool).await?;
+        let cpu = clock.per_message(rows);
         check(rows, messages, "rows drained")?;
         check(calls, calls_expected, "handler calls")?;
+        if rows as f64 / seconds > relay_rows {
+            relay_cpu = cpu;
+        }
         relay_rows = relay_rows.max(rows as f64 / seconds);
         relay_groups = relay_groups.max(calls as f64 / seconds);
     }
@@ -197,15 +244,18 @@ async fn compare_pg(
     for strategy in strategies {
         for connections in [1, 2, 4] {
             seed_pg(pool, messages, shards, groups_per_shard).await?;
+            let clock = CpuClock::start();
             let (rows, rate) =
                 baselines::drain(pool, *strategy, connections, shards, messages / shards).await?;
+            let cpu = clock.per_message(rows);
             check(rows, messages, &strategy.describe())?;
-            baselines.push((*strategy, connections, rate));
+            baselines.push((*strategy, connections, rate, cpu));
         }
     }
     Ok(Measured {
         relay_rows,
         relay_groups,
+        relay_cpu,
         baselines,
     })
 }

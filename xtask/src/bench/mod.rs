@@ -5,6 +5,7 @@
 
 mod backfill;
 mod baselines;
+mod cpu;
 mod drain;
 mod gauges;
 mod horizon;
