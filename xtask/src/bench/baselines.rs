@@ -2,8 +2,10 @@
 //! to the client (`RETURNING id, payload`, as a relay must read what it delivers), each over
 //! 1, 2 and 4 connections. The same-guarantee loop ([`Strategy::Leased`]: lease, commit,
 //! deliver outside the transaction, delete by id) is the bar the relay is measured against
-//! (issue 32); the deletes that return what they delete in the claiming statement are the
-//! physical ceiling, reported beside it (issue 15).
+//! (issue 32). It leases rows, so it does not keep the relay's order per shard: the ordered
+//! loop ([`Strategy::ShardLeased`]: lease whole shards, the same steps otherwise) is reported
+//! beside it where the shards are small. The deletes that return what they delete in the
+//! claiming statement are the physical ceiling, reported too (issue 15).
 
 use std::time::Instant;
 

@@ -273,7 +273,8 @@ pub(crate) async fn plain(args: &BenchArgs, server: &Server) -> Result<Vec<Row>,
 }
 
 /// Scenario 12: the sparse shape, one message per shard: 100,000 messages over 100,000
-/// shards, against the same-guarantee loop.
+/// shards, against the same-guarantee loop, and against the loop that also keeps order per
+/// shard.
 pub(crate) async fn sparse(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let messages = args.sized(100_000, 2_000);
     let database = server.database(20).await?;
