@@ -368,7 +368,7 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
         (sparse, sparse, "sparse, one message per shard"),
     ] {
         let measured = compare_sqlite(messages, shards).await?;
-        let (best, bar) = measured
+        let (best, bar, best_cpu) = measured
             .loops
             .iter()
             .copied()
@@ -384,7 +384,22 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
             bar,
             Target::Ratio(0.8),
         ));
-        for (batch, rate) in &measured.loops {
+        for (what, cpu) in [
+            ("the relay".to_owned(), measured.relay_cpu),
+            (format!("the same-guarantee loop (lease {best})"), best_cpu),
+        ] {
+            if let Some(micros) = cpu {
+                rows.push(Row::measured(
+                    &format!(
+                        "6. processor time per message ({shape}), {what}, SQLite's work included"
+                    ),
+                    "µs",
+                    micros,
+                    Target::None,
+                ));
+            }
+        }
+        for (batch, rate, _) in &measured.loops {
             rows.push(Row::measured(
                 &format!(
                     "6. baseline ({shape}): same-guarantee loop (lease {batch}, commit, \
@@ -412,8 +427,10 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
 struct SqliteDrains {
     /// The relay's messages/s.
     relay: f64,
-    /// The same-guarantee loop's rows/s, by lease batch.
-    loops: Vec<(i64, f64)>,
+    /// The relay's processor time per message (SQLite works in this process).
+    relay_cpu: Option<f64>,
+    /// The same-guarantee loop's rows/s and processor time per message, by lease batch.
+    loops: Vec<(i64, f64, Option<f64>)>,
     /// The raw delete loop's rows/s.
     ceiling: f64,
 }
@@ -425,12 +442,13 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
     let pool = &database.pool;
     seed_sqlite(pool, messages, shards).await?;
     let (relay, calls) = counting_relay(SqliteStore::new(pool.clone()), RelayConfig::default());
-    let started = Instant::now();
+    let (started, clock) = (Instant::now(), CpuClock::start());
     let report = relay
         .drain()
         .await
         .map_err(failed("draining with the relay"))?;
     let seconds = started.elapsed().as_secs_f64();
+    let relay_cpu = clock.per_message(report.rows_acknowledged).process;
     check(report.rows_acknowledged, messages, "rows drained")?;
     check(calls.load(Ordering::Relaxed), messages, "handler calls")?;
 
@@ -441,9 +459,10 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
     let mut loops = Vec::new();
     for batch in [100, 1_000] {
         seed_sqlite(pool, messages, shards).await?;
-        let started = Instant::now();
+        let (started, clock) = (Instant::now(), CpuClock::start());
         let rows = sqlite_leased(pool, batch).await?;
-        loops.push((batch, rows as f64 / started.elapsed().as_secs_f64()));
+        let rate = rows as f64 / started.elapsed().as_secs_f64();
+        loops.push((batch, rate, clock.per_message(rows).process));
         check(rows, messages, "rows delivered by the same-guarantee loop")?;
     }
 
@@ -468,6 +487,7 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
     check(rows, messages, "rows deleted by the raw loop")?;
     Ok(SqliteDrains {
         relay: messages as f64 / seconds,
+        relay_cpu,
         loops,
         ceiling,
     })
