@@ -335,17 +335,9 @@ async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, Str
         let ids: Vec<i64> = delivered.iter().map(|row| row.get(0)).collect();
         shards.sort_unstable();
         shards.dedup();
-        let (scopes, identifiers, destinations): (Vec<i16>, Vec<i64>, Vec<String>) =
-            shards.into_iter().fold(
-                (Vec::new(), Vec::new(), Vec::new()),
-                |(mut scopes, mut identifiers, mut destinations),
-                 (scope, identifier, destination)| {
-                    scopes.push(scope);
-                    identifiers.push(identifier);
-                    destinations.push(destination);
-                    (scopes, identifiers, destinations)
-                },
-            );
+        let scopes: Vec<i16> = shards.iter().map(|shard| shard.0).collect();
+        let identifiers: Vec<i64> = shards.iter().map(|shard| shard.1).collect();
+        let destinations: Vec<String> = shards.into_iter().map(|shard| shard.2).collect();
         sqlx::query(
             "WITH released AS ( \
                  DELETE FROM bench_shard_leases l \

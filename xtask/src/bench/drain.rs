@@ -234,10 +234,11 @@ async fn compare_pg(
         let cpu = clock.per_message(rows);
         check(rows, messages, "rows drained")?;
         check(calls, calls_expected, "handler calls")?;
-        if rows as f64 / seconds > relay_rows {
+        let rate = rows as f64 / seconds;
+        if rate > relay_rows {
+            relay_rows = rate;
             relay_cpu = cpu;
         }
-        relay_rows = relay_rows.max(rows as f64 / seconds);
         relay_groups = relay_groups.max(calls as f64 / seconds);
     }
     let mut baselines = Vec::new();
