@@ -237,9 +237,15 @@ impl<D: Dialect> SqlxSession<D> {
             let (at, session, acks) = together.remove(0);
             results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
         } else if !together.is_empty() {
-            together.sort_by(|a, b| a.1.lease.shard.cmp(&b.1.lease.shard));
-            let (places, batch): (Vec<usize>, Vec<_>) = together
+            // Sorted by index: a session is large, and a sort moves its elements many times.
+            let mut order: Vec<usize> = (0..together.len()).collect();
+            order.sort_unstable_by(|&a, &b| {
+                together[a].1.lease.shard.cmp(&together[b].1.lease.shard)
+            });
+            let mut slots: Vec<_> = together.into_iter().map(Some).collect();
+            let (places, batch): (Vec<usize>, Vec<_>) = order
                 .into_iter()
+                .filter_map(|index| slots[index].take())
                 .map(|(at, session, acks)| (at, (session.lease, session.lease_duration, acks)))
                 .unzip();
             match Self::finish_in_one_transaction(pool, dialect, batch, OPERATION).await {
@@ -406,12 +412,24 @@ impl<D: Dialect> SqlxSession<D> {
 
     async fn savepoint(&mut self, sql: &'static str, operation: &'static str) -> Result<(), Error> {
         if let Some(claiming) = &mut self.claiming {
-            sqlx::query::<D::Database>(sql)
-                .execute(D::Database::on(&mut claiming.tx))
+            // Boxed: a leased drain takes no savepoint, and need not carry the statement.
+            Box::pin(sqlx::query::<D::Database>(sql).execute(D::Database::on(&mut claiming.tx)))
                 .await
                 .map_err(database::<D>(operation))?;
         }
         Ok(())
+    }
+
+    /// Reads the first `limit` rows of the shard's head.
+    async fn read_head(&mut self, limit: usize) -> Result<Vec<StoredMessage>, Error> {
+        let query = shard_keyed::<D>(D::SQL.fetch, &self.lease.shard)
+            .with(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut reader = self.reader().await?;
+        let rows = query
+            .fetch_all(D::Database::on(reader.conn()))
+            .await
+            .map_err(database::<D>("reading a shard"))?;
+        D::read_head(rows)
     }
 }
 
@@ -431,14 +449,9 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
             head.truncate(limit);
             return Ok(head);
         }
-        let query = shard_keyed::<D>(D::SQL.fetch, &self.lease.shard)
-            .with(i64::try_from(limit).unwrap_or(i64::MAX));
-        let mut reader = self.reader().await?;
-        let rows = query
-            .fetch_all(D::Database::on(reader.conn()))
-            .await
-            .map_err(database::<D>("reading a shard"))?;
-        D::read_head(rows)
+        // Boxed: most drains are answered by the claim's read, and need not carry the
+        // statement's future.
+        Box::pin(self.read_head(limit)).await
     }
 
     async fn fetch_newest(

@@ -171,8 +171,7 @@ async fn call_handler<S: ShardSession, St: Store>(
         // Read with the other drains' rows (see `Group::model_row`).
         (Some(_), Some(row)) => row.as_ref(),
         (Some(table), None) => {
-            loaded = session
-                .load_model(table, group.newest.object_identifier)
+            loaded = Box::pin(session.load_model(table, group.newest.object_identifier))
                 .await
                 .map_err(|source| DeliveryError::Lookup {
                     model: group.info.name,
@@ -250,7 +249,8 @@ pub(super) async fn keeping_the_lease<F: Future, St: Store>(
         return output;
     }
     let every = (config.lease / 3).max(Duration::from_millis(10));
-    let heartbeat = async {
+    // Boxed: made only for a handler that waits, it keeps every drain's future small.
+    let heartbeat = Box::pin(async {
         let mut beats = tokio::time::interval_at(Instant::now() + every, every);
         loop {
             beats.tick().await;
@@ -265,7 +265,7 @@ pub(super) async fn keeping_the_lease<F: Future, St: Store>(
                 }
             }
         }
-    };
+    });
     tokio::select! {
         output = &mut call => output,
         () = heartbeat => unreachable!("the heartbeat never ends"),

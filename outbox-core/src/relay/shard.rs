@@ -216,6 +216,12 @@ struct DrainState<'a, St: Store> {
 /// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
 /// delivery fails, the budget is spent, or the relay stops; then records the outcome and
 /// releases the shard.
+///
+/// The steps that most drains never take (a wait, a second read, a failure, a yield) and the
+/// store's statements are boxed where they are awaited: a future is as large as its largest
+/// step, and a drain's future is made and moved whole for every shard (16 KB unboxed on
+/// PostgreSQL, against 2.5 KB; at one message per shard the copies cost a tenth of the relay's
+/// processor time).
 pub(crate) async fn drain<St: Store>(
     session: St::Session,
     inner: &Inner<St>,
@@ -245,12 +251,14 @@ pub(crate) async fn drain<St: Store>(
     loop {
         let read = match drain.read().await {
             Ok(Some(read)) => read,
-            Ok(None) => return drain.nothing_left().await,
-            Err(error @ Error::Undecodable { .. }) => return drain.undecodable(error).await,
+            Ok(None) => return Box::pin(drain.nothing_left()).await,
+            Err(error @ Error::Undecodable { .. }) => {
+                return Box::pin(drain.undecodable(error)).await;
+            }
             Err(error) => return Err(error),
         };
         let delivered = drain.deliver(&read.plan).await?;
-        drain = match drain.settle(read, delivered).await? {
+        drain = match Box::pin(drain.settle(read, delivered)).await? {
             ControlFlow::Continue(drain) => drain,
             ControlFlow::Break(run) => return Ok(run),
         };
@@ -327,7 +335,15 @@ impl<'a, St: Store> DrainState<'a, St> {
                     _ = stopping.wait_for(|stop| *stop) => None,
                 }
             };
-            Some(keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await?)
+            Some(
+                Box::pin(keeping_the_lease(
+                    wait,
+                    &inner.store,
+                    &self.lease,
+                    &inner.config,
+                ))
+                .await?,
+            )
         };
         let now = Instant::now();
         self.started.get_or_insert(now);
@@ -365,7 +381,13 @@ impl<'a, St: Store> DrainState<'a, St> {
                 _ = stopping.wait_for(|stop| *stop) => None,
             }
         };
-        keeping_the_lease(wait, &inner.store, &self.lease, &inner.config).await
+        Box::pin(keeping_the_lease(
+            wait,
+            &inner.store,
+            &self.lease,
+            &inner.config,
+        ))
+        .await
     }
 
     /// Counts `group`'s delivery, which got through, and notes its acknowledgement.
@@ -422,7 +444,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         if full && head.len() >= batch_size {
             let keys = plan.coalescing_keys();
             if !keys.is_empty() {
-                for tail in self.session.fetch_newest(&keys, last, bound).await? {
+                for tail in Box::pin(self.session.fetch_newest(&keys, last, bound)).await? {
                     state.watermark = state.watermark.max(tail.newest.id);
                     plan.extend(&tail);
                 }
@@ -436,7 +458,8 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         if state.inner.config.handler_mode == HandlerMode::Leased {
             for (table, keys) in plan.model_keys() {
                 let inner = state.inner;
-                if let Some(rows) = inner.together.load(&inner.store, table, keys.clone()).await {
+                let load = inner.together.load(&inner.store, table, keys.clone());
+                if let Some(rows) = Box::pin(load).await {
                     plan.give_rows(&table, &keys, &rows);
                 }
             }
@@ -484,8 +507,14 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 let attempts: Vec<u32> = (0..groups.len())
                     .map(|at| if at == 0 || retrying { attempt } else { 1 })
                     .collect();
-                let pipelined =
-                    deliver_all(pipeline, state.inner, &state.lease, groups, &attempts).await;
+                let pipelined = Box::pin(deliver_all(
+                    pipeline,
+                    state.inner,
+                    &state.lease,
+                    groups,
+                    &attempts,
+                ))
+                .await;
                 for group in &groups[..pipelined.confirmed.min(groups.len())] {
                     state.got_through(&mut delivered, group);
                 }
@@ -555,7 +584,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 .await
                 .map(ControlFlow::Break);
         }
-        if !acks.is_empty() && !self.acknowledge(&acks).await? {
+        if !acks.is_empty() && !Box::pin(self.acknowledge(&acks)).await? {
             return Ok(ControlFlow::Break(
                 self.state.end(DrainEnd::LeaseLost, false),
             ));
@@ -566,10 +595,12 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 error: DeliveryError::Unavailable { source, .. },
                 ..
             }) if dead_letters => {
-                return self.park(source.breaker).await.map(ControlFlow::Break);
+                return Box::pin(self.park(source.breaker))
+                    .await
+                    .map(ControlFlow::Break);
             }
             Some(failed) if dead_letters && failed.dead_letters() => {
-                if !self.dead_letter(failed).await? {
+                if !Box::pin(self.dead_letter(failed)).await? {
                     return Ok(ControlFlow::Break(
                         self.state.end(DrainEnd::LeaseLost, false),
                     ));
@@ -582,13 +613,14 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             None => None,
         };
         if let Some((error, reported)) = failure {
-            return self.fail(error, reported).await.map(ControlFlow::Break);
+            return Box::pin(self.fail(error, reported))
+                .await
+                .map(ControlFlow::Break);
         }
         if out_of_budget || self.state.budget_spent() {
             let state = &self.state;
             debug!(shard = %state.lease.shard, rows_delivered = state.rows_delivered, "budget spent; shard yields");
-            return self
-                .release(Outcome::Yielded, DrainEnd::Yielded)
+            return Box::pin(self.release(Outcome::Yielded, DrainEnd::Yielded))
                 .await
                 .map(ControlFlow::Break);
         }
@@ -652,7 +684,9 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         let Self { session, mut state } = self;
         let inner = state.inner;
         let finished = match inner.config.handler_mode {
-            HandlerMode::InTransaction => session.ack_and_finish(acks, Outcome::Drained).await,
+            HandlerMode::InTransaction => {
+                Box::pin(session.ack_and_finish(acks, Outcome::Drained)).await
+            }
             HandlerMode::Leased => {
                 inner
                     .together

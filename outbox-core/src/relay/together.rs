@@ -67,7 +67,9 @@ impl<I, R> Batches<I, R> {
         let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));
         if !batch.is_empty() {
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let results = write(items).await;
+            // Boxed: only the writer of a batch holds the store's statement, so that every
+            // caller's future (and the drain holding it) stays small.
+            let results = Box::pin(write(items)).await;
             for (reply, result) in replies.into_iter().zip(results) {
                 // A caller that stopped waiting (its task aborted at shutdown) needs no answer.
                 let _ = reply.send(result);
