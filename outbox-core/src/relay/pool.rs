@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
@@ -23,8 +23,12 @@ pub(super) struct ShardPool<T> {
     permits: Arc<Semaphore>,
     /// The permits in all.
     capacity: usize,
-    /// Notified when a drain ends (its permit back).
+    /// Notified when a drain ends (its permit back) with no more than `wake_at` running.
     ended: Arc<Notify>,
+    /// The most drains running at which one that ends wakes the wait for permits: a wait for
+    /// room for several is woken once there is room, not by every drain that ends (a wake-up
+    /// of a task on another thread costs more than most drains at one message per shard).
+    wake_at: Arc<AtomicUsize>,
     tasks: JoinSet<(ShardKey, T)>,
     in_flight: HashSet<ShardKey>,
     stop: watch::Sender<bool>,
@@ -49,6 +53,7 @@ impl<T: Send + 'static> ShardPool<T> {
             permits: Arc::new(Semaphore::new(shards_held)),
             capacity: shards_held,
             ended: Arc::new(Notify::new()),
+            wake_at: Arc::new(AtomicUsize::new(usize::MAX)),
             tasks: JoinSet::new(),
             in_flight: HashSet::new(),
             stop: watch::Sender::new(false),
@@ -95,6 +100,11 @@ impl<T: Send + 'static> ShardPool<T> {
         }
         let hold = hold.max(1);
         let enough = want.min(hold / 4).max(1);
+        self.wake_at.store(hold - enough, Ordering::SeqCst);
+        // The threshold is stored before the count is read, and a drain that ends reads it
+        // after its permit is back: one of the two sees the other (and the last drain to end
+        // always wakes the wait, none then running).
+        fence(Ordering::SeqCst);
         let running = loop {
             // Registered before the count is read: a drain that ends in between still wakes
             // this wait.
@@ -128,11 +138,16 @@ impl<T: Send + 'static> ShardPool<T> {
     {
         debug_assert!(!self.in_flight.contains(&shard), "{shard} drains twice");
         self.in_flight.insert(shard.clone());
-        let ended = Arc::clone(&self.ended);
+        let (ended, wake_at) = (Arc::clone(&self.ended), Arc::clone(&self.wake_at));
+        let (permits, capacity) = (Arc::clone(&self.permits), self.capacity);
         self.tasks.spawn(async move {
             let output = work.await;
             drop(permit);
-            ended.notify_one();
+            fence(Ordering::SeqCst);
+            let running = capacity - permits.available_permits();
+            if running <= wake_at.load(Ordering::SeqCst) {
+                ended.notify_one();
+            }
             (shard, output)
         });
     }
@@ -315,6 +330,35 @@ mod tests {
         );
         drop(ends);
         while pool.next_finished().await.is_some() {}
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_room_is_woken_once_there_is_room_not_by_every_drain_that_ends() {
+        let mut pool: ShardPool<()> = ShardPool::new(8);
+        let mut ends = blocked(&mut pool, 1, 8);
+        // A claim of 8 with 8 held waits for a quarter of them: woken at 6 running.
+        assert!(pool.permits(8, 8).now_or_never().is_none());
+        // The wake-up a drain leaves, if any, is taken by the next wait.
+        let woken = |pool: &ShardPool<()>| pool.ended.notified().now_or_never().is_some();
+        let _ = ends.pop().expect("a drain").send(());
+        pool.next_finished().await.expect("a drain ended");
+        assert!(!woken(&pool), "7 running: no room yet, the wait sleeps on");
+        let _ = ends.pop().expect("a drain").send(());
+        pool.next_finished().await.expect("a drain ended");
+        assert!(woken(&pool), "6 running: room for 2, the wait is woken");
+        assert_eq!(
+            pool.permits(8, 8)
+                .now_or_never()
+                .map(|permits| permits.len()),
+            Some(2)
+        );
+        // Whatever the wait asked for, the last drain to end wakes it.
+        assert!(pool.permits(1, 1).now_or_never().is_none());
+        for end in ends.drain(..) {
+            let _ = end.send(());
+            pool.next_finished().await.expect("a drain ended");
+        }
+        assert!(woken(&pool), "none running: the wait is woken");
     }
 
     #[test]
