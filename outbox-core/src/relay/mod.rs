@@ -516,7 +516,7 @@ impl<S: Store> Inner<S> {
         due: &mut Vec<ShardKey>,
         mode: DrainMode,
     ) {
-        due.retain(|shard| !pool.is_draining(shard));
+        pool.to_start(due, |_| true);
         let permits = pool.permits(due.len(), self.shards_to_hold()).await;
         self.start_claimed(pool, due, permits, mode, Lane::Routine);
     }

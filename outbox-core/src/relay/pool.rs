@@ -70,6 +70,15 @@ impl<T: Send + 'static> ShardPool<T> {
         self.in_flight.contains(shard)
     }
 
+    /// Keeps those of `shards` that this pool is not draining and that `keep` keeps, each
+    /// once, in order: the shards to start. (A list of shards to start may name one twice: a
+    /// shard that two commit notifications named before it started.)
+    pub(super) fn to_start(&self, shards: &mut Vec<ShardKey>, keep: impl Fn(&ShardKey) -> bool) {
+        let mut seen = HashSet::with_capacity(shards.len());
+        shards
+            .retain(|shard| !self.is_draining(shard) && keep(shard) && seen.insert(shard.clone()));
+    }
+
     /// Starts the work `begin` makes on `shard` once a permit is free, unless the shard is
     /// being drained already; returns whether it started. Cancel-safe: cancelled while it
     /// waits for a permit, it starts nothing. (The work is made only once it starts, so that
@@ -131,13 +140,16 @@ impl<T: Send + 'static> ShardPool<T> {
     }
 
     /// Starts `work` on `shard` under `permit` (from [`ShardPool::permits`]): what a claim
-    /// made for this pool drains. The shard must not be draining in this pool already.
+    /// made for this pool drains. A shard this pool is draining already is not started again
+    /// (its permit goes back): two drains of one shard in one pool would each end its being
+    /// in flight, and the first to end would let a third start beside the other.
     pub(super) fn spawn<F>(&mut self, shard: ShardKey, permit: OwnedSemaphorePermit, work: F)
     where
         F: Future<Output = T> + Send + 'static,
     {
-        debug_assert!(!self.in_flight.contains(&shard), "{shard} drains twice");
-        self.in_flight.insert(shard.clone());
+        if !self.in_flight.insert(shard.clone()) {
+            return;
+        }
         let (ended, wake_at) = (Arc::clone(&self.ended), Arc::clone(&self.wake_at));
         let (permits, capacity) = (Arc::clone(&self.permits), self.capacity);
         self.tasks.spawn(async move {
@@ -288,6 +300,42 @@ mod tests {
             ends.push(end);
         }
         ends
+    }
+
+    #[tokio::test]
+    async fn a_shard_named_twice_is_started_once_and_stays_in_flight_until_its_drain_ends() {
+        let mut pool: ShardPool<()> = ShardPool::new(8);
+        let mut ends = blocked(&mut pool, 1, 1);
+        // Shard 2 named twice (two notifications before it started), shard 1 draining.
+        let mut due = vec![shard(2), shard(1), shard(3), shard(2)];
+        pool.to_start(&mut due, |_| true);
+        assert_eq!(
+            due,
+            [shard(2), shard(3)],
+            "each once, in order, none draining"
+        );
+        let mut kept = vec![shard(3), shard(4), shard(5)];
+        pool.to_start(&mut kept, |key| *key != shard(4));
+        assert_eq!(kept, [shard(3), shard(5)]);
+        // A second drain of a shard in flight is not started, and its permit goes back.
+        let permit = pool
+            .permits(1, usize::MAX)
+            .now_or_never()
+            .expect("a permit is free")
+            .pop()
+            .expect("one permit");
+        pool.spawn(shard(1), permit, async {});
+        assert_eq!(pool.len(), 1, "shard 1 drains once");
+        assert_eq!(
+            pool.permits.available_permits(),
+            7,
+            "the second's permit went back"
+        );
+        let _ = ends.pop().expect("a drain").send(());
+        let (ended, ()) = pool.next_finished().await.expect("a drain ended");
+        assert_eq!(ended, shard(1));
+        assert!(!pool.is_draining(&shard(1)));
+        assert!(pool.next_finished().await.is_none(), "no second drain ran");
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
 //! The background relay ([`Relay::run`](crate::Relay::run)) as a loop of small steps.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
@@ -41,6 +41,9 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     /// Whether a commit notification named no shard, or the notifications broke, since the
     /// last sweep began: the relay sweeps again before it waits.
     heard_any: bool,
+    /// The shards commit notifications named lately, and when: their drains are the
+    /// notifications' work, not a sweep's ([`Heard`]).
+    heard: Heard,
     /// Whether a drain or a claim failed since the last sweep.
     resweep: bool,
     /// Shards whose delivery found a breaker open: not claimed until it closes.
@@ -75,6 +78,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             again: Vec::new(),
             again_urgent: Vec::new(),
             heard_any: false,
+            heard: Heard::default(),
             resweep: false,
             parked: Parked::default(),
             outage: Outage::default(),
@@ -135,13 +139,21 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         self.start_again().await?;
         self.resweep = false;
         self.listener.listen(&self.inner.store).await;
+        let read_at = Instant::now();
         let Some(page) = self.discover().await? else {
             return ControlFlow::Continue(());
         };
         // Shards parked on an open breaker are neither work found nor work going on: during
-        // an outage the relay polls at its pace instead of sweeping again and again.
+        // an outage the relay polls at its pace instead of sweeping again and again. Nor are
+        // the shards a commit notification named lately: their drains (started, or done since
+        // the page was read) are the notifications' work. Otherwise, under steady traffic,
+        // every sweep would find the shards just committed, sweep again at once, and claim
+        // each a second time after its drain emptied it.
         let mut due = page.due;
-        due.retain(|shard| !self.parked.holds(shard));
+        due.retain(|shard| !self.parked.holds(shard) && !self.heard.lately(shard, read_at));
+        if page.next.is_none() {
+            self.heard.forget_before(read_at);
+        }
         self.sweep.busy |= !due.is_empty();
         self.sweep.found |= due.iter().any(|shard| !self.pool.is_draining(shard));
         self.start(due, Lane::Routine).await?;
@@ -193,7 +205,8 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 let urgent = std::mem::take(&mut self.again_urgent);
                 Box::pin(self.start(urgent, Lane::Urgent)).await?;
             }
-            due.retain(|shard| !self.pool.is_draining(shard) && !self.parked.holds(shard));
+            let parked = &self.parked;
+            self.pool.to_start(&mut due, |shard| !parked.holds(shard));
             if due.is_empty() {
                 return ControlFlow::Continue(());
             }
@@ -216,7 +229,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     fn heard(&mut self, wakeup: Result<Wakeup, Error>) {
         match wakeup {
             Ok(Wakeup::Shards(shards)) => {
+                let now = Instant::now();
                 for shard in shards {
+                    self.heard.named(&shard, now);
                     if self.pool.is_draining(&shard) {
                         self.rewake.insert(shard);
                     } else {
@@ -224,10 +239,16 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                     }
                 }
             }
-            Ok(Wakeup::Any) => self.heard_any = true,
+            // Commits that named no shard (or went unannounced) may be on any shard, those
+            // named lately among them: the sweep this makes leaves none to a notification.
+            Ok(Wakeup::Any) => {
+                self.heard_any = true;
+                self.heard.clear();
+            }
             Err(error) => {
                 self.listener.broke(&error);
                 self.heard_any = true;
+                self.heard.clear();
             }
         }
     }
@@ -301,7 +322,17 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             self.parked.park(shard.clone(), breaker.clone());
             self.inner.vitals.set_waiting(self.parked.len());
         }
-        self.resweep |= drained.is_err();
+        match &drained {
+            // The sweep that retries it must not leave the shard to the notification that
+            // named it.
+            Err(_) => {
+                self.resweep = true;
+                self.heard.clear();
+            }
+            // Due again when its backoff ends, for sweeps to find.
+            Ok(Some(run)) if run.failure().is_some() => self.heard.forget(&shard),
+            Ok(_) => {}
+        }
         finished(&mut self.report, &mut self.outage, &shard, drained);
         if self.rewake.remove(&shard) {
             self.again_urgent.push(shard);
@@ -565,6 +596,85 @@ impl Sweep {
     fn poll_after(&self, config: &crate::RelayConfig) -> Duration {
         let doublings = self.quiet.saturating_sub(1).min(20);
         (config.min_poll_interval() * 2u32.pow(doublings)).min(config.poll_interval)
+    }
+}
+
+/// The shards commit notifications named lately, each with when it was last named.
+///
+/// A sweep leaves such a shard alone: a notification started its drain (in the urgent lane)
+/// when it came, and a page read before that drain emptied the shard still shows it due. A
+/// shard is left alone for [`Heard::COVER`] after a notification named it: time enough for
+/// its drain to start. After that (or after a drain failed, when the relay sweeps to retry)
+/// sweeps treat it as any other, so that a message whose drain did not happen is found.
+#[derive(Debug, Default)]
+struct Heard {
+    named: HashMap<ShardKey, Instant>,
+}
+
+impl Heard {
+    /// How long after a notification names a shard sweeps leave it to that notification.
+    const COVER: Duration = Duration::from_secs(1);
+
+    /// A notification named `shard` at `now`.
+    fn named(&mut self, shard: &ShardKey, now: Instant) {
+        match self.named.get_mut(shard) {
+            Some(at) => *at = now,
+            None => {
+                self.named.insert(shard.clone(), now);
+            }
+        }
+    }
+
+    /// Whether a notification named `shard` within [`Heard::COVER`] before `at`, or after it.
+    fn lately(&self, shard: &ShardKey, at: Instant) -> bool {
+        self.named
+            .get(shard)
+            .is_some_and(|named| *named + Self::COVER > at)
+    }
+
+    /// Forgets the shards named more than [`Heard::COVER`] before `at`.
+    fn forget_before(&mut self, at: Instant) {
+        self.named.retain(|_, named| *named + Self::COVER > at);
+    }
+
+    /// Forgets that a notification named `shard`.
+    fn forget(&mut self, shard: &ShardKey) {
+        self.named.remove(shard);
+    }
+
+    fn clear(&mut self) {
+        self.named.clear();
+    }
+}
+
+#[cfg(test)]
+mod heard_tests {
+    use super::*;
+    use crate::model::ScopeId;
+
+    fn shard(id: i64) -> ShardKey {
+        ShardKey::local(ScopeId(1), id)
+    }
+
+    #[test]
+    fn a_sweep_leaves_a_shard_to_the_notification_that_named_it_for_a_while() {
+        let mut heard = Heard::default();
+        let start = Instant::now();
+        heard.named(&shard(1), start);
+        // A page read before the notification came, or within the cover after it.
+        assert!(heard.lately(&shard(1), start - Duration::from_millis(5)));
+        assert!(heard.lately(&shard(1), start + Heard::COVER / 2));
+        assert!(!heard.lately(&shard(2), start), "a shard never named");
+        // After the cover, sweeps treat it as any other shard.
+        assert!(!heard.lately(&shard(1), start + Heard::COVER));
+        // Named again: covered again, from then.
+        heard.named(&shard(1), start + Heard::COVER);
+        assert!(heard.lately(&shard(1), start + Heard::COVER * 3 / 2));
+        heard.named(&shard(2), start);
+        heard.forget_before(start + Heard::COVER * 3 / 2);
+        assert_eq!(heard.named.len(), 1, "shard 2's cover ended: forgotten");
+        heard.forget(&shard(1));
+        assert!(!heard.lately(&shard(1), start + Heard::COVER));
     }
 }
 
