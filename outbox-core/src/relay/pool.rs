@@ -283,16 +283,20 @@ mod tests {
         ShardKey::local(ScopeId(1), id)
     }
 
+    /// A permit of `pool`, which has one free.
+    fn free_permit(pool: &ShardPool<()>) -> OwnedSemaphorePermit {
+        pool.permits(1, usize::MAX)
+            .now_or_never()
+            .expect("a permit is free")
+            .pop()
+            .expect("one permit")
+    }
+
     /// Starts `count` drains that each end when told, from shard `first` on.
     fn blocked(pool: &mut ShardPool<()>, first: i64, count: i64) -> Vec<oneshot::Sender<()>> {
         let mut ends = Vec::new();
         for id in first..first + count {
-            let permit = pool
-                .permits(1, usize::MAX)
-                .now_or_never()
-                .expect("a permit is free")
-                .pop()
-                .expect("one permit");
+            let permit = free_permit(pool);
             let (end, ended) = oneshot::channel::<()>();
             pool.spawn(shard(id), permit, async move {
                 let _ = ended.await;
@@ -318,12 +322,7 @@ mod tests {
         pool.to_start(&mut kept, |key| *key != shard(4));
         assert_eq!(kept, [shard(3), shard(5)]);
         // A second drain of a shard in flight is not started, and its permit goes back.
-        let permit = pool
-            .permits(1, usize::MAX)
-            .now_or_never()
-            .expect("a permit is free")
-            .pop()
-            .expect("one permit");
+        let permit = free_permit(&pool);
         pool.spawn(shard(1), permit, async {});
         assert_eq!(pool.len(), 1, "shard 1 drains once");
         assert_eq!(
