@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -201,6 +202,13 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
     async fn start(&mut self, mut due: Vec<ShardKey>, lane: Lane) -> ControlFlow<()> {
         let inner: &'r Arc<Inner<S>> = self.inner;
         loop {
+            if lane == Lane::Routine {
+                // Notifications that came while the page was read go first: a shard committed
+                // since is on the page too, and must start in the urgent lane, not this one.
+                while let Some(wakeup) = self.listener.next().now_or_never() {
+                    self.heard(wakeup);
+                }
+            }
             if lane == Lane::Routine && !self.again_urgent.is_empty() {
                 let urgent = std::mem::take(&mut self.again_urgent);
                 Box::pin(self.start(urgent, Lane::Urgent)).await?;
