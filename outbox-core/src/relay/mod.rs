@@ -522,11 +522,10 @@ impl<S: Store> Inner<S> {
     }
 
     /// Starts draining one of `due` (none of which the pool is draining) per permit, front
-    /// first, each in a task of the pool that claims its shard together with every other
-    /// shard being started meanwhile ([`together::Together::claim`]: one call to
-    /// [`Store::claim_many`], one round trip that reads each shard's head too, on
-    /// PostgreSQL): the caller does not wait for the claim. A shard not claimed ends its task
-    /// at once; a failed claim is the error of one of its shards.
+    /// first, in one task of the pool: it claims them together with every other shard being
+    /// started meanwhile ([`together::Together::claim`]: one call to [`Store::claim_many`],
+    /// one round trip that reads each shard's head too, on PostgreSQL), then drains those
+    /// claimed concurrently ([`Inner::drain_batch`]). The caller does not wait for the claim.
     fn start_claimed(
         self: &Arc<Self>,
         pool: &mut ShardPool<Drained>,
@@ -535,24 +534,53 @@ impl<S: Store> Inner<S> {
         mode: DrainMode,
         lane: Lane,
     ) {
-        let batch: Vec<ShardKey> = due.drain(..permits.len().min(due.len())).collect();
+        let batch: Vec<_> = due
+            .drain(..permits.len().min(due.len()))
+            .zip(permits)
+            .collect();
         let head = self.head_limit();
-        for (shard, permit) in batch.into_iter().zip(permits) {
-            let (inner, stopping) = (Arc::clone(self), pool.stopping());
-            let key = shard.clone();
-            // The claim and the drain are boxed (a few hundred bytes and a few kilobytes on
-            // PostgreSQL) so that the task, spawned per shard, is small to make and to move:
-            // a shard may drain in a fraction of a millisecond.
-            pool.spawn(shard, permit, async move {
-                let claimed =
-                    Box::pin(inner.together.claim(&inner.store, key, &inner.claim, head)).await?;
-                match claimed {
-                    Some(session) => {
-                        Box::pin(inner.drain_claimed(session, &stopping, mode, lane)).await
-                    }
-                    None => Ok(None),
+        let (inner, stopping) = (Arc::clone(self), pool.stopping());
+        pool.spawn_many(batch, move |shards, ends| async move {
+            // Boxed: the task is made and moved whole at every claim.
+            Box::pin(inner.drain_batch(shards, ends, stopping, mode, lane, head)).await;
+        });
+    }
+
+    /// Claims `shards` and drains those claimed, concurrently, in this task: each shard's end
+    /// is reported as it comes, so that one slow shard holds none of the others. A shard not
+    /// claimed ends at once; a failed claim is the error of one of the shards.
+    async fn drain_batch(
+        &self,
+        shards: Vec<ShardKey>,
+        mut ends: pool::Ends<Drained>,
+        stopping: watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+        head: usize,
+    ) {
+        let claimed = self
+            .together
+            .claim(&self.store, shards.clone(), &self.claim, head)
+            .await;
+        let mut drains = futures_util::stream::FuturesUnordered::new();
+        for (shard, claimed) in shards.into_iter().zip(claimed) {
+            match claimed {
+                Ok(Some(session)) => {
+                    let stopping = &stopping;
+                    drains.push(async move {
+                        // Boxed, so that the set holds small futures (a few kilobytes each on
+                        // PostgreSQL, unboxed).
+                        let drained =
+                            Box::pin(self.drain_claimed(session, stopping, mode, lane)).await;
+                        (shard, drained)
+                    });
                 }
-            });
+                Ok(None) => ends.end(shard, Ok(None)),
+                Err(error) => ends.end(shard, Err(error)),
+            }
+        }
+        while let Some((shard, drained)) = futures_util::StreamExt::next(&mut drains).await {
+            ends.end(shard, drained);
         }
     }
 

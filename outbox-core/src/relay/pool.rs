@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
 
 use super::config::RelayConfig;
@@ -16,9 +16,11 @@ use crate::model::ShardKey;
 /// [`ShardPool::flushes`]), each at most once at a time: one pool per pass, flush or run of
 /// the relay.
 ///
-/// Starting a shard waits for a free permit; its task holds the permit until it ends. The
-/// pool's stop signal ([`ShardPool::stopping`]) tells the drains it started that the relay is
-/// stopping, so that they yield after their current delivery.
+/// Starting a shard waits for a free permit. A task of the pool drains one shard or several
+/// (the shards of one claim: [`ShardPool::spawn_many`]) and reports each shard's end as it
+/// comes ([`Ends::end`]), its permit going back then. The pool's stop signal
+/// ([`ShardPool::stopping`]) tells the drains it started that the relay is stopping, so that
+/// they yield after their current delivery.
 pub(super) struct ShardPool<T> {
     permits: Arc<Semaphore>,
     /// The permits in all.
@@ -29,9 +31,40 @@ pub(super) struct ShardPool<T> {
     /// room for several is woken once there is room, not by every drain that ends (a wake-up
     /// of a task on another thread costs more than most drains at one message per shard).
     wake_at: Arc<AtomicUsize>,
-    tasks: JoinSet<(ShardKey, T)>,
+    /// The tasks; what they drained comes through `ends`.
+    tasks: JoinSet<()>,
+    /// Where the tasks report each shard's end.
+    report: mpsc::UnboundedSender<(ShardKey, T)>,
+    ends: mpsc::UnboundedReceiver<(ShardKey, T)>,
     in_flight: HashSet<ShardKey>,
     stop: watch::Sender<bool>,
+}
+
+/// How a task of a [`ShardPool`] reports the end of each shard it drains: the shard's permit
+/// goes back then, not when the whole task ends, so that one slow shard of a claim does not
+/// hold the room of the others.
+pub(super) struct Ends<T> {
+    permits: Vec<OwnedSemaphorePermit>,
+    report: mpsc::UnboundedSender<(ShardKey, T)>,
+    pool_permits: Arc<Semaphore>,
+    capacity: usize,
+    ended: Arc<Notify>,
+    wake_at: Arc<AtomicUsize>,
+}
+
+impl<T> Ends<T> {
+    /// `shard`, one of the task's, ended with `output`: its permit goes back, and the pool
+    /// hears it.
+    pub(super) fn end(&mut self, shard: ShardKey, output: T) {
+        drop(self.permits.pop());
+        fence(Ordering::SeqCst);
+        let running = self.capacity - self.pool_permits.available_permits();
+        if running <= self.wake_at.load(Ordering::SeqCst) {
+            self.ended.notify_one();
+        }
+        // The pool outlives its tasks' reports unless it was dropped: then nobody listens.
+        let _ = self.report.send((shard, output));
+    }
 }
 
 impl<T: Send + 'static> ShardPool<T> {
@@ -49,12 +82,15 @@ impl<T: Send + 'static> ShardPool<T> {
     }
 
     pub(super) fn new(shards_held: usize) -> Self {
+        let (report, ends) = mpsc::unbounded_channel();
         Self {
             permits: Arc::new(Semaphore::new(shards_held)),
             capacity: shards_held,
             ended: Arc::new(Notify::new()),
             wake_at: Arc::new(AtomicUsize::new(usize::MAX)),
             tasks: JoinSet::new(),
+            report,
+            ends,
             in_flight: HashSet::new(),
             stop: watch::Sender::new(false),
         }
@@ -139,50 +175,96 @@ impl<T: Send + 'static> ShardPool<T> {
         permits
     }
 
-    /// Starts `work` on `shard` under `permit` (from [`ShardPool::permits`]): what a claim
-    /// made for this pool drains. A shard this pool is draining already is not started again
-    /// (its permit goes back): two drains of one shard in one pool would each end its being
-    /// in flight, and the first to end would let a third start beside the other.
+    /// Starts `work` on `shard` under `permit` (from [`ShardPool::permits`]), unless this pool
+    /// is draining the shard already (see [`ShardPool::spawn_many`]).
     pub(super) fn spawn<F>(&mut self, shard: ShardKey, permit: OwnedSemaphorePermit, work: F)
     where
         F: Future<Output = T> + Send + 'static,
     {
-        if !self.in_flight.insert(shard.clone()) {
+        self.spawn_many(
+            vec![(shard, permit)],
+            move |mut shards, mut ends| async move {
+                let output = work.await;
+                if let Some(shard) = shards.pop() {
+                    ends.end(shard, output);
+                }
+            },
+        );
+    }
+
+    /// Starts one task on `shards`, each under its permit (from [`ShardPool::permits`]): the
+    /// task `begin` makes from the shards started and their [`Ends`], through which it must
+    /// report each shard's end. A shard this pool is draining already is not started again
+    /// (its permit goes back): two drains of one shard in one pool would each end its being
+    /// in flight, and the first to end would let a third start beside the other.
+    pub(super) fn spawn_many<F>(
+        &mut self,
+        shards: Vec<(ShardKey, OwnedSemaphorePermit)>,
+        begin: impl FnOnce(Vec<ShardKey>, Ends<T>) -> F,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut started = Vec::with_capacity(shards.len());
+        let mut permits = Vec::with_capacity(shards.len());
+        for (shard, permit) in shards {
+            if self.in_flight.insert(shard.clone()) {
+                started.push(shard);
+                permits.push(permit);
+            }
+        }
+        if started.is_empty() {
             return;
         }
-        let (ended, wake_at) = (Arc::clone(&self.ended), Arc::clone(&self.wake_at));
-        let (permits, capacity) = (Arc::clone(&self.permits), self.capacity);
-        self.tasks.spawn(async move {
-            let output = work.await;
-            drop(permit);
-            fence(Ordering::SeqCst);
-            let running = capacity - permits.available_permits();
-            if running <= wake_at.load(Ordering::SeqCst) {
-                ended.notify_one();
-            }
-            (shard, output)
-        });
+        let ends = Ends {
+            permits,
+            report: self.report.clone(),
+            pool_permits: Arc::clone(&self.permits),
+            capacity: self.capacity,
+            ended: Arc::clone(&self.ended),
+            wake_at: Arc::clone(&self.wake_at),
+        };
+        self.tasks.spawn(begin(started, ends));
     }
 
     /// A drain that has ended, if one has.
     pub(super) fn finished(&mut self) -> Option<(ShardKey, T)> {
-        let done = self.tasks.try_join_next()?;
-        Some(self.joined(done))
+        while let Some(done) = self.tasks.try_join_next() {
+            joined(done);
+        }
+        let end = self.ends.try_recv().ok()?;
+        Some(self.ended(end))
     }
 
     /// Waits for the next drain to end; `None` if none is running.
     pub(super) async fn next_finished(&mut self) -> Option<(ShardKey, T)> {
-        let done = self.tasks.join_next().await?;
-        Some(self.joined(done))
+        loop {
+            if self.in_flight.is_empty() {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                Some(end) = self.ends.recv() => return Some(self.ended(end)),
+                done = self.tasks.join_next() => match done {
+                    // A task whose shards all reported ends; one that panicked panics here.
+                    Some(done) => joined(done),
+                    None => {
+                        let end = self.ends.try_recv().unwrap_or_else(|_| {
+                            panic!("a relay task ended without reporting {} of its shards", self.in_flight.len())
+                        });
+                        return Some(self.ended(end));
+                    }
+                },
+            }
+        }
     }
 
-    /// How many drains are running.
+    /// How many shards are draining.
     pub(super) fn len(&self) -> usize {
-        self.tasks.len()
+        self.in_flight.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
+        self.in_flight.is_empty()
     }
 
     /// Tells the drains to stop, and waits up to `deadline` for them, handing each that ends
@@ -196,25 +278,28 @@ impl<T: Send + 'static> ShardPool<T> {
         let _ = self.stop.send(true);
         let deadline = tokio::time::sleep(deadline);
         tokio::pin!(deadline);
-        while !self.tasks.is_empty() {
+        loop {
             tokio::select! {
-                () = &mut deadline => {
-                    let abandoned = self.tasks.len();
-                    self.tasks.abort_all();
-                    while self.tasks.join_next().await.is_some() {}
-                    return abandoned;
-                }
-                Some(done) = self.tasks.join_next() => {
-                    let (shard, output) = self.joined(done);
-                    finished(shard, output);
-                }
+                () = &mut deadline => break,
+                end = self.next_finished() => match end {
+                    Some((shard, output)) => finished(shard, output),
+                    None => return 0,
+                },
             }
         }
-        0
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        // Those that ended while the tasks were aborted are not abandoned.
+        while let Ok(end) = self.ends.try_recv() {
+            let (shard, output) = self.ended(end);
+            finished(shard, output);
+        }
+        let abandoned = self.in_flight.len();
+        self.in_flight.clear();
+        abandoned
     }
 
-    fn joined(&mut self, done: Result<(ShardKey, T), JoinError>) -> (ShardKey, T) {
-        let (shard, output) = joined(done);
+    fn ended(&mut self, (shard, output): (ShardKey, T)) -> (ShardKey, T) {
         self.in_flight.remove(&shard);
         (shard, output)
     }
@@ -284,7 +369,7 @@ mod tests {
     }
 
     /// A permit of `pool`, which has one free.
-    fn free_permit(pool: &ShardPool<()>) -> OwnedSemaphorePermit {
+    fn free_permit<T: Send + 'static>(pool: &ShardPool<T>) -> OwnedSemaphorePermit {
         pool.permits(1, usize::MAX)
             .now_or_never()
             .expect("a permit is free")
@@ -335,6 +420,48 @@ mod tests {
         assert_eq!(ended, shard(1));
         assert!(!pool.is_draining(&shard(1)));
         assert!(pool.next_finished().await.is_none(), "no second drain ran");
+    }
+
+    #[tokio::test]
+    async fn a_task_of_several_shards_ends_each_when_it_ends_and_skips_those_in_flight() {
+        let mut pool: ShardPool<u32> = ShardPool::new(8);
+        let held = free_permit(&pool);
+        pool.spawn(shard(9), held, std::future::pending());
+        let permits: Vec<_> = (0..4).map(|_| free_permit(&pool)).collect();
+        let (go, wait) = oneshot::channel::<()>();
+        let shards = [1, 2, 9, 3].map(shard);
+        pool.spawn_many(
+            shards.into_iter().zip(permits).collect(),
+            |started, mut ends| {
+                assert_eq!(
+                    started,
+                    [1, 2, 3].map(shard),
+                    "shard 9 is in flight already"
+                );
+                async move {
+                    let mut started = started.into_iter();
+                    ends.end(started.next().expect("shard 1"), 1);
+                    let _ = wait.await;
+                    for (shard, output) in started.zip(2..) {
+                        ends.end(shard, output);
+                    }
+                }
+            },
+        );
+        assert_eq!(
+            pool.permits.available_permits(),
+            4,
+            "9 and the three started"
+        );
+        assert_eq!(pool.next_finished().await, Some((shard(1), 1)));
+        assert!(!pool.is_draining(&shard(1)), "ended while its task runs on");
+        assert!(pool.is_draining(&shard(2)));
+        assert_eq!(pool.len(), 3);
+        assert_eq!(pool.permits.available_permits(), 5, "its permit is back");
+        let _ = go.send(());
+        assert_eq!(pool.next_finished().await, Some((shard(2), 2)));
+        assert_eq!(pool.next_finished().await, Some((shard(3), 3)));
+        assert_eq!(pool.len(), 1, "shard 9 still drains");
     }
 
     #[tokio::test]

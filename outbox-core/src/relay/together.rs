@@ -97,7 +97,7 @@ pub(super) type Loaded = Option<Vec<Option<ModelRow>>>;
 /// The shards being claimed and finished together, and the models' rows their deliveries
 /// read together.
 pub(super) struct Together<S: Store> {
-    claims: Batches<ShardKey, Claimed<S>>,
+    claims: Batches<Vec<ShardKey>, Vec<Claimed<S>>>,
     finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
     loads: Batches<(ModelTable, Vec<Id>), Loaded>,
 }
@@ -113,17 +113,19 @@ impl<S: Store> Default for Together<S> {
 }
 
 impl<S: Store> Together<S> {
-    /// Claims `shard` with the other shards being started now, reading up to `limit` of each
-    /// one's heads.
+    /// Claims `shards` (one claim's batch) with the other shards being started now, reading
+    /// up to `limit` of each one's heads: one answer per shard, in order. A failed claim is
+    /// the error of the batch's first shard; the others were not claimed.
     pub(super) async fn claim(
         &self,
         store: &S,
-        shard: ShardKey,
+        shards: Vec<ShardKey>,
         options: &ClaimOptions,
         limit: usize,
-    ) -> Claimed<S> {
-        let write = |shards: Vec<ShardKey>| async move {
-            let mut unique = shards.clone();
+    ) -> Vec<Claimed<S>> {
+        let count = shards.len();
+        let write = |batches: Vec<Vec<ShardKey>>| async move {
+            let mut unique: Vec<ShardKey> = batches.iter().flatten().cloned().collect();
             unique.sort();
             unique.dedup();
             let claimed = store
@@ -138,26 +140,43 @@ impl<S: Store> Together<S> {
                         .collect();
                     // A shard queued twice (by the relay and a flush) is claimed once: the
                     // first to ask drains it, as if the other had found it held.
-                    shards
+                    batches
                         .iter()
-                        .map(|shard| Ok(sessions.remove(shard)))
+                        .map(|shards| {
+                            shards
+                                .iter()
+                                .map(|shard| Ok(sessions.remove(shard)))
+                                .collect()
+                        })
                         .collect()
                 }
-                // One of the shards reports the error (its drain fails, and the relay sweeps
-                // and retries); the others were not claimed.
+                // One shard reports the error (its drain fails, and the relay sweeps and
+                // retries); the others were not claimed.
                 Err(error) => {
                     let mut error = Some(error);
-                    shards
+                    batches
                         .iter()
-                        .map(|_| error.take().map_or(Ok(None), Err))
+                        .map(|shards| {
+                            shards
+                                .iter()
+                                .map(|_| error.take().map_or(Ok(None), Err))
+                                .collect()
+                        })
                         .collect()
                 }
             }
         };
-        self.claims
-            .submit(shard, write)
-            .await
-            .unwrap_or_else(|| Err(abandoned("claim")))
+        self.claims.submit(shards, write).await.unwrap_or_else(|| {
+            (0..count)
+                .map(|at| {
+                    if at == 0 {
+                        Err(abandoned("claim"))
+                    } else {
+                        Ok(None)
+                    }
+                })
+                .collect()
+        })
     }
 
     /// Reads the rows of `table` whose keys are `keys` with those the other drains read now:

@@ -422,6 +422,78 @@ pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
     assert!(pending_ids(&backend).await.is_empty());
 }
 
+/// A shard claimed in one batch with a slow one is served again as soon as a commit names it,
+/// while the slow one still runs: a batch's shards end one by one, not when the slowest does.
+/// (The relay polls hourly: only the commit finds the new message.)
+pub async fn a_shard_claimed_beside_a_slow_one_is_served_again_while_it_runs<B: StoreBackend>() {
+    let backend = B::create().await;
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let recorder = Recorder::new();
+    let handler = {
+        let (recorder, entered, release) =
+            (recorder.clone(), Arc::clone(&entered), Arc::clone(&release));
+        move |delivery: Delivery<OrgUpdate>| {
+            recorder.record(&delivery);
+            let slow = delivery.shard_identifier() == outbox_core::Id::from(1_i64);
+            let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+            async move {
+                if slow {
+                    entered.notify_one();
+                    release.notified().await;
+                }
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let hour = Duration::from_secs(3600);
+    let relay = Relay::with_config(
+        backend.store(),
+        recorder.registry_with::<OrgUpdate>(handler),
+        config("beside-slow")
+            .to_builder()
+            .poll_interval(hour)
+            .min_poll_interval(hour)
+            .claim_batch(4)
+            .build()
+            .expect("a valid relay configuration"),
+    );
+    let ids = write(
+        &backend,
+        &[note::<OrgUpdate>(1, 1, 1), note::<OrgUpdate>(2, 1, 2)],
+    )
+    .await;
+    let (stop, running) = super::relay::run_until_stopped(&relay);
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the slow handler started");
+    eventually_async("shard 2 is acknowledged", async || {
+        pending_ids(&backend).await == ids[..1]
+    })
+    .await;
+    // Committed as a service commits, announcing the shard it wrote.
+    backend
+        .commit(&[note::<OrgUpdate>(2, 2, 3)])
+        .await
+        .expect("write and commit");
+    eventually("the commit's message is delivered", || {
+        recorder.in_shard(&org_shard(2)).len() == 2
+    })
+    .await;
+    assert_eq!(
+        recorder.in_shard(&org_shard(1)).len(),
+        1,
+        "the slow shard still runs"
+    );
+    release.notify_one();
+    eventually_async("everything is acknowledged", async || {
+        pending_ids(&backend).await.is_empty()
+    })
+    .await;
+    let report = super::relay::stopped(stop, running).await;
+    assert_eq!(report.deliveries, 3, "{report:?}");
+}
+
 /// The relay holds a claim's batch of shards while only `max_concurrent_shards` handlers run:
 /// the held shards wait for their turn keeping their leases alive (another relay finds them
 /// held, leases after leases), and each is delivered once when its turn comes.

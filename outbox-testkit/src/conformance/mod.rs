@@ -158,6 +158,7 @@ macro_rules! store_conformance_tests {
             s16_stale_worker_cannot_acknowledge,
             drained_shards_finished_together_are_each_fenced_by_their_lease,
             a_slow_shard_holds_back_no_other,
+            a_shard_claimed_beside_a_slow_one_is_served_again_while_it_runs,
             held_shards_wait_their_turn_keeping_their_leases,
             a_stopping_relay_releases_the_shards_waiting_for_their_turn,
             a_handler_may_flush_what_it_writes,
