@@ -338,6 +338,10 @@ fn collect(drained: Drained, report: &mut DrainReport, first_error: &mut Option<
     }
 }
 
+/// The fewest claimed shards a task of the relay drains, when a claim's shards are shared among
+/// the runtime's threads ([`Inner::drain_batch`]): below it, a task costs more than it shares.
+const SHARDS_PER_TASK: usize = 16;
+
 /// The rows one statement of the relay's upkeep deletes at most.
 const MAINTENANCE_BATCH: usize = 500;
 
@@ -546,11 +550,13 @@ impl<S: Store> Inner<S> {
         });
     }
 
-    /// Claims `shards` and drains those claimed, concurrently, in this task: each shard's end
-    /// is reported as it comes, so that one slow shard holds none of the others. A shard not
-    /// claimed ends at once; a failed claim is the error of one of the shards.
+    /// Claims `shards` and drains those claimed, concurrently, each shard's end reported as
+    /// it comes, so that one slow shard holds none of the others. A shard not claimed ends at
+    /// once; a failed claim is the error of one of the shards. The claimed shards are shared
+    /// among as many tasks as the runtime has threads, at least [`SHARDS_PER_TASK`] each: a
+    /// claim's handlers run on every thread, not only on this task's.
     async fn drain_batch(
-        &self,
+        self: Arc<Self>,
         shards: Vec<ShardKey>,
         mut ends: pool::Ends<Drained>,
         stopping: watch::Receiver<bool>,
@@ -562,23 +568,66 @@ impl<S: Store> Inner<S> {
             .together
             .claim(&self.store, shards.clone(), &self.claim, head)
             .await;
-        let mut drains = futures_util::stream::FuturesUnordered::new();
+        let mut sessions = Vec::with_capacity(claimed.len());
         for (shard, claimed) in shards.into_iter().zip(claimed) {
             match claimed {
-                Ok(Some(session)) => {
-                    let stopping = &stopping;
-                    drains.push(async move {
-                        // Boxed, so that the set holds small futures (a few kilobytes each on
-                        // PostgreSQL, unboxed).
-                        let drained =
-                            Box::pin(self.drain_claimed(session, stopping, mode, lane)).await;
-                        (shard, drained)
-                    });
-                }
+                Ok(Some(session)) => sessions.push((shard, session)),
                 Ok(None) => ends.end(shard, Ok(None)),
                 Err(error) => ends.end(shard, Err(error)),
             }
         }
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        let tasks = threads.min(sessions.len().div_ceil(SHARDS_PER_TASK));
+        if tasks <= 1 {
+            return self
+                .drain_sessions(sessions, ends, &stopping, mode, lane)
+                .await;
+        }
+        // Every part in a task of its own, this one waiting for them: the runtime runs a task
+        // spawned last on its spawner's thread next, and no other thread may take it, so that
+        // a part kept here, or spawned alone, would share this thread.
+        let mut parts = tokio::task::JoinSet::new();
+        for part in 0..tasks {
+            let share = sessions.len() * (tasks - part - 1) / (tasks - part);
+            let theirs = sessions.split_off(share);
+            let (inner, their_ends, stopping) = (
+                Arc::clone(&self),
+                ends.split(theirs.len()),
+                stopping.clone(),
+            );
+            parts.spawn(async move {
+                Box::pin(inner.drain_sessions(theirs, their_ends, &stopping, mode, lane)).await;
+            });
+        }
+        // Dropped with this task (aborted at shutdown), the parts are aborted too.
+        while let Some(done) = parts.join_next().await {
+            if let Err(error) = done
+                && error.is_panic()
+            {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+    }
+
+    /// Drains claimed shards concurrently, in this task, reporting each shard's end as it
+    /// comes.
+    async fn drain_sessions(
+        &self,
+        sessions: Vec<(ShardKey, S::Session)>,
+        mut ends: pool::Ends<Drained>,
+        stopping: &watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+    ) {
+        let mut drains: futures_util::stream::FuturesUnordered<_> = sessions
+            .into_iter()
+            .map(|(shard, session)| async move {
+                // Boxed, so that the set holds small futures (a few kilobytes each on
+                // PostgreSQL, unboxed).
+                let drained = Box::pin(self.drain_claimed(session, stopping, mode, lane)).await;
+                (shard, drained)
+            })
+            .collect();
         while let Some((shard, drained)) = futures_util::StreamExt::next(&mut drains).await {
             ends.end(shard, drained);
         }

@@ -53,6 +53,19 @@ pub(super) struct Ends<T> {
 }
 
 impl<T> Ends<T> {
+    /// The ends of `count` of the task's shards, for a task of its own to report.
+    pub(super) fn split(&mut self, count: usize) -> Self {
+        let keep = self.permits.len().saturating_sub(count);
+        Self {
+            permits: self.permits.split_off(keep),
+            report: self.report.clone(),
+            pool_permits: Arc::clone(&self.pool_permits),
+            capacity: self.capacity,
+            ended: Arc::clone(&self.ended),
+            wake_at: Arc::clone(&self.wake_at),
+        }
+    }
+
     /// `shard`, one of the task's, ended with `output`: its permit goes back, and the pool
     /// hears it.
     pub(super) fn end(&mut self, shard: ShardKey, output: T) {

@@ -175,3 +175,62 @@ async fn held_shards_read_only_what_the_handlers_are_about_to_take() {
         );
     }
 }
+
+/// A claim's shards are shared among the runtime's threads: handlers that hold their thread
+/// (as handlers doing heavy work do) run on every thread at once, not one after the other on
+/// the thread of the claim's task. (A handler holds its thread until another is inside too;
+/// the first to wait 10 s in vain ends every wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_handlers_run_on_every_thread_of_the_runtime() {
+    use std::sync::{Arc, Condvar, Mutex, PoisonError};
+    use std::time::Duration;
+
+    use outbox_core::{BoxError, Delivery};
+
+    /// Handlers inside now, whether two were inside at once, and whether one waited in vain.
+    #[derive(Default)]
+    struct Inside {
+        now: usize,
+        met: bool,
+        gave_up: bool,
+    }
+    let store = MemoryStore::new();
+    let inside: Arc<(Mutex<Inside>, Condvar)> = Arc::default();
+    let handler = {
+        let inside = Arc::clone(&inside);
+        move |_: Delivery<Update>| {
+            let inside = Arc::clone(&inside);
+            async move {
+                let (lock, changed) = &*inside;
+                let mut state = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                state.now += 1;
+                if state.now >= 2 {
+                    state.met = true;
+                    changed.notify_all();
+                }
+                let (mut state, waited) = changed
+                    .wait_timeout_while(state, Duration::from_secs(10), |state| {
+                        !state.met && !state.gave_up
+                    })
+                    .unwrap_or_else(PoisonError::into_inner);
+                state.gave_up |= waited.timed_out();
+                state.now -= 1;
+                Ok::<(), BoxError>(())
+            }
+        }
+    };
+    let config = config("threads")
+        .to_builder()
+        .max_concurrent_shards(64)
+        .claim_batch(64)
+        .build()
+        .expect("a valid relay configuration");
+    let relay = relay(&store, Recorder::default().registry_with(handler), config);
+    let messages: Vec<_> = (1..=64).map(|id| msg::<Update>(id, id, 1)).collect();
+    store.write_all(&messages);
+
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(report.rows_acknowledged, 64);
+    let met = inside.0.lock().unwrap_or_else(PoisonError::into_inner).met;
+    assert!(met, "two handlers of one claim ran at once, on two threads");
+}
