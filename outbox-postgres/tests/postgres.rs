@@ -666,6 +666,51 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
     assert_eq!(claimed_by_many(&store, &[1, 2]).await, [1]);
 }
 
+/// The shards commits name are claimed beside a sweep's claim, never queued behind it:
+/// stepped so that the sweep's claim waits on a lock (another transaction inserting shard 1's
+/// state row), a message committed to shard 2 is delivered meanwhile; shard 1's, once the
+/// other transaction rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    let scope = org_shard(1).scope.0;
+    let mut other = holding(
+        &database,
+        &format!(
+            "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+             lease_token, lease_expires_at) \
+             VALUES ({scope}, 1, '', 'other', nextval('outbox_lease_tokens'), \
+             now() + interval '1 hour')"
+        ),
+    )
+    .await;
+    let store = PgStore::new(database.connect().await);
+    let relay = Relay::with_config(store, recorder.registry(), config("lanes", true, HOUR));
+    let running = Running::start(&relay);
+    claim_waits_on_a_lock(
+        &database,
+        &running.task,
+        "the sweep's claim did not wait for shard 1's state row",
+    )
+    .await;
+
+    write_announced(database.pool(), note::<OrgUpdate>(2, 2, 2)).await;
+    delivered(&recorder, 2, Duration::from_secs(10)).await;
+    assert!(
+        recorder.seen().iter().all(|seen| seen.seq != 1),
+        "shard 1's claim still waits"
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("roll back");
+    delivered(&recorder, 1, Duration::from_secs(10)).await;
+    let report = running.stop().await;
+    assert_eq!(report.deliveries, 2);
+}
+
 /// A claim of several shards reads their heads in the statement's snapshot, taken before it
 /// claims: stepped so that another worker acknowledges a shard's rows and drops its state row
 /// while the claim waits for that row, the claim still gets the shard, and its session does

@@ -566,7 +566,7 @@ impl<S: Store> Inner<S> {
     ) {
         let claimed = self
             .together
-            .claim(&self.store, shards.clone(), &self.claim, head)
+            .claim(&self.store, shards.clone(), &self.claim, head, lane)
             .await;
         let mut sessions = Vec::with_capacity(claimed.len());
         for (shard, claimed) in shards.into_iter().zip(claimed) {

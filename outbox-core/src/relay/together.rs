@@ -2,11 +2,12 @@
 //! claims of the shards the relay starts ([`Store::claim_many`]) and the acknowledgements and
 //! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]), and the
 //! replicated models' rows the drains read ([`Store::load_models`]), each go to the store one
-//! batch at a time. Nothing waits for a batch to fill: a shard that finds no
-//! batch being written writes its own at once, with those whose tasks were ready to run at
-//! the same moment (one yield, no timer); those that come meanwhile queue up and go with the
-//! next. At a low rate every shard goes at once; at a high one, a batch holds
-//! what came during one round trip.
+//! batch at a time (claims: one batch of each lane, so that the shards commits name are never
+//! queued behind a sweep's). Nothing waits for a batch to fill: a shard that finds no batch
+//! being written writes its own at once, with those whose tasks were ready to run at the same
+//! moment (one yield, no timer); those that come meanwhile queue up and go with the next. At a
+//! low rate every shard goes at once; at a high one, a batch holds what came during one round
+//! trip.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,6 +16,7 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tracing::{Instrument, debug, info_span};
 
+use super::slots::Lane;
 use crate::columns::ModelRow;
 use crate::error::Error;
 use crate::id::Id;
@@ -97,7 +99,11 @@ pub(super) type Loaded = Option<Vec<Option<ModelRow>>>;
 /// The shards being claimed and finished together, and the models' rows their deliveries
 /// read together.
 pub(super) struct Together<S: Store> {
+    /// The claims of shards a sweep found (or drained again).
     claims: Batches<Vec<ShardKey>, Vec<Claimed<S>>>,
+    /// The claims of shards commits named: written beside a sweep's, never queued behind
+    /// one, so that live messages do not wait for a backlog's (or a backfill's) large claims.
+    urgent_claims: Batches<Vec<ShardKey>, Vec<Claimed<S>>>,
     finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
     loads: Batches<(ModelTable, Vec<Id>), Loaded>,
 }
@@ -106,6 +112,7 @@ impl<S: Store> Default for Together<S> {
     fn default() -> Self {
         Self {
             claims: Batches::default(),
+            urgent_claims: Batches::default(),
             finishes: Batches::default(),
             loads: Batches::default(),
         }
@@ -113,15 +120,16 @@ impl<S: Store> Default for Together<S> {
 }
 
 impl<S: Store> Together<S> {
-    /// Claims `shards` (one claim's batch) with the other shards being started now, reading
-    /// up to `limit` of each one's heads: one answer per shard, in order. A failed claim is
-    /// the error of the batch's first shard; the others were not claimed.
+    /// Claims `shards` (one claim's batch) with the other shards of its lane being started
+    /// now, reading up to `limit` of each one's heads: one answer per shard, in order. A
+    /// failed claim is the error of one of the shards; the others were not claimed.
     pub(super) async fn claim(
         &self,
         store: &S,
         shards: Vec<ShardKey>,
         options: &ClaimOptions,
         limit: usize,
+        lane: Lane,
     ) -> Vec<Claimed<S>> {
         let count = shards.len();
         let write = |batches: Vec<Vec<ShardKey>>| async move {
@@ -166,7 +174,11 @@ impl<S: Store> Together<S> {
                 }
             }
         };
-        self.claims.submit(shards, write).await.unwrap_or_else(|| {
+        let claims = match lane {
+            Lane::Urgent => &self.urgent_claims,
+            Lane::Routine => &self.claims,
+        };
+        claims.submit(shards, write).await.unwrap_or_else(|| {
             (0..count)
                 .map(|at| {
                     if at == 0 {
