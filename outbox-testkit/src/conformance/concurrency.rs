@@ -372,20 +372,17 @@ pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: 
     assert!(states.is_empty(), "every shard released: {states:?}");
 }
 
-/// A shard whose handler is slow holds back none of the shards drained beside it: they are
-/// acknowledged while it still runs.
-pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
-    let backend = B::create().await;
-    let ids = write(
-        &backend,
-        &(1..=6)
-            .map(|shard| note::<OrgUpdate>(shard, 1, shard))
-            .collect::<Vec<_>>(),
-    )
-    .await;
+/// A handler of `OrgUpdate` that records every delivery and holds shard 1's: `entered` is
+/// notified when it starts holding, and it lets go once `release` is notified.
+fn slow_on_shard_one(
+    recorder: &Recorder,
+) -> (
+    impl Handler<Delivery<OrgUpdate>> + use<>,
+    Arc<Notify>,
+    Arc<Notify>,
+) {
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
-    let recorder = Recorder::new();
     let handler = {
         let (recorder, entered, release) =
             (recorder.clone(), Arc::clone(&entered), Arc::clone(&release));
@@ -402,6 +399,22 @@ pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
             }
         }
     };
+    (handler, entered, release)
+}
+
+/// A shard whose handler is slow holds back none of the shards drained beside it: they are
+/// acknowledged while it still runs.
+pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
+    let backend = B::create().await;
+    let ids = write(
+        &backend,
+        &(1..=6)
+            .map(|shard| note::<OrgUpdate>(shard, 1, shard))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let recorder = Recorder::new();
+    let (handler, entered, release) = slow_on_shard_one(&recorder);
     let relay = Relay::with_config(
         backend.store(),
         recorder.registry_with::<OrgUpdate>(handler),
@@ -427,25 +440,8 @@ pub async fn a_slow_shard_holds_back_no_other<B: StoreBackend>() {
 /// (The relay polls hourly: only the commit finds the new message.)
 pub async fn a_shard_claimed_beside_a_slow_one_is_served_again_while_it_runs<B: StoreBackend>() {
     let backend = B::create().await;
-    let entered = Arc::new(Notify::new());
-    let release = Arc::new(Notify::new());
     let recorder = Recorder::new();
-    let handler = {
-        let (recorder, entered, release) =
-            (recorder.clone(), Arc::clone(&entered), Arc::clone(&release));
-        move |delivery: Delivery<OrgUpdate>| {
-            recorder.record(&delivery);
-            let slow = delivery.shard_identifier() == outbox_core::Id::from(1_i64);
-            let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
-            async move {
-                if slow {
-                    entered.notify_one();
-                    release.notified().await;
-                }
-                Ok::<(), BoxError>(())
-            }
-        }
-    };
+    let (handler, entered, release) = slow_on_shard_one(&recorder);
     let hour = Duration::from_secs(3600);
     let relay = Relay::with_config(
         backend.store(),
