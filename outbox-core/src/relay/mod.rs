@@ -601,11 +601,7 @@ impl<S: Store> Inner<S> {
         }
         // Dropped with this task (aborted at shutdown), the parts are aborted too.
         while let Some(done) = parts.join_next().await {
-            if let Err(error) = done
-                && error.is_panic()
-            {
-                std::panic::resume_unwind(error.into_panic());
-            }
+            pool::joined(done);
         }
     }
 

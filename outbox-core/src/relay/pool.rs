@@ -320,7 +320,7 @@ impl<T: Send + 'static> ShardPool<T> {
 
 /// Handler panics are caught where handlers run; a panicking task is a bug in the relay itself,
 /// so it is re-raised rather than hidden.
-fn joined<T>(done: Result<T, JoinError>) -> T {
+pub(super) fn joined<T>(done: Result<T, JoinError>) -> T {
     match done {
         Ok(task) => task,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),

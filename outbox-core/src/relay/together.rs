@@ -164,12 +164,7 @@ impl<S: Store> Together<S> {
                     let mut error = Some(error);
                     batches
                         .iter()
-                        .map(|shards| {
-                            shards
-                                .iter()
-                                .map(|_| error.take().map_or(Ok(None), Err))
-                                .collect()
-                        })
+                        .map(|shards| unclaimed::<S>(shards.len(), error.take()))
                         .collect()
                 }
             }
@@ -178,17 +173,10 @@ impl<S: Store> Together<S> {
             Lane::Urgent => &self.urgent_claims,
             Lane::Routine => &self.claims,
         };
-        claims.submit(shards, write).await.unwrap_or_else(|| {
-            (0..count)
-                .map(|at| {
-                    if at == 0 {
-                        Err(abandoned("claim"))
-                    } else {
-                        Ok(None)
-                    }
-                })
-                .collect()
-        })
+        claims
+            .submit(shards, write)
+            .await
+            .unwrap_or_else(|| unclaimed::<S>(count, Some(abandoned("claim"))))
     }
 
     /// Reads the rows of `table` whose keys are `keys` with those the other drains read now:
@@ -252,6 +240,14 @@ impl<S: Store> Together<S> {
             .await
             .unwrap_or_else(|| Err(abandoned("acknowledge")))
     }
+}
+
+/// The answers to a claim of `count` shards that claimed none of them: the first reports
+/// `error`, if any, and the others were not claimed.
+fn unclaimed<S: Store>(count: usize, mut error: Option<Error>) -> Vec<Claimed<S>> {
+    (0..count)
+        .map(|_| error.take().map_or(Ok(None), Err))
+        .collect()
 }
 
 /// The error of a shard whose batch was dropped unwritten (its writer's task aborted at
