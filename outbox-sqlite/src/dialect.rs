@@ -117,7 +117,7 @@ const INSERT_MESSAGES: &str = "\
         value ->> 2, value ->> 3, \
         iif(json_type(value, '$[4]') = 'text', unhex(value ->> 4), value ->> 4), value ->> 5, \
         value ->> 6 \
-    FROM json_each(?1) ORDER BY key \
+    FROM jsonb_each(?1) ORDER BY key \
     RETURNING id";
 
 macro_rules! fetch {
@@ -153,7 +153,7 @@ pub(crate) const FETCH_NEWEST: &str = "\
         WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
             AND x.category = m.category AND x.object_identifier = m.object_identifier \
             AND x.id > ?5 AND x.id <= m.id) \
-    FROM json_each(?4) g JOIN outbox_messages m ON m.id = ( \
+    FROM jsonb_each(?4) g JOIN outbox_messages m ON m.id = ( \
         SELECT x.id FROM outbox_messages x \
         WHERE x.shard_scope = ?1 AND x.shard_identifier = ?2 AND x.destination = ?3 \
             AND x.category = g.value ->> 0 \
@@ -302,7 +302,7 @@ macro_rules! claim_upsert {
     };
 }
 
-mod together;
+pub(crate) mod together;
 
 // Takes the lease if the shard is due, unleased and not paused, creating its state row if it
 // has none. A lease that lapsed without a release (its holder died mid-drain, having perhaps

@@ -5,6 +5,9 @@ use outbox_testkit::sqlite::SqliteTestDatabase;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
+use crate::dialect::together::{
+    DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
+};
 use crate::dialect::{ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, EXTEND_LEASE, FETCH, FETCH_NEWEST};
 
 async fn populated() -> SqliteTestDatabase {
@@ -127,4 +130,25 @@ async fn hot_queries_use_the_indexes() {
         q.bind(1_i64).bind(42_i64).bind("").bind(1_i64)
     })
     .await;
+    // The finish of drained shards together: each lease and row sought by its key.
+    let leases = r#"[[1, 42, "", 7], [1, 43, "", 8]]"#;
+    let release = explain(pool, RELEASE_HELD, |q| q.bind(leases).bind("[7, 8]")).await;
+    assert!(
+        release
+            .iter()
+            .any(|step| step.starts_with("SEARCH outbox_shards USING PRIMARY KEY")),
+        "releasing seeks each state row: {release:#?}"
+    );
+    explain(pool, HELD, |q| q.bind(leases)).await;
+    let heads = explain(pool, HEADS, |q| q.bind(leases).bind(100_i64)).await;
+    assert!(
+        heads.iter().any(
+            |step| step.starts_with("SEARCH m USING INDEX outbox_messages_shard")
+                && step.contains("id<?")
+        ),
+        "each shard's rows are read up to its bound: {heads:#?}"
+    );
+    explain(pool, LAPSED_OWNERS, |q| q.bind(leases)).await;
+    explain(pool, PRESENT, |q| q.bind(r#"[[1, 42, "", 3]]"#)).await;
+    explain(pool, DELETE_MESSAGES, |q| q.bind("[3, 500]")).await;
 }

@@ -72,6 +72,13 @@ fn main() -> ExitCode {
             if cfg!(debug_assertions) {
                 return release(&["bench"], "the benchmark");
             }
+            // `BENCH_TRACE=sqlx::query=debug`: every statement, with its time, on stdout.
+            if let Ok(filter) = std::env::var("BENCH_TRACE") {
+                tracing_subscriber::fmt()
+                    .with_writer(std::io::stdout)
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .init();
+            }
             report(runtime().block_on(bench::bench(args)))
         }
         Task::BenchMemoryChild {

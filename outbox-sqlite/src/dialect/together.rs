@@ -1,8 +1,11 @@
 //! Many shards per statement: the claims of a batch, the heads of its claimed shards, and the
 //! acknowledgements and releases of the shards that finished together, each in a fixed number
 //! of statements whatever the batch's size. The shards travel as one JSON array parameter
-//! (`json_each`), as the messages of a write do; what comes back is one row holding a JSON
+//! (`jsonb_each`, whose elements are read without parsing each again), as the messages of a
+//! write do; what comes back is one row holding a JSON
 //! array, because `sqlx` hands each SQLite row over from the connection's thread on its own.
+//! A join walks the array and seeks the table by key: `CROSS JOIN` fixes that order, where
+//! SQLite's planner would scan a table its statistics call small.
 
 use std::collections::HashMap;
 
@@ -32,7 +35,13 @@ fn shards_json<'a>(keys: impl IntoIterator<Item = (&'a ShardKey, i64)>) -> Strin
     serde_json::Value::Array(keys).to_string()
 }
 
-/// The columns of a shard key read from `json_each`'s `value`.
+/// The tokens of `leases` as a JSON array.
+fn tokens_json<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Result<String, Error> {
+    let tokens: Vec<i64> = leases.into_iter().map(|lease| lease.token).collect();
+    serde_json::to_string(&tokens).map_err(json_error)
+}
+
+/// The columns of a shard key read from `jsonb_each`'s `value`.
 macro_rules! key_of {
     ($alias:literal) => {
         concat!(
@@ -56,9 +65,9 @@ const NEXT_TOKENS: &str = "\
 
 // The holders of the leases that lapsed without a release among the shards `?1`: their
 // place in `?1` and the holder, as one JSON array.
-const LAPSED_OWNERS: &str = concat!(
+pub(crate) const LAPSED_OWNERS: &str = concat!(
     "SELECT json_group_array(json_array(w.key, s.lease_owner)) \
-     FROM json_each(?1) w JOIN outbox_shards s \
+     FROM jsonb_each(?1) w CROSS JOIN outbox_shards s \
         ON (s.shard_scope, s.shard_identifier, s.destination) = (",
     key_of!("w"),
     ") \
@@ -73,7 +82,7 @@ const CLAIM_MANY: &str = concat!(
     "WITH want(shard_scope, shard_identifier, destination, lease_token) AS ( \
         SELECT ",
     key_of!("w"),
-    ", w.value ->> 3 FROM json_each(?1) w) \
+    ", w.value ->> 3 FROM jsonb_each(?1) w) \
      INSERT INTO outbox_shards \
         (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
      SELECT shard_scope, shard_identifier, destination, ?2, lease_token, ",
@@ -90,30 +99,29 @@ const CLAIM_MANY: &str = concat!(
 );
 
 // The first `?2` rows of each of the shards `?1`, as one JSON array of the head read's rows,
-// each led by its shard's place in `?1`. Each shard's bound (its `?2`-th id) is found first,
-// so that a shard's read stops there.
-const HEADS: &str = concat!(
-    "WITH bound(n, shard_scope, shard_identifier, destination, up_to) AS MATERIALIZED ( \
+// each led by its shard's place in `?1`. Each shard's key is read from the array once; its
+// bound (its `?2`-th id) is found before its rows are, and the read of its rows stops there.
+pub(crate) const HEADS: &str = concat!(
+    "WITH keys(n, shard_scope, shard_identifier, destination) AS MATERIALIZED ( \
         SELECT w.key, ",
     key_of!("w"),
-    ", coalesce((SELECT x.id FROM outbox_messages x \
-            WHERE (x.shard_scope, x.shard_identifier, x.destination) = (",
-    key_of!("w"),
-    ") ORDER BY x.id LIMIT 1 OFFSET ?2 - 1), 9223372036854775807) \
-        FROM json_each(?1) w) \
-     SELECT json_group_array(json_array(b.n, m.id, m.category, m.shard_scope, \
+    " FROM jsonb_each(?1) w) \
+     SELECT json_group_array(json_array(k.n, m.id, m.category, m.shard_scope, \
         iif(typeof(m.object_identifier) = 'blob', json_object('wide', hex(m.object_identifier)), \
             m.object_identifier), \
         m.payload, m.created_at * 1000, m.metadata)) \
-     FROM bound b JOIN outbox_messages m \
-        ON m.shard_scope = b.shard_scope AND m.shard_identifier = b.shard_identifier \
-        AND m.destination = b.destination AND m.id <= b.up_to"
+     FROM keys k CROSS JOIN outbox_messages m \
+        ON m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
+        AND m.destination = k.destination AND m.id <= coalesce((SELECT x.id \
+            FROM outbox_messages x WHERE x.shard_scope = k.shard_scope \
+                AND x.shard_identifier = k.shard_identifier AND x.destination = k.destination \
+            ORDER BY x.id LIMIT 1 OFFSET ?2 - 1), 9223372036854775807)"
 );
 
 // Which of the leases `?1` (each `[scope, identifier, destination, token]`) are still held,
 // by their place in `?1`.
-const HELD: &str = concat!(
-    "SELECT json_group_array(w.key) FROM json_each(?1) w JOIN outbox_shards s \
+pub(crate) const HELD: &str = concat!(
+    "SELECT json_group_array(w.key) FROM jsonb_each(?1) w CROSS JOIN outbox_shards s \
         ON (s.shard_scope, s.shard_identifier, s.destination) = (",
     key_of!("w"),
     ") AND s.lease_token = w.value ->> 3"
@@ -121,24 +129,27 @@ const HELD: &str = concat!(
 
 // Which of the rows `?1` (each `[scope, identifier, destination, id]`) are still there, in
 // their shard: their ids. (Exactly these go: an id is only ever acknowledged in its shard.)
-const PRESENT: &str = concat!(
-    "SELECT json_group_array(m.id) FROM json_each(?1) a JOIN outbox_messages m \
+pub(crate) const PRESENT: &str = concat!(
+    "SELECT json_group_array(m.id) FROM jsonb_each(?1) a CROSS JOIN outbox_messages m \
         ON m.id = a.value ->> 3 \
         AND (m.shard_scope, m.shard_identifier, m.destination) = (",
     key_of!("a"),
     ")"
 );
 
-const DELETE_MESSAGES: &str =
+pub(crate) const DELETE_MESSAGES: &str =
     "DELETE FROM outbox_messages WHERE id IN (SELECT value FROM json_each(?1))";
 
-// A drained shard's state row goes with its lease, as on PostgreSQL: its state is all reset
-// anyway, and a shard with no state row is due (a row written since its read is found by the
-// next sweep, or drained again on the commit's wake-up).
-const DELETE_STATES: &str = concat!(
+// Releases those of the leases of the shards `?1` whose tokens are among `?2` that are still
+// held: deletes their shards' state rows. (The shards' keys and the tokens go apart: SQLite
+// reads a row value of four columns twice.) A drained shard's state row goes with its lease, as
+// on PostgreSQL: its state is all reset anyway, and a shard with no state row is due (a row
+// written since its read is found by the next sweep, or drained again on the commit's
+// wake-up).
+pub(crate) const RELEASE_HELD: &str = concat!(
     "DELETE FROM outbox_shards WHERE (shard_scope, shard_identifier, destination) IN (SELECT ",
     key_of!("w"),
-    " FROM json_each(?1) w)"
+    " FROM jsonb_each(?1) w) AND lease_token IN (SELECT value FROM json_each(?2))"
 );
 
 /// Leased claims of `shards` in the write transaction on `tx`, in three statements: the
@@ -230,22 +241,84 @@ pub(super) async fn heads(
     Ok(heads)
 }
 
-/// The acknowledgements and releases of `batch` in the write transaction on `conn`, in four
-/// statements: which leases are held, which of their rows are there (in their shards), then
-/// those rows and the state rows of the shards held. A lease no longer held changes nothing of its shard.
+const OPERATION: &str = "acknowledging and releasing drained shards";
+
+/// The acknowledgements and releases of `batch` in the write transaction on `conn`. A lease no
+/// longer held changes nothing of its shard.
+///
+/// Nearly always every lease is still held and every row acknowledged is still there: then
+/// two statements do it all, the release of every lease and the delete of every row, each
+/// seen whole by its count of rows changed. (SQLite hands each row a statement returns over
+/// from the connection's thread on its own, so `RETURNING` costs more than asking first.) When
+/// a count falls short, both are undone and [`finish_checked`] asks first.
 pub(super) async fn finish_all(
     conn: &mut SqliteConnection,
     batch: &[Finishing],
 ) -> Result<Vec<Finished>, Error> {
-    const OPERATION: &str = "acknowledging and releasing drained shards";
     let failed = || database::<SqliteDialect>(OPERATION);
     let leases = shards_json(
         batch
             .iter()
             .map(|(lease, _, _)| (&lease.shard, lease.token)),
     );
-    let held: String = sqlx::query_scalar(HELD)
+    let ids: Vec<i64> = batch
+        .iter()
+        .flat_map(|(_, _, acks)| acks.iter().flat_map(|ack| &ack.ids))
+        .map(|id| id.0)
+        .collect();
+    savepoint(conn, "SAVEPOINT outbox_finish_all").await?;
+    let tokens = tokens_json(batch.iter().map(|(lease, _, _)| lease))?;
+    let mut whole = sqlx::query(RELEASE_HELD)
         .bind(&leases)
+        .bind(tokens)
+        .execute(&mut *conn)
+        .await
+        .map_err(failed())?
+        .rows_affected()
+        == batch.len() as u64;
+    if whole && !ids.is_empty() {
+        whole = sqlx::query(DELETE_MESSAGES)
+            .bind(serde_json::to_string(&ids).map_err(json_error)?)
+            .execute(&mut *conn)
+            .await
+            .map_err(failed())?
+            .rows_affected()
+            == ids.len() as u64;
+    }
+    if !whole {
+        savepoint(conn, "ROLLBACK TO SAVEPOINT outbox_finish_all").await?;
+    }
+    savepoint(conn, "RELEASE SAVEPOINT outbox_finish_all").await?;
+    if !whole {
+        return finish_checked(conn, batch, &leases).await;
+    }
+    Ok(batch
+        .iter()
+        .map(|(_, _, acks)| {
+            let rows = acks.iter().map(|ack| ack.ids.len() as u64).sum();
+            Ok((rows, true))
+        })
+        .collect())
+}
+
+async fn savepoint(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), Error> {
+    sqlx::query(sql)
+        .execute(conn)
+        .await
+        .map_err(database::<SqliteDialect>(OPERATION))?;
+    Ok(())
+}
+
+/// [`finish_all`] asking first, in four statements: which leases are held, which of their rows
+/// are there (in their shards), then those rows and the state rows of the shards held.
+async fn finish_checked(
+    conn: &mut SqliteConnection,
+    batch: &[Finishing],
+    leases: &str,
+) -> Result<Vec<Finished>, Error> {
+    let failed = || database::<SqliteDialect>(OPERATION);
+    let held: String = sqlx::query_scalar(HELD)
+        .bind(leases)
         .fetch_one(&mut *conn)
         .await
         .map_err(failed())?;
@@ -294,13 +367,17 @@ pub(super) async fn finish_all(
         }
     }
     if held_places.contains(&true) {
-        let released = batch
+        let released: Vec<&Lease> = batch
             .iter()
             .zip(&held_places)
             .filter(|(_, held)| **held)
-            .map(|((lease, _, _), _)| (&lease.shard, lease.token));
-        sqlx::query(DELETE_STATES)
-            .bind(shards_json(released))
+            .map(|((lease, _, _), _)| lease)
+            .collect();
+        sqlx::query(RELEASE_HELD)
+            .bind(shards_json(
+                released.iter().map(|lease| (&lease.shard, lease.token)),
+            ))
+            .bind(tokens_json(released.iter().copied())?)
             .execute(&mut *conn)
             .await
             .map_err(failed())?;

@@ -372,6 +372,54 @@ pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: 
     assert!(states.is_empty(), "every shard released: {states:?}");
 }
 
+/// Drained shards finished together count only the rows they deleted: a row a shard's
+/// session already acknowledged is not counted again, and its shard is still released, as is
+/// the batch's other shard.
+pub async fn drained_shards_finished_together_count_only_rows_still_there<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(1, 2, 2),
+            note::<OrgUpdate>(2, 1, 3),
+        ],
+    )
+    .await;
+    let mut first = store
+        .claim(&org_shard(1), &claim_options("batch"))
+        .await
+        .expect("claim")
+        .expect("shard 1");
+    let mut second = store
+        .claim(&org_shard(2), &claim_options("batch"))
+        .await
+        .expect("claim")
+        .expect("shard 2");
+    let first_acks = head_acknowledgement(&mut first).await;
+    assert_eq!(first_acks.len(), 2, "shard 1's two groups");
+    // Shard 1's session acknowledges its first row on its own before the batch.
+    assert_eq!(
+        first
+            .ack(&first_acks[..1])
+            .await
+            .expect("the first row acknowledged"),
+        1
+    );
+    let second_acks = head_acknowledgement(&mut second).await;
+    let results = store
+        .ack_and_finish_many(vec![(first, first_acks), (second, second_acks)])
+        .await;
+    assert!(matches!(results[0], Ok((1, true))), "{:?}", results[0]);
+    assert!(matches!(results[1], Ok((1, true))), "{:?}", results[1]);
+    assert!(pending_ids(&backend).await.is_empty());
+    let states = outbox_core::Admin::shard_states(&store)
+        .await
+        .expect("shard states");
+    assert!(states.is_empty(), "every shard released: {states:?}");
+}
+
 /// A handler of `OrgUpdate` that records every delivery and holds shard 1's: `entered` is
 /// notified when it starts holding, and it lets go once `release` is notified.
 fn slow_on_shard_one(

@@ -385,9 +385,21 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
             bar,
             Target::Ratio(0.8),
         ));
+        rows.push(Row::compared(
+            &format!(
+                "6. SQLite drain, {shape}: {messages} messages, {shards} shards, vs the \
+                 same-guarantee loop that also keeps order per shard (ordered loop: lease the \
+                 shards of 1000 rows, read them, commit, deliver, delete rows and leases by token)"
+            ),
+            "messages/s",
+            measured.relay,
+            measured.ordered.0,
+            Target::None,
+        ));
         for (what, cpu) in [
             ("the relay".to_owned(), measured.relay_cpu),
             (format!("the same-guarantee loop (lease {best})"), best_cpu),
+            ("the ordered loop".to_owned(), measured.ordered.1),
         ] {
             if let Some(micros) = cpu {
                 rows.push(Row::measured(
@@ -432,6 +444,8 @@ struct SqliteDrains {
     relay_cpu: Option<f64>,
     /// The same-guarantee loop's rows/s and processor time per message, by lease batch.
     loops: Vec<(i64, f64, Option<f64>)>,
+    /// The ordered loop's rows/s and processor time per message (leases of 1,000 rows' shards).
+    ordered: (f64, Option<f64>),
     /// The raw delete loop's rows/s.
     ceiling: f64,
 }
@@ -467,6 +481,24 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
         check(rows, messages, "rows delivered by the same-guarantee loop")?;
     }
 
+    sqlx::query(
+        "CREATE TABLE bench_shard_leases (shard_scope INTEGER NOT NULL, \
+         shard_identifier INTEGER NOT NULL, destination TEXT NOT NULL, token INTEGER NOT NULL, \
+         expires_at INTEGER NOT NULL, \
+         PRIMARY KEY (shard_scope, shard_identifier, destination)) WITHOUT ROWID",
+    )
+    .execute(pool)
+    .await
+    .map_err(failed("creating the ordered loop's lease table"))?;
+    seed_sqlite(pool, messages, shards).await?;
+    let (started, clock) = (Instant::now(), CpuClock::start());
+    let rows = sqlite_ordered(pool, 1_000).await?;
+    let ordered = (
+        rows as f64 / started.elapsed().as_secs_f64(),
+        clock.per_message(rows).process,
+    );
+    check(rows, messages, "rows delivered by the ordered loop")?;
+
     seed_sqlite(pool, messages, shards).await?;
     let started = Instant::now();
     let mut rows = 0;
@@ -490,6 +522,7 @@ async fn compare_sqlite(messages: u64, shards: u64) -> Result<SqliteDrains, Stri
         relay: messages as f64 / seconds,
         relay_cpu,
         loops,
+        ordered,
         ceiling,
     })
 }
@@ -528,4 +561,80 @@ async fn sqlite_leased(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
             .await
             .map_err(failed("the same-guarantee loop's delete"))?;
     }
+}
+
+/// SQLite's ordered loop, as PostgreSQL's (`baselines::shard_leased`): in one write
+/// transaction, lease the shards of the next `batch` rows (a lease row per shard, with a
+/// token) and read all of those shards' rows; deliver them outside it (read them); then, in a
+/// second one, delete the rows whose shard's lease is still held by the token, and the leases.
+/// With one connection (SQLite has one writer) every shard of a page is leased by it, so the
+/// rows delivered include the whole page and it goes on from the highest id delivered.
+async fn sqlite_ordered(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
+    let mut rows = 0;
+    let mut after = i64::MIN;
+    for token in 1_i64.. {
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(failed("the ordered loop's lease"))?;
+        sqlx::query(
+            "INSERT INTO bench_shard_leases \
+                 (shard_scope, shard_identifier, destination, token, expires_at) \
+             SELECT DISTINCT shard_scope, shard_identifier, destination, ?3, \
+                 CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000 \
+             FROM (SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
+                 WHERE id > ?2 ORDER BY id LIMIT ?1) WHERE true \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(batch)
+        .bind(after)
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("the ordered loop's lease"))?;
+        let leased = sqlx::query(
+            "SELECT m.id, m.payload FROM bench_shard_leases l JOIN outbox_messages m \
+                 ON m.shard_scope = l.shard_scope AND m.shard_identifier = l.shard_identifier \
+                 AND m.destination = l.destination \
+             WHERE l.token = ?1",
+        )
+        .bind(token)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(failed("the ordered loop's read"))?;
+        tx.commit()
+            .await
+            .map_err(failed("the ordered loop's lease"))?;
+        if leased.is_empty() {
+            return Ok(rows);
+        }
+        rows += baselines::read(&leased)?;
+        let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
+        after = ids.iter().copied().max().unwrap_or(after);
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(failed("the ordered loop's delete"))?;
+        sqlx::query(
+            "DELETE FROM outbox_messages AS m WHERE id IN (SELECT value FROM json_each(?1)) \
+             AND EXISTS (SELECT 1 FROM bench_shard_leases l WHERE l.token = ?2 \
+                 AND l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
+                 AND l.destination = m.destination)",
+        )
+        .bind(format!("[{}]", ids.join(",")))
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("the ordered loop's delete"))?;
+        sqlx::query("DELETE FROM bench_shard_leases WHERE token = ?1")
+            .bind(token)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed("the ordered loop's release"))?;
+        tx.commit()
+            .await
+            .map_err(failed("the ordered loop's delete"))?;
+    }
+    Ok(rows)
 }
