@@ -230,7 +230,9 @@ const RELEASE_INTERRUPTED: &str = concat!(
 // compared with bound parameters, but one compared with the columns of the recursive step only
 // on its first column: that would read every row of the scope before the next shard.) Shards are due when nobody holds a live
 // lease on them and they are not backing off, or have a message newer than their failure.
-pub(crate) const DISCOVER: &str = concat!(
+macro_rules! discover {
+    () => {
+concat!(
     "\
     WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
         SELECT * FROM ( \
@@ -265,11 +267,25 @@ pub(crate) const DISCOVER: &str = concat!(
                     AND m.destination = k.destination AND m.id > s.watermark)))) \
         AND NOT ",
     outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
-    " AS due \
+    " AS due, k.n \
     FROM keys k LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
     ORDER BY k.n"
+)
+    };
+}
+pub(crate) const DISCOVER: &str = discover!();
+
+// DISCOVER's rows as one JSON array, each `[scope, identifier, destination, due]` (a wide
+// identifier as `{"wide": digits}`), in key order: `sqlx` hands each row over on its own.
+pub(crate) const DISCOVER_JSON: &str = concat!(
+    "SELECT json_group_array(json_array(d.shard_scope, \
+        iif(typeof(d.shard_identifier) = 'blob', json_object('wide', hex(d.shard_identifier)), \
+            d.shard_identifier), \
+        d.destination, d.due) ORDER BY d.n) FROM (",
+    discover!(),
+    ") d"
 );
 
 const NEXT_TOKEN: &str =
@@ -1065,6 +1081,42 @@ impl Dialect for SqliteDialect {
                     .map(|head| (head, first_read)),
             })
             .collect())
+    }
+
+    async fn discover(
+        pool: &SqlitePool,
+        scope: i32,
+        cursor: &ShardKey,
+        limit: i32,
+    ) -> Result<Vec<(ShardKey, bool)>, Error> {
+        const OPERATION: &str = "discovering due shards";
+        let row = Self::bind_shard(sqlx::query(DISCOVER_JSON).bind(scope), cursor)
+            .bind(limit)
+            .fetch_one(pool)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        let json: String = row.try_get(0).map_err(database::<Self>(OPERATION))?;
+        let shards: Vec<(i64, serde_json::Value, String, i64)> =
+            serde_json::from_str(&json).map_err(json_error)?;
+        shards
+            .into_iter()
+            .map(|(scope, identifier, destination, due)| {
+                let undecodable = || Error::Undecodable {
+                    operation: OPERATION,
+                    message_id: None,
+                    detail: format!(
+                        "a shard key is not (SMALLINT, identifier, text): \
+                         ({scope}, {identifier}, {destination:?})"
+                    ),
+                };
+                let key = ShardKey::from_stored(
+                    i16::try_from(scope).map_err(|_| undecodable())?,
+                    id_from_json(&identifier).ok_or_else(undecodable)?,
+                    destination,
+                );
+                Ok((key, due != 0))
+            })
+            .collect()
     }
 
     async fn ack_and_release_on(

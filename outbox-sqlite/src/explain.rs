@@ -8,7 +8,9 @@ use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 use crate::dialect::together::{
     DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
 };
-use crate::dialect::{ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, EXTEND_LEASE, FETCH, FETCH_NEWEST};
+use crate::dialect::{
+    ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FETCH, FETCH_NEWEST,
+};
 
 async fn populated() -> SqliteTestDatabase {
     let database = SqliteTestDatabase::create().await;
@@ -70,27 +72,30 @@ async fn hot_queries_use_the_indexes() {
     let pool = database.pool();
     let groups = "[[1, 3], [2, 4]]";
 
-    let discovery = explain(pool, DISCOVER, |q| {
-        q.bind(0_i64).bind(0_i64).bind("").bind(256_i64)
-    })
-    .await;
-    assert!(
-        discovery
-            .iter()
-            .any(|step| step.contains("USING COVERING INDEX outbox_messages_shard")),
-        "discovery seeks the shard index: {discovery:#?}"
-    );
-    // Each recursive step seeks the next shard; a row-value seek on the scope alone would read
-    // every row of the scope before it, once per shard.
-    assert!(
-        discovery
-            .iter()
-            .any(|step| step.contains("(shard_scope=? AND shard_identifier=? AND destination>?)"))
-            && discovery
+    for discover in [DISCOVER, DISCOVER_JSON] {
+        let discovery = explain(pool, discover, |q| {
+            q.bind(0_i64).bind(0_i64).bind("").bind(256_i64)
+        })
+        .await;
+        assert!(
+            discovery
                 .iter()
-                .any(|step| step.contains("(shard_scope=? AND shard_identifier>?)")),
-        "each discovery step seeks the next shard: {discovery:#?}"
-    );
+                .any(|step| step.contains("USING COVERING INDEX outbox_messages_shard")),
+            "discovery seeks the shard index: {discovery:#?}"
+        );
+        // Each recursive step seeks the next shard; a row-value seek on the scope alone would read
+        // every row of the scope before it, once per shard.
+        assert!(
+            discovery
+                .iter()
+                .any(|step| step
+                    .contains("(shard_scope=? AND shard_identifier=? AND destination>?)"))
+                && discovery
+                    .iter()
+                    .any(|step| step.contains("(shard_scope=? AND shard_identifier>?)")),
+            "each discovery step seeks the next shard: {discovery:#?}"
+        );
+    }
     explain(pool, FETCH, |q| {
         q.bind(1_i64).bind(42_i64).bind("").bind(100_i64)
     })

@@ -607,6 +607,19 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         claim_each(self, pool, shards, options)
     }
 
+    /// Up to `limit` shards with pending rows after `cursor`, in key order (`scope` is the
+    /// cursor's scope, or one below every scope for the first page), each with whether it is
+    /// due: the rows of [`Statements::discover`]. The default reads them row by row; a backend
+    /// may have them come back otherwise.
+    fn discover(
+        pool: &Pool<Self::Database>,
+        scope: i32,
+        cursor: &ShardKey,
+        limit: i32,
+    ) -> impl Future<Output = Result<Vec<(ShardKey, bool)>, Error>> + Send {
+        crate::store::discover_rows::<Self>(pool, scope, cursor, limit)
+    }
+
     /// Whether [`Dialect::ack_and_release_on`] is one statement: then it runs on a pooled
     /// connection, as its own transaction, rather than in one the caller begins and commits.
     const FINISHES_IN_ONE_STATEMENT: bool = false;

@@ -247,6 +247,31 @@ fn shard_key<D: Dialect>(
     })
 }
 
+/// [`Dialect::discover`]'s default: the rows of [`Statements::discover`](crate::Statements),
+/// read row by row on a pooled connection.
+pub(crate) async fn discover_rows<D: Dialect>(
+    pool: &Pool<D::Database>,
+    scope: i32,
+    cursor: &ShardKey,
+    limit: i32,
+) -> Result<Vec<(ShardKey, bool)>, Error> {
+    const OPERATION: &str = "discovering due shards";
+    let query = D::bind_shard(sqlx::query(D::SQL.discover).with(scope), cursor).with(limit);
+    let mut conn = pool.acquire().await.map_err(database::<D>(OPERATION))?;
+    let rows = query
+        .fetch_all(D::Database::on(&mut conn))
+        .await
+        .map_err(database::<D>(OPERATION))?;
+    rows.iter()
+        .map(|row| {
+            let key = shard_key::<D>(row, 0, OPERATION)?;
+            let due =
+                get::<D::Database, bool>(row, KEY_COLUMNS).map_err(database::<D>(OPERATION))?;
+            Ok((key, due))
+        })
+        .collect()
+}
+
 impl<D: Dialect> Store for SqlxStore<D> {
     type Session = SqlxSession<D>;
     type Wakeups = SqlxWakeups<D>;
@@ -281,7 +306,6 @@ impl<D: Dialect> Store for SqlxStore<D> {
         after: Option<&ShardKey>,
         limit: usize,
     ) -> Result<DiscoveryPage, Error> {
-        const OPERATION: &str = "discovering due shards";
         // Below every SMALLINT scope, so the first page starts at the first shard.
         let first = ShardKey::local(ScopeId(0), Id::integer(i64::MIN));
         let (scope, cursor) = match after {
@@ -289,17 +313,15 @@ impl<D: Dialect> Store for SqlxStore<D> {
             None => (i32::from(i16::MIN) - 1, &first),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
-        let query = D::bind_shard(sqlx::query(D::SQL.discover).with(scope), cursor).with(limit);
-        let rows = self.rows(query, OPERATION).await?;
-        let full = rows.len() == usize::try_from(limit).unwrap_or(usize::MAX);
+        let shards = D::discover(&self.pool, scope, cursor, limit).await?;
+        let full = shards.len() == usize::try_from(limit).unwrap_or(usize::MAX);
         let mut page = DiscoveryPage::default();
-        let visited = rows.len();
-        for (index, row) in rows.iter().enumerate() {
-            let key = shard_key::<D>(row, 0, OPERATION)?;
+        let visited = shards.len();
+        for (index, (key, due)) in shards.into_iter().enumerate() {
             if full && index + 1 == visited {
                 page.next = Some(key.clone());
             }
-            if get::<D::Database, bool>(row, KEY_COLUMNS).map_err(database::<D>(OPERATION))? {
+            if due {
                 page.due.push(key);
             }
         }
