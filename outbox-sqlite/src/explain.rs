@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
 use crate::dialect::together::{
-    DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
+    CLAIM_MANY, CLAIMED, DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
 };
 use crate::dialect::{
     ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FETCH, FETCH_NEWEST,
@@ -154,6 +154,11 @@ async fn hot_queries_use_the_indexes() {
         "each shard's rows are read up to its bound: {heads:#?}"
     );
     explain(pool, LAPSED_OWNERS, |q| q.bind(leases)).await;
+    explain(pool, CLAIM_MANY, |q| {
+        q.bind(leases).bind("worker").bind(30_000_i64)
+    })
+    .await;
+    explain(pool, CLAIMED, |q| q.bind(leases)).await;
     explain(pool, PRESENT, |q| q.bind(r#"[[1, 42, "", 3]]"#)).await;
     explain(pool, DELETE_MESSAGES, |q| q.bind("[3, 500]")).await;
 }

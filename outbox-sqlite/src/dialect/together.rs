@@ -13,7 +13,7 @@ use outbox_core::store::{ClaimOptions, Lease, StoredMessage};
 use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::session::{Finished, Finishing};
-use sqlx::{Row, SqliteConnection, SqlitePool};
+use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{SqliteDialect, decode, id_json, json_error};
 
@@ -76,9 +76,10 @@ pub(crate) const LAPSED_OWNERS: &str = concat!(
 );
 
 // CLAIM for each of the shards `?1` (each with its token): `?2` the worker, `?3` the lease's
-// milliseconds. One row per shard claimed: its token and attempts. (The WHERE of the SELECT
-// tells SQLite that ON CONFLICT is the upsert's, not a join's.)
-const CLAIM_MANY: &str = concat!(
+// milliseconds. Which were claimed is read after it, by CLAIMED: `sqlx` hands each row a
+// `RETURNING` returns over on its own. (The WHERE of the SELECT tells SQLite that ON CONFLICT
+// is the upsert's, not a join's.)
+pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want(shard_scope, shard_identifier, destination, lease_token) AS ( \
         SELECT ",
     key_of!("w"),
@@ -94,8 +95,17 @@ const CLAIM_MANY: &str = concat!(
         "want.destination"
     ),
     " ",
-    claim_upsert!(),
-    "RETURNING lease_token, attempts"
+    claim_upsert!()
+);
+
+// Those of the shards `?1` (each with its token) whose state rows hold their tokens, once
+// CLAIM_MANY ran: each `[place in ?1, attempts]`, as one JSON array.
+pub(crate) const CLAIMED: &str = concat!(
+    "SELECT json_group_array(json_array(w.key, s.attempts)) \
+     FROM jsonb_each(?1) w CROSS JOIN outbox_shards s \
+        ON (s.shard_scope, s.shard_identifier, s.destination) = (",
+    key_of!("w"),
+    ") AND s.lease_token = w.value ->> 3"
 );
 
 // The first `?2` rows of each of the shards `?1`, as one JSON array of the head read's rows,
@@ -152,8 +162,8 @@ pub(crate) const RELEASE_HELD: &str = concat!(
     " FROM jsonb_each(?1) w) AND lease_token IN (SELECT value FROM json_each(?2))"
 );
 
-/// Leased claims of `shards` in the write transaction on `tx`, in three statements: the
-/// tokens, the lapsed leases' holders, and the claims.
+/// Leased claims of `shards` in the write transaction on `tx`, in four statements: the
+/// tokens, the lapsed leases' holders, the claims, and which were claimed.
 pub(super) async fn claim_all(
     tx: &mut SqliteConnection,
     shards: &[ShardKey],
@@ -177,29 +187,32 @@ pub(super) async fn claim_all(
         .map_err(json_error)?
         .into_iter()
         .collect();
-    let rows = sqlx::query(CLAIM_MANY)
+    sqlx::query(CLAIM_MANY)
         .bind(&keys)
         .bind(options.worker.clone())
         .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
+        .execute(&mut *tx)
         .await
         .map_err(failed())?;
-    let mut leases = Vec::with_capacity(rows.len());
-    for row in rows {
-        let token: i64 = row.try_get(0).map_err(failed())?;
-        let attempts: i64 = row.try_get(1).map_err(failed())?;
-        let place = usize::try_from(token - first).ok();
-        let Some(shard) = place.and_then(|place| shards.get(place)) else {
+    let claimed: String = sqlx::query_scalar(CLAIMED)
+        .bind(&keys)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let claimed: Vec<(usize, i64)> = serde_json::from_str(&claimed).map_err(json_error)?;
+    let mut leases = Vec::with_capacity(claimed.len());
+    for (place, attempts) in claimed {
+        let Some(shard) = shards.get(place) else {
             return Err(Error::Database {
                 operation: "claiming shards",
-                source: format!("a claim returned the token {token}, not one it was given").into(),
+                source: format!("a claim read the place {place}, not one it was given").into(),
             });
         };
         leases.push(Lease {
             shard: shard.clone(),
-            token,
+            token: first + i64::try_from(place).unwrap_or(i64::MAX),
             attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-            previous_owner: place.and_then(|place| lapsed.get(&place).cloned()),
+            previous_owner: lapsed.get(&place).cloned(),
         });
     }
     leases.sort_unstable_by_key(|lease| lease.token);
