@@ -800,6 +800,16 @@ async fn claim_on(
     }))
 }
 
+/// Whether SQLite `version` (`major.minor.patch`) has what the statements use: `jsonb_each`
+/// (3.45) and `json_group_array(... ORDER BY ...)` (3.44).
+fn recent_enough(version: &str) -> bool {
+    let mut parts = version.split('.').map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (3, 45),
+        _ => false,
+    }
+}
+
 impl Dialect for SqliteDialect {
     type Database = Sqlite;
     type Turn = OwnedMutexGuard<()>;
@@ -1136,6 +1146,21 @@ impl Dialect for SqliteDialect {
     }
 
     async fn check_schema(pool: &SqlitePool) -> Result<(), Error> {
+        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(pool)
+            .await
+            .map_err(database::<Self>("reading SQLite's version"))?;
+        if !recent_enough(&version) {
+            tracing::error!(
+                version,
+                "the outbox's statements need SQLite 3.45 or newer; this process links SQLite {version}"
+            );
+            return Err(Error::Unsupported {
+                store: "SQLite",
+                feature: "the outbox's statements, which need SQLite 3.45 or newer (sqlx's \
+                          bundled SQLite is recent enough)",
+            });
+        }
         let rejected: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rejected_messages")
             .fetch_one(pool)
             .await
@@ -1156,5 +1181,25 @@ impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, SqliteDialect>
 {
     fn target(self) -> outbox_sqlx::model::Target<'c, 'static, SqliteDialect> {
         outbox_sqlx::model::Target::Connection(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recent_enough;
+
+    #[test]
+    fn sqlite_older_than_3_45_is_not_enough() {
+        for (version, enough) in [
+            ("3.44.2", false),
+            ("3.45.0", true),
+            ("3.51.3", true),
+            ("4.0.0", true),
+            ("2.99.0", false),
+            ("3", false),
+            ("three.45", false),
+        ] {
+            assert_eq!(recent_enough(version), enough, "{version}");
+        }
     }
 }

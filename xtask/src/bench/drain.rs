@@ -551,16 +551,27 @@ async fn sqlite_leased(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
         if leased.is_empty() {
             return Ok(rows);
         }
-        rows += baselines::read(&leased)?;
-        let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
-        after = ids.iter().copied().max().unwrap_or(after);
-        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let ids = delivered(&leased, &mut rows, &mut after)?;
         sqlx::query("DELETE FROM outbox_messages WHERE id IN (SELECT value FROM json_each(?1))")
-            .bind(format!("[{}]", ids.join(",")))
+            .bind(ids)
             .execute(pool)
             .await
             .map_err(failed("the same-guarantee loop's delete"))?;
     }
+}
+
+/// What a SQLite loop leased, read as a relay reads what it delivers: counted into `rows`,
+/// `after` moved past it; its ids as the JSON array the loop's delete binds.
+fn delivered(
+    leased: &[sqlx::sqlite::SqliteRow],
+    rows: &mut u64,
+    after: &mut i64,
+) -> Result<String, String> {
+    *rows += baselines::read(leased)?;
+    let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
+    *after = ids.iter().copied().max().unwrap_or(*after);
+    let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+    Ok(format!("[{}]", ids.join(",")))
 }
 
 /// SQLite's ordered loop, as PostgreSQL's (`baselines::shard_leased`): in one write
@@ -608,10 +619,7 @@ async fn sqlite_ordered(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
         if leased.is_empty() {
             return Ok(rows);
         }
-        rows += baselines::read(&leased)?;
-        let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
-        after = ids.iter().copied().max().unwrap_or(after);
-        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let ids = delivered(&leased, &mut rows, &mut after)?;
         let mut tx = pool
             .begin_with("BEGIN IMMEDIATE")
             .await
@@ -622,7 +630,7 @@ async fn sqlite_ordered(pool: &SqlitePool, batch: i64) -> Result<u64, String> {
                  AND l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
                  AND l.destination = m.destination)",
         )
-        .bind(format!("[{}]", ids.join(",")))
+        .bind(ids)
         .bind(token)
         .execute(&mut *tx)
         .await
