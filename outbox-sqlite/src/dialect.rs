@@ -40,6 +40,22 @@ macro_rules! now {
     };
 }
 
+/// An identifier column as JSON, as [`id_from_json`] reads it back: an integer as a number, a
+/// wide one's 16 bytes (a BLOB) as `{"wide": hex digits}` (JSON has no bytes).
+macro_rules! id_json {
+    ($column:literal) => {
+        concat!(
+            "iif(typeof(",
+            $column,
+            ") = 'blob', json_object('wide', hex(",
+            $column,
+            ")), ",
+            $column,
+            ")"
+        )
+    };
+}
+
 /// The embedded migrations, in order.
 pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
     EmbeddedMigration {
@@ -136,10 +152,9 @@ pub(crate) const FETCH: &str = fetch!();
 // FETCH as one row, a JSON array of rows: sqlx hands each SQLite row over from the
 // connection's thread on its own, and a shard's head is read at every claim.
 const FETCH_JSON: &str = concat!(
-    "SELECT json_group_array(json_array(id, category, shard_scope, \
-        iif(typeof(object_identifier) = 'blob', json_object('wide', hex(object_identifier)), \
-            object_identifier), \
-        payload, created_us, metadata)) \
+    "SELECT json_group_array(json_array(id, category, shard_scope, ",
+    id_json!("object_identifier"),
+    ", payload, created_us, metadata)) \
      FROM (",
     fetch!(),
     ")"
@@ -280,10 +295,9 @@ pub(crate) const DISCOVER: &str = discover!();
 // DISCOVER's rows as one JSON array, each `[scope, identifier, destination, due]` (a wide
 // identifier as `{"wide": digits}`), in key order: `sqlx` hands each row over on its own.
 pub(crate) const DISCOVER_JSON: &str = concat!(
-    "SELECT json_group_array(json_array(d.shard_scope, \
-        iif(typeof(d.shard_identifier) = 'blob', json_object('wide', hex(d.shard_identifier)), \
-            d.shard_identifier), \
-        d.destination, d.due) ORDER BY d.n) FROM (",
+    "SELECT json_group_array(json_array(d.shard_scope, ",
+    id_json!("d.shard_identifier"),
+    ", d.destination, d.due) ORDER BY d.n) FROM (",
     discover!(),
     ") d"
 );

@@ -99,15 +99,7 @@ impl<D: Dialect> SqlxStore<D> {
         query: Statement<'static, D::Database>,
         operation: &'static str,
     ) -> Result<Vec<<D::Database as Database>::Row>, Error> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(database::<D>(operation))?;
-        query
-            .fetch_all(D::Database::on(&mut conn))
-            .await
-            .map_err(database::<D>(operation))
+        rows_on::<D>(&self.pool, query, operation).await
     }
 
     /// Runs `query` on a pooled connection, under the backend's turn: the rows it affected.
@@ -247,6 +239,19 @@ fn shard_key<D: Dialect>(
     })
 }
 
+/// Runs `query` on a connection of `pool`: its rows.
+async fn rows_on<'q, D: Dialect>(
+    pool: &Pool<D::Database>,
+    query: Statement<'q, D::Database>,
+    operation: &'static str,
+) -> Result<Vec<<D::Database as Database>::Row>, Error> {
+    let mut conn = pool.acquire().await.map_err(database::<D>(operation))?;
+    query
+        .fetch_all(D::Database::on(&mut conn))
+        .await
+        .map_err(database::<D>(operation))
+}
+
 /// [`Dialect::discover`]'s default: the rows of [`Statements::discover`](crate::Statements),
 /// read row by row on a pooled connection.
 pub(crate) async fn discover_rows<D: Dialect>(
@@ -257,11 +262,7 @@ pub(crate) async fn discover_rows<D: Dialect>(
 ) -> Result<Vec<(ShardKey, bool)>, Error> {
     const OPERATION: &str = "discovering due shards";
     let query = D::bind_shard(sqlx::query(D::SQL.discover).with(scope), cursor).with(limit);
-    let mut conn = pool.acquire().await.map_err(database::<D>(OPERATION))?;
-    let rows = query
-        .fetch_all(D::Database::on(&mut conn))
-        .await
-        .map_err(database::<D>(OPERATION))?;
+    let rows = rows_on::<D>(pool, query, OPERATION).await?;
     rows.iter()
         .map(|row| {
             let key = shard_key::<D>(row, 0, OPERATION)?;

@@ -116,10 +116,9 @@ pub(crate) const HEADS: &str = concat!(
         SELECT w.key, ",
     key_of!("w"),
     " FROM jsonb_each(?1) w) \
-     SELECT json_group_array(json_array(k.n, m.id, m.category, m.shard_scope, \
-        iif(typeof(m.object_identifier) = 'blob', json_object('wide', hex(m.object_identifier)), \
-            m.object_identifier), \
-        m.payload, m.created_at * 1000, m.metadata)) \
+     SELECT json_group_array(json_array(k.n, m.id, m.category, m.shard_scope, ",
+    id_json!("m.object_identifier"),
+    ", m.payload, m.created_at * 1000, m.metadata)) \
      FROM keys k CROSS JOIN outbox_messages m \
         ON m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
         AND m.destination = k.destination AND m.id <= coalesce((SELECT x.id \
