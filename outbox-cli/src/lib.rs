@@ -1,4 +1,4 @@
-//! # outbox-cli
+//! # outbox-rs-cli
 //!
 //! The `outbox` command: what an operator does to an outbox on PostgreSQL or SQLite without
 //! writing code. See the queue, the shards that fail and why, the dead letters; reschedule a
@@ -7,7 +7,7 @@
 //! SQL.
 //!
 //! ```text
-//! cargo install outbox-cli          # --features tls-rustls for a PostgreSQL that requires TLS
+//! cargo install outbox-rs-cli          # --features tls-rustls for a PostgreSQL that requires TLS
 //! export DATABASE_URL=postgres://app@db/app
 //! outbox status
 //! outbox shards --failing
@@ -41,6 +41,8 @@
 //!     outbox_cli::main()
 //! }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod migrate;
 mod names;

@@ -1,4 +1,4 @@
-//! # outbox-core
+//! # outbox-rs-core
 //!
 //! The backend-agnostic heart of **outbox**, the transactional outbox framework for Rust
 //! services on PostgreSQL and SQLite.
@@ -79,6 +79,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
 pub mod backfill;

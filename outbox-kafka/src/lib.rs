@@ -32,6 +32,8 @@
 //! down, is an [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the
 //! shards, and resumes them once the cluster answers the breaker's probe (a metadata request).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::time::Duration;
 
 use outbox_core::BoxError;

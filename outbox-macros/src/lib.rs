@@ -29,11 +29,14 @@
 //! Each macro parses its arguments, validates them against the item, and expands, in a module
 //! of its own; the functions work on `proc_macro2` tokens so that tests can call them.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod categories;
 mod category;
 mod common;
 mod handler;
 mod model;
+mod paths;
 mod scope;
 mod test_attr;
 #[cfg(test)]
@@ -47,7 +50,7 @@ use proc_macro::TokenStream;
 /// `name` (defaults to the type's name in snake case).
 #[proc_macro_attribute]
 pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), &item.into(), &scope::MACRO).into()
+    paths::rebase(common::expand(args.into(), &item.into(), &scope::MACRO)).into()
 }
 
 /// Declares a category on its payload type:
@@ -63,7 +66,7 @@ pub fn outbox_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// message to the sink's destination for the category: see `outbox_core::sink`).
 #[proc_macro_attribute]
 pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), &item.into(), &category::MACRO).into()
+    paths::rebase(common::expand(args.into(), &item.into(), &category::MACRO)).into()
 }
 
 /// Declares a scope's categories together on an enum, each variant holding one category's
@@ -88,7 +91,7 @@ pub fn outbox_category(args: TokenStream, item: TokenStream) -> TokenStream {
 /// the crate.
 #[proc_macro_attribute]
 pub fn outbox_categories(args: TokenStream, item: TokenStream) -> TokenStream {
-    categories::expand(args.into(), &item.into()).into()
+    paths::rebase(categories::expand(args.into(), &item.into())).into()
 }
 
 /// Declares a replicated model on a struct with named fields:
@@ -102,7 +105,7 @@ pub fn outbox_categories(args: TokenStream, item: TokenStream) -> TokenStream {
 /// destinations).
 #[proc_macro_attribute]
 pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), &item.into(), &model::MACRO).into()
+    paths::rebase(common::expand(args.into(), &item.into(), &model::MACRO)).into()
 }
 
 /// Registers an `async fn` as a handler: of the category its `Delivery<C>` argument names, or
@@ -111,7 +114,7 @@ pub fn replicated_model(args: TokenStream, item: TokenStream) -> TokenStream {
 /// type) are made from each call's context.
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
-    common::expand(args.into(), &item.into(), &handler::MACRO).into()
+    paths::rebase(common::expand(args.into(), &item.into(), &handler::MACRO)).into()
 }
 
 /// Makes an `async fn` taking a test database a `#[test]` with a database of its own.
@@ -128,5 +131,5 @@ pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Use it as `outbox_testkit::test`: the expansion names the test kit.
 #[proc_macro_attribute]
 pub fn outbox_test(args: TokenStream, item: TokenStream) -> TokenStream {
-    test_attr::expand(args.into(), &item.into()).into()
+    paths::rebase(test_attr::expand(args.into(), &item.into())).into()
 }

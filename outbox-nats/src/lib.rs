@@ -31,6 +31,8 @@
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards and
 //! resumes them once JetStream answers its probe (a request to its account-info API).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::time::Duration;
 
 use async_nats::connection::State;

@@ -1,4 +1,4 @@
-//! # outbox-postgres
+//! # outbox-rs-postgres
 //!
 //! The PostgreSQL store of **outbox**: write outbox messages in your own `sqlx` PostgreSQL
 //! transactions, and let an [`outbox_core::Relay`] over a [`PgStore`] deliver them.
@@ -88,6 +88,8 @@
 //! outbox_postgres::save(&mut tx, &counter).await;
 //! # }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod dialect;

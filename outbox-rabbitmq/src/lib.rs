@@ -34,6 +34,8 @@
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards,
 //! and the breaker's probe reconnects (a new connection and confirming channel) and closes it.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;

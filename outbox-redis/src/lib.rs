@@ -32,6 +32,8 @@
 //! resumes them once Redis answers its probe (`PING`). Any other error reply (`WRONGTYPE`: the
 //! key is not a stream) is a [refusal](SinkError::Refused) of that message.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::time::Duration;
 
 use outbox_core::BoxError;

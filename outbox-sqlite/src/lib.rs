@@ -1,4 +1,4 @@
-//! # outbox-sqlite
+//! # outbox-rs-sqlite
 //!
 //! The SQLite store of **outbox**, the embedded default: write outbox messages in your own
 //! `sqlx` SQLite transactions, and let an [`outbox_core::Relay`] over a [`SqliteStore`] deliver
@@ -46,6 +46,8 @@
 //! relay.flush(tx.shards_written()).await;
 //! # }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod dialect;

@@ -1,4 +1,4 @@
-//! # outbox-sqlx
+//! # outbox-rs-sqlx
 //!
 //! The body that **outbox**'s `sqlx` backends share, written once over a [`Dialect`]:
 //! transactions that remember what they wrote ([`OutboxTransaction`]), message and
@@ -27,6 +27,8 @@
 //! ([`Dialect::bind_ids`] and its siblings: an array, or one JSON parameter); the model
 //! statements; [`Dialect::claim`] (at most one holder per shard, increasing fencing tokens);
 //! and [`Dialect::classify`]. The conformance suite in `outbox-testkit` then proves it.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backfill;
 pub mod dialect;

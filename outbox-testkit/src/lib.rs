@@ -1,4 +1,4 @@
-//! # outbox-testkit
+//! # outbox-rs-testkit
 //!
 //! Test helpers for **outbox**:
 //!
@@ -73,6 +73,8 @@
 //! assert!(!file.exists());
 //! # }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(feature = "sqlite")]

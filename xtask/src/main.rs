@@ -7,7 +7,7 @@
 //!   `BENCHMARKS.md` (`--scale 0.01` for a quick run).
 //! - `cargo xtask chaos` kills relays, restarts the database and races writers against the
 //!   relays, then checks that nothing was lost or reordered (`--short` for CI's run).
-//! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation and the
+//! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation, packaging and the
 //!   whole test suite, on SQLite and on PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432).
 
 // A command-line tool talks to its user on stdout and stderr.
@@ -200,6 +200,29 @@ impl<'a> Step<'a> {
     }
 }
 
+/// The workspace's packages that are published (those without `publish = false`), read from
+/// `cargo metadata`.
+fn published_packages(cargo: &str) -> Result<Vec<String>, String> {
+    let output = Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .map_err(|error| format!("cannot run {cargo}: {error}"))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).map_err(|error| error.to_string())?;
+    let packages = metadata["packages"]
+        .as_array()
+        .ok_or("`cargo metadata` listed no packages")?;
+    Ok(packages
+        .iter()
+        // `publish = false` is an empty list of registries; no `publish` key is null.
+        .filter(|package| package["publish"].is_null())
+        .filter_map(|package| package["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
 /// Runs the checks CI runs, stopping at the first that fails.
 fn test(cargo_test_args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -207,6 +230,20 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
     if !cargo_test_args.is_empty() {
         test.push("--");
         test.extend(cargo_test_args.iter().map(String::as_str));
+    }
+    let published = match published_packages(&cargo) {
+        Ok(published) => published,
+        Err(error) => {
+            eprintln!("==> cannot list the published packages: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Every published package packages: a path-only dependency, a README or licence file
+    // missing, a manifest crates.io would refuse. Not built from its package (what `cargo
+    // publish` verifies): that would build every dependency again, librdkafka included.
+    let mut package = vec!["package", "--no-verify", "--allow-dirty", "--quiet"];
+    for name in &published {
+        package.extend(["--package", name.as_str()]);
     }
     let steps = [
         Step::new("formatting", &["fmt", "--all", "--check"]),
@@ -229,11 +266,12 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             &[
                 "check",
                 "--package",
-                "outbox-cli",
+                "outbox-rs-cli",
                 "--features",
                 "tls-rustls",
             ],
         ),
+        Step::new("packaging", &package),
         Step::new("tests", &test),
         Step::new(
             "chaos (short)",

@@ -1,7 +1,7 @@
 //! # Orders to NATS
 //!
 //! A shop writes each order and its `OrderPlaced` outbox message in one SQLite transaction;
-//! the relay publishes the messages to NATS JetStream through `outbox-nats` and deletes each
+//! the relay publishes the messages to NATS JetStream through `outbox::nats` and deletes each
 //! only once JetStream acknowledged it. A consumer reads the stream and prints what it
 //! receives: the order, and the headers every sink sends.
 //!
@@ -21,10 +21,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
-use outbox_core::sink::{Publisher, headers};
-use outbox_core::{BoxError, DrainReport, Message, Registry, Relay, outbox_category, outbox_scope};
-use outbox_nats::NatsSink;
-use outbox_sqlite::SqliteStore;
+use outbox::nats::NatsSink;
+use outbox::sink::{Publisher, headers};
+use outbox::sqlite::SqliteStore;
+use outbox::{BoxError, DrainReport, Message, Registry, Relay, outbox_category, outbox_scope};
 use serde::{Deserialize, Serialize};
 
 /// Orders are sharded by customer: one customer's orders are published in order.
@@ -132,8 +132,8 @@ pub async fn publish(target: &Target, orders: u32, customers: u32) -> Result<Pub
     let jetstream = target.jetstream().await?;
     let sequence_before = target.last_sequence(&jetstream).await?;
     let dir = tempfile::tempdir()?;
-    let pool = outbox_sqlite::connect(&dir.path().join("shop.db")).await?;
-    outbox_sqlite::migrate(&pool).await?;
+    let pool = outbox::sqlite::connect(&dir.path().join("shop.db")).await?;
+    outbox::sqlite::migrate(&pool).await?;
     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER NOT NULL, total_cents INTEGER NOT NULL)")
         .execute(&pool)
         .await?;
@@ -145,7 +145,7 @@ pub async fn publish(target: &Target, orders: u32, customers: u32) -> Result<Pub
             order,
             total_cents: 1_000 + n,
         };
-        let mut tx = outbox_sqlite::begin(&pool).await?;
+        let mut tx = outbox::sqlite::begin(&pool).await?;
         sqlx::query("INSERT INTO orders (id, customer, total_cents) VALUES (?, ?, ?)")
             .bind(order)
             .bind(customer)

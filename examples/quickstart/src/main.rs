@@ -4,7 +4,7 @@
 //! holds the service's data; every change writes an outbox message in the same transaction.
 //! The relay then replicates the changes into a second, **control** database:
 //!
-//! - `Project` is a replicated model: `outbox_sqlite::insert`, `update` and `delete` write its
+//! - `Project` is a replicated model: `outbox::sqlite::insert`, `update` and `delete` write its
 //!   row and its outbox together, and at delivery the relay reads the row again: the
 //!   replication handler copies it to control while it exists, the deletion handler removes the
 //!   copy once it is gone. Three renames of one project coalesce into one delivery.
@@ -25,11 +25,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_core::{
+use outbox::sqlite::SqliteStore;
+use outbox::{
     Admin, BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State,
     outbox_category, outbox_handler, outbox_scope, replicated_model, shutdown_signal,
 };
-use outbox_sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
@@ -169,11 +169,11 @@ async fn run(dir: &Path) -> Result<(Summary, Relay<SqliteStore>), BoxError> {
         "outbox quickstart: cell and control databases in {}",
         dir.display()
     );
-    let cell = outbox_sqlite::connect(&dir.join("cell.db")).await?;
-    outbox_sqlite::migrate(&cell).await?;
+    let cell = outbox::sqlite::connect(&dir.join("cell.db")).await?;
+    outbox::sqlite::migrate(&cell).await?;
     create_schema(&cell).await?;
     let control = Control {
-        pool: outbox_sqlite::connect(&dir.join("control.db")).await?,
+        pool: outbox::sqlite::connect(&dir.join("control.db")).await?,
         log: Arc::default(),
     };
     create_schema(&control.pool).await?;
@@ -189,7 +189,7 @@ async fn run(dir: &Path) -> Result<(Summary, Relay<SqliteStore>), BoxError> {
 
     // The service writes; each change's outbox commits (or rolls back) with it.
     let mut tx = cell.begin().await?;
-    outbox_sqlite::insert(
+    outbox::sqlite::insert(
         &mut tx,
         &[
             project(10, "website"),
@@ -201,7 +201,7 @@ async fn run(dir: &Path) -> Result<(Summary, Relay<SqliteStore>), BoxError> {
     let renamed = OrganizationRenamed {
         name: "Acme".into(),
     };
-    outbox_sqlite::write(
+    outbox::sqlite::write(
         &mut *tx,
         &Message::new::<OrganizationRenamed>(1, 1, &renamed)?,
     )
@@ -214,16 +214,16 @@ async fn run(dir: &Path) -> Result<(Summary, Relay<SqliteStore>), BoxError> {
 
     for name in ["website v2", "website v3", "website v4"] {
         let mut tx = cell.begin().await?;
-        outbox_sqlite::update(&mut tx, &project(10, name)).await?;
+        outbox::sqlite::update(&mut tx, &project(10, name)).await?;
         tx.commit().await?;
         println!("cell:    renamed project 10 to {name:?}");
     }
     let mut tx = cell.begin().await?;
-    outbox_sqlite::delete(&mut tx, &project(12, "legacy")).await?;
+    outbox::sqlite::delete(&mut tx, &project(12, "legacy")).await?;
     tx.commit().await?;
     println!("cell:    deleted project 12");
     let mut tx = cell.begin().await?;
-    outbox_sqlite::insert(&mut tx, &project(13, "never saved")).await?;
+    outbox::sqlite::insert(&mut tx, &project(13, "never saved")).await?;
     tx.rollback().await?;
     println!("cell:    created project 13 and rolled back: no row, no outbox");
 

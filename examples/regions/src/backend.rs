@@ -1,5 +1,5 @@
 //! The only backend-specific code: where the databases live, and a thin wrapper over each
-//! backend's outbox calls (`outbox_sqlite::*` or `outbox_postgres::*`), so that the story and
+//! backend's outbox calls (`outbox::sqlite::*` or `outbox::postgres::*`), so that the story and
 //! the handlers are written once.
 //!
 //! The SQL the example runs itself is written once too: both SQLite and PostgreSQL accept
@@ -7,11 +7,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_core::{
+use outbox::postgres::{PgDialect, PgStore};
+use outbox::sqlite::{SqliteDialect, SqliteStore, Writable};
+use outbox::{
     Admin, BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig,
 };
-use outbox_postgres::{PgDialect, PgStore};
-use outbox_sqlite::{SqliteDialect, SqliteStore, Writable};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{
@@ -91,8 +91,8 @@ impl Backend {
     pub(crate) async fn create_database(&mut self, name: &str) -> Result<Database, BoxError> {
         let database = match self {
             Self::Sqlite { dir } => {
-                let pool = outbox_sqlite::connect(&dir.path().join(format!("{name}.db"))).await?;
-                outbox_sqlite::migrate(&pool).await?;
+                let pool = outbox::sqlite::connect(&dir.path().join(format!("{name}.db"))).await?;
+                outbox::sqlite::migrate(&pool).await?;
                 Database::Sqlite(pool)
             }
             Self::Postgres {
@@ -112,7 +112,7 @@ impl Backend {
                     .acquire_timeout(CONNECT_TIMEOUT)
                     .connect_with(server.clone().database(&database))
                     .await?;
-                outbox_postgres::migrate(&pool).await?;
+                outbox::postgres::migrate(&pool).await?;
                 Database::Postgres(pool)
             }
         };
@@ -299,8 +299,8 @@ impl Tx {
     /// Writes outbox messages, in one statement.
     pub(crate) async fn write_all(&mut self, messages: &[Message]) -> Result<(), Error> {
         match self {
-            Self::Sqlite(tx) => outbox_sqlite::write_all(&mut **tx, messages).await?,
-            Self::Postgres(tx) => outbox_postgres::write_all(&mut **tx, messages).await?,
+            Self::Sqlite(tx) => outbox::sqlite::write_all(&mut **tx, messages).await?,
+            Self::Postgres(tx) => outbox::postgres::write_all(&mut **tx, messages).await?,
         };
         Ok(())
     }
@@ -311,8 +311,8 @@ impl Tx {
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
         match self {
-            Self::Sqlite(tx) => outbox_sqlite::insert(tx, models).await,
-            Self::Postgres(tx) => outbox_postgres::insert(tx, models).await,
+            Self::Sqlite(tx) => outbox::sqlite::insert(tx, models).await,
+            Self::Postgres(tx) => outbox::postgres::insert(tx, models).await,
         }
     }
 
@@ -322,8 +322,8 @@ impl Tx {
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
         match self {
-            Self::Sqlite(tx) => outbox_sqlite::update(tx, models).await,
-            Self::Postgres(tx) => outbox_postgres::update(tx, models).await,
+            Self::Sqlite(tx) => outbox::sqlite::update(tx, models).await,
+            Self::Postgres(tx) => outbox::postgres::update(tx, models).await,
         }
     }
 
@@ -333,8 +333,8 @@ impl Tx {
         models: impl IntoModelBatch<'a, M>,
     ) -> Result<u64, Error> {
         match self {
-            Self::Sqlite(tx) => outbox_sqlite::delete(tx, models).await,
-            Self::Postgres(tx) => outbox_postgres::delete(tx, models).await,
+            Self::Sqlite(tx) => outbox::sqlite::delete(tx, models).await,
+            Self::Postgres(tx) => outbox::postgres::delete(tx, models).await,
         }
     }
 

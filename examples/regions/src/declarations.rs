@@ -1,7 +1,7 @@
 //! What the service declares: two scopes and five categories, two of which are replicated
 //! models. Shared by both backends.
 
-use outbox_core::{outbox_category, outbox_scope, replicated_model};
+use outbox::{outbox_category, outbox_scope, replicated_model};
 use serde::{Deserialize, Serialize};
 
 /// Messages about one organization are delivered in order, one at a time.

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_core::{BoxError, Deletion, Delivery, Replication, State, outbox_handler};
+use outbox::{BoxError, Deletion, Delivery, Replication, State, outbox_handler};
 
 use crate::backend::{Database, Value};
 use crate::declarations::{

@@ -26,7 +26,7 @@ mod story;
 mod tests;
 
 use clap::Parser;
-use outbox_core::BoxError;
+use outbox::BoxError;
 
 use crate::backend::Backend;
 

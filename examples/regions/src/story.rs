@@ -2,7 +2,7 @@
 //! the control database, each with its outbox messages in the same transaction, then one relay
 //! per database delivering them.
 
-use outbox_core::{BoxError, Destination, Message, ModelBatch, Registry, RelayConfig};
+use outbox::{BoxError, Destination, Message, ModelBatch, Registry, RelayConfig};
 
 use crate::backend::{Backend, Database, Value};
 use crate::declarations::{

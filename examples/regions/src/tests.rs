@@ -45,7 +45,7 @@ async fn on_sqlite_the_relays_deliver_exactly_the_expected_calls() {
 
 #[tokio::test]
 async fn on_postgres_the_relays_deliver_exactly_the_expected_calls_and_the_databases_are_dropped() {
-    let url = outbox_testkit::postgres::server_url();
+    let url = outbox::testkit::postgres::server_url();
     let backend = Backend::postgres(&url).await.unwrap_or_else(|error| {
         panic!(
             "this test needs a PostgreSQL server, and none answered at DATABASE_URL or the \

@@ -11,7 +11,7 @@
 //!   `--poll-interval-ms`) and after 3 failed attempts (`max_attempts = 3`) sets it aside as
 //!   a dead letter (`outbox dead-letters list`), while the other orders' shards flow.
 //! - `GET /metrics` is the Prometheus scrape: the outbox's metrics
-//!   ([`outbox_core::telemetry`]) through `metrics-exporter-prometheus`, its histograms as
+//!   ([`outbox::telemetry`]) through `metrics-exporter-prometheus`, its histograms as
 //!   Prometheus histograms (`_bucket` series), its gauges refreshed at each scrape.
 //!   `docs/grafana/outbox.json` is a Grafana dashboard over them (`docs/grafana/README.md`
 //!   describes its panels).
@@ -21,7 +21,7 @@
 //! - SIGTERM (or Ctrl-C) stops both gracefully: the server finishes its requests, the relay
 //!   its shards in flight, and the process exits 0.
 //!
-//! - `service outbox …` is the `outbox` command ([`outbox_cli`]) built into the service: it
+//! - `service outbox …` is the `outbox` command ([`outbox::cli`]) built into the service: it
 //!   knows the service's names (`service outbox dead-letters list --category order_placed`).
 //!
 //! ```text
@@ -43,12 +43,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_core::telemetry;
-use outbox_core::{
+use outbox::postgres::PgStore;
+use outbox::telemetry;
+use outbox::{
     Backoff, BoxError, Delivery, Health, Message, Registry, Relay, RelayConfig, State,
     outbox_category, outbox_handler, outbox_scope, shutdown_signal,
 };
-use outbox_postgres::PgStore;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -142,7 +142,7 @@ async fn place_order(
 ) -> Result<(StatusCode, Json<Value>), (StatusCode, String)> {
     let failed =
         |error: &dyn std::fmt::Display| (StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
-    let mut tx = outbox_postgres::begin(&app.pool)
+    let mut tx = outbox::postgres::begin(&app.pool)
         .await
         .map_err(|e| failed(&e))?;
     let (id,): (i64,) = sqlx::query_as("INSERT INTO orders (total_cents) VALUES ($1) RETURNING id")
@@ -202,7 +202,7 @@ async fn readyz(Extract(app): Extract<App>) -> (StatusCode, Json<Value>) {
 /// the scrape. A failed read is logged and the last values are served.
 async fn scrape(Extract(app): Extract<App>) -> ([(header::HeaderName, &'static str); 1], String) {
     if let Err(error) = app.relay.refresh_gauges().await {
-        let error = outbox_core::error_chain(&error);
+        let error = outbox::error_chain(&error);
         tracing::warn!(%error, "refreshing the outbox's gauges failed; serving the last values");
     }
     (
@@ -245,9 +245,9 @@ fn main() -> ExitCode {
         && command == "outbox"
     {
         // `service outbox …`: the outbox command, with the names this binary declares.
-        return outbox_cli::main_from(
+        return outbox::cli::main_from(
             std::iter::once("service outbox".into()).chain(args),
-            &outbox_core::Catalog::discovered(),
+            &outbox::Catalog::discovered(),
         );
     }
     let args = Args::parse();
@@ -262,7 +262,7 @@ fn main() -> ExitCode {
         Err(error) => {
             // One line: what failed and why, never a Debug dump (nor a password: the outbox's
             // errors show URLs redacted).
-            tracing::error!("{}", outbox_core::error_chain(error.as_ref()));
+            tracing::error!("{}", outbox::error_chain(error.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -270,8 +270,8 @@ fn main() -> ExitCode {
 
 async fn serve(args: Args) -> Result<(), BoxError> {
     let prometheus = install_metrics()?;
-    let pool = outbox_postgres::connect(&args.database_url).await?;
-    outbox_postgres::migrate(&pool).await?;
+    let pool = outbox::postgres::connect(&args.database_url).await?;
+    outbox::postgres::migrate(&pool).await?;
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, total_cents BIGINT NOT NULL);
          CREATE TABLE IF NOT EXISTS shipments (order_id BIGINT PRIMARY KEY, total_cents BIGINT NOT NULL);",

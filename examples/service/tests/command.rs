@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use outbox_testkit::postgres::PgTestDatabase;
+use outbox::testkit::postgres::PgTestDatabase;
 
 fn service(database_url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_service"))

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::Service;
-use outbox_core::telemetry;
-use outbox_testkit::postgres::PgTestDatabase;
+use outbox::telemetry;
+use outbox::testkit::postgres::PgTestDatabase;
 use promql_parser::label::Matcher;
 use promql_parser::parser::{self, Expr, LabelModifier, VectorSelector};
 use serde_json::Value;
@@ -40,7 +40,7 @@ const OBSERVABILITY: &str = include_str!("../../../docs/observability.md");
 const OPERATING: &str = include_str!("../../../docs/operating.md");
 
 /// The metrics of the alerting rules that the service cannot export, and why: their rules'
-/// selectors are not looked for in its scrape (the metrics are `outbox_core::telemetry`'s).
+/// selectors are not looked for in its scrape (the metrics are `outbox::telemetry`'s).
 const NOT_EXPORTED: [(&str, &str); 2] = [
     (
         telemetry::BREAKER_OPEN,

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Service;
-use outbox_testkit::postgres::PgTestDatabase;
+use outbox::testkit::postgres::PgTestDatabase;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serves_probes_delivers_orders_and_stops_on_sigterm() {

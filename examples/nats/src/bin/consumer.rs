@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nats_orders::{Target, consume};
-use outbox_core::BoxError;
+use outbox::BoxError;
 
 /// Prints the orders the publisher sent to NATS JetStream, from the stream's start, then stops
 /// once none has come for two seconds.
