@@ -22,6 +22,15 @@
 //! outbox backfill status
 //! ```
 //!
+//! ## Databases
+//!
+//! The command names no database. It opens a URL through the backend registered for its
+//! scheme ([`outbox_core::admin::Backend`]), and works on it through the operations every
+//! backend's store has. The installed binary links PostgreSQL (`postgres://`,
+//! `postgresql://`) and SQLite (`sqlite:`). Built into a service's binary, it opens the
+//! databases of the backends the service links. A backend of your own registers its scheme
+//! and opens its URLs with every verb, without a change here.
+//!
 //! Every command prints a table, or JSON with `--json`. Exit codes: 0 done; 1 the database
 //! failed (unreachable, not migrated); 2 the command line is wrong; 3 refused, nothing
 //! changed (an unknown name, a dead letter that no longer exists, a shard with nothing to
@@ -53,9 +62,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use outbox_core::admin::{Backend, Open, Operations};
 use outbox_core::{
-    Admin, BackfillStart, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Destination, Error,
-    MessageId, PauseTarget, ShardFilter, Store,
+    BackfillStart, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Destination, Error,
+    MessageId, PauseTarget, ShardFilter,
 };
 
 use crate::output::Printer;
@@ -295,9 +305,6 @@ pub enum CliError {
     /// The request was refused and nothing changed.
     #[error("{0}")]
     Refused(String),
-    /// The database could not be opened (a SQLite file that does not exist, say).
-    #[error("{0}")]
-    Unreachable(String),
     /// The command line is incomplete: it says what is missing.
     #[error("{0}")]
     Usage(String),
@@ -317,7 +324,7 @@ impl CliError {
             )
             | Self::Refused(_) => EXIT_REFUSED,
             Self::Usage(_) => EXIT_USAGE,
-            Self::Outbox(_) | Self::Unreachable(_) | Self::Output(_) => EXIT_FAILED,
+            Self::Outbox(_) | Self::Output(_) => EXIT_FAILED,
         }
     }
 }
@@ -450,24 +457,15 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
     if let Command::Migrate { print } = cli.command {
         return migrate::run(url, print, &printer, out).await;
     }
-    let database = migrate::Database::open(url).await?;
-    let result = match &database {
-        migrate::Database::Postgres(pool) => {
-            let store = outbox_postgres::PgStore::new(pool.clone());
-            execute(&store, cli.command, catalog, &printer, out).await
-        }
-        migrate::Database::Sqlite(pool) => {
-            let store = outbox_sqlite::SqliteStore::new(pool.clone());
-            execute(&store, cli.command, catalog, &printer, out).await
-        }
-    };
+    let database = Backend::connect(url, Open::Existing).await?;
+    let result = execute(database.operations(), cli.command, catalog, &printer, out).await;
     database.close().await;
     result
 }
 
 /// Runs an operation on a store.
-async fn execute<S: Store + Admin>(
-    store: &S,
+async fn execute(
+    store: &dyn Operations,
     command: Command,
     catalog: &Catalog,
     printer: &Printer<'_>,
@@ -545,8 +543,8 @@ async fn execute<S: Store + Admin>(
     }
 }
 
-async fn dead_letters<S: Admin>(
-    store: &S,
+async fn dead_letters(
+    store: &dyn Operations,
     command: DeadLetterCommand,
     catalog: &Catalog,
     printer: &Printer<'_>,
@@ -600,8 +598,8 @@ async fn dead_letters<S: Admin>(
     }
 }
 
-async fn backfill<S: Admin>(
-    store: &S,
+async fn backfill(
+    store: &dyn Operations,
     command: BackfillCommand,
     catalog: &Catalog,
     printer: &Printer<'_>,
@@ -675,8 +673,8 @@ async fn backfill<S: Admin>(
 
 /// The dead letters a selection names. Ids that are not dead letters are refused (nothing is
 /// done); a replay or purge needs a condition, or `--all`.
-async fn selected<S: Admin>(
-    store: &S,
+async fn selected(
+    store: &dyn Operations,
     catalog: &Catalog,
     select: &Selection,
     changes: bool,

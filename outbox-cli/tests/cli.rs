@@ -782,7 +782,12 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
 
     let mysql = outbox("mysql://app:secret@db/app", &["migrate"]);
     assert_eq!(mysql.status.code(), Some(1));
-    assert!(stderr(&mysql).contains("expected a `postgres://` or `sqlite:` URL"));
+    assert!(
+        stderr(&mysql)
+            .contains("expected a URL starting with `postgres:`, `postgresql:`, `sqlite:`"),
+        "{}",
+        stderr(&mysql)
+    );
     assert!(
         !stderr(&mysql).contains("secret"),
         "the URL's password is not shown"

@@ -83,6 +83,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod admin;
 pub mod backfill;
 mod catalog;
 mod categories;

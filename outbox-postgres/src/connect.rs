@@ -122,3 +122,22 @@ mod tests {
         assert!(check_scheme("not a url").is_err());
     }
 }
+
+// Operators' tools (the `outbox` command) open `postgres://` and `postgresql://` URLs here.
+inventory::submit! {
+    outbox_core::admin::Backend {
+        name: "PostgreSQL",
+        schemes: &["postgres", "postgresql"],
+        open: open_for_tools,
+        migration_script: outbox_sqlx::migrate::script::<PgDialect>,
+    }
+}
+
+/// Opens the database at `url` for an operator's tool (a PostgreSQL database always exists
+/// before its first migration).
+fn open_for_tools(url: String, _open: outbox_core::admin::Open) -> outbox_core::admin::Opening {
+    Box::pin(async move {
+        let pool = connect(&url).await?;
+        Ok(Box::new(crate::PgStore::new(pool)) as Box<dyn outbox_core::admin::Database>)
+    })
+}

@@ -758,6 +758,14 @@ impl Dialect for PgDialect {
 
     const NAME: &'static str = "PostgreSQL";
     const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
+    const MIGRATIONS_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS _outbox_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
+    success BOOLEAN NOT NULL,
+    checksum BYTEA NOT NULL,
+    execution_time BIGINT NOT NULL
+);";
     const BEGIN: &'static str = "BEGIN";
     const WRITES_IN_TRANSACTION: bool = false;
     const MAX_PARAMETERS: usize = 65535;
@@ -838,6 +846,10 @@ impl Dialect for PgDialect {
     fn is_missing_table(error: &dyn DatabaseError) -> bool {
         // undefined_table
         error.code().as_deref() == Some("42P01")
+    }
+
+    fn binary_literal(hex: &str) -> String {
+        format!("'\\x{hex}'")
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {

@@ -95,3 +95,34 @@ mod tests {
         );
     }
 }
+
+// Operators' tools (the `outbox` command) open `sqlite:` URLs here.
+inventory::submit! {
+    outbox_core::admin::Backend {
+        name: "SQLite",
+        schemes: &["sqlite"],
+        open: open_for_tools,
+        migration_script: outbox_sqlx::migrate::script::<SqliteDialect>,
+    }
+}
+
+/// Opens the database file at the `sqlite:` URL `url` for an operator's tool: a file that is
+/// not there is an error, unless `open` allows creating it (a first migration does).
+fn open_for_tools(url: String, open: outbox_core::admin::Open) -> outbox_core::admin::Opening {
+    Box::pin(async move {
+        let options = SqliteConnectOptions::from_str(&url)
+            .map_err(|error| Error::invalid_database_url(&url, error.to_string()))?;
+        let file = options.get_filename();
+        if open == outbox_core::admin::Open::Existing && !file.exists() {
+            return Err(Error::invalid_database_url(
+                &url,
+                format!(
+                    "no database file at {}: check the URL (`outbox migrate` creates one)",
+                    file.display()
+                ),
+            ));
+        }
+        let pool = connect(Path::new(&url)).await?;
+        Ok(Box::new(crate::SqliteStore::new(pool)) as Box<dyn outbox_core::admin::Database>)
+    })
+}

@@ -831,6 +831,14 @@ impl Dialect for SqliteDialect {
 
     const NAME: &'static str = "SQLite";
     const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
+    const MIGRATIONS_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS _outbox_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    success BOOLEAN NOT NULL,
+    checksum BLOB NOT NULL,
+    execution_time BIGINT NOT NULL
+);";
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_TRANSACTION: bool = true;
     const MAX_PARAMETERS: usize = 32766;
@@ -895,6 +903,10 @@ impl Dialect for SqliteDialect {
 
     fn is_missing_table(error: &dyn DatabaseError) -> bool {
         error.message().starts_with("no such table")
+    }
+
+    fn binary_literal(hex: &str) -> String {
+        format!("X'{hex}'")
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {

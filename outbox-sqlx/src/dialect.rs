@@ -441,6 +441,9 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     const NAME: &'static str;
     /// The embedded migrations, in order.
     const MIGRATIONS: &'static [EmbeddedMigration];
+    /// The migrations table (`_outbox_migrations`) as `sqlx`'s migrator creates it on this
+    /// database: what a migration script for a tool of the user's own begins with.
+    const MIGRATIONS_TABLE: &'static str;
     /// The relay's statements.
     const SQL: Statements;
     /// The statement that begins a writing transaction (`BEGIN`; SQLite's `BEGIN IMMEDIATE`
@@ -462,6 +465,9 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
 
     /// Whether `error` says that a table does not exist (any table: a replicated model's).
     fn is_missing_table(error: &dyn DatabaseError) -> bool;
+
+    /// A binary literal of the bytes whose hex digits are `hex` (`X'…'` in SQLite).
+    fn binary_literal(hex: &str) -> String;
 
     /// The rows a statement affected.
     fn rows_affected(result: &<Self::Database as Database>::QueryResult) -> u64;

@@ -19,6 +19,7 @@
 //! ([`Error::MigrationMissing`]).
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use outbox_core::Error;
 use outbox_core::store::MIGRATIONS_TABLE;
@@ -65,21 +66,66 @@ pub fn migrator_up_to<D: Dialect>(version: i64) -> Migrator {
 /// say) is left as it is, and a `warn` line names both sets of versions: the binary runs on it
 /// (see the [module documentation](self)).
 pub async fn migrate<D: Dialect>(pool: &Pool<D::Database>) -> Result<(), Error> {
+    migrator::<D>()
+        .run(pool)
+        .await
+        .map_err(migrate_error::<D>)?;
+    note_newer_schema::<D>(&applied::<D>(pool).await?);
+    Ok(())
+}
+
+/// The versions of the outbox migrations `pool`'s database has applied, in order; none (and
+/// the migrations table created) before the first.
+pub async fn applied<D: Dialect>(pool: &Pool<D::Database>) -> Result<Vec<i64>, Error> {
     let failed = migrate_error::<D>;
-    migrator::<D>().run(pool).await.map_err(failed)?;
     let mut conn = pool
         .acquire()
         .await
         .map_err(|source| failed(source.into()))?;
-    let applied: Vec<i64> = conn
+    conn.ensure_migrations_table(MIGRATIONS_TABLE)
+        .await
+        .map_err(failed)?;
+    let mut versions: Vec<i64> = conn
         .list_applied_migrations(MIGRATIONS_TABLE)
         .await
         .map_err(failed)?
         .into_iter()
         .map(|migration| migration.version)
         .collect();
-    note_newer_schema::<D>(&applied);
-    Ok(())
+    versions.sort_unstable();
+    Ok(versions)
+}
+
+/// Every outbox migration of dialect `D` as SQL, each in a transaction with the row that
+/// records it in the migrations table as the library's migrator would, checksum included:
+/// applied by a migration tool of the user's own, the relay's start-up check finds them.
+pub fn script<D: Dialect>() -> String {
+    let mut sql = format!(
+        "-- The outbox migrations for {}, each recorded in {MIGRATIONS_TABLE} as the outbox's\n\
+         -- own migrator records it. Apply those the database lacks, in order.\n\n{}\n",
+        D::NAME,
+        D::MIGRATIONS_TABLE,
+    );
+    for migration in migrator::<D>().iter() {
+        let checksum: String = migration
+            .checksum
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let _ = write!(
+            sql,
+            "\n-- Migration {}: {}\nBEGIN;\n{}\nINSERT INTO {MIGRATIONS_TABLE} (version, \
+             description, success, checksum, execution_time)\nVALUES ({}, '{}', TRUE, {}, 0);\n\
+             COMMIT;\n",
+            migration.version,
+            migration.description,
+            migration.sql.as_str().trim_end(),
+            migration.version,
+            migration.description.replace('\'', "''"),
+            D::binary_literal(&checksum),
+        );
+    }
+    sql
 }
 
 /// A migrator's error as [`Error::Migrate`]: which migration failed (its version and
@@ -171,4 +217,24 @@ pub(crate) fn note_newer_schema<D: Dialect>(applied: &[i64]) {
          database has {applied:?}): running on it, as outbox migrations are additive; finish \
          the rollout to the newer binary"
     );
+}
+
+/// A `sqlx` store opened by an operator's tool: its operations, and its migrations run on its
+/// pool.
+impl<D: Dialect> outbox_core::admin::Database for crate::store::SqlxStore<D> {
+    fn operations(&self) -> &dyn outbox_core::admin::Operations {
+        self
+    }
+
+    fn applied_migrations(&self) -> outbox_core::BoxFuture<'_, Result<Vec<i64>, Error>> {
+        Box::pin(applied::<D>(&self.pool))
+    }
+
+    fn migrate(&self) -> outbox_core::BoxFuture<'_, Result<(), Error>> {
+        Box::pin(migrate::<D>(&self.pool))
+    }
+
+    fn close(&self) -> outbox_core::BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
 }

@@ -1,0 +1,258 @@
+//! Operators' tools over any backend: the `outbox` command, a console, a script.
+//!
+//! [`Admin`] and [`Store`] are generic traits, for code that knows its store's type. A tool
+//! that takes a database URL does not: it finds the [`Backend`] registered for the URL's
+//! scheme ([`Backend::for_url`]), opens the [`Database`] there, and works on it through
+//! [`Operations`], which every `Store + Admin` implements as a trait object.
+//!
+//! A backend registers itself by linking: `outbox-rs-postgres` registers `postgres://` and
+//! `postgresql://`, `outbox-rs-sqlite` registers `sqlite:`. A backend of your own registers
+//! with `inventory::submit!` of a [`Backend`]; every
+//! tool built with it then speaks to its URLs, unchanged.
+
+use crate::__private::inventory;
+use crate::backfill::{BackfillStart, BackfillState};
+use crate::error::Error;
+use crate::handler::BoxFuture;
+use crate::model::{CategoryId, MessageId, ShardKey};
+use crate::store::{
+    Admin, DeadLetter, DeadLetterFilter, OutboxStatus, Pause, PauseTarget, PendingMessage,
+    RelayInfo, ShardFilter, ShardInfo, ShardState, Store,
+};
+
+/// What an operator's tool does to an outbox, as a trait object: [`Admin`]'s operations and
+/// [`Store::check_schema`], each a boxed future. Every `Store + Admin` implements it.
+pub trait Operations: Send + Sync {
+    /// See [`Store::check_schema`].
+    fn check_schema(&self) -> BoxFuture<'_, Result<(), Error>>;
+    /// See [`Admin::reschedule`].
+    fn reschedule<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<bool, Error>>;
+    /// See [`Admin::pending_messages`].
+    fn pending_messages(&self, limit: usize) -> BoxFuture<'_, Result<Vec<PendingMessage>, Error>>;
+    /// See [`Admin::shard_states`].
+    fn shard_states(&self) -> BoxFuture<'_, Result<Vec<ShardState>, Error>>;
+    /// See [`Admin::status`].
+    fn status(&self, deepest: usize) -> BoxFuture<'_, Result<OutboxStatus, Error>>;
+    /// See [`Admin::shard`].
+    fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>>;
+    /// See [`Admin::shards`].
+    fn shards(
+        &self,
+        filter: ShardFilter,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<ShardInfo>, Error>>;
+    /// See [`Admin::shard_messages`].
+    fn shard_messages<'a>(
+        &'a self,
+        shard: &'a ShardKey,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<PendingMessage>, Error>>;
+    /// See [`Admin::dead_letters`].
+    fn dead_letters<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, Error>>;
+    /// See [`Admin::replay_dead_letters`].
+    fn replay_dead_letters<'a>(
+        &'a self,
+        ids: &'a [MessageId],
+    ) -> BoxFuture<'a, Result<Vec<MessageId>, Error>>;
+    /// See [`Admin::set_aside`].
+    fn set_aside<'a>(
+        &'a self,
+        id: MessageId,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<DeadLetter, Error>>;
+    /// See [`Admin::purge_dead_letters`].
+    fn purge_dead_letters<'a>(&'a self, ids: &'a [MessageId]) -> BoxFuture<'a, Result<u64, Error>>;
+    /// See [`Admin::pause`].
+    fn pause<'a>(
+        &'a self,
+        target: &'a PauseTarget,
+        reason: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+    /// See [`Admin::resume`].
+    fn resume<'a>(&'a self, target: &'a PauseTarget) -> BoxFuture<'a, Result<bool, Error>>;
+    /// See [`Admin::pauses`].
+    fn pauses(&self) -> BoxFuture<'_, Result<Vec<Pause>, Error>>;
+    /// See [`Admin::backfills`].
+    fn backfills(&self) -> BoxFuture<'_, Result<Vec<BackfillState>, Error>>;
+    /// See [`Admin::start_backfill`].
+    fn start_backfill<'a>(
+        &'a self,
+        start: &'a BackfillStart,
+    ) -> BoxFuture<'a, Result<BackfillState, Error>>;
+    /// See [`Admin::pause_backfill`].
+    fn pause_backfill(&self, category: CategoryId) -> BoxFuture<'_, Result<bool, Error>>;
+    /// See [`Admin::relays`].
+    fn relays(&self) -> BoxFuture<'_, Result<Vec<RelayInfo>, Error>>;
+}
+
+impl<S: Store + Admin> Operations for S {
+    fn check_schema(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(Store::check_schema(self))
+    }
+    fn reschedule<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Admin::reschedule(self, shard))
+    }
+    fn pending_messages(&self, limit: usize) -> BoxFuture<'_, Result<Vec<PendingMessage>, Error>> {
+        Box::pin(Admin::pending_messages(self, limit))
+    }
+    fn shard_states(&self) -> BoxFuture<'_, Result<Vec<ShardState>, Error>> {
+        Box::pin(Admin::shard_states(self))
+    }
+    fn status(&self, deepest: usize) -> BoxFuture<'_, Result<OutboxStatus, Error>> {
+        Box::pin(Admin::status(self, deepest))
+    }
+    fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>> {
+        Box::pin(Admin::shard(self, shard))
+    }
+    fn shards(
+        &self,
+        filter: ShardFilter,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<ShardInfo>, Error>> {
+        Box::pin(Admin::shards(self, filter, limit))
+    }
+    fn shard_messages<'a>(
+        &'a self,
+        shard: &'a ShardKey,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<PendingMessage>, Error>> {
+        Box::pin(Admin::shard_messages(self, shard, limit))
+    }
+    fn dead_letters<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, Error>> {
+        Box::pin(Admin::dead_letters(self, filter))
+    }
+    fn replay_dead_letters<'a>(
+        &'a self,
+        ids: &'a [MessageId],
+    ) -> BoxFuture<'a, Result<Vec<MessageId>, Error>> {
+        Box::pin(Admin::replay_dead_letters(self, ids))
+    }
+    fn set_aside<'a>(
+        &'a self,
+        id: MessageId,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<DeadLetter, Error>> {
+        Box::pin(Admin::set_aside(self, id, reason))
+    }
+    fn purge_dead_letters<'a>(&'a self, ids: &'a [MessageId]) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(Admin::purge_dead_letters(self, ids))
+    }
+    fn pause<'a>(
+        &'a self,
+        target: &'a PauseTarget,
+        reason: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Admin::pause(self, target, reason))
+    }
+    fn resume<'a>(&'a self, target: &'a PauseTarget) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Admin::resume(self, target))
+    }
+    fn pauses(&self) -> BoxFuture<'_, Result<Vec<Pause>, Error>> {
+        Box::pin(Admin::pauses(self))
+    }
+    fn backfills(&self) -> BoxFuture<'_, Result<Vec<BackfillState>, Error>> {
+        Box::pin(Admin::backfills(self))
+    }
+    fn start_backfill<'a>(
+        &'a self,
+        start: &'a BackfillStart,
+    ) -> BoxFuture<'a, Result<BackfillState, Error>> {
+        Box::pin(Admin::start_backfill(self, start))
+    }
+    fn pause_backfill(&self, category: CategoryId) -> BoxFuture<'_, Result<bool, Error>> {
+        Box::pin(Admin::pause_backfill(self, category))
+    }
+    fn relays(&self) -> BoxFuture<'_, Result<Vec<RelayInfo>, Error>> {
+        Box::pin(Admin::relays(self))
+    }
+}
+
+/// An outbox database a tool opened through its [`Backend`]: the operations on its outbox,
+/// and its migrations.
+pub trait Database: Send + Sync {
+    /// The operations on the outbox in this database.
+    fn operations(&self) -> &dyn Operations;
+
+    /// The versions of the outbox migrations the database has applied, in order (none before
+    /// the first migration).
+    fn applied_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, Error>>;
+
+    /// Applies the outbox migrations the database lacks.
+    fn migrate(&self) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Closes the connections.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// A database being opened: what [`Backend::open`] returns.
+pub type Opening = BoxFuture<'static, Result<Box<dyn Database>, Error>>;
+
+/// Whether [`Backend::open`] may create the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open {
+    /// The database must exist (a SQLite file not there is an error, not a new file).
+    Existing,
+    /// Create it where the backend can (a SQLite file): what a first migration does.
+    OrCreate,
+}
+
+/// A database an operator's tool can open by URL, registered by its backend's crate with
+/// `inventory`: the schemes it answers to, how it opens a URL, and its migrations as SQL.
+#[derive(Debug)]
+pub struct Backend {
+    /// The database's name, as messages show it (`"PostgreSQL"`).
+    pub name: &'static str,
+    /// The URL schemes it opens, in lower case, as the URL starts (`"postgres"` for
+    /// `postgres://…`).
+    pub schemes: &'static [&'static str],
+    /// Opens the database at a URL of one of its schemes.
+    pub open: fn(url: String, open: Open) -> Opening,
+    /// Every outbox migration as SQL for a migration tool of the user's own: each recorded in
+    /// the migrations table as the backend's own migrator records it, so that a relay's
+    /// start-up check finds them.
+    pub migration_script: fn() -> String,
+}
+
+inventory::collect!(Backend);
+
+impl Backend {
+    /// Every backend linked into this program.
+    pub fn all() -> impl Iterator<Item = &'static Backend> {
+        inventory::iter::<Backend>.into_iter()
+    }
+
+    /// The backend registered for `url`'s scheme; [`Error::InvalidDatabaseUrl`] naming the
+    /// schemes there are (never the URL's other parts, which may hold a password) if none is.
+    pub fn for_url(url: &str) -> Result<&'static Backend, Error> {
+        let scheme = url
+            .split_once(':')
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        let found = scheme
+            .as_deref()
+            .and_then(|scheme| Self::all().find(|backend| backend.schemes.contains(&scheme)));
+        found.ok_or_else(|| {
+            let mut known: Vec<String> = Self::all()
+                .flat_map(|backend| backend.schemes.iter().map(|scheme| format!("`{scheme}:`")))
+                .collect();
+            known.sort();
+            let expected = if known.is_empty() {
+                "no database backend is linked into this program".to_owned()
+            } else {
+                format!("expected a URL starting with {}", known.join(", "))
+            };
+            Error::invalid_database_url(url, expected)
+        })
+    }
+
+    /// Opens the database at `url` (see [`Backend::for_url`]).
+    pub async fn connect(url: &str, open: Open) -> Result<Box<dyn Database>, Error> {
+        let backend = Self::for_url(url)?;
+        (backend.open)(url.to_owned(), open).await
+    }
+}
