@@ -6,16 +6,7 @@ use std::io::Write;
 use outbox_core::admin::{Backend, Open};
 
 use crate::CliError;
-use crate::output::Printer;
-
-/// What `outbox migrate` did.
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct Migrated {
-    /// The versions applied before.
-    pub(crate) before: Vec<i64>,
-    /// The versions applied after.
-    pub(crate) after: Vec<i64>,
-}
+use crate::output::{Migrated, Printer};
 
 /// `outbox migrate [--print]`.
 pub(crate) async fn run(

@@ -13,7 +13,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::CliError;
-use crate::migrate::Migrated;
 use crate::names;
 
 /// Writes what the commands show, with the names the catalog knows.
@@ -806,6 +805,15 @@ impl<'a> Printer<'a> {
         }
         Ok(())
     }
+}
+
+/// What `outbox migrate` did.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Migrated {
+    /// The versions applied before.
+    pub(crate) before: Vec<i64>,
+    /// The versions applied after.
+    pub(crate) after: Vec<i64>,
 }
 
 #[cfg(test)]

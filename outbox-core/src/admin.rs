@@ -10,10 +10,9 @@
 //! with `inventory::submit!` of a [`Backend`]; every
 //! tool built with it then speaks to its URLs, unchanged.
 
-use crate::__private::inventory;
 use crate::backfill::{BackfillStart, BackfillState};
 use crate::error::Error;
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
 use crate::model::{CategoryId, MessageId, ShardKey};
 use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, OutboxStatus, Pause, PauseTarget, PendingMessage,

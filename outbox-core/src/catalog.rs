@@ -1,9 +1,9 @@
 //! The names of scopes and categories a binary knows: for tools that show and read them
 //! (the `outbox` command), without handlers.
 
-use crate::declare::{CategoryDeclaration, ScopeDeclaration};
 use crate::model::{CategoryId, ScopeId};
 use crate::registry::Registry;
+use crate::registry::declare::{CategoryDeclaration, ScopeDeclaration};
 
 /// A category's names, as a [`Catalog`] knows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

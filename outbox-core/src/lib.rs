@@ -83,23 +83,35 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 
+// Layers: each module uses only the modules listed before it, never one after it, so that no
+// two modules import each other (`xtask/tests/layers.rs` checks it, and fails on a module not
+// listed here).
+//
+// 1. The vocabulary: `future`, `id`, `metadata`, `secret`, `shutdown`, `key`, `trace`,
+//    `error`, `model`, `categories`, `columns`, `replicated`.
+// 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`.
+// 3. Delivery: `breaker`, `handler`, `sink`.
+// 4. Declarations: `test_models`, `registry`, `catalog`.
+// 5. The engine and the tools: `memory`, `relay`, `admin`, `__private`.
+
 pub mod admin;
 pub mod backfill;
+mod breaker;
 mod catalog;
 mod categories;
 pub mod columns;
-mod declare;
 mod error;
 mod flush;
+mod future;
 mod handler;
 mod id;
+mod key;
 pub mod memory;
 mod metadata;
 mod model;
 mod registry;
 mod relay;
 mod replicated;
-mod replication;
 mod secret;
 mod shutdown;
 pub mod sink;
@@ -113,16 +125,16 @@ pub use crate::backfill::{BackfillPhase, BackfillStart, BackfillState};
 pub use crate::catalog::{Catalog, NamedCategory};
 pub use crate::categories::Deliverable;
 pub use crate::columns::{ColumnValue, ColumnVisitor, ModelColumns, ModelRow};
-pub use crate::declare::SourceLocation;
 pub use crate::error::{
-    BoxError, ColumnMismatch, DeliveryError, Error, ExtractError, RegistryProblem, Site,
-    error_chain,
+    BoxError, ColumnMismatch, Error, RegistryProblem, Site, SourceLocation, error_chain,
 };
-pub use crate::flush::{FlushError, Undelivered, WrittenShards};
+pub use crate::flush::WrittenShards;
 pub use crate::handler::{
-    BoxFuture, Connection, Delivery, DeliveryKind, FnHandler, FromContext, Handler, HandlerContext,
-    HandlerFn, HandlerOutput, NoOp, Requirements, State, handler_fn,
+    BoxFuture, Connection, Delivery, DeliveryError, DeliveryKind, ExtractError, FnHandler,
+    FromContext, Handler, HandlerContext, HandlerFn, HandlerOutput, NoOp, Requirements, State,
+    handler_fn,
 };
+pub use crate::handler::{Deletion, Replication};
 pub use crate::id::{Id, IdOutOfRange, Identifier, ParseIdError};
 pub use crate::metadata::{Metadata, TRACEPARENT, TRACESTATE};
 pub use crate::model::{
@@ -131,14 +143,13 @@ pub use crate::model::{
 };
 pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
 pub use crate::relay::{
-    Backoff, DeadLettered, DrainReport, Health, MaintenanceReport, Relay, RelayConfig,
-    RelayConfigBuilder, RunReport, ShardFailure, WaitingShard,
+    Backoff, DeadLettered, DrainReport, FlushError, Health, MaintenanceReport, Relay, RelayConfig,
+    RelayConfigBuilder, RunReport, ShardFailure, Undelivered, WaitingShard,
 };
 pub use crate::replicated::{
     FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
     check_model_shape,
 };
-pub use crate::replication::{Deletion, Replication};
 pub use crate::secret::{redact_url, secret_parameters};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::{

@@ -1,44 +1,12 @@
 //! The vocabulary of the outbox: scopes, categories, shards and messages.
 
-use std::fmt;
-
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::id::{Id, Identifier};
+pub use crate::key::{CategoryId, Destination, MAX_DESTINATION_LEN, MessageId, ScopeId, ShardKey};
 use crate::metadata::Metadata;
-use crate::registry::Registry;
-
-/// Stable identifier of a [`Scope`], stored in every outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScopeId(pub i16);
-
-/// Stable identifier of a [`Category`], stored in every outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CategoryId(pub i32);
-
-/// Identifier the database assigned to one outbox row. Increases with every write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MessageId(pub i64);
-
-impl fmt::Display for ScopeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for CategoryId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for MessageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// What kind of thing a shard identifier names (an organization, a user, an audit log...).
 ///
@@ -174,15 +142,6 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for T {
     }
 }
 
-/// The name of the destination a fan-out message is delivered to (a region, a cell...).
-///
-/// Part of the shard key: each destination drains independently of the others.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Destination(String);
-
-/// The longest destination name accepted, in bytes.
-pub const MAX_DESTINATION_LEN: usize = 200;
-
 impl Destination {
     /// Validates a destination name: 1 to [`MAX_DESTINATION_LEN`] bytes, no control characters.
     pub fn new(name: impl Into<String>) -> Result<Self, Error> {
@@ -201,84 +160,12 @@ impl Destination {
             None => Ok(Self(name)),
         }
     }
-
-    /// The destination name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A shard: the unit of ordering, exclusive processing and backoff.
-///
-/// `(scope, shard_identifier)` for local outboxes, plus the destination for fan-out outboxes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ShardKey {
-    /// The scope the shard identifier belongs to.
-    pub scope: ScopeId,
-    /// The identifier of the thing the shard is about (an organization id, a user id...).
-    pub shard_identifier: Id,
-    /// The destination of a fan-out outbox; `None` for a local outbox.
-    pub destination: Option<Destination>,
-}
-
-impl ShardKey {
-    /// A local shard.
-    pub fn local(scope: ScopeId, shard_identifier: impl Identifier) -> Self {
-        Self {
-            scope,
-            shard_identifier: shard_identifier.into_id(),
-            destination: None,
-        }
-    }
-
-    /// A fan-out shard for one destination.
-    pub fn fan_out(
-        scope: ScopeId,
-        shard_identifier: impl Identifier,
-        destination: Destination,
-    ) -> Self {
-        Self {
-            scope,
-            shard_identifier: shard_identifier.into_id(),
-            destination: Some(destination),
-        }
-    }
-
-    /// The destination as stored in a row: the empty string for a local outbox.
-    pub fn destination_str(&self) -> &str {
-        self.destination.as_ref().map_or("", Destination::as_str)
-    }
-
-    /// Rebuilds a key from its stored form, where the empty destination means "local".
-    pub fn from_stored(scope: i16, shard_identifier: Id, destination: String) -> Self {
-        Self {
-            scope: ScopeId(scope),
-            shard_identifier,
-            destination: (!destination.is_empty()).then_some(Destination(destination)),
-        }
-    }
-}
-
-impl fmt::Display for ShardKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "scope {} shard {}", self.scope, self.shard_identifier)?;
-        if let Some(destination) = &self.destination {
-            write!(f, " destination `{destination}`")?;
-        }
-        Ok(())
-    }
 }
 
 /// An outbox message, ready to be written in the caller's transaction.
 ///
 /// Built from a typed [`Category`] with [`Message::new`], so its scope always matches its
-/// category, or checked against a [`Registry`] with [`Message::from_raw`].
+/// category, or checked against a [`Registry`](crate::Registry) with [`Message::from_raw`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     shard: ShardKey,
@@ -333,39 +220,27 @@ impl Message {
         self
     }
 
-    /// Checks an untyped message against the registry: the category must be known and the
-    /// scope must be the category's own (S4). Nothing reaches the database otherwise.
-    pub fn from_raw(raw: RawMessage, registry: &Registry) -> Result<Self, Error> {
-        let info = registry
-            .category(raw.category)
-            .ok_or(Error::UnknownCategory {
-                category: raw.category,
-            })?;
-        if info.scope != raw.scope {
-            return Err(Error::ScopeMismatch {
-                category: info.name,
-                expected: info.scope,
-                expected_name: info.scope_name,
-                found: raw.scope,
-            });
-        }
-        let payload = serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
-            category: info.name,
-            source,
-        })?;
-        Ok(Self {
+    /// An untyped message whose category and scope the registry checked
+    /// ([`Message::from_raw`]), with its payload as JSON text.
+    pub(crate) fn from_checked(
+        raw: RawMessage,
+        category_name: &'static str,
+        scope_name: &'static str,
+        payload: String,
+    ) -> Self {
+        Self {
             shard: ShardKey {
                 scope: raw.scope,
                 shard_identifier: raw.shard_identifier,
                 destination: raw.destination,
             },
             category: raw.category,
-            category_name: info.name,
-            scope_name: info.scope_name,
+            category_name,
+            scope_name,
             object_identifier: raw.object_identifier,
             payload,
             metadata: crate::trace::current_metadata(),
-        })
+        }
     }
 
     /// The shard the message belongs to.

@@ -1,9 +1,8 @@
 //! What the macros' expansions name, through `::outbox_core::__private`. Not public API.
 
 pub use crate::categories::{CategorySpec, not_in_enum};
-pub use crate::declare::{
-    CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation,
-};
+pub use crate::error::SourceLocation;
+pub use crate::registry::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration};
 
 /// What a category enum's payloads fail to read with.
 pub type JsonError = serde_json::Error;
@@ -11,10 +10,10 @@ pub use inventory;
 
 use crate::categories::Deliverable;
 pub use crate::handler::HandlerOutput;
+use crate::handler::{Deletion, Replication};
 use crate::handler::{Delivery, Handler};
 use crate::registry::RegistryBuilder;
 use crate::replicated::ReplicatedModel;
-use crate::replication::{Deletion, Replication};
 
 /// What an `#[outbox_handler]` function's first argument is, and so what it handles: every
 /// delivery of a category, or the replications or deletions of a model.

@@ -13,11 +13,13 @@ use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
 use sqlx::{Database, PgPool, Postgres, Row};
 
-use crate::wakeups::PgWakeups;
+use self::wakeups::PgWakeups;
 
 /// PostgreSQL, for the shared body of the `sqlx` backends.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PgDialect;
+
+pub(crate) mod wakeups;
 
 /// The embedded migrations, in order.
 const MIGRATIONS: &[EmbeddedMigration] = &[
@@ -1105,13 +1107,28 @@ impl Dialect for PgDialect {
         Ok(claims)
     }
 
+    fn read_head(rows: Vec<PgRow>) -> Result<Vec<outbox_core::store::StoredMessage>, Error> {
+        rows.iter()
+            .map(outbox_sqlx::session::stored::<Self>)
+            .collect()
+    }
+
+    async fn discover(
+        pool: &PgPool,
+        scope: i32,
+        cursor: &ShardKey,
+        limit: i32,
+    ) -> Result<Vec<(ShardKey, bool)>, Error> {
+        outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await
+    }
+
     const FINISHES_IN_ONE_STATEMENT: bool = true;
 
     async fn ack_and_release_on(
         &self,
         conn: &mut sqlx::PgConnection,
-        batch: &[outbox_sqlx::session::Finishing],
-    ) -> Result<Vec<outbox_sqlx::session::Finished>, Error> {
+        batch: &[outbox_sqlx::dialect::Finishing],
+    ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
         const OPERATION: &str = "acknowledging and releasing drained shards";
         let mut scopes = Vec::with_capacity(batch.len());
         let mut identifiers = Vec::with_capacity(batch.len());
@@ -1167,11 +1184,11 @@ impl Dialect for PgDialect {
     }
 
     fn database_key(pool: &PgPool) -> String {
-        crate::wakeups::database_key(pool)
+        wakeups::database_key(pool)
     }
 
     fn announce_elsewhere(pool: &PgPool, database: &str, shards: &[ShardKey]) {
-        crate::wakeups::notify(pool, database, shards);
+        wakeups::notify(pool, database, shards);
     }
 }
 

@@ -94,14 +94,13 @@
 mod connect;
 mod dialect;
 mod model;
-mod wakeups;
 
 use outbox_core::Error;
 use sqlx::PgPool;
 
 pub use crate::connect::connect;
 pub use crate::dialect::PgDialect;
-pub use crate::wakeups::{NOTIFY_CHANNEL, PgWakeups, set_announce_interval};
+pub use crate::dialect::wakeups::{NOTIFY_CHANNEL, PgWakeups, set_announce_interval};
 pub use outbox_core::store::MIGRATIONS_TABLE;
 /// A replicated model this backend writes (`M: Writable<PgDialect>`): every field of a type
 /// the driver encodes. The bound for code generic over models.

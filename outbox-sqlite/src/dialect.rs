@@ -1158,8 +1158,8 @@ impl Dialect for SqliteDialect {
     async fn ack_and_release_on(
         &self,
         conn: &mut sqlx::SqliteConnection,
-        batch: &[outbox_sqlx::session::Finishing],
-    ) -> Result<Vec<outbox_sqlx::session::Finished>, Error> {
+        batch: &[outbox_sqlx::dialect::Finishing],
+    ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
         together::finish_all(conn, batch).await
     }
 

@@ -2,9 +2,10 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::time::Duration;
 
 use outbox_core::store::{
-    ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
+    Acknowledgement, ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
 };
 use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
 use sqlx::error::DatabaseError;
@@ -531,13 +532,11 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     fn decode_ids(row: &<Self::Database as Database>::Row, index: usize)
     -> Result<Vec<i64>, Error>;
 
-    /// The rows [`Statements::fetch`] returned, as messages in id order. By default each row
-    /// is (id, category, scope, object, payload).
-    fn read_head(
-        rows: Vec<<Self::Database as Database>::Row>,
-    ) -> Result<Vec<StoredMessage>, Error> {
-        rows.iter().map(crate::session::stored::<Self>).collect()
-    }
+    /// The rows [`Statements::fetch`] returned, as messages in id order
+    /// ([`crate::session::stored`] reads one row of (id, category, scope, object, payload,
+    /// created, metadata)).
+    fn read_head(rows: Vec<<Self::Database as Database>::Row>)
+    -> Result<Vec<StoredMessage>, Error>;
 
     /// The most parameters one statement takes: a model write binds as many rows per
     /// statement as fit.
@@ -615,16 +614,14 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
 
     /// Up to `limit` shards with pending rows after `cursor`, in key order (`scope` is the
     /// cursor's scope, or one below every scope for the first page), each with whether it is
-    /// due: the rows of [`Statements::discover`]. The default reads them row by row; a backend
-    /// may have them come back otherwise.
+    /// due: the rows of [`Statements::discover`] ([`crate::store::discover_rows`] reads them
+    /// row by row; a backend may have them come back otherwise).
     fn discover(
         pool: &Pool<Self::Database>,
         scope: i32,
         cursor: &ShardKey,
         limit: i32,
-    ) -> impl Future<Output = Result<Vec<(ShardKey, bool)>, Error>> + Send {
-        crate::store::discover_rows::<Self>(pool, scope, cursor, limit)
-    }
+    ) -> impl Future<Output = Result<Vec<(ShardKey, bool)>, Error>> + Send;
 
     /// Whether [`Dialect::ack_and_release_on`] is one statement: then it runs on a pooled
     /// connection, as its own transaction, rather than in one the caller begins and commits.
@@ -635,15 +632,13 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// each of `batch` (a lease, its duration, the rows it acknowledges), the rows deleted and
     /// whether the release found the lease, or [`Error::LeaseLost`] if the lease was not held
     /// (nothing of that shard changed). An error is the batch's: its transaction must not
-    /// commit. The default runs each shard's statements in turn; a backend may do them all in
-    /// one statement.
+    /// commit. [`crate::session::ack_and_release_each`] runs each shard's statements in turn;
+    /// a backend may do them all in one statement.
     fn ack_and_release_on<'c>(
         &'c self,
         conn: &'c mut <Self::Database as Database>::Connection,
-        batch: &'c [crate::session::Finishing],
-    ) -> impl Future<Output = Result<Vec<crate::session::Finished>, Error>> + Send + 'c {
-        crate::session::ack_and_release_each::<Self>(conn, batch)
-    }
+        batch: &'c [Finishing],
+    ) -> impl Future<Output = Result<Vec<Finished>, Error>> + Send + 'c;
 
     /// A stream of the wake-ups that other processes' commits send, if the backend has one
     /// (the relay hears this process's own commits directly: see [`crate::wake`]).
@@ -671,3 +666,10 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
         async { Ok(()) }
     }
 }
+
+/// A drained shard to finish: its lease, the lease's duration, and the rows it acknowledges.
+pub type Finishing = (Lease, Duration, Vec<Acknowledgement>);
+
+/// How a drained shard's finish went: the rows it deleted and whether the release found the
+/// lease, or [`Error::LeaseLost`].
+pub type Finished = Result<(u64, bool), Error>;

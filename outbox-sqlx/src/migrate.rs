@@ -218,23 +218,3 @@ pub(crate) fn note_newer_schema<D: Dialect>(applied: &[i64]) {
          the rollout to the newer binary"
     );
 }
-
-/// A `sqlx` store opened by an operator's tool: its operations, and its migrations run on its
-/// pool.
-impl<D: Dialect> outbox_core::admin::Database for crate::store::SqlxStore<D> {
-    fn operations(&self) -> &dyn outbox_core::admin::Operations {
-        self
-    }
-
-    fn applied_migrations(&self) -> outbox_core::BoxFuture<'_, Result<Vec<i64>, Error>> {
-        Box::pin(applied::<D>(&self.pool))
-    }
-
-    fn migrate(&self) -> outbox_core::BoxFuture<'_, Result<(), Error>> {
-        Box::pin(migrate::<D>(&self.pool))
-    }
-
-    fn close(&self) -> outbox_core::BoxFuture<'_, ()> {
-        Box::pin(self.pool.close())
-    }
-}

@@ -11,7 +11,7 @@ use outbox_core::{CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeI
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
-use crate::dialect::{Ack, Claiming, Dialect};
+use crate::dialect::{Ack, Claiming, Dialect, Finished, Finishing};
 use crate::error::{database, on_table};
 use crate::sql::{Executes, Sql, Statement, With, get};
 
@@ -606,13 +606,6 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
         Ok(())
     }
 }
-
-/// A drained shard to finish: its lease, the lease's duration, and the rows it acknowledges.
-pub type Finishing = (Lease, Duration, Vec<Acknowledgement>);
-
-/// How a drained shard's finish went: the rows it deleted and whether the release found the
-/// lease, or [`Error::LeaseLost`].
-pub type Finished = Result<(u64, bool), Error>;
 
 /// [`Dialect::ack_and_release_on`]'s default: each shard's acknowledgement and release in
 /// turn, one or two statements each, on `conn`.

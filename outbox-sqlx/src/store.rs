@@ -252,9 +252,9 @@ async fn rows_on<'q, D: Dialect>(
         .map_err(database::<D>(operation))
 }
 
-/// [`Dialect::discover`]'s default: the rows of [`Statements::discover`](crate::Statements),
-/// read row by row on a pooled connection.
-pub(crate) async fn discover_rows<D: Dialect>(
+/// [`Dialect::discover`] as most backends answer it: the rows of
+/// [`Statements::discover`](crate::Statements), read row by row on a pooled connection.
+pub async fn discover_rows<D: Dialect>(
     pool: &Pool<D::Database>,
     scope: i32,
     cursor: &ShardKey,
@@ -919,5 +919,25 @@ impl<D: Dialect> Admin for SqlxStore<D> {
 
     async fn pause_backfill(&self, category: CategoryId) -> Result<bool, Error> {
         self.halt_backfill(category).await
+    }
+}
+
+/// A `sqlx` store opened by an operator's tool: its operations, and its migrations run on its
+/// pool.
+impl<D: Dialect> outbox_core::admin::Database for SqlxStore<D> {
+    fn operations(&self) -> &dyn outbox_core::admin::Operations {
+        self
+    }
+
+    fn applied_migrations(&self) -> outbox_core::BoxFuture<'_, Result<Vec<i64>, Error>> {
+        Box::pin(crate::migrate::applied::<D>(&self.pool))
+    }
+
+    fn migrate(&self) -> outbox_core::BoxFuture<'_, Result<(), Error>> {
+        Box::pin(crate::migrate::migrate::<D>(&self.pool))
+    }
+
+    fn close(&self) -> outbox_core::BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
     }
 }

@@ -3,16 +3,17 @@
 
 use std::marker::PhantomData;
 
+use super::error::{DeliveryError, ExtractError};
 use super::extract::HandlerContext;
+use super::replication::{Deletion, Replication};
 use super::{BoxFuture, Delivery, Handler};
+use crate::breaker::Unavailable;
 use crate::categories::Deliverable;
 use crate::columns::ModelRow;
-use crate::error::{BoxError, DeliveryError, ExtractError};
+use crate::error::BoxError;
 use crate::metadata::Metadata;
 use crate::model::{MessageId, ShardKey};
 use crate::replicated::ReplicatedModel;
-use crate::replication::{Deletion, Replication};
-use crate::sink::Unavailable;
 use crate::store::StoredMessage;
 
 /// What the relay hands a type-erased handler.

@@ -5,8 +5,8 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
-use crate::error::ExtractError;
-use crate::registry::StateMap;
+use super::error::ExtractError;
+use super::state::StateMap;
 
 /// What the relay lends a handler call besides the delivery: the values given to
 /// [`RegistryBuilder::state`](crate::RegistryBuilder::state) and, in

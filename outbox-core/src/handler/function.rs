@@ -143,7 +143,7 @@ macro_rules! handler_fns {
             ) -> impl Future<Output = Result<(), BoxError>> + Send {
                 // Made before the call, so the future does not hold the context.
                 let arguments = (|| {
-                    Ok::<_, crate::error::ExtractError>(($(<$argument as FromContext<'_>>::from_context(cx)?,)+))
+                    Ok::<_, crate::handler::ExtractError>(($(<$argument as FromContext<'_>>::from_context(cx)?,)+))
                 })();
                 async move {
                     let ($($argument,)+) = arguments?;

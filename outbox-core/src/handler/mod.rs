@@ -9,11 +9,13 @@
 //! ([`Handler::requires`]) and checked when the registry is built.
 
 mod erased;
+mod error;
 mod extract;
 mod function;
+mod replication;
+mod state;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::time::SystemTime;
 
 use crate::categories::Deliverable;
@@ -25,11 +27,14 @@ use crate::model::{Destination, MessageId, ShardKey};
 pub(crate) use self::erased::{
     ErasedHandler, FromRaw, NoOpErased, Pipeline, Pipelined, RawDelivery, erase,
 };
+pub use self::error::{DeliveryError, ExtractError};
 pub use self::extract::{Connection, FromContext, HandlerContext, Requirements, State};
 pub use self::function::{FnHandler, HandlerFn, HandlerOutput, handler_fn};
+pub(crate) use self::replication::ModelDispatch;
+pub use self::replication::{Deletion, Replication};
+pub(crate) use self::state::StateMap;
 
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::future::BoxFuture;
 
 /// One delivery of a coalescing group (or of one message, for non-coalescing categories).
 ///

@@ -3,19 +3,20 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration};
 use super::lookup::Registry;
-use super::state::StateMap;
 use super::validate::{self, Registrations};
 use crate::backfill::BackfillModel;
 use crate::categories::{CategorySpec, Deliverable};
-use crate::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration, SourceLocation};
+use crate::error::SourceLocation;
 use crate::error::{Error, Site};
+use crate::handler::StateMap;
+use crate::handler::{Deletion, Replication};
 use crate::handler::{
     Delivery, ErasedHandler, FromRaw, Handler, NoOp, NoOpErased, Requirements, erase,
 };
 use crate::model::{Category, CategoryId, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
-use crate::replication::{Deletion, Replication};
 use crate::sink::{Publisher, Sink};
 
 /// A category as declared (or, without declarations, as a handler names it).

@@ -5,11 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::builder::RegistryBuilder;
-use super::state::StateMap;
 use crate::backfill::BackfillModel;
 use crate::error::Error;
-use crate::handler::ErasedHandler;
-use crate::model::{CategoryId, ScopeId};
+use crate::handler::{ErasedHandler, StateMap};
+use crate::model::{CategoryId, Message, RawMessage, ScopeId};
 use crate::replicated::ModelTable;
 
 /// What the registry knows of one category.
@@ -124,5 +123,30 @@ impl Registry {
 
     pub(crate) fn state(&self) -> &StateMap {
         &self.state
+    }
+}
+
+impl Message {
+    /// Checks an untyped message against the registry: the category must be known and the
+    /// scope must be the category's own (S4). Nothing reaches the database otherwise.
+    pub fn from_raw(raw: RawMessage, registry: &Registry) -> Result<Self, Error> {
+        let info = registry
+            .category(raw.category)
+            .ok_or(Error::UnknownCategory {
+                category: raw.category,
+            })?;
+        if info.scope != raw.scope {
+            return Err(Error::ScopeMismatch {
+                category: info.name,
+                expected: info.scope,
+                expected_name: info.scope_name,
+                found: raw.scope,
+            });
+        }
+        let payload = serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
+            category: info.name,
+            source,
+        })?;
+        Ok(Self::from_checked(raw, info.name, info.scope_name, payload))
     }
 }

@@ -6,8 +6,8 @@
 //! - [`state`]: the values handlers take as [`State<T>`](crate::State).
 
 mod builder;
+pub(crate) mod declare;
 mod lookup;
-mod state;
 mod validate;
 
 #[cfg(test)]
@@ -15,4 +15,3 @@ mod tests;
 
 pub use self::builder::RegistryBuilder;
 pub use self::lookup::{CategoryInfo, Registry};
-pub(crate) use self::state::StateMap;

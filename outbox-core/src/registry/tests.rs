@@ -2,10 +2,10 @@
 
 use super::Registry;
 use crate::error::{Error, RegistryProblem};
+use crate::handler::{Deletion, Replication};
 use crate::handler::{Delivery, NoOp};
 use crate::model::{Category, CategoryId, Scope, ScopeId};
 use crate::replicated::ReplicatedModel;
-use crate::replication::{Deletion, Replication};
 use crate::test_models::{Org, Thing};
 
 macro_rules! category {

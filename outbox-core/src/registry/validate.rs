@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use super::builder::{Declared, HandlerEntry, Role};
 use super::lookup::CategoryInfo;
-use super::state::StateMap;
-use crate::declare::SourceLocation;
+use crate::error::SourceLocation;
 use crate::error::{RegistryProblem, Site};
+use crate::handler::ModelDispatch;
+use crate::handler::StateMap;
 use crate::handler::{ErasedHandler, NoOpErased};
 use crate::model::{CategoryId, ScopeId};
-use crate::replication::ModelDispatch;
 
 /// What was given to the builder, apart from the states.
 pub(super) struct Registrations {

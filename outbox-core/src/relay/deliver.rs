@@ -11,7 +11,8 @@ use tracing::{Instrument, Span, debug, info_span, warn};
 use super::Inner;
 use super::config::RelayConfig;
 use super::plan::Group;
-use crate::error::{DeliveryError, error_chain};
+use crate::error::error_chain;
+use crate::handler::DeliveryError;
 use crate::handler::{HandlerContext, Pipeline, Pipelined, RawDelivery};
 use crate::store::{HandlerMode, Lease, ShardSession, Store};
 

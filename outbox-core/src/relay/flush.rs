@@ -8,10 +8,11 @@ use tracing::debug;
 use super::parked::ParkedShards;
 use super::pool::ShardPool;
 use super::report::DrainReport;
-use super::shard::{DrainMode, ShardRun};
+use super::shard::{DrainMode, ShardFailure, ShardRun};
 use super::{Inner, Relay};
 use crate::error::Error;
-use crate::flush::{FlushError, Undelivered, WrittenShards};
+use crate::flush::WrittenShards;
+use crate::handler::DeliveryError;
 use crate::model::{MessageId, ShardKey};
 use crate::store::Store;
 
@@ -140,6 +141,110 @@ impl<S: Store> Inner<S> {
             debug!(%shard, messages, "shard held by another worker; the flush waits");
             tokio::time::sleep(pause.min(self.config.flush_wait.saturating_sub(waited))).await;
             pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Why a flush after commit did not deliver everything it drained. The data is committed
+/// either way: what was not delivered stays for the relay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlushError {
+    /// A handler failed (or a row could not be delivered): its message and the later ones of
+    /// its shard stay for the relay, and the shard's schedule is not pushed back. The other
+    /// shards of the flush were drained.
+    #[error("flushing the outboxes of {shard} failed")]
+    Delivery {
+        /// The shard whose delivery failed (the first, if several did).
+        shard: ShardKey,
+        /// What failed, with the handler's error as its source.
+        #[source]
+        error: Box<DeliveryError>,
+        /// The other shards of the flush that failed, if any.
+        others: Vec<ShardFailure>,
+        /// What the flush delivered before and besides the failure.
+        report: Box<DrainReport>,
+    },
+    /// Rows the transaction wrote are still pending: another worker held their shard for
+    /// longer than [`RelayConfig::flush_wait`](crate::RelayConfig::flush_wait). They are
+    /// committed and stay for the relay (or that worker); nothing failed.
+    #[error("flushing left {} message(s) undelivered in {} shard(s): {}",
+        remaining.iter().map(|shard| shard.messages).sum::<u64>(), remaining.len(),
+        remaining.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Incomplete {
+        /// The shards with rows left, and why.
+        remaining: Vec<Undelivered>,
+        /// What the flush delivered.
+        report: Box<DrainReport>,
+    },
+    /// The database failed while flushing.
+    #[error("flushing the outboxes failed")]
+    Store(#[source] Error),
+}
+
+/// A shard a flush could not finish: its rows up to the flush's bound are still pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Undelivered {
+    /// The shard.
+    pub shard: ShardKey,
+    /// How many of its messages, up to the newest the transaction wrote there, are pending.
+    pub messages: u64,
+    /// How long the flush waited for the shard.
+    pub waited: Duration,
+    /// Whether a pause holds the shard (S23): the flush did not wait for it, and its rows are
+    /// delivered once it is resumed.
+    pub paused: bool,
+}
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.paused {
+            return write!(
+                f,
+                "{} message(s) in {}, which is paused: they are delivered once it is resumed",
+                self.messages, self.shard
+            );
+        }
+        write!(
+            f,
+            "{} message(s) in {}, which another worker held (or which was backing off) for the \
+             {:?} the flush waited",
+            self.messages, self.shard, self.waited
+        )
+    }
+}
+
+impl FlushError {
+    /// A flush's report, or the failure it contains, or the rows it left.
+    pub(crate) fn check(
+        mut report: DrainReport,
+        remaining: Vec<Undelivered>,
+    ) -> Result<DrainReport, Self> {
+        if report.failures.is_empty() {
+            if remaining.is_empty() {
+                return Ok(report);
+            }
+            return Err(Self::Incomplete {
+                remaining,
+                report: Box::new(report),
+            });
+        }
+        let mut failures = std::mem::take(&mut report.failures).into_iter();
+        let first = failures.next().expect("failures is not empty");
+        Err(Self::Delivery {
+            shard: first.shard,
+            error: Box::new(first.error),
+            others: failures.collect(),
+            report: Box::new(report),
+        })
+    }
+
+    /// The failed delivery, if a delivery failed.
+    pub fn delivery_error(&self) -> Option<&DeliveryError> {
+        match self {
+            Self::Delivery { error, .. } => Some(error),
+            Self::Incomplete { .. } | Self::Store(_) => None,
         }
     }
 }

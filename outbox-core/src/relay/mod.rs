@@ -35,6 +35,7 @@ use tokio::sync::{Notify, OnceCell, watch};
 use tracing::{Instrument, debug, info, info_span};
 
 pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};
+pub use self::flush::{FlushError, Undelivered};
 pub use self::health::Health;
 use self::health::Vitals;
 use self::parked::ParkedShards;

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::columns::ModelRow;
-use crate::error::DeliveryError;
+use crate::handler::DeliveryError;
 use crate::id::Id;
 use crate::model::{MessageId, ShardKey};
 use crate::registry::{CategoryInfo, Registry};

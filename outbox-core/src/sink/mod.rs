@@ -26,8 +26,6 @@
 //! message the broker refuses ([`SinkError::Refused`]: too large, no such stream) is a failure
 //! of that message: its shard backs off, and its category's dead-letter policy applies.
 
-mod breaker;
-
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
@@ -35,9 +33,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use self::breaker::{Breaker, ProbeDelays, Unavailable};
+pub use crate::breaker::{Breaker, ProbeDelays, Unavailable};
 use crate::categories::Deliverable;
-use crate::error::{BoxError, DeliveryError};
+use crate::error::BoxError;
+use crate::handler::DeliveryError;
 use crate::handler::{
     BoxFuture, Delivery, ErasedHandler, FromRaw, HandlerContext, Pipeline, Pipelined, RawDelivery,
 };

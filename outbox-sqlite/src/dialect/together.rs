@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use outbox_core::store::{ClaimOptions, Lease, StoredMessage};
 use outbox_core::{Error, ShardKey};
+use outbox_sqlx::dialect::{Finished, Finishing};
 use outbox_sqlx::error::database;
-use outbox_sqlx::session::{Finished, Finishing};
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{SqliteDialect, decode, id_json, json_error};

@@ -4,8 +4,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::error::DeliveryError;
-use crate::handler::{BoxFuture, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
+use super::{BoxFuture, DeliveryError, ErasedHandler, HandlerContext, RawDelivery, delivery_kind};
 use crate::id::{Id, IdOutOfRange, Identifier};
 use crate::metadata::Metadata;
 use crate::model::{Category, Destination, MessageId, ShardKey};

@@ -5,39 +5,10 @@
 
 use std::fmt;
 
+use super::RegistryBuilder;
+use crate::error::SourceLocation;
 use crate::model::{CategoryId, ScopeId};
-use crate::registry::RegistryBuilder;
 use crate::replicated::ModelTable;
-
-/// A place in the source: where a scope, category or handler was declared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SourceLocation {
-    /// The file, as `file!()` gives it.
-    pub file: &'static str,
-    /// The line, from 1.
-    pub line: u32,
-    /// The column, from 1.
-    pub column: u32,
-}
-
-impl SourceLocation {
-    /// The location of the caller of a `#[track_caller]` function.
-    #[track_caller]
-    pub(crate) fn caller() -> Self {
-        let location = std::panic::Location::caller();
-        Self {
-            file: location.file(),
-            line: location.line(),
-            column: location.column(),
-        }
-    }
-}
-
-impl fmt::Display for SourceLocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file, self.line, self.column)
-    }
-}
 
 /// A scope declared with `#[outbox_scope]`.
 #[doc(hidden)]

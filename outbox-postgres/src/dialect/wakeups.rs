@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tracing::debug;
 
-use crate::dialect::{PgDialect, shard_from_stored, stored_shard};
+use super::{PgDialect, shard_from_stored, stored_shard};
 
 /// The channel on which committed messages are announced to relays (by this library after
 /// commit, and by the trigger [`enable_commit_trigger`](crate::enable_commit_trigger) installs).

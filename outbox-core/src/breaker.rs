@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::error::{BoxError, error_chain};
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
 
 /// How often an open breaker probes its system: after `first`, doubling after each failed
 /// probe up to `max`.

@@ -15,12 +15,12 @@ impl StateMap {
     }
 
     /// Whether a value of the type `type_id` was given.
-    pub(super) fn contains(&self, type_id: TypeId) -> bool {
+    pub(crate) fn contains(&self, type_id: TypeId) -> bool {
         self.0.contains_key(&type_id)
     }
 
     /// Keeps `value`, replacing any earlier value of its type.
-    pub(super) fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+    pub(crate) fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
         self.0.insert(TypeId::of::<T>(), Arc::new(value));
     }
 }
