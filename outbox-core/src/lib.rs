@@ -158,10 +158,100 @@ pub use crate::store::{
 };
 pub use crate::trace::TraceRelation;
 
+/// The crate's example above declares a scope and a category and registers a handler.
 #[cfg(feature = "macros")]
-pub use outbox_macros::{
-    outbox_categories, outbox_category, outbox_handler, outbox_scope, replicated_model,
-};
+pub use outbox_macros::{outbox_category, outbox_handler, outbox_scope};
+
+/// A scope's categories as one enum, handled by one handler:
+///
+/// ```
+/// use outbox_core::memory::MemoryStore;
+/// use outbox_core::{BoxError, Delivery, Message, Registry, Relay};
+/// use outbox_core::{outbox_categories, outbox_handler, outbox_scope};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_scope(id = 1)]
+/// struct Team;
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Renamed {
+///     name: String,
+/// }
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct MemberAdded {
+///     user: i64,
+/// }
+///
+/// #[outbox_categories(scope = Team)]
+/// enum TeamEvent {
+///     #[category(id = 1)]
+///     Renamed(Renamed),
+///     #[category(id = 2, coalesce = false)]
+///     MemberAdded(MemberAdded),
+/// }
+///
+/// #[outbox_handler]
+/// async fn on_team_event(delivery: Delivery<TeamEvent>) -> Result<(), BoxError> {
+///     match delivery.payload {
+///         TeamEvent::Renamed(renamed) => assert_eq!(renamed.name, "platform"),
+///         TeamEvent::MemberAdded(added) => assert_eq!(added.user, 7),
+///     }
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// store.write(&Message::new::<Renamed>(42, 42, &Renamed { name: "platform".into() })?);
+/// store.write(&Message::new::<MemberAdded>(42, 7, &MemberAdded { user: 7 })?);
+/// let report = Relay::new(store, Registry::discover()?).drain().await?;
+/// assert_eq!(report.rows_acknowledged, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "macros")]
+pub use outbox_macros::outbox_categories;
+
+/// A replicated model: one category covering a row's creation, updates and deletion. The
+/// backends' `save`, `insert`, `update` and `delete` write the row and its message together;
+/// at delivery the relay reads the row and calls the model's [`Replication`] handler (or its
+/// [`Deletion`] handler once the row is gone).
+///
+/// ```
+/// use outbox_core::{BoxError, Deletion, ReplicatedModel, Replication};
+/// use outbox_core::{outbox_handler, outbox_scope, replicated_model};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_scope(id = 1)]
+/// struct Organization;
+///
+/// #[replicated_model(scope = Organization, id = 3, table = "projects", shard = organization_id)]
+/// #[derive(Debug, Clone, Serialize, Deserialize)]
+/// struct Project {
+///     id: i64,
+///     organization_id: i64,
+///     name: String,
+/// }
+///
+/// #[outbox_handler]
+/// async fn copy_project(replication: Replication<Project>) -> Result<(), BoxError> {
+///     let _row: &Project = &replication.object;
+///     Ok(())
+/// }
+///
+/// #[outbox_handler]
+/// async fn forget_project(_deletion: Deletion<Project>) -> Result<(), BoxError> {
+///     Ok(())
+/// }
+///
+/// assert_eq!(<Project as ReplicatedModel>::TABLE.table, "projects");
+/// let registry = outbox_core::Registry::discover()?;
+/// assert!(registry.category(outbox_core::CategoryId(3)).is_some());
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[cfg(feature = "macros")]
+pub use outbox_macros::replicated_model;
 
 /// What the macros' expansions use. Not public API.
 #[doc(hidden)]

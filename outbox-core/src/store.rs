@@ -919,7 +919,28 @@ pub trait Store: Clone + Send + Sync + 'static {
 
 /// The operator's side of a store: what is pending, each shard's state, and a shard made due
 /// now. Tools (the test kit's inspection, an operator command) need only this; the relay never
-/// calls it.
+/// calls it. A tool that opens databases by URL works on
+/// [`admin::Operations`](crate::admin::Operations) instead, which every store implements.
+///
+/// ```
+/// use outbox_core::memory::MemoryStore;
+/// use outbox_core::{Admin, PauseTarget, ScopeId};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), outbox_core::Error> {
+/// // A backend's store (`PgStore`, `SqliteStore`); here the in-memory one.
+/// let store = MemoryStore::new();
+/// let status = store.status(10).await?;
+/// assert_eq!(status.pending_messages, 0);
+///
+/// // An incident: every relay stops claiming the scope's shards until it is resumed.
+/// let scope = PauseTarget::Scope(ScopeId(1));
+/// assert!(store.pause(&scope, Some("incident 42")).await?);
+/// assert_eq!(store.pauses().await?.len(), 1);
+/// assert!(store.resume(&scope).await?);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Admin: Send + Sync {
     /// Makes a shard in backoff due now, keeping its attempt count; returns whether it was.
     fn reschedule(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;

@@ -40,6 +40,52 @@ pub async fn begin<D: Dialect>(
 /// from a pool ([`begin`]), those of other processes through the backend (see
 /// [`crate::wake`]). Nothing is sent inside the transaction: the wake-up adds nothing to the
 /// commit.
+///
+/// ```
+/// use outbox_core::{BoxError, Delivery, Message, Registry, Relay};
+/// use outbox_core::{outbox_category, outbox_handler, outbox_scope};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_scope(id = 1)]
+/// struct Team;
+///
+/// #[outbox_category(scope = Team, id = 1)]
+/// #[derive(Serialize, Deserialize)]
+/// struct TeamRenamed {
+///     name: String,
+/// }
+///
+/// #[outbox_handler]
+/// async fn announce(delivery: Delivery<TeamRenamed>) -> Result<(), BoxError> {
+///     assert_eq!(delivery.payload.name, "platform");
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let pool = outbox_sqlite::connect(&dir.path().join("app.db")).await?;
+/// outbox_sqlite::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE teams (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+///     .execute(&pool)
+///     .await?;
+/// let relay = Relay::new(outbox_sqlite::SqliteStore::new(pool.clone()), Registry::discover()?);
+///
+/// // The data change and its message commit together, or neither does.
+/// let mut tx = outbox_sqlite::begin(&pool).await?;
+/// sqlx::query("INSERT INTO teams (id, name) VALUES (7, 'platform')")
+///     .execute(&mut *tx)
+///     .await?;
+/// let renamed = TeamRenamed { name: "platform".into() };
+/// tx.write(&Message::new::<TeamRenamed>(7, 7, &renamed)?).await?;
+/// let written = tx.commit().await?;
+///
+/// // Delivered before the caller is answered; what fails is left to the background relay.
+/// let report = relay.flush(&written).await?;
+/// assert_eq!(report.rows_acknowledged, 1);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct OutboxTransaction<'c, D: Dialect> {
     tx: Transaction<'c, D::Database>,

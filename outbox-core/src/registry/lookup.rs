@@ -52,6 +52,49 @@ impl fmt::Debug for CategoryInfo {
 }
 
 /// Every category this binary can deliver, keyed by id. Cheap to clone.
+///
+/// Built once at start-up, from the declarations the macros registered
+/// ([`RegistryBuilder::discovered`]) or from handlers given by hand
+/// ([`RegistryBuilder::handle`]), with the states the handlers take. A registry refuses to
+/// build what it could not deliver, and names every problem at once: a category without a
+/// handler, an id used twice across crates, a state a handler takes that was not given.
+///
+/// ```
+/// use outbox_core::{BoxError, Category, Delivery, Error, Registry, State};
+/// use outbox_core::{outbox_category, outbox_handler, outbox_scope};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[outbox_scope(id = 1)]
+/// struct Team;
+///
+/// #[outbox_category(scope = Team, id = 1)]
+/// #[derive(Serialize, Deserialize)]
+/// struct TeamRenamed {
+///     name: String,
+/// }
+///
+/// /// What the handler needs, given to the registry once.
+/// #[derive(Clone)]
+/// struct Directory;
+///
+/// #[outbox_handler]
+/// async fn rename(
+///     delivery: Delivery<TeamRenamed>,
+///     State(_directory): State<Directory>,
+/// ) -> Result<(), BoxError> {
+///     let _new_name = delivery.payload.name;
+///     Ok(())
+/// }
+///
+/// let registry = Registry::builder().discovered().state(Directory).build()?;
+/// let info = registry.category(TeamRenamed::ID).expect("declared");
+/// assert_eq!(info.name, "team_renamed");
+///
+/// // Without the state its handler takes, the registry refuses to build.
+/// let refused = Registry::builder().discovered().build().unwrap_err();
+/// assert!(refused.to_string().contains("Directory"), "{refused}");
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct Registry {
     categories: Arc<HashMap<CategoryId, CategoryInfo>>,

@@ -59,6 +59,42 @@ type Drained = Result<Option<ShardRun>, Error>;
 /// Delivers outbox messages: the backend-agnostic engine.
 ///
 /// Cheap to clone; clones share the store, registry and configuration.
+///
+/// A service runs it in the background until shutdown ([`Relay::run`]); a job, a test or a
+/// command delivers what is due and returns ([`Relay::drain`]); a request handler delivers
+/// what its own transaction wrote before it answers ([`Relay::flush`]).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use outbox_core::memory::MemoryStore;
+/// use outbox_core::{Registry, Relay, RelayConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // A backend's store (`outbox_postgres::PgStore::new(pool)`); here the in-memory one.
+/// let store = MemoryStore::new();
+/// let config = RelayConfig::builder()
+///     .max_concurrent_shards(32)
+///     .poll_interval(Duration::from_millis(500))
+///     .build()?;
+/// let relay = Relay::with_config(store, Registry::builder().build()?, config);
+///
+/// // Everything due now, delivered; then it returns.
+/// let report = relay.drain().await?;
+/// assert_eq!(report.rows_acknowledged, 0);
+///
+/// // In the background until shutdown (in a service: `relay.run(shutdown_signal())`).
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let background = relay.clone();
+/// let running = tokio::spawn(async move {
+///     background.run(async { stopped.await.unwrap_or(()) }).await
+/// });
+/// stop.send(()).ok();
+/// running.await??;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Relay<S: Store> {
     inner: Arc<Inner<S>>,
 }
