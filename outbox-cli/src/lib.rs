@@ -242,7 +242,7 @@ pub enum DeadLetterCommand {
     },
 }
 
-/// What to do with a replicated model's backfill (S11): the relays whose code declares the
+/// What to do with a replicated model's backfill: the relays whose code declares the
 /// version walk the model's rows, a batch per tick behind the live traffic, once started.
 #[derive(Debug, Subcommand)]
 pub enum BackfillCommand {

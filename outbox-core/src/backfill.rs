@@ -1,4 +1,4 @@
-//! Backfill (S11): outboxes for the rows a replicated model already had when it started to
+//! Backfill: outboxes for the rows a replicated model already had when it started to
 //! replicate, or when its replication changed.
 //!
 //! A model declares the version of its replication logic (`#[replicated_model(...,

@@ -127,7 +127,7 @@ pub enum Error {
         id: MessageId,
     },
 
-    /// A relay holds the shard of a message to set aside (S25): its drain may be delivering
+    /// A relay holds the shard of a message to set aside: its drain may be delivering
     /// the message, so it is not taken from under it. Nothing was changed.
     #[error(
         "{shard} is held by {}: its drain may be delivering the message; try again once it \
@@ -148,7 +148,7 @@ pub enum Error {
         category: CategoryId,
     },
 
-    /// A message's scope is not the scope of its category (S4).
+    /// A message's scope is not the scope of its category.
     #[error(
         "category `{category}` belongs to scope {expected} (`{expected_name}`), \
          not to scope {found}"

@@ -1,4 +1,4 @@
-//! Flush-after-commit (S2): what a transaction wrote, for the relay to flush once it committed.
+//! Flush-after-commit: what a transaction wrote, for the relay to flush once it committed.
 
 use std::collections::BTreeMap;
 

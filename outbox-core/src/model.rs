@@ -70,7 +70,7 @@ pub trait Category: Send + Sync + 'static {
     /// Whether messages of one coalescing group collapse into one delivery of the newest
     /// payload (the default), or are each delivered, in write order.
     const COALESCE: bool = true;
-    /// The dead-letter policy (S22). `None` (the default): a group whose delivery fails stays
+    /// The dead-letter policy. `None` (the default): a group whose delivery fails stays
     /// at the head of its shard, which backs off and retries it until it succeeds; the groups
     /// behind it wait. `Some(n)`: after `n` failed attempts the group's rows move to the dead
     /// letters, where an operator can list, replay or purge them, and the shard goes on.

@@ -1,5 +1,4 @@
-//! Database URLs without their secrets, for every error, log line, `--help` text and page
-//! (S27).
+//! Database URLs without their secrets, for every error, log line, `--help` text and page.
 //!
 //! sqlx takes a password in the user-info (`postgres://app:secret@db/app`), percent-encoded or
 //! not, and as a query parameter (`?password=secret`, libpq's form; `sslpassword` for a

@@ -58,7 +58,7 @@ pub struct Lease {
 /// How a claimed shard's handlers run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HandlerMode {
-    /// Handlers run outside any transaction, under a lease with a fencing token (S16); a
+    /// Handlers run outside any transaction, under a lease with a fencing token; a
     /// worker whose lease lapsed cannot acknowledge.
     #[default]
     Leased,
@@ -90,7 +90,7 @@ pub struct GroupKey {
 
 /// The rows one delivery acknowledges: exactly `ids`, every one of them a row of `group` that
 /// the relay read. Never a range: ids are assigned at insert, not at commit, so a range of
-/// them may hold a row that committed after the read (S13). A backend may use the group and
+/// them may hold a row that committed after the read. A backend may use the group and
 /// the span of the ids to find the rows, so long as it deletes only these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acknowledgement {
@@ -106,7 +106,7 @@ pub struct GroupTail {
     /// The group's newest row in the range read: its payload is delivered.
     pub newest: StoredMessage,
     /// The ids of every row of the group in the range read, `newest` included, as one read saw
-    /// them: the rows its delivery may acknowledge (S13).
+    /// them: the rows its delivery may acknowledge.
     pub ids: Vec<MessageId>,
 }
 
@@ -120,13 +120,13 @@ pub enum Outcome {
     /// A delivery failed: back the shard off.
     Failed(Failure),
     /// Release the shard and leave its recorded state (attempts, last error, schedule) as it
-    /// was: what a flush after commit does, whether it delivered or failed (S2).
+    /// was: what a flush after commit does, whether it delivered or failed.
     Released,
 }
 
 /// A failed delivery, as the store records it on the shard.
 ///
-/// A failure with a [`parked_category`](Self::parked_category) parks the shard (S26): it is
+/// A failure with a [`parked_category`](Self::parked_category) parks the shard: it is
 /// not due again, whatever its retry time or newer messages, until
 /// [`Store::unpark`] names the category (a relay that knows it runs) or an operator
 /// reschedules it; `retry_in` and `watermark` are not used, and `attempts` is what the shard
@@ -266,7 +266,7 @@ impl PendingMessage {
 }
 
 /// A failing group moved out of the outbox: what [`ShardSession::dead_letter`] records with
-/// its rows (S22).
+/// its rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLettering {
     /// The group and the rows of it that the relay read: exactly these move.
@@ -277,7 +277,7 @@ pub struct DeadLettering {
     pub attempts: u32,
 }
 
-/// A message set aside by its category's dead-letter policy (S22): one row of a group that
+/// A message set aside by its category's dead-letter policy: one row of a group that
 /// failed `max_attempts` times, with what the relay knew of its failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -416,7 +416,7 @@ impl DeadLetterFilter {
     }
 }
 
-/// What a pause stops (S23): one shard, every shard of a scope, or every shard that holds a
+/// What a pause stops: one shard, every shard of a scope, or every shard that holds a
 /// message of a category. A paused shard delivers nothing (and no group of it starts), so
 /// its order is kept; a category pause therefore holds back the other categories' messages
 /// in the shards it pauses. Relays see a pause at their next claim: a drain in flight when it
@@ -494,11 +494,11 @@ pub struct OutboxStatus {
     pub shards_in_flight: u64,
     /// Shards backing off after a failure ([`ShardStatus::BackingOff`]).
     pub shards_in_backoff: u64,
-    /// Shards parked on a category no running binary knows ([`ShardStatus::Parked`], S20).
+    /// Shards parked on a category no running binary knows ([`ShardStatus::Parked`]).
     pub shards_parked: u64,
-    /// Shards a pause holds ([`ShardStatus::Paused`], S23).
+    /// Shards a pause holds ([`ShardStatus::Paused`]).
     pub shards_paused: u64,
-    /// Dead letters (S22).
+    /// Dead letters.
     pub dead_letters: u64,
     /// When the oldest dead letter was set aside.
     pub oldest_dead_letter_at: Option<SystemTime>,
@@ -515,16 +515,16 @@ pub struct OutboxStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardStatus {
-    /// A pause holds it (S23).
+    /// A pause holds it.
     Paused,
     /// A relay holds it under a live lease.
     InFlight,
-    /// Its head is of a category no running binary knows (S20): it waits for one that does.
+    /// Its head is of a category no running binary knows: it waits for one that does.
     Parked,
-    /// Its head failed, and it waits for its next retry (S19).
+    /// Its head failed, and it waits for its next retry.
     BackingOff,
     /// A relay may claim it now: never failed, its retry time passed, or a message newer than
-    /// its failure arrived (S19).
+    /// its failure arrived.
     Due,
 }
 
@@ -755,7 +755,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<DiscoveryPage, Error>> + Send;
 
     /// Claims a shard if it is due and no other worker holds it. Safe across threads and
-    /// processes (S15): at most one session exists for a shard at any time, and a new claim
+    /// processes: at most one session exists for a shard at any time, and a new claim
     /// issues a fencing token greater than every earlier one.
     fn claim(
         &self,
@@ -867,7 +867,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`Relay::health`](crate::Relay::health) reports as lag.
     fn oldest_due_age(&self) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 
-    /// Whether a pause holds `shard` (S23): what a flush asks before it waits for a shard it
+    /// Whether a pause holds `shard`: what a flush asks before it waits for a shard it
     /// could not claim.
     fn is_paused(&self, shard: &ShardKey) -> impl Future<Output = Result<bool, Error>> + Send;
 
@@ -879,8 +879,8 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// In paused shards, deletes up to `limit` rows of the `coalescing` categories that are
     /// neither the oldest nor the newest row of their group: what a long pause would otherwise
-    /// pile up (S23). The newest row carries the payload to deliver and the oldest keeps the
-    /// group's place in the shard's order (S10), so resuming delivers each group once, in
+    /// pile up. The newest row carries the payload to deliver and the oldest keeps the
+    /// group's place in the shard's order, so resuming delivers each group once, in
     /// order. Returns how many rows went. Cheap when nothing is paused.
     fn compact_paused(
         &self,
@@ -888,7 +888,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
-    /// One tick of `model`'s backfill (S11, see [`crate::backfill`]): records the model (and
+    /// One tick of `model`'s backfill (see [`crate::backfill`]): records the model (and
     /// the version this binary's code declares) on its watermark, then, if the watermark's
     /// target calls for a walk that this code can do and no other worker holds the
     /// watermark, walks the next batch of [`batch_size`](crate::backfill::batch_size) rows
@@ -995,7 +995,7 @@ pub trait Admin: Send + Sync {
         ids: &[MessageId],
     ) -> impl Future<Output = Result<Vec<MessageId>, Error>> + Send;
 
-    /// Sets the pending message `id` aside as a dead letter (S25), so that its shard goes on
+    /// Sets the pending message `id` aside as a dead letter, so that its shard goes on
     /// without it: the operator's way past a message that can never succeed, whatever its
     /// category's dead-letter policy. The letter records `reason` as its error, with the
     /// shard's attempts so far; it can be replayed like any other. If the message was the
@@ -1017,7 +1017,7 @@ pub trait Admin: Send + Sync {
         ids: &[MessageId],
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
-    /// Pauses `target` (S23): every relay sees it at its next claim; returns whether it was
+    /// Pauses `target`: every relay sees it at its next claim; returns whether it was
     /// not paused already (a second pause keeps the first one's reason and time).
     fn pause(
         &self,
@@ -1032,7 +1032,7 @@ pub trait Admin: Send + Sync {
     /// The pauses in force.
     fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, Error>> + Send;
 
-    /// Every model's backfill as the watermarks record it, by category (S11).
+    /// Every model's backfill as the watermarks record it, by category.
     fn backfills(&self) -> impl Future<Output = Result<Vec<BackfillState>, Error>> + Send;
 
     /// Starts (or resumes) a model's backfill to `start.version`, restricted to
@@ -1106,7 +1106,7 @@ pub trait ShardSession: Send + 'static {
 
     /// Moves the rows of a failing group (exactly `letter.rows.ids`) to the dead letters with
     /// the failure, deleting them from the outbox in the same transaction, and extends the
-    /// lease: the shard's head moves past them and its attempts start again (S22). Returns
+    /// lease: the shard's head moves past them and its attempts start again. Returns
     /// the rows moved. Fails with [`Error::LeaseLost`], moving nothing, if the lease is no
     /// longer this session's.
     fn dead_letter(

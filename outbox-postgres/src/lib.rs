@@ -13,9 +13,8 @@
 //!   `#[replicated_model]`) together with their outboxes, one statement per table. A key may
 //!   appear only once in one call ([`Error::DuplicateKey`] otherwise, with nothing written).
 //! - [`begin`] opens an [`OutboxTransaction`]: it remembers the shards its outboxes went to,
-//!   so that `Relay::flush` delivers them as soon as it commits (S2); its nested
-//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay
-//!   (S3).
+//!   so that `Relay::flush` delivers them as soon as it commits; its nested
+//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay.
 //! - Claims use `FOR UPDATE SKIP LOCKED`; any number of relays, on any number of machines, can
 //!   share one database.
 //! - Wake-ups cost the writers' commits nothing: once an [`OutboxTransaction`] commits, the

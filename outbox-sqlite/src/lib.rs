@@ -14,9 +14,8 @@
 //!   `#[replicated_model]`) together with their outboxes, one statement per table. A key may
 //!   appear only once in one call ([`Error::DuplicateKey`] otherwise, with nothing written).
 //! - [`begin`] opens an [`OutboxTransaction`]: it remembers the shards its outboxes went to,
-//!   so that `Relay::flush` delivers them as soon as it commits (S2); its nested
-//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay
-//!   (S3).
+//!   so that `Relay::flush` delivers them as soon as it commits; its nested
+//!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay.
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
 //!
 //! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one

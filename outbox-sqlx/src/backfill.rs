@@ -1,4 +1,4 @@
-//! Backfills (S11) on a `sqlx` database: a batch walked, its outboxes written and its
+//! Backfills on a `sqlx` database: a batch walked, its outboxes written and its
 //! watermark moved in one transaction that holds the model's watermark row.
 
 use outbox_core::backfill::{

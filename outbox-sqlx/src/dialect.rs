@@ -183,9 +183,9 @@ pub struct Statements {
     /// ([`Dialect::bind_categories`]) that are neither the oldest nor the newest row of their
     /// group, at most `$2` (`i64`).
     pub compact_paused: &'static str,
-    /// The backfills' statements (S11).
+    /// The backfills' statements.
     pub backfill: BackfillStatements,
-    /// An operator's set-aside of one message (S25).
+    /// An operator's set-aside of one message.
     pub set_aside: SetAsideStatements,
     /// The relays' heartbeats.
     pub relays: RelayStatements,
@@ -210,7 +210,7 @@ pub struct RelayStatements {
     pub list: &'static str,
 }
 
-/// The statements that set one pending message aside as a dead letter (S25), run in this
+/// The statements that set one pending message aside as a dead letter, run in this
 /// order in one write transaction.
 #[derive(Debug, Clone, Copy)]
 pub struct SetAsideStatements {
@@ -233,7 +233,7 @@ pub struct SetAsideStatements {
     pub delete: &'static str,
 }
 
-/// The statements of the backfills (S11) in a backend's SQL. A watermark's columns, as
+/// The statements of the backfills in a backend's SQL. A watermark's columns, as
 /// [`BackfillStatements::lock`], [`record`](BackfillStatements::record),
 /// [`list`](BackfillStatements::list) and [`start`](BackfillStatements::start) return them:
 /// category (`i32`), model, declared, target, walking and done versions (`i32`), low bound
@@ -299,7 +299,7 @@ macro_rules! shard_counts {
 
 /// The SQL condition that a pause holds the shard whose scope, identifier and destination
 /// are the columns or parameters named (as string literals) by the arguments: a pause of the
-/// shard, of its scope, or of a category of which it holds a message (S23). It reads
+/// shard, of its scope, or of a category of which it holds a message. It reads
 /// `outbox_pauses` once, and nothing more, when nothing is paused. For use in `concat!` by a
 /// dialect's statements (the text is the same in PostgreSQL's SQL and SQLite's).
 #[macro_export]
@@ -589,7 +589,7 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     fn take_turn(&self) -> impl Future<Output = Self::Turn> + Send;
 
     /// Claims `shard` if it is due and nobody holds it, with a fencing token greater than any
-    /// before (S15): the backend's claim strategy.
+    /// before: the backend's claim strategy.
     fn claim(
         &self,
         pool: &Pool<Self::Database>,

@@ -87,7 +87,7 @@ macro_rules! backend_functions {
     };
     ($dialect:ty, $database:ty) => {
         /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a
-        /// connection, or a pool. It commits or rolls back with the caller's transaction (S1).
+        /// connection, or a pool. It commits or rolls back with the caller's transaction.
         pub async fn write<'e, E>(
             executor: E,
             message: &$crate::__private::outbox_core::Message,
@@ -101,7 +101,7 @@ macro_rules! backend_functions {
             $crate::write::<$dialect, E>(executor, message).await
         }
 
-        /// Writes many messages in one statement (S5), with the caller's executor. Returns
+        /// Writes many messages in one statement, with the caller's executor. Returns
         /// their ids in ascending order.
         pub async fn write_all<'e, E>(
             executor: E,

@@ -404,7 +404,7 @@ fn distinct_keys<M: ReplicatedModel>(batch: &ModelBatch<'_, M>) -> Result<(), Er
 /// before it writes its own outbox, and the outbox ids of one object follow the order in which
 /// its writers commit. Written first, a deletion's outbox would take its id before waiting on
 /// the lock of a writer that then commits ahead of it: the older id would carry the newer
-/// change. (The relay does not rely on it: it acknowledges only the rows it read, S13.)
+/// change. (The relay does not rely on it: it acknowledges only the rows it read.)
 pub async fn apply<D, M, R>(
     runner: &mut R,
     write: Write,

@@ -1,5 +1,5 @@
 //! A transaction that remembers the outboxes it writes, so that they can be delivered as soon
-//! as it commits (S2), and whose nested scopes can defer theirs to the relay (S3).
+//! as it commits, and whose nested scopes can defer theirs to the relay.
 
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -122,7 +122,7 @@ impl<'c, D: Dialect> OutboxTransaction<'c, D> {
         }
     }
 
-    /// Wraps a transaction whose outbox writes are left to the relay (S3).
+    /// Wraps a transaction whose outbox writes are left to the relay.
     pub fn deferring(tx: Transaction<'c, D::Database>) -> Self {
         Self {
             flush: false,

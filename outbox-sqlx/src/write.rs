@@ -9,7 +9,7 @@ use crate::error::database;
 use crate::sql::{With, get};
 
 /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a connection,
-/// or a pool. It commits or rolls back with the caller's transaction (S1).
+/// or a pool. It commits or rolls back with the caller's transaction.
 pub async fn write<'e, D, E>(executor: E, message: &Message) -> Result<MessageId, Error>
 where
     D: Dialect,
@@ -50,7 +50,7 @@ where
     Ok(MessageId(id))
 }
 
-/// Writes many messages in one statement (S5), with the caller's executor. Returns their
+/// Writes many messages in one statement, with the caller's executor. Returns their
 /// ids in ascending order.
 pub async fn write_all<'e, D, E>(executor: E, messages: &[Message]) -> Result<Vec<MessageId>, Error>
 where

@@ -32,7 +32,7 @@ pub(crate) struct RawDelivery<'a> {
 }
 
 impl RawDelivery<'_> {
-    /// The message's metadata (S21: metadata that does not read is a precise failure).
+    /// The message's metadata (metadata that does not read is a precise failure).
     fn metadata(&self) -> Result<Metadata, DeliveryError> {
         match &self.message.metadata {
             None => Ok(Metadata::new()),
@@ -47,7 +47,7 @@ impl RawDelivery<'_> {
 
 /// A delivery kind made from what the relay read.
 pub(crate) trait FromRaw: Sized {
-    /// The delivery (S21: a payload or row that no longer reads is a precise failure).
+    /// The delivery (a payload or row that no longer reads is a precise failure).
     fn from_raw(raw: &RawDelivery<'_>) -> Result<Self, DeliveryError>;
 }
 

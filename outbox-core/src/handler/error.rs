@@ -22,7 +22,7 @@ pub enum DeliveryError {
         source: BoxError,
     },
 
-    /// The stored payload no longer deserializes into the category's payload type (S21).
+    /// The stored payload no longer deserializes into the category's payload type.
     #[error(
         "payload of message {message_id} does not deserialize as the payload of category `{category}`"
     )]
@@ -143,7 +143,7 @@ pub enum DeliveryError {
         source: Box<Error>,
     },
 
-    /// The message's category is not known to this binary (S20): the shard is parked, and
+    /// The message's category is not known to this binary: the shard is parked, and
     /// nothing is deleted, until a binary that knows the category drains it.
     #[error(
         "message {message_id} has category {category}, which this binary does not know; \
@@ -216,9 +216,9 @@ impl DeliveryError {
 
     /// Whether the failure is the message's own (its handler failed, panicked or timed out on
     /// it; its payload or its model's row does not deserialize), and so counts towards its
-    /// category's dead-letter policy (S22). What would fail every message alike is not: a
+    /// category's dead-letter policy. What would fail every message alike is not: a
     /// handler that cannot be called, a system it cannot reach (its breaker counts no attempt), a
-    /// model table the database cannot read, a row the relay cannot decode, an unknown category (S20) or a scope mismatch. Those block the
+    /// model table the database cannot read, a row the relay cannot decode, an unknown category or a scope mismatch. Those block the
     /// shard whatever the policy.
     pub fn is_message_failure(&self) -> bool {
         matches!(

@@ -64,7 +64,7 @@ impl Row {
 }
 
 /// One row of `outbox_shards`: a shard's lease and failures.
-/// A parked shard's retry time (S26): the end of year 9999, as the SQL stores record it.
+/// A parked shard's retry time: the end of year 9999, as the SQL stores record it.
 fn parked_until() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)
 }
@@ -123,7 +123,7 @@ pub(super) struct Tables {
     pauses: BTreeMap<PauseTarget, Pause>,
     /// Replicated models' rows, as JSON objects keyed by column, by table and key.
     models: HashMap<(&'static str, Id), serde_json::Value>,
-    /// The backfills' watermarks (S11).
+    /// The backfills' watermarks.
     backfills: BTreeMap<CategoryId, BackfillState>,
     /// The relays' last heartbeats, and when each came.
     relays: BTreeMap<String, (Heartbeat, SystemTime)>,
@@ -470,7 +470,7 @@ impl Tables {
         deleted
     }
 
-    /// Sets the pending message `id` aside as a dead letter (S25), unless a live lease holds
+    /// Sets the pending message `id` aside as a dead letter, unless a live lease holds
     /// its shard.
     pub(super) fn set_aside(
         &mut self,
@@ -513,7 +513,7 @@ impl Tables {
     }
 
     /// Moves a failing group's rows to the dead letters, as an acknowledgement would delete
-    /// them (S22).
+    /// them.
     pub(super) fn dead_letter(
         &mut self,
         lease: &Lease,

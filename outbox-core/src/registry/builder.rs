@@ -150,7 +150,7 @@ impl fmt::Debug for RegistryBuilder {
 }
 
 impl RegistryBuilder {
-    /// Sets `C`'s failing groups aside as dead letters after `attempts` failed attempts (S22),
+    /// Sets `C`'s failing groups aside as dead letters after `attempts` failed attempts,
     /// whatever its declaration says: the shard goes on with the groups behind them. At least
     /// 1 ([`build`](Self::build) refuses 0).
     #[track_caller]

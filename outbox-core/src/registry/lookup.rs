@@ -25,14 +25,14 @@ pub struct CategoryInfo {
     pub scope_name: &'static str,
     /// Whether the category's groups coalesce to their newest message.
     pub coalesce: bool,
-    /// The dead-letter policy (S22): `None` blocks the shard on a failing group, backing it
+    /// The dead-letter policy: `None` blocks the shard on a failing group, backing it
     /// off until it gets through; `Some(n)` sets the group aside after `n` failed attempts.
     pub max_attempts: Option<u32>,
     /// Whether the handler was declared as a no-op.
     pub no_op: bool,
     /// For a replicated model: its table, where the relay looks each object up.
     pub model: Option<ModelTable>,
-    /// For a replicated model: how a backfill walks it (S11).
+    /// For a replicated model: how a backfill walks it.
     pub backfill: Option<BackfillModel>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
 }
@@ -133,7 +133,7 @@ impl Registry {
         all
     }
 
-    /// The replicated models whose backfills this binary walks (S11), in category order.
+    /// The replicated models whose backfills this binary walks, in category order.
     pub fn backfill_models(&self) -> Vec<BackfillModel> {
         self.categories()
             .into_iter()
@@ -147,7 +147,7 @@ impl Registry {
     }
 
     /// The ids of the categories whose groups coalesce: those whose older rows a paused
-    /// shard may shed (S23).
+    /// shard may shed.
     pub(crate) fn coalescing_category_ids(&self) -> Vec<CategoryId> {
         self.categories()
             .into_iter()
@@ -171,7 +171,7 @@ impl Registry {
 
 impl Message {
     /// Checks an untyped message against the registry: the category must be known and the
-    /// scope must be the category's own (S4). Nothing reaches the database otherwise.
+    /// scope must be the category's own. Nothing reaches the database otherwise.
     pub fn from_raw(raw: RawMessage, registry: &Registry) -> Result<Self, Error> {
         let info = registry
             .category(raw.category)

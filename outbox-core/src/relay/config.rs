@@ -470,7 +470,7 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// Backoff of a shard whose head keeps failing (S19; 2 s doubling to 1 h, with jitter, by
+    /// Backoff of a shard whose head keeps failing (2 s doubling to 1 h, with jitter, by
     /// default): its initial delay is not zero, its cap not below it. Its jitter setting
     /// also applies to the pauses between reconnection attempts of
     /// [`Relay::run`](crate::Relay::run).
@@ -594,7 +594,7 @@ impl RelayConfigBuilder {
     }
 
     /// How often [`Relay::run`](crate::Relay::run) ticks the backfills of its registry's
-    /// replicated models (S11, see [`crate::backfill`]): 100 ms by default; not zero; `None`:
+    /// replicated models (see [`crate::backfill`]): 100 ms by default; not zero; `None`:
     /// never (this relay walks no backfill; others may). A tick that finds a model's backfill
     /// not started costs one short statement per model. [`Relay::backfill`](crate::Relay::backfill)
     /// ticks once, on demand.

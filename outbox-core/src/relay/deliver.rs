@@ -232,7 +232,7 @@ async fn guarded<F: Future, St: Store>(
 /// Runs `call` (a handler, or a held shard's wait for a handler's turn) while extending the
 /// lease beside it, every third of the lease: a live relay keeps its shard however long its
 /// handler takes (or its turn), and only a dead one loses it
-/// (S16, S17). In transaction mode the claiming transaction holds the shard, and there is
+///. In transaction mode the claiming transaction holds the shard, and there is
 /// nothing to extend.
 pub(super) async fn keeping_the_lease<F: Future, St: Store>(
     call: F,

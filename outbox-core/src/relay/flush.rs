@@ -1,4 +1,4 @@
-//! Flushes: draining what a committed transaction wrote (S2), and the runner's bounded pass.
+//! Flushes: draining what a committed transaction wrote, and the runner's bounded pass.
 
 use std::time::Duration;
 
@@ -20,14 +20,14 @@ use crate::store::Store;
 type Flushed = Result<(Vec<ShardRun>, Option<Undelivered>), Error>;
 
 impl<S: Store> Relay<S> {
-    /// Flush-after-commit (S2): drains exactly the shards a committed transaction wrote to,
+    /// Flush-after-commit: drains exactly the shards a committed transaction wrote to,
     /// each up to the newest row the transaction wrote there, and returns `Ok` only once every
     /// one of those rows is delivered. The caller learns the outcome: a handler that fails is
     /// a [`FlushError::Delivery`], its data committed, its rows left for the relay, the
     /// shard's schedule not pushed back. Budgets do not cut a flush short. A shard another
     /// worker holds is waited for, up to [`RelayConfig::flush_wait`], then drained; past
     /// that, the flush is a [`FlushError::Incomplete`] naming the rows left. A paused shard
-    /// (S23) is not waited for: its rows are named at once, as paused.
+    /// is not waited for: its rows are named at once, as paused.
     ///
     /// `written` comes from the backend's `OutboxTransaction::commit`: the shards of a
     /// transaction that has not committed cannot be had.
@@ -192,7 +192,7 @@ pub struct Undelivered {
     pub messages: u64,
     /// How long the flush waited for the shard.
     pub waited: Duration,
-    /// Whether a pause holds the shard (S23): the flush did not wait for it, and its rows are
+    /// Whether a pause holds the shard: the flush did not wait for it, and its rows are
     /// delivered once it is resumed.
     pub paused: bool,
 }

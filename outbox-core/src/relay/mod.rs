@@ -300,7 +300,7 @@ impl<S: Store> Relay<S> {
     /// [`maintenance_interval`](RelayConfigBuilder::maintenance_interval)): in paused shards,
     /// deletes the rows of coalescing groups that a newer row of the group makes redundant,
     /// keeping each group's oldest and newest rows so that resuming delivers each group once,
-    /// in order (S23); and purges the dead letters older than the
+    /// in order; and purges the dead letters older than the
     /// [`dead_letter_retention`](RelayConfigBuilder::dead_letter_retention), if one is set.
     /// Each works in batches of a few hundred rows, one short statement each.
     pub async fn maintain(&self) -> Result<MaintenanceReport, Error> {
@@ -314,7 +314,7 @@ impl<S: Store> Relay<S> {
         self.inner.refresh_gauges().await
     }
 
-    /// One tick of the backfills (S11, see [`crate::backfill`]), what [`Relay::run`] does
+    /// One tick of the backfills (see [`crate::backfill`]), what [`Relay::run`] does
     /// every [`backfill_interval`](RelayConfigBuilder::backfill_interval): for each
     /// replicated model of the registry, in category order, walks the next batch of its
     /// backfill if an operator started one that this binary's code can walk and no other
@@ -498,7 +498,7 @@ impl<S: Store> Inner<S> {
         Ok(report)
     }
 
-    /// Makes the shards parked on a category this binary knows due (S26), and says so once;
+    /// Makes the shards parked on a category this binary knows due, and says so once;
     /// returns how many.
     async fn unpark(&self) -> Result<u64, Error> {
         let known = self.registry.category_ids();

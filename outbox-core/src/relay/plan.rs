@@ -20,7 +20,7 @@ pub(crate) struct Group {
     /// Every row of the group the relay read: the rows the delivery of `newest` covers, and
     /// the only ones it acknowledges. A row of the group that was not visible when it was read
     /// (an older id whose transaction committed later) is not among them, and survives to be
-    /// delivered by a later pass (S13).
+    /// delivered by a later pass.
     pub(crate) ids: Vec<MessageId>,
     /// A replicated model's row for `newest`, read with the rows of the other groups the
     /// relay's drains read at the same time (`Some(None)`: no row has the key, the object is
@@ -56,7 +56,7 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Groups `head` (the shard's oldest rows, in id order). Groups come in the order of their
-    /// oldest row (S10). A row the registry cannot deliver blocks the shard: no group starts
+    /// oldest row. A row the registry cannot deliver blocks the shard: no group starts
     /// after it, though rows of groups that started before it still coalesce into them.
     pub(crate) fn new(head: &[StoredMessage], shard: &ShardKey, registry: &Registry) -> Self {
         let mut plan = Self::default();

@@ -21,7 +21,7 @@ pub struct DrainReport {
     /// Shards released with messages still pending because their row or time budget ran out
     /// (the relay's drains; a flush after commit has no budget): they stay due.
     pub yielded: Vec<ShardKey>,
-    /// The failing groups set aside as dead letters by their category's policy (S22).
+    /// The failing groups set aside as dead letters by their category's policy.
     pub dead_lettered: Vec<DeadLettered>,
     /// Shards whose delivery found its system unreachable (a sink's breaker open): released
     /// with no attempt counted, still due. [`Relay::drain`](crate::Relay::drain) does not
@@ -79,7 +79,7 @@ pub struct RunReport {
     pub failures: u64,
     /// How many leases passed to another worker mid-drain.
     pub lost_leases: u64,
-    /// How many failing groups were set aside as dead letters (S22).
+    /// How many failing groups were set aside as dead letters.
     pub dead_lettered: u64,
     /// How many drains ended on an unreachable system (a sink's breaker open), their shards
     /// parked until it answered.
@@ -112,10 +112,10 @@ impl RunReport {
 #[non_exhaustive]
 pub struct MaintenanceReport {
     /// Rows of paused shards deleted because a newer row of their group carries the payload
-    /// to deliver (S23).
+    /// to deliver.
     pub compacted: u64,
     /// Dead letters purged for being older than the retention.
     pub purged_dead_letters: u64,
-    /// Shards parked on a category this binary knows, made due (S26).
+    /// Shards parked on a category this binary knows, made due.
     pub unparked: u64,
 }

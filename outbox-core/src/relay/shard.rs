@@ -37,7 +37,7 @@ pub struct ShardFailure {
     pub retry_in: Duration,
 }
 
-/// A failing group set aside by its category's dead-letter policy (S22): the shard went on
+/// A failing group set aside by its category's dead-letter policy: the shard went on
 /// with the groups behind it.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -59,7 +59,7 @@ pub(crate) enum DrainMode {
     /// one hot shard cannot starve the others; a failure backs the shard off.
     Relay,
     /// A flush (after commit, or a runner's pass): the rows up to `up_to`, all of them (its
-    /// caller waits for exactly these: S2); a failure is reported and leaves the shard's
+    /// caller waits for exactly these); a failure is reported and leaves the shard's
     /// schedule as it was, for the relay to retry.
     Flush {
         /// The newest row the flush delivers.
@@ -167,7 +167,7 @@ impl Failed {
     }
 
     /// Whether the group goes to the dead letters rather than block the shard: the failure
-    /// is the message's own and its category's attempts are spent (S22).
+    /// is the message's own and its category's attempts are spent.
     fn dead_letters(&self) -> bool {
         self.error.is_message_failure() && self.max_attempts.is_some_and(|n| self.attempt >= n)
     }
@@ -646,7 +646,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     }
 
     /// Sets a failing group aside as dead letters, so that the shard goes on with the groups
-    /// behind it (S22); `false` if the lease was lost.
+    /// behind it; `false` if the lease was lost.
     async fn dead_letter(&mut self, failed: Failed) -> Result<bool, Error> {
         let letter = DeadLettering {
             rows: failed.rows,
@@ -751,7 +751,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     }
 
     /// Ends the drain on a failed delivery: the relay backs the shard off; a flush releases it
-    /// as it was and reports the failure (S2). The error is logged here unless `reported`
+    /// as it was and reports the failure. The error is logged here unless `reported`
     /// (by the delivery's span).
     async fn fail(self, error: DeliveryError, reported: bool) -> Result<ShardRun, Error> {
         let state = &self.state;

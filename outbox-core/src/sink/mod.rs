@@ -376,7 +376,7 @@ impl<C: Deliverable, K: Sink> Publisher<C, K> {
         )
     }
 
-    /// A delivery's envelope, or why it has none (S21: a payload that does not read as the
+    /// A delivery's envelope, or why it has none (a payload that does not read as the
     /// category's fails here, whatever the encoder).
     fn prepare(&self, raw: &RawDelivery<'_>) -> Result<Envelope, DeliveryError> {
         let delivery = Delivery::<C>::from_raw(raw)?;

@@ -1,4 +1,4 @@
-//! Exclusive processing, leases and crashes: S15–S17.
+//! Exclusive processing, leases and crashes.
 
 use std::collections::{BTreeMap, HashSet};
 use std::marker::PhantomData;
@@ -19,7 +19,7 @@ use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgUpdate, Recorder, note, org_shard};
 use crate::telemetry::capture;
 
-/// S15: many workers claiming one shard at the same instant, each with connections of its
+/// Many workers claiming one shard at the same instant, each with connections of its
 /// own: exactly one gets it, and the next claim carries a greater fencing token.
 pub async fn s15_concurrent_claims_grant_one_lease<B: StoreBackend>() {
     let backend = B::create().await;
@@ -60,7 +60,7 @@ pub async fn s15_concurrent_claims_grant_one_lease<B: StoreBackend>() {
     assert!(again.lease().token > first_token, "fencing tokens increase");
 }
 
-/// S15: two relays with connections of their own drain 150 shards at once: no shard is ever
+/// Two relays with connections of their own drain 150 shards at once: no shard is ever
 /// processed by both at the same time, both do work, and every group arrives, in order.
 ///
 /// A relay claims in batches, so one that starts first could hold every shard before the other
@@ -187,7 +187,7 @@ pub async fn s15_two_relays_share_shards_without_overlap<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S16: handlers run outside the claiming transaction under a lease; once the lease lapses
+/// Handlers run outside the claiming transaction under a lease; once the lease lapses
 /// and another worker claims the shard, the stale worker's acknowledgement is refused and
 /// deletes nothing. The stale worker here is one whose heartbeat cannot run: its handler
 /// blocks its task (as a paused process would).
@@ -824,7 +824,7 @@ impl<B: TestBackend> Handler<Delivery<OrgUpdate>> for WritesInTransaction<B> {
     }
 }
 
-/// S16: in the opt-in in-transaction mode the handler gets the claiming transaction: its
+/// In the opt-in in-transaction mode the handler gets the claiming transaction: its
 /// writes commit with the acknowledgement, and a failing handler's writes roll back.
 pub async fn s16_in_transaction_handler_commits_with_the_acknowledgement<B: TestBackend>() {
     let backend = B::create().await;
@@ -883,7 +883,7 @@ impl Handler<Delivery<OrgUpdate>> for Stuck {
     }
 }
 
-/// S17: a worker that dies in the middle of a handler loses nothing: once its lease lapses,
+/// A worker that dies in the middle of a handler loses nothing: once its lease lapses,
 /// another worker resumes the shard from the same group, in order.
 pub async fn s17_crashed_worker_is_resumed_in_order<B: StoreBackend>() {
     let backend = B::create().await;
@@ -942,7 +942,7 @@ pub async fn s17_crashed_worker_is_resumed_in_order<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S17: a crash after a handler ran but before its acknowledgement means the message is
+/// A crash after a handler ran but before its acknowledgement means the message is
 /// delivered again (at least once), never lost.
 pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: StoreBackend>() {
     let backend = B::create().await;
@@ -976,7 +976,7 @@ pub async fn s17_crash_between_delivery_and_acknowledgement_redelivers<B: StoreB
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S16/S17: a handler slower than the lease keeps its shard: the relay extends the lease while
+/// A handler slower than the lease keeps its shard: the relay extends the lease while
 /// the handler runs (a heartbeat), so another worker cannot take the shard over and deliver it
 /// a second time; the slow delivery is acknowledged by its own worker.
 pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
@@ -1029,7 +1029,7 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S17: a claim that lapses without a release (its worker died, perhaps after delivering)
+/// A claim that lapses without a release (its worker died, perhaps after delivering)
 /// counts as an attempt: the redelivery says `attempt = 2`, then 3, so a handler can tell a
 /// retry; the new claim names the worker it took the shard over from.
 pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
@@ -1075,7 +1075,7 @@ pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
     assert_eq!(recorder.seen()[1].attempt, 1);
 }
 
-/// S15 for claims of several shards at once ([`Store::claim_many`]): workers with
+/// Exclusive claims of several shards at once ([`Store::claim_many`]): workers with
 /// connections of their own claim overlapping sets of shards, in different orders, at the
 /// same instant. Each due shard is claimed exactly once, with a fencing token greater than
 /// every earlier one; a shard another worker holds, a paused shard and a shard backing off

@@ -1,4 +1,4 @@
-//! Delivery semantics: S10–S14, S24 and fan-out.
+//! Delivery semantics and fan-out.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use crate::fixtures::{
     AuditEvent, Note, OrgScope, OrgUpdate, ProjectUpdate, Recorder, UserUpdate, note, org_shard,
 };
 
-/// S10: within a shard, groups are delivered one at a time in the order of their oldest row,
+/// Within a shard, groups are delivered one at a time in the order of their oldest row,
 /// each with its newest payload: A1, B1, A2 deliver A (A2), then B (B1).
 pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: StoreBackend>() {
     let backend = B::create().await;
@@ -31,7 +31,7 @@ pub async fn s10_groups_in_order_of_oldest_row_with_newest_payload<B: StoreBacke
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S10: a group's newest row is found even when it lies beyond the rows read at once, and the
+/// A group's newest row is found even when it lies beyond the rows read at once, and the
 /// order of groups is kept across reads.
 pub async fn s10_coalescing_reaches_beyond_one_read<B: StoreBackend>() {
     let backend = B::create().await;
@@ -61,7 +61,7 @@ pub async fn s10_coalescing_reaches_beyond_one_read<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S11: two writes to one group, drained, are one handler call with the newer payload, and
+/// Two writes to one group, drained, are one handler call with the newer payload, and
 /// both rows are deleted.
 pub async fn s11_two_writes_to_one_group_are_one_call<B: StoreBackend>() {
     let backend = B::create().await;
@@ -79,7 +79,7 @@ pub async fn s11_two_writes_to_one_group_are_one_call<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S12: the same object under two categories is two groups; the same group key in two shards
+/// The same object under two categories is two groups; the same group key in two shards
 /// is one group per shard.
 pub async fn s12_categories_and_shards_are_separate_groups<B: StoreBackend>() {
     let backend = B::create().await;
@@ -113,7 +113,7 @@ pub async fn s12_categories_and_shards_are_separate_groups<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S13: a row written to a group while that group is being delivered is not acknowledged
+/// A row written to a group while that group is being delivered is not acknowledged
 /// with it: it survives and is delivered afterwards.
 pub async fn s13_row_written_during_delivery_survives<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
@@ -154,7 +154,7 @@ pub(crate) fn writing_once_during_delivery<B: StoreBackend>(
     }
 }
 
-/// S14: messages of a non-coalescing category are each delivered, in write order within the
+/// Messages of a non-coalescing category are each delivered, in write order within the
 /// shard, interleaved with other groups in the order written.
 pub async fn s14_non_coalescing_messages_in_write_order<B: StoreBackend>() {
     let backend = B::create().await;
@@ -191,7 +191,7 @@ pub async fn s14_non_coalescing_messages_in_write_order<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S24: handlers that write new outboxes (into their own shard and others) are drained too.
+/// Handlers that write new outboxes (into their own shard and others) are drained too.
 pub async fn s24_handlers_cascade_into_new_outboxes<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();

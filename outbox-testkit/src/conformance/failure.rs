@@ -1,4 +1,5 @@
-//! Failures: S18–S21 and a missing migration.
+//! Failures: of handlers, of payloads, of categories this binary does not know, and a missing
+//! migration.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +14,7 @@ use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{FutureCategory, OrgUpdate, Recorder, note, org_shard};
 
-/// S18: a failed handler stops its shard only: groups before it stay acknowledged, it and the
+/// A failed handler stops its shard only: groups before it stay acknowledged, it and the
 /// groups after it stay pending, and other shards carry on in the same pass.
 pub async fn s18_failure_stops_only_its_shard<B: StoreBackend>() {
     let backend = B::create().await;
@@ -73,7 +74,7 @@ pub async fn s18_failure_stops_only_its_shard<B: StoreBackend>() {
     );
 }
 
-/// S19: backoff is per shard, exponential and capped; attempts and the last error are stored
+/// Backoff is per shard, exponential and capped; attempts and the last error are stored
 /// and visible; a new message makes a shard in backoff due at once without resetting the
 /// doubling; success resets it.
 pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
@@ -177,7 +178,7 @@ pub async fn s19_backoff_doubles_caps_and_is_visible<B: StoreBackend>() {
     );
 }
 
-/// S20 and S26: a message whose category this binary does not know is never deleted; its
+/// A message whose category this binary does not know is never deleted; its
 /// shard is parked with a clear error, counts no attempt and backs off no more (a new message
 /// does not make it due), until a relay that knows the category runs: at its start, or at its
 /// upkeep for a shard an older relay parked after it started (a rolling deploy).
@@ -263,7 +264,7 @@ pub async fn s20_unknown_category_parks_and_is_never_deleted<B: StoreBackend>() 
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S21: a payload that no longer deserializes is a handler failure with a precise error (the
+/// A payload that no longer deserializes is a handler failure with a precise error (the
 /// message, the category, the position), not a panic; the row is kept and other shards go on.
 pub async fn s21_malformed_payload_is_a_precise_failure<B: StoreBackend>() {
     let backend = B::create().await;

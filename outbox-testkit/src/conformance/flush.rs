@@ -1,4 +1,4 @@
-//! Flush-after-commit and deferred writes: S2 and S3.
+//! Flush-after-commit and deferred writes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +24,7 @@ fn seen(recorder: &Recorder) -> Vec<(i64, i64, u64)> {
     seen
 }
 
-/// S2: after commit, a flush drains exactly the shards the transaction wrote to, including
+/// After commit, a flush drains exactly the shards the transaction wrote to, including
 /// their older pending rows; other shards are left to the relay.
 pub async fn s02_flush_drains_exactly_the_shards_written<B: TestBackend>() {
     let backend = B::create().await;
@@ -68,7 +68,7 @@ pub async fn s02_flush_drains_exactly_the_shards_written<B: TestBackend>() {
     assert_eq!(left, [(org_shard(2), 20)], "shard 2 is the relay's");
 }
 
-/// S2: a flush is bounded to the rows that existed at commit: a row written to the same group
+/// A flush is bounded to the rows that existed at commit: a row written to the same group
 /// after the commit stays for the relay, and the flush delivers the committed payload.
 pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: StoreBackend>() {
     let backend = B::create().await;
@@ -94,7 +94,7 @@ pub async fn s02_flush_is_bounded_to_the_rows_at_commit<B: StoreBackend>() {
     );
 }
 
-/// S2: a handler failing during a flush is a typed error carrying the handler's message as
+/// A handler failing during a flush is a typed error carrying the handler's message as
 /// its cause; the data stays committed, the rows stay for the relay, and the shard's schedule
 /// is not pushed back: the relay delivers at once.
 pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: StoreBackend>() {
@@ -156,7 +156,7 @@ pub async fn s02_failed_flush_is_typed_and_leaves_the_schedule<B: StoreBackend>(
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S3 and S2: a deferred scope inside a flushing transaction defers its own writes to the
+/// A deferred scope inside a flushing transaction defers its own writes to the
 /// relay; a nested scope rolled back leaves no rows and nothing to flush; a transaction rolled
 /// back writes nothing and flushes nothing.
 pub async fn s03_deferred_scopes_and_rollbacks_flush_nothing<B: TestBackend>() {
@@ -264,7 +264,7 @@ pub(crate) async fn committed<B: StoreBackend>(backend: &B, messages: &[Message]
     backend.commit(messages).await.expect("write and commit")
 }
 
-/// S2: a flush whose shard another flush holds (its handler slow) waits for it, then delivers
+/// A flush whose shard another flush holds (its handler slow) waits for it, then delivers
 /// its own rows: `Ok` means delivered, never "someone else has the shard".
 pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: StoreBackend>() {
     let backend = B::create().await;
@@ -308,7 +308,7 @@ pub async fn s02_flush_waits_for_a_shard_another_flush_holds<B: StoreBackend>() 
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S2: a shard held past [`RelayConfig::flush_wait`](outbox_core::RelayConfig) is a typed
+/// A shard held past [`RelayConfig::flush_wait`](outbox_core::RelayConfig) is a typed
 /// error naming the shard and how many of the transaction's rows remain; they stay pending.
 pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: StoreBackend>() {
     let backend = B::create().await;
@@ -361,7 +361,7 @@ pub async fn s02_flush_gives_up_on_a_held_shard_with_a_typed_error<B: StoreBacke
     drop(holder);
 }
 
-/// S2 and budgets: a flush delivers every row its transaction wrote however many there are
+/// Budgets: a flush delivers every row its transaction wrote however many there are
 /// (the relay's row budget does not cut it short); the relay's own drain yields at the
 /// budget and says so in its report; and a shard emptied exactly as its budget ran out keeps
 /// no state row.

@@ -1,4 +1,4 @@
-//! What operators do to a running outbox: dead letters (S22), pauses (S23) and the relay's
+//! What operators do to a running outbox: dead letters, pauses and the relay's
 //! upkeep (retention, compaction of paused shards).
 
 use std::sync::Arc;
@@ -70,7 +70,7 @@ fn seq_of(payload: &str) -> u64 {
         .seq
 }
 
-/// S22, the default: a category without `max_attempts` blocks its shard on a failing group,
+/// The default dead-letter policy: a category without `max_attempts` blocks its shard on a failing group,
 /// however often it fails; nothing is set aside.
 pub async fn s22_failing_groups_block_their_shard_by_default<B: StoreBackend>() {
     let backend = B::create().await;
@@ -99,7 +99,7 @@ pub async fn s22_failing_groups_block_their_shard_by_default<B: StoreBackend>() 
     assert!(dead_letters(&store).await.is_empty());
 }
 
-/// S22: with `max_attempts = 2`, the failing group (all its rows read) moves to the dead
+/// With `max_attempts = 2`, the failing group (all its rows read) moves to the dead
 /// letters at its second failed attempt, with its error, attempts, failure times and fencing
 /// token, and the shard goes on with the groups behind it, in order.
 pub async fn s22_a_group_is_dead_lettered_after_max_attempts_and_its_shard_goes_on<
@@ -180,7 +180,7 @@ pub async fn s22_a_group_is_dead_lettered_after_max_attempts_and_its_shard_goes_
     assert_eq!(letters[0].lease_token, letters[1].lease_token);
 }
 
-/// S22: dead letters are listed by category, scope, shard, age and limit; replayed as new
+/// Dead letters are listed by category, scope, shard, age and limit; replayed as new
 /// messages in the order of their original ids (then delivered, in order); a replay that
 /// names one that is not (or no longer) a dead letter changes nothing; two replays of the
 /// same letters at once replay them once; purged letters are gone.
@@ -340,7 +340,7 @@ pub async fn s22_dead_letters_are_listed_replayed_in_order_and_purged<B: StoreBa
     assert_eq!(store.purge_dead_letters(&more).await.expect("purge"), 0);
 }
 
-/// S22 under S16: a worker whose lease lapsed cannot set a group aside: nothing moves.
+/// A worker whose lease lapsed cannot set a group aside: nothing moves.
 pub async fn s22_a_stale_worker_cannot_dead_letter<B: StoreBackend>() {
     let backend = B::create().await;
     let ids = write(&backend, &[note::<OrgAlert>(1, 1, 1)]).await;
@@ -427,7 +427,7 @@ pub async fn dead_letter_retention_purges_old_letters<B: StoreBackend>() {
     assert!(dead_letters(&store).await.is_empty());
 }
 
-/// S23: a paused shard delivers nothing while others carry on; its coalescing groups shed
+/// A paused shard delivers nothing while others carry on; its coalescing groups shed
 /// the rows between their oldest and newest (the newest carries the payload, the oldest the
 /// group's place), event categories keep every row; resuming delivers each group once, in
 /// order.
@@ -513,7 +513,7 @@ pub async fn s23_a_paused_shard_delivers_nothing_then_resumes_once_per_group<B: 
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S23: a scope's pause holds all its shards and no other scope's; a category's pause holds
+/// A scope's pause holds all its shards and no other scope's; a category's pause holds
 /// every shard with a message of it (all of that shard: its order is kept) and no other.
 pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() {
     let backend = B::create().await;
@@ -775,7 +775,7 @@ async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::OutboxSt
     status
 }
 
-/// S23 with S2: a flush does not wait for a paused shard (a pause can last, and writers must
+/// A flush does not wait for a paused shard (a pause can last, and writers must
 /// not stall): it delivers the other shards and names the paused one's rows at once, as paused,
 /// and they are delivered once it is resumed.
 pub async fn s23_a_flush_does_not_wait_for_a_paused_shard<B: StoreBackend>() {
@@ -863,7 +863,7 @@ pub async fn health_lag_counts_due_shards_only<B: StoreBackend>() {
     assert!(drained.last_ack_at.is_some());
 }
 
-/// S25: an operator sets aside the message that blocks its shard (its category has no
+/// An operator sets aside the message that blocks its shard (its category has no
 /// dead-letter policy, and it fails every time): the shard goes on at once, the letter carries
 /// the reason and the attempts, and it replays like any other. A message whose shard a relay
 /// holds is refused, as is one that is not pending, and nothing changes then.

@@ -27,8 +27,8 @@ const AUDIT_EVENT: [(&str, &str); 2] = [("category", "audit_event"), ("scope", "
 const USER_UPDATE: [(&str, &str); 2] = [("category", "user_update"), ("scope", "user")];
 const ORG_ALERT: [(&str, &str); 2] = [("category", "org_alert"), ("scope", "organization")];
 
-/// Five writes, one of them by a handler during its delivery (S13), and a group of two
-/// (S11): the counters, histograms and spans they give, exactly.
+/// Five writes, one of them by a handler during its delivery, and a group of two
+///: the counters, histograms and spans they give, exactly.
 pub fn telemetry_counts_writes_deliveries_and_coalescing<B: StoreBackend>() {
     let (delivered, telemetry) = capture(|_| async {
         let backend = Arc::new(B::create().await);
@@ -252,7 +252,7 @@ pub fn telemetry_reports_failures_dead_letters_and_gauges<B: StoreBackend>() {
     assert_bounded_labels(&telemetry);
 }
 
-/// Heads that fail before any handler runs are counted by kind (S26 and the scope check):
+/// Heads that fail before any handler runs are counted by kind (an unknown category, a scope mismatch):
 /// a message of a category this binary does not know parks its shard, counted once and
 /// warned once however often the relay drains; a relay that knows the category says once, at
 /// info, that it resumed the shard. A row whose scope is not its category's is counted too.
@@ -538,7 +538,7 @@ pub async fn metadata_and_creation_time_reach_the_handler<B: StoreBackend>() {
     );
 }
 
-/// S21 for metadata: a row whose metadata is not a JSON object of strings (written around the
+/// Metadata that does not read: a row whose metadata is not a JSON object of strings (written around the
 /// typed API) is a precise failure of its shard, and the row is kept.
 pub async fn malformed_metadata_is_a_precise_failure<B: crate::TestBackend>() {
     let backend = B::create().await;

@@ -1,4 +1,4 @@
-//! The write path: S1, S4, S5.
+//! The write path.
 
 use outbox_core::{
     Category, CategoryId, DeliveryError, Destination, Error, Id, Message, RawMessage, Relay, Scope,
@@ -11,7 +11,7 @@ use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::{StoreBackend, TestBackend};
 use crate::fixtures::{AuditEvent, OrgScope, OrgUpdate, Recorder, UserScope, UserUpdate, note};
 
-/// S1: an outbox written in the caller's transaction commits or rolls back with the business
+/// An outbox written in the caller's transaction commits or rolls back with the business
 /// data; rolled back, there is no row, no delivery and no handler call.
 pub async fn s01_writes_commit_and_roll_back_with_the_transaction<B: TestBackend>() {
     let backend = B::create().await;
@@ -56,7 +56,7 @@ pub async fn s01_writes_commit_and_roll_back_with_the_transaction<B: TestBackend
     assert!(pending(&backend).await.is_empty());
 }
 
-/// S4: the typed API takes the scope from the category; an untyped message whose scope is not
+/// The typed API takes the scope from the category; an untyped message whose scope is not
 /// its category's, or whose category is unknown, is refused before reaching the database.
 pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: StoreBackend>() {
     let backend = B::create().await;
@@ -116,7 +116,7 @@ pub async fn s04_scope_mismatch_is_rejected_before_the_database<B: StoreBackend>
     assert_eq!(rows[0].shard.scope, OrgScope::ID);
 }
 
-/// S4: a row whose scope is not its category's (written behind the API's back) is never
+/// A row whose scope is not its category's (written behind the API's back) is never
 /// delivered or deleted: its shard backs off (it is not parked: no binary would know better)
 /// with an error naming both scopes and saying so.
 pub async fn s04_stored_row_with_a_mismatched_scope_backs_its_shard_off<B: StoreBackend>() {
@@ -163,7 +163,7 @@ pub async fn s04_stored_row_with_a_mismatched_scope_backs_its_shard_off<B: Store
     assert_in(state.retry_at, Duration::from_secs(2), "the shard's retry");
 }
 
-/// S5: a bulk write inserts every row with one statement.
+/// A bulk write inserts every row with one statement.
 pub async fn s05_bulk_write_is_one_statement<B: TestBackend>() {
     let backend = B::create().await;
     let us = Destination::new("us").expect("a destination");
