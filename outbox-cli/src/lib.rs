@@ -63,10 +63,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_core::admin::{Backend, Open, Operations};
-use outbox_core::{
-    BackfillStart, Catalog, CategoryId, DeadLetter, DeadLetterFilter, Destination, Error,
-    MessageId, PauseTarget, ShardFilter,
-};
+use outbox_core::admin::{Catalog, DeadLetter, DeadLetterFilter, PauseTarget, ShardFilter};
+use outbox_core::backfill::BackfillStart;
+use outbox_core::{CategoryId, Destination, Error, MessageId};
 
 use crate::output::Printer;
 
@@ -352,7 +351,7 @@ fn describe(error: &Error) -> String {
                 owner.as_deref().unwrap_or("a relay")
             )
         }
-        other => outbox_core::error_chain(other),
+        other => outbox_core::error::error_chain(other),
     }
 }
 
@@ -379,7 +378,7 @@ pub fn main_with(catalog: &Catalog) -> ExitCode {
 ///     match args.nth(1) {
 ///         Some(command) if command == "outbox" => outbox_cli::main_from(
 ///             std::iter::once("my-service outbox".into()).chain(args),
-///             &outbox_core::Catalog::discovered(),
+///             &outbox_core::admin::Catalog::discovered(),
 ///         ),
 ///         _ => serve(),
 ///     }

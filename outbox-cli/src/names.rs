@@ -5,7 +5,9 @@
 //! `1:3f2a0c4e-8a1b-4c7d-9e0f-1a2b3c4d5e6f:eu-west` (a wide identifier in UUID form, a
 //! fan-out shard's destination last).
 
-use outbox_core::{Catalog, CategoryId, Destination, Id, ScopeId, ShardKey};
+use outbox_core::{CategoryId, Destination, Id, ScopeId, ShardKey};
+
+use outbox_core::admin::Catalog;
 
 use crate::CliError;
 

@@ -4,11 +4,12 @@ use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets};
-use outbox_core::store::PendingMessage;
-use outbox_core::{
-    BackfillPhase, BackfillState, Catalog, DeadLetter, MessageId, OutboxStatus, Pause, PauseTarget,
-    RelayInfo, ShardInfo, ShardKey, ShardStatus,
+use outbox_core::admin::{
+    Catalog, DeadLetter, OutboxStatus, Pause, PauseTarget, RelayInfo, ShardInfo, ShardStatus,
 };
+use outbox_core::backfill::{BackfillPhase, BackfillState};
+use outbox_core::store::PendingMessage;
+use outbox_core::{MessageId, ShardKey};
 use serde::Serialize;
 use serde_json::{Value, json};
 

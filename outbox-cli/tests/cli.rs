@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use assert_cmd::Command;
 use clap::Parser;
-use outbox_core::{
-    Admin, BoxError, Catalog, Delivery, Message, PauseTarget, Registry, Relay, ShardKey, Store,
-};
+use outbox_core::admin::{Admin, Catalog, PauseTarget};
+use outbox_core::store::Store;
+use outbox_core::{BoxError, Delivery, Message, Registry, Relay, ShardKey};
 use outbox_sqlx::{Dialect, SqlxStore};
 use outbox_testkit::conformance::a_running_and_a_silent_relay;
 use outbox_testkit::fixtures::{FutureCategory, OrgUpdate, ProjectUpdate, note};
@@ -75,7 +75,7 @@ fn json(url: &str, args: &[&str]) -> Value {
 }
 
 /// Every dead letter.
-async fn dead_letters<S: Admin>(store: &S) -> Vec<outbox_core::DeadLetter> {
+async fn dead_letters<S: Admin>(store: &S) -> Vec<outbox_core::admin::DeadLetter> {
     store
         .dead_letters(&Default::default())
         .await
@@ -564,8 +564,8 @@ async fn backfills<P: Provision>(database: SqlxTestDatabase<P>)
 where
     SqlxTestDatabase<P>: Url,
 {
-    use outbox_core::Store;
     use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome};
+    use outbox_core::store::Store;
     use outbox_testkit::fixtures::{MODEL_TABLES, ModelRecorder, Project};
 
     for ddl in MODEL_TABLES {

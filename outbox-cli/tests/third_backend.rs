@@ -4,9 +4,11 @@
 use std::sync::LazyLock;
 
 use clap::Parser;
+use outbox_core::admin::Catalog;
 use outbox_core::admin::{Backend, Database, Open, Opening, Operations};
+use outbox_core::handler::BoxFuture;
 use outbox_core::memory::MemoryStore;
-use outbox_core::{BoxFuture, Catalog, Error, Message, outbox_category, outbox_scope};
+use outbox_core::{Error, Message, outbox_category, outbox_scope};
 use serde::{Deserialize, Serialize};
 
 #[outbox_scope(id = 1)]

@@ -11,13 +11,16 @@
 //! tool built with it then speaks to its URLs, unchanged.
 
 use crate::backfill::{BackfillStart, BackfillState};
+pub use crate::catalog::{Catalog, NamedCategory};
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::model::{CategoryId, MessageId, ShardKey};
-use crate::store::{
-    Admin, DeadLetter, DeadLetterFilter, OutboxStatus, Pause, PauseTarget, PendingMessage,
-    RelayInfo, ShardFilter, ShardInfo, ShardState, Store,
+pub use crate::secret::secret_parameters;
+pub use crate::store::{
+    Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, Heartbeat, OutboxStatus, Pause,
+    PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardStatus,
 };
+use crate::store::{PendingMessage, ShardState, Store};
 
 /// What an operator's tool does to an outbox, as a trait object: [`Admin`]'s operations and
 /// [`Store::check_schema`], each a boxed future. Every `Store + Admin` implements it.

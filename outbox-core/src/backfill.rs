@@ -3,7 +3,7 @@
 //!
 //! A model declares the version of its replication logic (`#[replicated_model(...,
 //! replication_version = N)]`, 1 by default). An operator starts a backfill to a version
-//! ([`Admin::start_backfill`](crate::Admin::start_backfill), `outbox backfill start`): from
+//! ([`Admin::start_backfill`](crate::admin::Admin::start_backfill), `outbox backfill start`): from
 //! then on the relays whose code declares that version (or a later one) walk the model's
 //! table in key order, a batch per tick, and write each row's outbox exactly as a `save` of
 //! the row would (its tombstone as payload; a fan-out model's to the destinations the row
@@ -18,7 +18,7 @@
 //! state row); another relay skips the model meanwhile. Once a walk reaches the end of the
 //! table, the watermark records the version as done: rows written afterwards get their
 //! outboxes from their own writes. A later version walks the table again from its lowest key;
-//! lowering the target ([`Admin::pause_backfill`](crate::Admin::pause_backfill)) pauses the
+//! lowering the target ([`Admin::pause_backfill`](crate::admin::Admin::pause_backfill)) pauses the
 //! walk where it is.
 //!
 //! Each tick writes at most [`backfill_budget`](crate::RelayConfigBuilder::backfill_budget)
@@ -364,7 +364,7 @@ pub struct BackfillBatch {
     pub state: Option<BackfillState>,
 }
 
-/// What an operator asks of [`Admin::start_backfill`](crate::Admin::start_backfill).
+/// What an operator asks of [`Admin::start_backfill`](crate::admin::Admin::start_backfill).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BackfillStart {

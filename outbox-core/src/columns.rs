@@ -33,7 +33,7 @@ pub trait ColumnVisitor<T> {
     fn column(&mut self, column: &'static str);
 }
 
-/// A model whose columns a `V` visits, in the order of [`ModelTable::columns`](crate::ModelTable):
+/// A model whose columns a `V` visits, in the order of [`ModelTable::columns`](crate::replicated::ModelTable):
 /// implemented by `#[replicated_model]` for every `V` that visits each of its field types.
 #[diagnostic::on_unimplemented(
     message = "`{Self}`'s columns cannot all be visited by `{V}`",

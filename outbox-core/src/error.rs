@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+pub use crate::id::{IdOutOfRange, ParseIdError};
 use crate::key::{CategoryId, MessageId, ScopeId, ShardKey};
 use crate::secret::redact_url;
 

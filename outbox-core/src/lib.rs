@@ -4,11 +4,11 @@
 //! services on PostgreSQL and SQLite.
 //!
 //! A service writes an outbox [`Message`] in the same `sqlx` transaction as the data change
-//! that caused it. After commit, a [`Relay`] delivers it to the [`Handler`] registered for its
+//! that caused it. After commit, a [`Relay`] delivers it to the [`Handler`](handler::Handler) registered for its
 //! [`Category`]: sharded by [`ShardKey`], in order within a shard, coalesced to the newest
 //! payload of each group, retried with per-shard backoff until it succeeds.
 //!
-//! This crate holds the model, the [`Registry`], the [`Store`] contract and the relay; it
+//! This crate holds the model, the [`Registry`], the [`Store`](store::Store) contract and the relay; it
 //! knows no SQL. The backends are `outbox-postgres` and `outbox-sqlite`; [`memory::MemoryStore`]
 //! keeps the outbox in process, for tests and examples.
 //!
@@ -100,18 +100,18 @@ mod breaker;
 mod catalog;
 mod categories;
 pub mod columns;
-mod error;
+pub mod error;
 mod flush;
 mod future;
-mod handler;
+pub mod handler;
 mod id;
 mod key;
 pub mod memory;
-mod metadata;
-mod model;
-mod registry;
-mod relay;
-mod replicated;
+pub mod metadata;
+pub mod model;
+pub mod registry;
+pub mod relay;
+pub mod replicated;
 mod secret;
 mod shutdown;
 pub mod sink;
@@ -121,42 +121,21 @@ pub mod telemetry;
 mod test_models;
 mod trace;
 
-pub use crate::backfill::{BackfillPhase, BackfillStart, BackfillState};
-pub use crate::catalog::{Catalog, NamedCategory};
-pub use crate::categories::Deliverable;
-pub use crate::columns::{ColumnValue, ColumnVisitor, ModelColumns, ModelRow};
-pub use crate::error::{
-    BoxError, ColumnMismatch, Error, RegistryProblem, Site, SourceLocation, error_chain,
-};
+// The root holds what a service writes: its declarations, its messages, its handlers, its
+// registry and its relay. The rest lives in the modules named for their readers.
+pub use crate::error::{BoxError, Error};
 pub use crate::flush::WrittenShards;
-pub use crate::handler::{
-    BoxFuture, Connection, Delivery, DeliveryError, DeliveryKind, ExtractError, FnHandler,
-    FromContext, Handler, HandlerContext, HandlerFn, HandlerOutput, NoOp, Requirements, State,
-    handler_fn,
-};
-pub use crate::handler::{Deletion, Replication};
-pub use crate::id::{Id, IdOutOfRange, Identifier, ParseIdError};
-pub use crate::metadata::{Metadata, TRACEPARENT, TRACESTATE};
+pub use crate::handler::{Connection, Deletion, Delivery, DeliveryError, Replication, State};
+pub use crate::id::{Id, Identifier};
 pub use crate::model::{
-    Category, CategoryId, Destination, MAX_DESTINATION_LEN, Message, MessageId, Payload,
-    RawMessage, Scope, ScopeId, ShardKey,
+    Category, CategoryId, Destination, Message, MessageId, Payload, Scope, ScopeId, ShardKey,
 };
-pub use crate::registry::{CategoryInfo, Registry, RegistryBuilder};
-pub use crate::relay::{
-    Backoff, DeadLettered, DrainReport, FlushError, Health, MaintenanceReport, Relay, RelayConfig,
-    RelayConfigBuilder, RunReport, ShardFailure, Undelivered, WaitingShard,
-};
-pub use crate::replicated::{
-    FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ModelRefs, ModelTable, ReplicatedModel,
-    check_model_shape,
-};
-pub use crate::secret::{redact_url, secret_parameters};
+pub use crate::registry::{Registry, RegistryBuilder};
+pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport};
+pub use crate::replicated::{FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ReplicatedModel};
+pub use crate::secret::redact_url;
 pub use crate::shutdown::shutdown_signal;
-pub use crate::store::{
-    Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, HandlerMode, Heartbeat, OutboxStatus,
-    Pause, PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardStatus, Store,
-};
-pub use crate::trace::TraceRelation;
+pub use crate::store::HandlerMode;
 
 /// The crate's example above declares a scope and a category and registers a handler.
 #[cfg(feature = "macros")]

@@ -10,7 +10,7 @@ use crate::model::{Category, Destination, Message, Payload};
 /// Where a replicated model's rows live: what a backend needs to read and write them.
 ///
 /// Columns are named like the model's fields; each holds its field's value, written with the
-/// field's own type ([`ModelColumns`](crate::ModelColumns)).
+/// field's own type ([`ModelColumns`](crate::columns::ModelColumns)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ModelTable {
     /// The table, optionally qualified by its schema (`app.projects`).

@@ -2,10 +2,11 @@
 //! payload type is a category, and one handler taking `Delivery<TheEnum>` receives every
 //! variant, in the shard's order, and `match`es them exhaustively.
 
+use outbox_core::error::RegistryProblem;
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Delivery, Error, Message, Registry, RegistryProblem, Relay,
-    State, outbox_categories, outbox_handler, outbox_scope,
+    BoxError, Category, CategoryId, Delivery, Error, Message, Registry, Relay, State,
+    outbox_categories, outbox_handler, outbox_scope,
 };
 use serde::{Deserialize, Serialize};
 

@@ -1,10 +1,11 @@
 //! Handlers take what they need as arguments: closures through `handler_fn` and hand-written
 //! handler types, delivered by a relay on the in-memory store.
 
+use outbox_core::handler::{ExtractError, Handler, HandlerContext, Requirements, handler_fn};
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Connection, Delivery, DeliveryError, ExtractError, Handler,
-    HandlerContext, Message, Registry, Relay, Requirements, Scope, ScopeId, State, handler_fn,
+    BoxError, Category, CategoryId, Connection, Delivery, DeliveryError, Message, Registry, Relay,
+    Scope, ScopeId, State,
 };
 
 mod common;
@@ -91,7 +92,7 @@ impl Handler<Delivery<Renamed>> for Counting {
         delivery: Delivery<Renamed>,
         cx: &mut HandlerContext<'_>,
     ) -> Result<(), BoxError> {
-        let State(seen) = <State<Seen> as outbox_core::FromContext<'_>>::from_context(cx)?;
+        let State(seen) = <State<Seen> as outbox_core::handler::FromContext<'_>>::from_context(cx)?;
         seen.push(delivery.payload);
         Ok(())
     }
@@ -130,7 +131,7 @@ impl Handler<Delivery<Renamed>> for WantsConnection {
         cx: &mut HandlerContext<'_>,
     ) -> Result<(), BoxError> {
         let _connection =
-            <Connection<'_, String> as outbox_core::FromContext<'_>>::from_context(cx)?;
+            <Connection<'_, String> as outbox_core::handler::FromContext<'_>>::from_context(cx)?;
         Ok(())
     }
 }

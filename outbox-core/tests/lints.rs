@@ -19,10 +19,12 @@
 use std::sync::{Mutex, PoisonError};
 
 use outbox_core::{
-    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, LocalModel, ModelTable,
-    Registry, ReplicatedModel, Replication, Scope, ScopeId, State, outbox_categories,
-    outbox_category, outbox_handler, outbox_scope, replicated_model,
+    BoxError, Category, CategoryId, Deletion, Delivery, FanOutModel, LocalModel, Registry,
+    ReplicatedModel, Replication, Scope, ScopeId, State, outbox_categories, outbox_category,
+    outbox_handler, outbox_scope, replicated_model,
 };
+
+use outbox_core::replicated::ModelTable;
 use serde::{Deserialize, Serialize};
 
 /// What the handlers saw.

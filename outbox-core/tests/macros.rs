@@ -3,10 +3,11 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use outbox_core::error::RegistryProblem;
 use outbox_core::memory::MemoryStore;
 use outbox_core::{
-    BoxError, Category, CategoryId, Delivery, Error, Message, Registry, RegistryProblem, Relay,
-    Scope, ScopeId, State, outbox_category, outbox_handler, outbox_scope,
+    BoxError, Category, CategoryId, Delivery, Error, Message, Registry, Relay, Scope, ScopeId,
+    State, outbox_category, outbox_handler, outbox_scope,
 };
 use serde::{Deserialize, Serialize};
 

@@ -2,7 +2,7 @@
 //!
 //! The transactional outbox for Rust services on PostgreSQL and SQLite. A service writes an
 //! outbox [`Message`] in the same `sqlx` transaction as the data change that caused it; after
-//! commit, a [`Relay`] delivers it to the [`Handler`] of its [`Category`] — sharded, in order
+//! commit, a [`Relay`] delivers it to the [`Handler`](handler::Handler) of its [`Category`] — sharded, in order
 //! within a shard, coalesced to the newest payload of each group, retried with backoff until it
 //! succeeds — or publishes it to a broker.
 //!

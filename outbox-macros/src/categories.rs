@@ -306,7 +306,7 @@ fn generate(enumeration: &Ident, scope: &Path, variants: &[Variant]) -> TokenStr
     });
     let name = enumeration.to_string();
     let deliverable = hidden(&quote! {
-        impl ::outbox_core::Deliverable for #enumeration {
+        impl ::outbox_core::handler::Deliverable for #enumeration {
             type Payload = Self;
 
             fn categories() -> ::std::vec::Vec<::outbox_core::__private::CategorySpec> {
@@ -352,7 +352,7 @@ fn fallback(enumeration: &ItemEnum) -> TokenStream {
     }
     let name = ident.to_string();
     let deliverable = hidden(&quote! {
-        impl ::outbox_core::Deliverable for #ident {
+        impl ::outbox_core::handler::Deliverable for #ident {
             type Payload = Self;
 
             fn categories() -> ::std::vec::Vec<::outbox_core::__private::CategorySpec> {

@@ -119,12 +119,12 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         .collect();
     let requires = arguments.iter().map(|ty| {
         quote_spanned! {ty.span()=>
-            <#ty as ::outbox_core::FromContext<'_>>::requires(#requirements);
+            <#ty as ::outbox_core::handler::FromContext<'_>>::requires(#requirements);
         }
     });
     let extract = arguments.iter().zip(&names).map(|(ty, name)| {
         quote_spanned! {ty.span()=>
-            let #name = match <#ty as ::outbox_core::FromContext<'_>>::from_context(#cx) {
+            let #name = match <#ty as ::outbox_core::handler::FromContext<'_>>::from_context(#cx) {
                 ::core::result::Result::Ok(argument) => argument,
                 ::core::result::Result::Err(error) => {
                     return ::core::result::Result::Err(::core::convert::Into::into(error));
@@ -145,7 +145,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         ReturnType::Default => sig.paren_token.span.join(),
     };
     let into_result = quote_spanned! {output_span=>
-        ::outbox_core::HandlerOutput::into_result(#call.await)
+        ::outbox_core::handler::HandlerOutput::into_result(#call.await)
     };
     let handler_type = format_ident!(
         "OutboxHandler{}",
@@ -160,8 +160,8 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     Ok(hidden(&quote! {
         struct #handler_type;
 
-        impl ::outbox_core::Handler<#delivery_type> for #handler_type {
-            fn requires(&self, #requirements: &mut ::outbox_core::Requirements) {
+        impl ::outbox_core::handler::Handler<#delivery_type> for #handler_type {
+            fn requires(&self, #requirements: &mut ::outbox_core::handler::Requirements) {
                 #unused_requirements
                 #(#requires)*
             }
@@ -169,7 +169,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
             fn call(
                 &self,
                 #delivery: #delivery_type,
-                #cx: &mut ::outbox_core::HandlerContext<'_>,
+                #cx: &mut ::outbox_core::handler::HandlerContext<'_>,
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<(), ::outbox_core::BoxError>,
             > + ::core::marker::Send {

@@ -226,20 +226,20 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     let visit_values = fields.iter().zip(&columns).map(|(field, column)| {
         let (ty, ident) = (&field.ty, &field.ident);
         quote_spanned! {ty.span()=>
-            ::outbox_core::ColumnVisitor::<#ty>::value(visitor, #column, &self.#ident);
+            ::outbox_core::columns::ColumnVisitor::<#ty>::value(visitor, #column, &self.#ident);
         }
     });
     let visit_columns = fields.iter().zip(&columns).map(|(field, column)| {
         let ty = &field.ty;
         quote_spanned! {ty.span()=>
-            ::outbox_core::ColumnVisitor::<#ty>::column(visitor, #column);
+            ::outbox_core::columns::ColumnVisitor::<#ty>::column(visitor, #column);
         }
     });
     let key_column = column(key_field);
     let visit_key = {
         let (ty, ident) = (&key_field.ty, &key_field.ident);
         quote_spanned! {ty.span()=>
-            ::outbox_core::ColumnVisitor::<#ty>::value(visitor, #key_column, &self.#ident);
+            ::outbox_core::columns::ColumnVisitor::<#ty>::value(visitor, #key_column, &self.#ident);
         }
     };
     let object_identifier = identifier(key_field);
@@ -276,14 +276,14 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
     // The table is a constant of its own, which the registration names: a model that does not
     // implement `ReplicatedModel` (not serializable, say) is then reported once, at its impl.
     let model = quote! {
-        const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
+        const TABLE: ::outbox_core::replicated::ModelTable = ::outbox_core::replicated::ModelTable {
             table: #table,
             key: #key_column,
             columns: &[#(#columns),*],
         };
 
-        impl<V: ?::core::marker::Sized #(+ ::outbox_core::ColumnVisitor<#field_types>)*>
-            ::outbox_core::ModelColumns<V> for #ident
+        impl<V: ?::core::marker::Sized #(+ ::outbox_core::columns::ColumnVisitor<#field_types>)*>
+            ::outbox_core::columns::ModelColumns<V> for #ident
         {
             fn visit_values(&self, visitor: &mut V) {
                 #(#visit_values)*
@@ -299,7 +299,7 @@ pub(crate) fn expand(args: TokenStream, item: &Item) -> syn::Result<TokenStream>
         }
 
         impl ::outbox_core::ReplicatedModel for #ident {
-            const TABLE: ::outbox_core::ModelTable = TABLE;
+            const TABLE: ::outbox_core::replicated::ModelTable = TABLE;
             type Key = #key_type;
 
             fn object_identifier(&self) -> ::outbox_core::Id {
@@ -340,7 +340,7 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
     let category = crate::category::stand_in(&ident, &quote!(()));
     let model = hidden(&quote! {
         impl ::outbox_core::ReplicatedModel for #ident {
-            const TABLE: ::outbox_core::ModelTable = ::outbox_core::ModelTable {
+            const TABLE: ::outbox_core::replicated::ModelTable = ::outbox_core::replicated::ModelTable {
                 table: "",
                 key: "",
                 columns: &[],
@@ -359,7 +359,7 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
         }
         impl ::outbox_core::LocalModel for #ident {}
         impl ::outbox_core::FanOutModel for #ident {}
-        impl<V: ?::core::marker::Sized> ::outbox_core::ModelColumns<V> for #ident {
+        impl<V: ?::core::marker::Sized> ::outbox_core::columns::ModelColumns<V> for #ident {
             fn visit_values(&self, _: &mut V) {}
             fn visit_columns(_: &mut V) {}
             fn visit_key(&self, _: &mut V) {}

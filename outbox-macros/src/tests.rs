@@ -766,7 +766,7 @@ fn category_enum_mistakes_are_reported_together() {
         assert!(output.contains(message), "{message}: {output}");
     }
     assert!(
-        output.contains("impl :: outbox_core :: Deliverable for OrgEvent"),
+        output.contains("impl :: outbox_core :: handler :: Deliverable for OrgEvent"),
         "a stand-in keeps the enum's handlers quiet: {output}"
     );
 }

@@ -24,7 +24,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
     check_scheme(url)?;
     // sqlx reads `password` and logs any parameter it does not know, value and all.
-    if let Some(unread) = outbox_core::secret_parameters(url)
+    if let Some(unread) = outbox_core::admin::secret_parameters(url)
         .into_iter()
         .find(|key| key != "password")
     {

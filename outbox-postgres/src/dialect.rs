@@ -1,8 +1,10 @@
 //! PostgreSQL's dialect of the shared body: its SQL, its claims (`FOR UPDATE SKIP LOCKED`), its
 //! wake-ups (`LISTEN`) and its error codes.
 
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
 use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease};
-use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
+use outbox_core::{Error, Id, Message, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{

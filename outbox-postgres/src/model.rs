@@ -5,7 +5,9 @@
 //! as themselves); a row is read back as JSON (`to_json`, which renders timestamps, numerics,
 //! UUIDs and arrays as serde reads them), its `bytea` columns beside it as bytes.
 
-use outbox_core::{ColumnValue, ModelRow, ModelTable};
+use outbox_core::columns::{ColumnValue, ModelRow};
+
+use outbox_core::replicated::ModelTable;
 use outbox_sqlx::model::{column_list, quoted};
 use sqlx::postgres::{PgRow, PgTypeInfo};
 use sqlx::{Column, Row, TypeInfo};

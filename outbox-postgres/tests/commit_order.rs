@@ -7,9 +7,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::{
-    Admin, BoxError, Deletion, Delivery, Handler, Registry, Relay, RelayConfig, Replication,
-};
+use outbox_core::{BoxError, Deletion, Delivery, Registry, Relay, RelayConfig, Replication};
+
+use outbox_core::admin::Admin;
+
+use outbox_core::handler::Handler;
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{
     MODEL_TABLES, ModelSeen, OrgUpdate, Project, Recorder, note, org_shard,

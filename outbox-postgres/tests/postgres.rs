@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
-use outbox_core::{Admin, Category, Error, Message, Relay, RelayConfig, RunReport, Store};
+use outbox_core::store::Store;
+use outbox_core::{Category, Error, Message, Relay, RelayConfig, RunReport};
 use outbox_postgres::PgStore;
 use outbox_testkit::fixtures::{MODEL_TABLES, OrgUpdate, Project, Recorder, note, org_shard};
 use outbox_testkit::postgres::{PgTestDatabase, server_url};
@@ -570,7 +572,7 @@ async fn claim_waits_on_a_lock<T>(
 
 /// The shards of a `claim_many` call that it claimed, by identifier.
 async fn claimed_by_many(store: &PgStore, shards: &[i64]) -> Vec<i64> {
-    use outbox_core::Store;
+    use outbox_core::store::Store;
     use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
     let keys: Vec<_> = shards.iter().map(|&shard| org_shard(shard)).collect();
     let options = ClaimOptions {
@@ -717,7 +719,7 @@ async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
 /// not deliver the rows already gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
-    use outbox_core::Store;
+    use outbox_core::store::Store;
     use outbox_core::store::{ClaimOptions, HandlerMode, Outcome, ShardSession};
     let database = migrated().await;
     for shard in [7u64, 8] {

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
 use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
 };
-use outbox_core::{
-    CategoryId, Error, Id, Message, MessageId, ModelRow, ModelTable, ScopeId, ShardKey,
-};
+use outbox_core::{CategoryId, Error, Id, Message, MessageId, ScopeId, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::session::shard_keyed;
 use outbox_sqlx::sql::Statement;

@@ -4,7 +4,9 @@
 //! Each model's fields are parameters of their own types; a row is read back by each value's
 //! own storage class (a blob as bytes, an integer as an integer).
 
-use outbox_core::{ColumnValue, ModelRow, ModelTable};
+use outbox_core::columns::{ColumnValue, ModelRow};
+
+use outbox_core::replicated::ModelTable;
 use outbox_sqlx::model::{column_list, quoted};
 use sqlx::sqlite::{SqliteRow, SqliteTypeInfo};
 use sqlx::{Column, Row, TypeInfo, ValueRef};

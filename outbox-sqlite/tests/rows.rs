@@ -5,8 +5,10 @@
 
 use std::borrow::Cow;
 
+use outbox_core::admin::Admin;
+use outbox_core::error::error_chain;
 use outbox_core::store::Store;
-use outbox_core::{Admin, DeliveryError, Error, error_chain};
+use outbox_core::{DeliveryError, Error};
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::{OrgUpdate, Recorder, note, org_shard};
 use outbox_testkit::sqlite::SqliteTestDatabase;

@@ -66,7 +66,7 @@ fn version(version: u32) -> i32 {
 }
 
 impl<D: Dialect> SqlxStore<D> {
-    /// See [`Store::backfill`](outbox_core::Store::backfill).
+    /// See [`Store::backfill`](outbox_core::store::Store::backfill).
     pub(crate) async fn backfill_tick(
         &self,
         model: &BackfillModel,
@@ -154,12 +154,12 @@ impl<D: Dialect> SqlxStore<D> {
             Err(error) => {
                 // The batch rolled back; its error goes on the watermark, if the database
                 // takes it.
-                let text = outbox_core::error_chain(&error);
+                let text = outbox_core::error::error_chain(&error);
                 let fail = sqlx::query(sql.fail).with(model.category.0).with(text);
                 if let Err(unrecorded) = self.write(fail, "recording a backfill's error").await {
                     tracing::debug!(
                         model = model.name,
-                        error = %outbox_core::error_chain(&unrecorded),
+                        error = %outbox_core::error::error_chain(&unrecorded),
                         "could not record a backfill's error on its watermark"
                     );
                 }
@@ -168,7 +168,7 @@ impl<D: Dialect> SqlxStore<D> {
         }
     }
 
-    /// See [`Admin::backfills`](outbox_core::Admin::backfills).
+    /// See [`Admin::backfills`](outbox_core::admin::Admin::backfills).
     pub(crate) async fn backfill_states(&self) -> Result<Vec<BackfillState>, Error> {
         let rows = self
             .rows(sqlx::query(D::SQL.backfill.list), "listing backfills")
@@ -176,7 +176,7 @@ impl<D: Dialect> SqlxStore<D> {
         rows.iter().map(watermark::<D>).collect()
     }
 
-    /// See [`Admin::start_backfill`](outbox_core::Admin::start_backfill).
+    /// See [`Admin::start_backfill`](outbox_core::admin::Admin::start_backfill).
     pub(crate) async fn begin_backfill(
         &self,
         start: &BackfillStart,
@@ -197,7 +197,7 @@ impl<D: Dialect> SqlxStore<D> {
         Ok(state)
     }
 
-    /// See [`Admin::pause_backfill`](outbox_core::Admin::pause_backfill).
+    /// See [`Admin::pause_backfill`](outbox_core::admin::Admin::pause_backfill).
     pub(crate) async fn halt_backfill(&self, category: CategoryId) -> Result<bool, Error> {
         let query = sqlx::query(D::SQL.backfill.pause).with(category.0);
         Ok(self.write(query, "pausing a backfill").await? > 0)

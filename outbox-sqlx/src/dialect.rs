@@ -4,10 +4,12 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
 use outbox_core::store::{
     Acknowledgement, ClaimOptions, EmbeddedMigration, GroupKey, Lease, StoredMessage, WakeupStream,
 };
-use outbox_core::{Error, Id, Message, ModelRow, ModelTable, ShardKey};
+use outbox_core::{Error, Id, Message, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
@@ -191,8 +193,8 @@ pub struct Statements {
     pub relays: RelayStatements,
 }
 
-/// The statements of the relays' heartbeats ([`Store::beat`](outbox_core::Store::beat),
-/// [`Admin::relays`](outbox_core::Admin::relays)).
+/// The statements of the relays' heartbeats ([`Store::beat`](outbox_core::store::Store::beat),
+/// [`Admin::relays`](outbox_core::admin::Admin::relays)).
 #[derive(Debug, Clone, Copy)]
 pub struct RelayStatements {
     /// Writes a relay's row anew: `$1` worker, `$2` when it started (ms since the epoch),
@@ -270,10 +272,10 @@ pub struct BackfillStatements {
     pub pause: &'static str,
 }
 
-/// A shard's [`ShardStatus`](outbox_core::ShardStatus) label, from the columns `paused`,
+/// A shard's [`ShardStatus`](outbox_core::admin::ShardStatus) label, from the columns `paused`,
 /// `in_flight`, `parked_category` and `waiting` (its retry time is ahead and nothing arrived
 /// since its failure) of a dialect's shard view: the first that applies, as
-/// [`ShardStatus::of`](outbox_core::ShardStatus::of) decides. One expression, so the counts
+/// [`ShardStatus::of`](outbox_core::admin::ShardStatus::of) decides. One expression, so the counts
 /// and the listings of both backends cannot disagree.
 #[macro_export]
 macro_rules! shard_status {
@@ -394,7 +396,7 @@ pub struct Claim<D: Dialect> {
     /// as long as the transaction).
     pub claiming: Option<Claiming<D>>,
     /// The shard's head as the claim read it, with how many rows it asked for, if it read it
-    /// (see [`Store::claim_many`](outbox_core::Store::claim_many)): what the session's first
+    /// (see [`Store::claim_many`](outbox_core::store::Store::claim_many)): what the session's first
     /// fetch of that many rows answers.
     pub head: Option<(Vec<StoredMessage>, usize)>,
 }

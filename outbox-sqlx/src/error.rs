@@ -1,6 +1,8 @@
 //! Driver errors as the outbox's typed errors.
 
-use outbox_core::{Error, error_chain};
+use outbox_core::Error;
+
+use outbox_core::error::error_chain;
 
 use crate::dialect::{Dialect, Fault};
 

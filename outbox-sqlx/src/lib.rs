@@ -78,7 +78,7 @@ macro_rules! backend_functions {
         pub fn $name<'f, 'c: 'f, 't: 'c, 'a: 'f, M: $crate::model::Writable<$dialect>>(
             target: impl $crate::model::ModelTarget<'c, 't, $dialect> + 'f,
             models: impl $crate::__private::outbox_core::IntoModelBatch<'a, M>,
-        ) -> $crate::__private::outbox_core::BoxFuture<
+        ) -> $crate::__private::outbox_core::handler::BoxFuture<
             'f,
             ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
         > {

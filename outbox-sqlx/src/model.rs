@@ -5,10 +5,15 @@ use std::any::TypeId;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Mutex, PoisonError};
 
-use outbox_core::{
-    BoxFuture, ColumnMismatch, ColumnVisitor, Error, IntoModelBatch, Message, MessageId,
-    ModelBatch, ModelColumns, ModelTable, ReplicatedModel, check_model_shape,
-};
+use outbox_core::{Error, IntoModelBatch, Message, MessageId, ModelBatch, ReplicatedModel};
+
+use outbox_core::columns::{ColumnVisitor, ModelColumns};
+
+use outbox_core::error::ColumnMismatch;
+
+use outbox_core::handler::BoxFuture;
+
+use outbox_core::replicated::{ModelTable, check_model_shape};
 use sqlx::error::BoxDynError;
 use sqlx::{
     Arguments, AssertSqlSafe, Column, Database, Encode, Pool, Row, Transaction, Type, TypeInfo,

@@ -3,11 +3,13 @@
 use std::any::Any;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
 use outbox_core::store::{
     Acknowledgement, DeadLettering, GroupKey, GroupTail, Lease, Outcome, ShardSession,
     StoredMessage, ack_then_finish,
 };
-use outbox_core::{CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeId, ShardKey};
+use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Database, Pool, Transaction};
 
@@ -217,7 +219,7 @@ impl<D: Dialect> SqlxSession<D> {
     /// [`Error::LeaseLost`] for it; a statement or commit that fails writes nothing of the
     /// batch, and is the error of each. Sessions claimed in a transaction finish alone.
     ///
-    /// [`Store::ack_and_finish_many`]: outbox_core::Store::ack_and_finish_many
+    /// [`Store::ack_and_finish_many`]: outbox_core::store::Store::ack_and_finish_many
     pub(crate) async fn ack_and_finish_together(
         pool: &Pool<D::Database>,
         dialect: &D,

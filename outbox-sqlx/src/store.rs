@@ -5,14 +5,15 @@ use std::time::{Duration, SystemTime};
 use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillStart, BackfillState,
 };
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
+use outbox_core::store::Store;
 use outbox_core::store::{
     Acknowledgement, Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage,
     FORGET_RELAYS_AFTER, Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget,
     PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
 };
-use outbox_core::{
-    CategoryId, Error, Id, MessageId, ModelRow, ModelTable, ScopeId, ShardKey, Store,
-};
+use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey};
 use sqlx::{AssertSqlSafe, Database, Pool, Row};
 
 use crate::dialect::{Claim, Dialect};
@@ -929,15 +930,15 @@ impl<D: Dialect> outbox_core::admin::Database for SqlxStore<D> {
         self
     }
 
-    fn applied_migrations(&self) -> outbox_core::BoxFuture<'_, Result<Vec<i64>, Error>> {
+    fn applied_migrations(&self) -> outbox_core::handler::BoxFuture<'_, Result<Vec<i64>, Error>> {
         Box::pin(crate::migrate::applied::<D>(&self.pool))
     }
 
-    fn migrate(&self) -> outbox_core::BoxFuture<'_, Result<(), Error>> {
+    fn migrate(&self) -> outbox_core::handler::BoxFuture<'_, Result<(), Error>> {
         Box::pin(crate::migrate::migrate::<D>(&self.pool))
     }
 
-    fn close(&self) -> outbox_core::BoxFuture<'_, ()> {
+    fn close(&self) -> outbox_core::handler::BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }
 }

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
+use outbox_core::store::Store;
 use outbox_core::store::{ClaimOptions, Failure, Outcome, ShardSession};
-use outbox_core::{Admin, CategoryId, HandlerMode, MessageId, Store};
+use outbox_core::{CategoryId, HandlerMode, MessageId};
 use outbox_sqlx::SqlxStore;
 use outbox_testkit::fixtures::{OrgUpdate, note, org_shard};
 use outbox_testkit::postgres::PgDatabase;
@@ -71,7 +73,7 @@ where
     let exact = gauges_up_to(100).await;
     assert!(!exact.estimated, "{exact:?}");
     assert_eq!(exact, store.status(0).await.expect("status"));
-    let shards = |status: &outbox_core::OutboxStatus| {
+    let shards = |status: &outbox_core::admin::OutboxStatus| {
         (
             status.shards,
             status.shards_due,

@@ -1,7 +1,9 @@
 //! Model writes: one statement per table however many models (up to the database's parameter
 //! limit), on every backend, and the statements each dialect makes of a table.
 
-use outbox_core::{ModelBatch, ModelTable, ReplicatedModel};
+use outbox_core::{ModelBatch, ReplicatedModel};
+
+use outbox_core::replicated::ModelTable;
 use outbox_postgres::PgDialect;
 use outbox_sqlite::SqliteDialect;
 use outbox_sqlx::model::{apply, check_pooled, model_sql};

@@ -6,9 +6,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, TimeZone, Utc};
+use outbox_core::error::ColumnMismatch;
+use outbox_core::store::Store;
 use outbox_core::{
-    ColumnMismatch, Deletion, Error, ModelBatch, Payload, Registry, ReplicatedModel, Replication,
-    Store, outbox_scope, replicated_model,
+    Deletion, Error, ModelBatch, Payload, Registry, ReplicatedModel, Replication, outbox_scope,
+    replicated_model,
 };
 use outbox_sqlx::model::{Written, apply, check_pooled};
 use outbox_sqlx::sql::{Decodes, Executes, get};
@@ -98,7 +100,7 @@ where
 }
 
 /// `keys` of `M`'s table read at once, as the relay's drains read their rows together
-/// ([`Store::load_models`](outbox_core::Store::load_models)): each row as the model, in the
+/// ([`Store::load_models`](outbox_core::store::Store::load_models)): each row as the model, in the
 /// keys' order, `None` where no row has the key.
 async fn read_together<P: Provision, M: ReplicatedModel + Payload>(
     database: &SqlxTestDatabase<P>,

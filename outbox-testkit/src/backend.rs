@@ -6,9 +6,12 @@
 use std::future::Future;
 
 use outbox_core::{
-    BoxError, Error, HandlerContext, Id, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey,
-    Store, WrittenShards,
+    BoxError, Error, Id, Message, MessageId, ModelBatch, ReplicatedModel, ShardKey, WrittenShards,
 };
+
+use outbox_core::handler::HandlerContext;
+
+use outbox_core::store::Store;
 
 /// What a scripted outbox transaction ([`TestBackend::write_scoped`]) writes, and where.
 #[derive(Debug, Clone, Copy, Default)]
@@ -44,7 +47,7 @@ pub enum ModelWrite {
 /// [`TestBackend`], of which it is the part without SQL.
 pub trait StoreBackend: Send + Sync + Sized + 'static {
     /// The backend's store.
-    type Store: Store + outbox_core::Admin;
+    type Store: Store + outbox_core::admin::Admin;
 
     /// The backend's name, for messages.
     const NAME: &'static str;

@@ -21,10 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::sink::{Publisher, Sink};
-use outbox_core::{
-    Admin, DrainReport, Message, MessageId, Registry, Relay, RelayConfig, RunReport,
-};
+use outbox_core::{DrainReport, Message, MessageId, Registry, Relay, RelayConfig, RunReport};
 
 use crate::backend::StoreBackend;
 use crate::fixtures::{AuditEvent, note};
@@ -184,7 +183,7 @@ pub async fn refusal_fails_only_its_shard<K: Sink + Clone>(
     assert_eq!(report.failures.len(), 1, "{report:?}");
     let failure = &report.failures[0];
     assert_eq!(failure.shard.shard_identifier, outbox_core::Id::from(1_i64));
-    let error = outbox_core::error_chain(&failure.error);
+    let error = outbox_core::error::error_chain(&failure.error);
     assert!(error.contains(refusal), "{error}");
     assert!(!sink.breaker().is_open(), "a refusal is not an outage");
     let shards = by_shard(&read(4).await);

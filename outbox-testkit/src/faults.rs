@@ -35,7 +35,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use outbox_core::{BoxError, DeliveryKind, Handler, HandlerContext, Id, Requirements, ShardKey};
+use outbox_core::{BoxError, Id, ShardKey};
+
+use outbox_core::handler::{DeliveryKind, Handler, HandlerContext, Requirements};
 
 /// What a [`Faulty`] handler does on the calls its fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,9 +28,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox_core::{
-    BoxError, Category, Deletion, Delivery, Handler, HandlerContext, Id, MessageId,
-    RegistryBuilder, ReplicatedModel, Replication, ShardKey,
+    BoxError, Category, Deletion, Delivery, Id, MessageId, RegistryBuilder, ReplicatedModel,
+    Replication, ShardKey,
 };
+
+use outbox_core::handler::{Handler, HandlerContext};
 use tokio::sync::watch;
 
 /// One delivery a [`Recording`] handled (or one deletion a [`ModelRecording`] handled, whose

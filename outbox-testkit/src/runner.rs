@@ -4,8 +4,11 @@
 use std::fmt;
 use std::future::Future;
 
+use outbox_core::Relay;
+use outbox_core::admin::Admin;
+use outbox_core::relay::FlushError;
 use outbox_core::store::PendingMessage;
-use outbox_core::{Admin, FlushError, Relay, Store};
+use outbox_core::store::Store;
 
 /// How many rounds of delivery [`outbox_runner`] makes before it decides that the handlers'
 /// cascade does not end.

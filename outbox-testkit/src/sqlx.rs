@@ -5,9 +5,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use outbox_core::{
-    BoxError, Connection, Error, FromContext, HandlerContext, Id, Message, MessageId, ModelBatch,
-    ShardKey, WrittenShards,
+    BoxError, Connection, Error, Id, Message, MessageId, ModelBatch, ShardKey, WrittenShards,
 };
+
+use outbox_core::handler::{FromContext, HandlerContext};
 use outbox_core::{Registry, Relay};
 use outbox_sqlx::model::Written;
 use outbox_sqlx::sql::{Executes, Runner, With, get};

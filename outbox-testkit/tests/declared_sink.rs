@@ -1,9 +1,9 @@
 //! `#[outbox_category(..., sink = K)]`: the category's handler is the sink of type `K` given to
 //! the registry as a state.
 
-use outbox_core::{
-    Error, Message, Registry, RegistryProblem, Relay, outbox_category, outbox_scope,
-};
+use outbox_core::{Error, Message, Registry, Relay, outbox_category, outbox_scope};
+
+use outbox_core::error::RegistryProblem;
 use outbox_testkit::StoreBackend;
 use outbox_testkit::sink::MemorySink;
 use outbox_testkit::sqlite::SqliteBackend;

@@ -3,9 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_core::{
-    Admin, BoxError, Delivery, FlushError, Message, Registry, Relay, RelayConfig, error_chain,
-};
+use outbox_core::{BoxError, Delivery, Message, Registry, Relay, RelayConfig};
+
+use outbox_core::admin::Admin;
+
+use outbox_core::error::error_chain;
+
+use outbox_core::relay::FlushError;
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::{OrgUpdate, note, org_shard};
 use outbox_testkit::runner::MAX_ROUNDS;

@@ -166,7 +166,7 @@ fn migrate(database_url: String) -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     let migrated = runtime().block_on(outbox_cli::run(
         cli,
-        &outbox_core::Catalog::empty(),
+        &outbox_core::admin::Catalog::empty(),
         &mut stdout,
     ));
     match migrated {

@@ -25,10 +25,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use outbox::admin::Admin;
 use outbox::sqlite::SqliteStore;
 use outbox::{
-    Admin, BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State,
-    outbox_category, outbox_handler, outbox_scope, replicated_model, shutdown_signal,
+    BoxError, Deletion, Delivery, Message, Registry, Relay, Replication, State, outbox_category,
+    outbox_handler, outbox_scope, replicated_model, shutdown_signal,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;

@@ -7,11 +7,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use outbox::admin::Admin;
 use outbox::postgres::{PgDialect, PgStore};
 use outbox::sqlite::{SqliteDialect, SqliteStore, Writable};
-use outbox::{
-    Admin, BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig,
-};
+use outbox::{BoxError, DrainReport, Error, IntoModelBatch, Message, Registry, Relay, RelayConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{

@@ -44,10 +44,11 @@ use axum::{Json, Router};
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox::postgres::PgStore;
+use outbox::relay::Health;
 use outbox::telemetry;
 use outbox::{
-    Backoff, BoxError, Delivery, Health, Message, Registry, Relay, RelayConfig, State,
-    outbox_category, outbox_handler, outbox_scope, shutdown_signal,
+    Backoff, BoxError, Delivery, Message, Registry, Relay, RelayConfig, State, outbox_category,
+    outbox_handler, outbox_scope, shutdown_signal,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -202,7 +203,7 @@ async fn readyz(Extract(app): Extract<App>) -> (StatusCode, Json<Value>) {
 /// the scrape. A failed read is logged and the last values are served.
 async fn scrape(Extract(app): Extract<App>) -> ([(header::HeaderName, &'static str); 1], String) {
     if let Err(error) = app.relay.refresh_gauges().await {
-        let error = outbox::error_chain(&error);
+        let error = outbox::error::error_chain(&error);
         tracing::warn!(%error, "refreshing the outbox's gauges failed; serving the last values");
     }
     (
@@ -247,7 +248,7 @@ fn main() -> ExitCode {
         // `service outbox …`: the outbox command, with the names this binary declares.
         return outbox::cli::main_from(
             std::iter::once("service outbox".into()).chain(args),
-            &outbox::Catalog::discovered(),
+            &outbox::admin::Catalog::discovered(),
         );
     }
     let args = Args::parse();
@@ -262,7 +263,7 @@ fn main() -> ExitCode {
         Err(error) => {
             // One line: what failed and why, never a Debug dump (nor a password: the outbox's
             // errors show URLs redacted).
-            tracing::error!("{}", outbox::error_chain(error.as_ref()));
+            tracing::error!("{}", outbox::error::error_chain(error.as_ref()));
             ExitCode::FAILURE
         }
     }

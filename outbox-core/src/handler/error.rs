@@ -233,13 +233,13 @@ impl DeliveryError {
     }
 }
 
-/// Why a handler could not be given one of its arguments ([`FromContext`](crate::FromContext)).
+/// Why a handler could not be given one of its arguments ([`FromContext`](crate::handler::FromContext)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExtractError {
     /// No state of the type was given to the registry. [`Registry`](crate::Registry) refuses
     /// to build in that case, so this is only seen from handlers that do not declare what they
-    /// take ([`Handler::requires`](crate::Handler::requires)).
+    /// take ([`Handler::requires`](crate::handler::Handler::requires)).
     #[error("no `{type_name}` was given to `Registry::builder().state(..)`")]
     MissingState {
         /// The state's type.

@@ -45,7 +45,7 @@ impl fmt::Debug for HandlerContext<'_> {
 
 /// What a handler needs from the registry, declared by its arguments ([`FromContext::requires`])
 /// and checked when the registry is built: a handler taking a state nobody provided is refused
-/// at start-up ([`RegistryProblem::MissingState`](crate::RegistryProblem::MissingState)).
+/// at start-up ([`RegistryProblem::MissingState`](crate::error::RegistryProblem::MissingState)).
 #[derive(Debug, Default, Clone)]
 pub struct Requirements {
     states: Vec<(TypeId, &'static str)>,
@@ -71,7 +71,7 @@ impl Requirements {
 /// of your own built from those.
 ///
 /// `'a` is the call's lifetime: an argument may borrow from the call (as [`Connection`] does);
-/// handlers given as closures (see [`handler_fn`](crate::handler_fn)) take arguments that do
+/// handlers given as closures (see [`handler_fn`](crate::handler::handler_fn)) take arguments that do
 /// not, `FromContext<'a>` for every `'a`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be an argument of an outbox handler",
@@ -133,7 +133,7 @@ impl<T: Clone + Send + Sync + 'static> FromContext<'_> for State<T> {
 ///
 /// `&mut *conn` is a `&mut T`, what `sqlx` executes on. Outside that mode (or for another
 /// connection type) the delivery fails with
-/// [`ExtractError::NoConnection`](crate::ExtractError::NoConnection).
+/// [`ExtractError::NoConnection`](crate::handler::ExtractError::NoConnection).
 pub struct Connection<'a, T: ?Sized>(&'a mut T);
 
 impl<T: ?Sized> Deref for Connection<'_, T> {

@@ -18,7 +18,7 @@ mod state;
 use std::future::Future;
 use std::time::SystemTime;
 
-use crate::categories::Deliverable;
+pub use crate::categories::Deliverable;
 use crate::error::BoxError;
 use crate::id::Id;
 use crate::metadata::Metadata;
@@ -119,7 +119,7 @@ macro_rules! delivery_kind {
             fn created_at(&self) -> ::std::time::SystemTime {
                 self.created_at
             }
-            fn metadata(&self) -> &$crate::Metadata {
+            fn metadata(&self) -> &$crate::metadata::Metadata {
                 &self.metadata
             }
         }

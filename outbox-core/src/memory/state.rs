@@ -168,7 +168,7 @@ impl Tables {
         self.models.remove(&(table, key)).is_some()
     }
 
-    /// One tick of a model's backfill (see [`crate::Store::backfill`]): the batch, and the
+    /// One tick of a model's backfill (see [`crate::store::Store::backfill`]): the batch, and the
     /// messages it wrote.
     pub(super) fn backfill(
         &mut self,

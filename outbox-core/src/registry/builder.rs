@@ -210,7 +210,7 @@ impl RegistryBuilder {
     /// category `C` (or of each category of a category enum), as [`RegistryBuilder::sink`]
     /// would: what `#[outbox_category(..., sink = K)]` declares. Without a `K` in the state,
     /// [`build`](Self::build) refuses with
-    /// [`RegistryProblem::MissingState`](crate::RegistryProblem::MissingState).
+    /// [`RegistryProblem::MissingState`](crate::error::RegistryProblem::MissingState).
     #[track_caller]
     pub fn sink_from_state<C: Deliverable, K: Sink + Clone>(self) -> Self {
         self.sink_from_state_declared::<C, K>(SourceLocation::caller())

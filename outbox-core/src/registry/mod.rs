@@ -1,9 +1,9 @@
 //! The registry: every category this binary knows, with its scope, policy and handler.
 //!
-//! - [`lookup`]: the built [`Registry`] and what it knows of each category ([`CategoryInfo`]);
-//! - [`builder`]: the [`RegistryBuilder`] that handlers, declarations and states are given to;
-//! - [`validate`]: the checks [`RegistryBuilder::build`] runs, reporting every problem at once;
-//! - [`state`]: the values handlers take as [`State<T>`](crate::State).
+//! A [`RegistryBuilder`] takes the handlers (given by hand or discovered from the macros'
+//! declarations) and the states they take; [`RegistryBuilder::build`] checks them all at
+//! once and gives the [`Registry`], which tells what it knows of each category
+//! ([`CategoryInfo`]).
 
 mod builder;
 pub(crate) mod declare;

@@ -242,7 +242,7 @@ async fn takes_states(
 fn a_state_a_handler_takes_and_nobody_gave_is_refused_naming_both() {
     let error = Registry::builder()
         .state(Client)
-        .handle::<First>(crate::handler_fn(takes_states))
+        .handle::<First>(crate::handler::handler_fn(takes_states))
         .build()
         .unwrap_err();
     let pool = std::any::type_name::<Pool>();
@@ -264,7 +264,7 @@ fn a_state_a_handler_takes_and_nobody_gave_is_refused_naming_both() {
     let both = Registry::builder()
         .state(Pool)
         .state(Client)
-        .handle::<First>(crate::handler_fn(takes_states))
+        .handle::<First>(crate::handler::handler_fn(takes_states))
         .build();
     assert!(both.is_ok(), "{both:?}");
 }

@@ -220,7 +220,7 @@ impl RelayConfig {
         self.maintenance_interval
     }
 
-    /// How often the background relay records its heartbeat ([`Admin::relays`](crate::Admin::relays)).
+    /// How often the background relay records its heartbeat ([`Admin::relays`](crate::admin::Admin::relays)).
     pub fn heartbeat_interval(&self) -> Duration {
         self.heartbeat_interval
     }
@@ -549,7 +549,7 @@ impl RelayConfigBuilder {
 
     /// How long [`Relay::flush`](crate::Relay::flush) waits for a shard that another worker
     /// holds (5 s by default) before it gives up with
-    /// [`FlushError::Incomplete`](crate::FlushError::Incomplete), naming the rows left. Only
+    /// [`FlushError::Incomplete`](crate::relay::FlushError::Incomplete), naming the rows left. Only
     /// a flush waits for a held shard: the relay's drains leave it to its holder.
     pub fn flush_wait(mut self, wait: Duration) -> Self {
         self.config.flush_wait = wait;
@@ -568,7 +568,7 @@ impl RelayConfigBuilder {
     /// How often [`Relay::run`](crate::Relay::run) records its heartbeat (10 s by default;
     /// not zero), and at once when it finds a breaker open: its worker id, when it started,
     /// the shards it drains and those waiting on open breakers, which
-    /// [`Admin::relays`](crate::Admin::relays) and `outbox status` read. A heartbeat stands for
+    /// [`Admin::relays`](crate::admin::Admin::relays) and `outbox status` read. A heartbeat stands for
     /// three intervals: a relay silent longer stopped answering.
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.config.heartbeat_interval = interval;

@@ -97,7 +97,7 @@ fn span_of<St: Store>(inner: &Inner<St>, lease: &Lease, group: &Group, attempt: 
     if let Some(metadata) = message
         .metadata
         .as_deref()
-        .and_then(|json| crate::Metadata::from_json(json).ok())
+        .and_then(|json| crate::metadata::Metadata::from_json(json).ok())
     {
         crate::trace::relate(&span, &metadata, inner.config.trace_relation);
     }

@@ -4,16 +4,20 @@
 //!
 //! - to **drain** a shard is to claim it, deliver its groups in order until it is empty (up
 //!   to a bound, for a flush), a delivery fails, its budget is spent or the relay stops, and
-//!   release it recording how that ended ([`shard`]);
+//!   release it recording how that ended;
 //! - a **pass** walks discovery over every shard once, drains each due shard once, and waits
 //!   for those drains: [`Relay::drain`] runs passes until one claims nothing,
 //!   [`Relay::flush_due`] runs one bounded pass;
 //! - a **sweep** is the background relay's walk of discovery over every shard: it starts the
 //!   due shards' drains in its pool without waiting for them, and when a whole sweep found
-//!   nothing due, [`Relay::run`] waits for a commit, a wake or the poll interval ([`run`]).
+//!   nothing due, [`Relay::run`] waits for a commit, a wake or the poll interval.
 //!
-//! A [`pool::ShardPool`] bounds how many shards drain at once, in a pass, a flush or a run
-//! (a claim's batch); their handlers take turns, `max_concurrent_shards` at once.
+//! The relay's pool bounds how many shards drain at once, in a pass, a flush or a run (a
+//! claim's batch); their handlers take turns, `max_concurrent_shards` at once.
+//!
+//! Here too are what its runs report ([`DrainReport`], [`RunReport`], [`MaintenanceReport`],
+//! [`FlushError`]), its health ([`Health`]) and how its delivery spans relate to the
+//! writer's trace ([`TraceRelation`]).
 
 mod config;
 mod deliver;
@@ -51,6 +55,7 @@ use crate::error::Error;
 use crate::model::ShardKey;
 use crate::registry::Registry;
 use crate::store::{ClaimOptions, Lease, ShardSession, Store};
+pub use crate::trace::TraceRelation;
 
 /// How a shard's drain task ended: its run if the shard was claimed (`None` if it was not
 /// due, or held by another worker), or the error that interrupted it.

@@ -1,6 +1,6 @@
 //! Order, coalescing and budgets.
 
-use outbox_core::Admin;
+use outbox_core::admin::Admin;
 use outbox_core::memory::MemoryStore;
 
 use super::{Event, Gate, Recorder, Update, config, eventually, msg, relay, shard};

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::memory::MemoryStore;
-use outbox_core::{Admin, BoxError, Category, CategoryId, Delivery, DeliveryError};
+use outbox_core::{BoxError, Category, CategoryId, Delivery, DeliveryError};
 
 use super::{Recorder, Update, clocked, config, msg, relay, shard};
 
@@ -14,7 +15,7 @@ use super::{Recorder, Update, clocked, config, msg, relay, shard};
 fn failing(
     recorder: &Recorder,
     failures: &Arc<AtomicU32>,
-) -> impl outbox_core::Handler<Delivery<Update>> {
+) -> impl outbox_core::handler::Handler<Delivery<Update>> {
     let (recorder, failures) = (recorder.clone(), Arc::clone(failures));
     move |delivery: Delivery<Update>| {
         recorder.record(&delivery);

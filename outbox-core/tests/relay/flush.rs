@@ -4,9 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::memory::MemoryStore;
+use outbox_core::relay::FlushError;
+use outbox_core::store::Store;
 use outbox_core::store::{ClaimOptions, HandlerMode};
-use outbox_core::{Admin, BoxError, Delivery, FlushError, Message, Store, WrittenShards};
+use outbox_core::{BoxError, Delivery, Message, WrittenShards};
 
 use super::{Event, Recorder, Update, config, msg, relay, shard};
 

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
+use outbox_core::store::Store;
 use outbox_core::store::{ClaimOptions, HandlerMode, ShardSession};
-use outbox_core::{Admin, Store};
 
 use super::{Gate, Recorder, Update, clocked, config, msg, relay, shard};
 

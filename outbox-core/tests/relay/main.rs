@@ -10,10 +10,11 @@ mod running;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use outbox_core::handler::Handler;
 use outbox_core::memory::{ManualClock, MemoryStore};
 use outbox_core::{
-    Backoff, BoxError, Category, CategoryId, Delivery, Handler, Message, Registry, RegistryBuilder,
-    Relay, RelayConfig, Scope, ScopeId, ShardKey,
+    Backoff, BoxError, Category, CategoryId, Delivery, Message, Registry, RegistryBuilder, Relay,
+    RelayConfig, Scope, ScopeId, ShardKey,
 };
 
 /// Organizations.

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::memory::MemoryStore;
-use outbox_core::{Admin, BoxError, Delivery, Relay, RunReport};
+use outbox_core::{BoxError, Delivery, Relay, RunReport};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -1,4 +1,5 @@
-use outbox_core::{BoxError, Delivery, Registry, handler_fn, outbox_category, outbox_scope};
+use outbox_core::{BoxError, Delivery, Registry, outbox_category, outbox_scope};
+use outbox_core::handler::{handler_fn};
 
 #[outbox_scope(id = 1)]
 struct Organization;

@@ -1,4 +1,5 @@
-use outbox_core::{BoxError, Delivery, HandlerContext, outbox_category, outbox_handler, outbox_scope};
+use outbox_core::{BoxError, Delivery, outbox_category, outbox_handler, outbox_scope};
+use outbox_core::handler::{HandlerContext};
 
 #[outbox_scope(id = 1)]
 struct Organization;

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
 use outbox_core::backfill::{
     BackfillBatch, BackfillModel, BackfillOptions, BackfillOutcome, BackfillPhase, BackfillStart,
     BackfillState,
 };
-use outbox_core::{
-    Admin, Category, Destination, Error, Message, ModelBatch, Registry, Relay, Store,
-};
+use outbox_core::store::Store;
+use outbox_core::{Category, Destination, Error, Message, ModelBatch, Registry, Relay};
 
 use super::{config, eventually, int, pending};
 use crate::backend::{ModelWrite, TestBackend};
@@ -57,7 +57,12 @@ async fn tick<S: Store>(store: &S, model: &BackfillModel, budget: usize) -> Back
     store
         .backfill(model, &options(budget))
         .await
-        .unwrap_or_else(|error| panic!("a backfill tick: {}", outbox_core::error_chain(&error)))
+        .unwrap_or_else(|error| {
+            panic!(
+                "a backfill tick: {}",
+                outbox_core::error::error_chain(&error)
+            )
+        })
 }
 
 async fn start<B: TestBackend>(backend: &B, start: BackfillStart) -> BackfillState {
@@ -336,9 +341,9 @@ pub async fn a_failed_watermark_write_fails_its_batch<B: TestBackend>() {
         "{error:?}"
     );
     assert!(
-        outbox_core::error_chain(&error).contains("refuses to move the watermark"),
+        outbox_core::error::error_chain(&error).contains("refuses to move the watermark"),
         "the cause is in the chain: {}",
-        outbox_core::error_chain(&error)
+        outbox_core::error::error_chain(&error)
     );
     assert!(pending(&backend).await.is_empty(), "the batch rolled back");
     let stuck = watermark::<B, Project>(&backend).await;

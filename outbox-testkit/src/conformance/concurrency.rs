@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use outbox_core::handler::{Handler, HandlerContext};
+use outbox_core::store::Store;
 use outbox_core::store::{
     Acknowledgement, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession,
 };
-use outbox_core::{BoxError, Delivery, Handler, HandlerContext, Relay, ShardKey, Store};
+use outbox_core::{BoxError, Delivery, Relay, ShardKey};
 use tokio::sync::{Barrier, Notify, watch};
 
 use super::{
@@ -366,7 +368,7 @@ pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: 
     );
     taker.finish(Outcome::Drained).await.expect("finish");
     assert!(pending_ids(&backend).await.is_empty());
-    let states = outbox_core::Admin::shard_states(&store)
+    let states = outbox_core::admin::Admin::shard_states(&store)
         .await
         .expect("shard states");
     assert!(states.is_empty(), "every shard released: {states:?}");
@@ -414,7 +416,7 @@ pub async fn drained_shards_finished_together_count_only_rows_still_there<B: Sto
     assert!(matches!(results[0], Ok((1, true))), "{:?}", results[0]);
     assert!(matches!(results[1], Ok((1, true))), "{:?}", results[1]);
     assert!(pending_ids(&backend).await.is_empty());
-    let states = outbox_core::Admin::shard_states(&store)
+    let states = outbox_core::admin::Admin::shard_states(&store)
         .await
         .expect("shard states");
     assert!(states.is_empty(), "every shard released: {states:?}");
@@ -799,8 +801,8 @@ fn gated(recorder: &Recorder) -> Vec<crate::fixtures::Seen> {
 }
 
 /// How many shards a lease holds now.
-async fn leased<S: outbox_core::Admin>(store: &S) -> usize {
-    outbox_core::Admin::shard_states(store)
+async fn leased<S: outbox_core::admin::Admin>(store: &S) -> usize {
+    outbox_core::admin::Admin::shard_states(store)
         .await
         .expect("shard states")
         .iter()
@@ -1083,7 +1085,7 @@ pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
 /// more, and its previous owner). Each session reads its own shard's head (which a backend may
 /// have read with the claim).
 pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
-    use outbox_core::Admin;
+    use outbox_core::admin::Admin;
     use outbox_core::store::{Failure, PauseTarget};
 
     let backend = B::create().await;

@@ -138,7 +138,7 @@ pub(crate) fn writing_once_during_delivery<B: StoreBackend>(
     backend: &Arc<B>,
     recorder: &Recorder,
     message: Message,
-) -> impl outbox_core::Handler<Delivery<OrgUpdate>> + use<B> {
+) -> impl outbox_core::handler::Handler<Delivery<OrgUpdate>> + use<B> {
     let (backend, recorder) = (Arc::clone(backend), recorder.clone());
     let pending = Arc::new(std::sync::Mutex::new(Some(message)));
     move |delivery: Delivery<OrgUpdate>| {

@@ -4,7 +4,9 @@
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_core::{DeliveryError, ModelBatch, Registry, Relay, error_chain};
+use outbox_core::{DeliveryError, ModelBatch, Registry, Relay};
+
+use outbox_core::error::error_chain;
 use tracing_subscriber::fmt::MakeWriter;
 
 use super::{config, pending, state_of, write};

@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox_core::{
-    Admin, Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay, ShardStatus, Store,
-    error_chain,
-};
+use outbox_core::{Backoff, BoxError, Category, Delivery, DeliveryError, Error, Relay};
+
+use outbox_core::admin::{Admin, ShardStatus};
+
+use outbox_core::error::error_chain;
+
+use outbox_core::store::Store;
 
 use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::{StoreBackend, TestBackend};

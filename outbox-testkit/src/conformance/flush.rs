@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outbox_core::admin::Admin;
+use outbox_core::error::error_chain;
+use outbox_core::relay::FlushError;
+use outbox_core::store::Store;
 use outbox_core::store::{ClaimOptions, HandlerMode};
-use outbox_core::{
-    Admin, BoxError, Delivery, FlushError, Message, Relay, Store, WrittenShards, error_chain,
-};
+use outbox_core::{BoxError, Delivery, Message, Relay, WrittenShards};
 
 use super::{Gate, config, int, pending, pending_ids, state_of, write};
 use crate::backend::{Scoped, StoreBackend, TestBackend};

@@ -31,10 +31,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outbox_core::admin::Admin;
+use outbox_core::handler::Handler;
 use outbox_core::store::{ClaimOptions, HandlerMode, PendingMessage, ShardState};
 use outbox_core::{
-    Admin, Backoff, BoxError, Category, Delivery, Handler, Id, Message, MessageId, RelayConfig,
-    ShardKey,
+    Backoff, BoxError, Category, Delivery, Id, Message, MessageId, RelayConfig, ShardKey,
 };
 
 pub use self::backfill::*;
@@ -123,7 +124,7 @@ macro_rules! conformance_tests {
 
 /// Generates one `#[test]` per store and relay behaviour for a [`StoreBackend`]: delivery
 /// order and coalescing, flushes, leases and takeovers, failures and backoff, budgets,
-/// running and shutting down. What any [`Store`](outbox_core::Store) must pass, one without SQL included
+/// running and shutting down. What any [`Store`](outbox_core::store::Store) must pass, one without SQL included
 /// (`outbox_testkit::store_conformance_tests!(outbox_testkit::memory::MemoryBackend)`).
 #[macro_export]
 macro_rules! store_conformance_tests {

@@ -3,8 +3,10 @@
 
 use outbox_core::{
     Category, DeliveryError, Destination, Error, HandlerMode, Id, ModelBatch, Registry, Relay,
-    Scope, ShardKey, error_chain,
+    Scope, ShardKey,
 };
+
+use outbox_core::error::error_chain;
 
 use super::{config, int, pending};
 use crate::backend::{ModelWrite, TestBackend};

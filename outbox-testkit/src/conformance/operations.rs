@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use outbox_core::admin::{Admin, DeadLetter, DeadLetterFilter, PauseTarget, ShardStatus};
+use outbox_core::store::Store;
 use outbox_core::store::{DeadLettering, ShardSession};
-use outbox_core::{
-    Admin, BoxError, Category, DeadLetter, DeadLetterFilter, Delivery, Error, MessageId,
-    PauseTarget, Registry, Relay, Scope, ShardStatus, Store,
-};
+use outbox_core::{BoxError, Category, Delivery, Error, MessageId, Registry, Relay, Scope};
 
 use super::{claim_options, config, int, pending, pending_ids, state_of, write};
 use crate::backend::StoreBackend;
@@ -23,7 +22,7 @@ use crate::fixtures::{
 fn failing_while<C: Category<Payload = Note>>(
     recorder: &Recorder,
     failing: impl Fn(i64, i64) -> bool + Send + Sync + 'static,
-) -> impl outbox_core::Handler<Delivery<C>> + Clone {
+) -> impl outbox_core::handler::Handler<Delivery<C>> + Clone {
     let (recorder, failing) = (recorder.clone(), Arc::new(failing));
     move |delivery: Delivery<C>| {
         recorder.record(&delivery);
@@ -650,7 +649,7 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
                 .collect::<Vec<_>>()
         }
     };
-    use outbox_core::ShardFilter;
+    use outbox_core::admin::ShardFilter;
     assert_eq!(listed(ShardFilter::Pending).await, [2, 1, 3, 4]);
     assert_eq!(listed(ShardFilter::Failing).await, [1, 3]);
     assert_eq!(listed(ShardFilter::Paused).await, [2]);
@@ -740,7 +739,7 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
 /// The status's counts partition the shards by [`ShardStatus`], and agree with the statuses
 /// of its deepest shards (all of them, when `deepest` exceeds their number) and of
 /// [`Admin::shards`]'s listing.
-async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::OutboxStatus {
+async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::admin::OutboxStatus {
     let status = store.status(deepest).await.expect("status");
     let counts = [
         (ShardStatus::Due, status.shards_due),
@@ -756,7 +755,7 @@ async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::OutboxSt
     );
     assert_eq!(status.deepest.len() as u64, status.shards, "{status:?}");
     let listed = store
-        .shards(outbox_core::ShardFilter::Pending, deepest)
+        .shards(outbox_core::admin::ShardFilter::Pending, deepest)
         .await
         .expect("list shards");
     for (kind, n) in counts {
@@ -797,7 +796,7 @@ pub async fn s23_a_flush_does_not_wait_for_a_paused_shard<B: StoreBackend>() {
     .await;
 
     let error = relay.flush(&written).await.expect_err("shard 1 is paused");
-    let outbox_core::FlushError::Incomplete { remaining, report } = &error else {
+    let outbox_core::relay::FlushError::Incomplete { remaining, report } = &error else {
         panic!("expected an incomplete flush, got {error:?}");
     };
     assert_eq!(report.deliveries, 1, "the user shard is delivered");

@@ -3,7 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Admin, Message, Relay, RunReport, Store};
+use outbox_core::{Message, Relay, RunReport};
+
+use outbox_core::admin::Admin;
+
+use outbox_core::store::Store;
 use tokio::sync::{Notify, oneshot};
 
 use super::concurrency::Stuck;

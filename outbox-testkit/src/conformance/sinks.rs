@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::{Admin, Heartbeat, RelayInfo};
+use outbox_core::metadata::TRACEPARENT;
 use outbox_core::sink::{Publisher, Sink, headers};
+use outbox_core::store::Store;
 use outbox_core::telemetry::{BREAKER_OPEN, BREAKER_OPENINGS};
-use outbox_core::{
-    Admin, BoxError, Delivery, Heartbeat, Registry, RelayConfig, RelayInfo, Store, TRACEPARENT,
-};
+use outbox_core::{BoxError, Delivery, Registry, RelayConfig};
 
 use super::relay::{run_until_stopped, stopped};
 use super::{config, eventually, pending_ids, state_of, write};

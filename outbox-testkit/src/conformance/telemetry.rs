@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
+use outbox_core::admin::Admin;
 use outbox_core::telemetry::{
     DATABASE_ERRORS, DEAD_LETTERED, DEAD_LETTERS, DELIVERIES, DELIVERY_LAG, DRAIN_ROWS,
     HANDLER_DURATION, HANDLER_FAILURES, HEAD_FAILURES, LEASE_LOSSES, MESSAGES_WRITTEN,
     OLDEST_PENDING_AGE, PENDING_MESSAGES, ROWS_ACKNOWLEDGED, ROWS_COALESCED, SHARDS,
 };
-use outbox_core::{Admin, BoxError, Category, Delivery, Relay, ShardKey};
+use outbox_core::{BoxError, Category, Delivery, Relay, ShardKey};
 use tracing::Level;
 
 use super::delivery::writing_once_during_delivery;
@@ -361,13 +362,14 @@ fn assert_bounded_labels(telemetry: &Telemetry) {
 /// The producer's trace reaches the handler (SPEC §10, with the `opentelemetry` feature): the
 /// W3C trace context of the span current at `Message::new` is stored with the message; the
 /// delivery's span is linked to the producer's span (the default), or made its child
-/// ([`TraceRelation::Child`](outbox_core::TraceRelation::Child)); the handler reads the trace
+/// ([`TraceRelation::Child`](outbox_core::relay::TraceRelation::Child)); the handler reads the trace
 /// id from [`Delivery::metadata`] either way.
 #[cfg(feature = "opentelemetry")]
 pub fn trace_context_reaches_the_handler<B: StoreBackend>() {
     use opentelemetry::trace::{TraceContextExt, TracerProvider};
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-    use outbox_core::{RelayConfig, TraceRelation};
+    use outbox_core::RelayConfig;
+    use outbox_core::relay::TraceRelation;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     use tracing_subscriber::layer::SubscriberExt;
 
@@ -457,7 +459,8 @@ pub fn trace_context_reaches_the_handler<B: StoreBackend>() {
 /// trace stores none (a `NULL`); a dead letter keeps its metadata and its replay writes it
 /// back.
 pub async fn metadata_and_creation_time_reach_the_handler<B: StoreBackend>() {
-    use outbox_core::{DeadLetterFilter, Metadata};
+    use outbox_core::admin::DeadLetterFilter;
+    use outbox_core::metadata::Metadata;
 
     let backend = B::create().await;
     let seen = Arc::new(std::sync::Mutex::new(Vec::<(
@@ -570,7 +573,7 @@ pub async fn malformed_metadata_is_a_precise_failure<B: crate::TestBackend>() {
         "{error:?}"
     );
     assert_eq!(error.kind(), "metadata");
-    let text = outbox_core::error_chain(error);
+    let text = outbox_core::error::error_chain(error);
     assert!(
         text.contains("not a JSON object of strings") && text.contains("invalid type"),
         "{text}"

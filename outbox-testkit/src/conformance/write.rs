@@ -1,8 +1,10 @@
 //! The write path.
 
 use outbox_core::{
-    Category, CategoryId, DeliveryError, Destination, Error, Id, Message, RawMessage, Relay, Scope,
+    Category, CategoryId, DeliveryError, Destination, Error, Id, Message, Relay, Scope,
 };
+
+use outbox_core::model::RawMessage;
 use std::time::Duration;
 
 use serde_json::json;

@@ -50,7 +50,9 @@ mod expected;
 mod snapshot;
 mod table;
 
-use outbox_core::{Admin, Category, Identifier};
+use outbox_core::{Category, Identifier};
+
+use outbox_core::admin::Admin;
 
 pub use self::expected::Expected;
 pub use self::snapshot::{Pending, PendingOutbox};

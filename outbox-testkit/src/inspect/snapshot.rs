@@ -3,10 +3,12 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
+use outbox_core::admin::Admin;
+use outbox_core::store::Store;
 use outbox_core::store::{PendingMessage, ShardState};
 use outbox_core::{
-    Admin, Category, CategoryId, Destination, Error, Id, MessageId, Payload, Registry, Relay,
-    Scope, ScopeId, ShardKey, Store,
+    Category, CategoryId, Destination, Error, Id, MessageId, Payload, Registry, Relay, Scope,
+    ScopeId, ShardKey,
 };
 
 use super::Expected;

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeliveryError, Destination, Id, ModelBatch, Registry, error_chain};
+use outbox_core::{DeliveryError, Destination, Id, ModelBatch, Registry};
+
+use outbox_core::error::error_chain;
 use outbox_testkit::faults::{Fault, Faulty, InjectedFault, Succeed};
 use outbox_testkit::fixtures::{Member, Note, OrgUpdate, Project, note, org_shard};
 use outbox_testkit::inspect::{Pending, assert_no_pending, assert_one_pending};

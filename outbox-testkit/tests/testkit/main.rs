@@ -12,9 +12,9 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use outbox_core::admin::Admin;
 use outbox_core::{
-    Admin, Backoff, DrainReport, Message, Registry, Relay, RelayConfig, RelayConfigBuilder,
-    ShardKey,
+    Backoff, DrainReport, Message, Registry, Relay, RelayConfig, RelayConfigBuilder, ShardKey,
 };
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::fixtures::MODEL_TABLES;

@@ -14,8 +14,10 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
+use outbox_core::admin::Admin;
 use outbox_core::backfill::{BackfillModel, BackfillOptions, BackfillOutcome, BackfillStart};
-use outbox_core::{Admin, Category, Deletion, Registry, Relay, RelayConfig, Replication, Store};
+use outbox_core::store::Store;
+use outbox_core::{Category, Deletion, Registry, Relay, RelayConfig, Replication};
 use outbox_postgres::PgStore;
 use sqlx::PgPool;
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use outbox_core::{Delivery, Registry, Relay, RelayConfig, Store};
+use outbox_core::{Delivery, Registry, Relay, RelayConfig};
+
+use outbox_core::store::Store;
 use outbox_postgres::PgStore;
 use outbox_sqlite::SqliteStore;
 use sqlx::{AssertSqlSafe, PgPool, Row as _, SqlitePool};

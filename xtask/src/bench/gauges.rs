@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{Admin, Store};
+use outbox_core::admin::Admin;
+
+use outbox_core::store::Store;
 use outbox_postgres::PgStore;
 
 use super::BenchArgs;
@@ -25,7 +27,7 @@ where
         let started = Instant::now();
         read()
             .await
-            .map_err(|error| outbox_core::error_chain(&error))?;
+            .map_err(|error| outbox_core::error::error_chain(&error))?;
         times.push(started.elapsed());
     }
     times.sort_unstable();
@@ -56,7 +58,7 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
     let read = store
         .gauges()
         .await
-        .map_err(|error| outbox_core::error_chain(&error))?;
+        .map_err(|error| outbox_core::error::error_chain(&error))?;
     database.drop_database().await?;
     let ms = |time: Duration| time.as_secs_f64() * 1_000.0;
     let backlog = format!("{pending} pending over 1,000 shards");

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use outbox_core::{
-    Category, CategoryId, ColumnVisitor, Id, LocalModel, ModelColumns, ModelTable, ReplicatedModel,
-};
+use outbox_core::{Category, CategoryId, Id, LocalModel, ReplicatedModel};
+
+use outbox_core::columns::{ColumnVisitor, ModelColumns};
+
+use outbox_core::replicated::ModelTable;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_core::{Delivery, Registry, Relay, RelayConfig, RelayConfigBuilder, Store};
+use outbox_core::store::Store;
+use outbox_core::{Delivery, Registry, Relay, RelayConfig, RelayConfigBuilder};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -150,10 +151,12 @@ async fn run<S: Store>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<String, String> {
     let relay = Relay::with_config(store, registry, config);
-    let report = relay
-        .run(shutdown)
-        .await
-        .map_err(|error| format!("the relay failed: {}", outbox_core::error_chain(&error)))?;
+    let report = relay.run(shutdown).await.map_err(|error| {
+        format!(
+            "the relay failed: {}",
+            outbox_core::error::error_chain(&error)
+        )
+    })?;
     Ok(format!("{report:?}"))
 }
 

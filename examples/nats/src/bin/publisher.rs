@@ -9,7 +9,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use nats_orders::{Target, publish};
-use outbox::{BoxError, error_chain};
+use outbox::BoxError;
+use outbox::error::error_chain;
 
 /// Writes orders with their outbox on SQLite (a new database in a temporary directory at each
 /// run) and publishes them to NATS JetStream, each deleted once JetStream acknowledged it.

@@ -4,7 +4,8 @@
 
 use linking_categories::ProjectRenamed;
 use linking_rival::TeamRenamed;
-use outbox_core::{Category, Error, Registry, RegistryProblem};
+use outbox_core::error::RegistryProblem;
+use outbox_core::{Category, Error, Registry};
 
 const CATEGORIES_FILE: &str = "tests/linking/categories/src/lib.rs";
 const RIVAL_FILE: &str = "tests/linking/rival/src/lib.rs";
@@ -16,7 +17,7 @@ fn ids_taken_twice_across_crates_are_refused_with_both_places() {
     let Error::Registry { problems } = &error else {
         panic!("expected a registry error, got {error:?}");
     };
-    let places = |first: &outbox_core::Site, second: &outbox_core::Site| {
+    let places = |first: &outbox_core::error::Site, second: &outbox_core::error::Site| {
         let mut files = [
             first.at.expect("declared").file,
             second.at.expect("declared").file,

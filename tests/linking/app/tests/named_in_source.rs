@@ -6,7 +6,8 @@ use std::sync::mpsc;
 use linking_categories::ProjectRenamed;
 // The whole point of this file: naming the crate links it, and with it its `#[outbox_handler]`.
 use linking_handlers as _;
-use outbox_core::{Category, Error, Message, Registry, RegistryProblem, Relay};
+use outbox_core::error::RegistryProblem;
+use outbox_core::{Category, Error, Message, Registry, Relay};
 
 #[test]
 fn discover_finds_the_handler() {

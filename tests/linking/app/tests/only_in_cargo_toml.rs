@@ -13,7 +13,8 @@
 //! `--extern linking_handlers` to this test all the same.
 
 use linking_categories::ProjectRenamed;
-use outbox_core::{Category, Error, Registry, RegistryProblem};
+use outbox_core::error::RegistryProblem;
+use outbox_core::{Category, Error, Registry};
 
 /// The file `#[outbox_category]` records for `ProjectRenamed`: Cargo gives rustc workspace
 /// members' paths relative to the workspace root.
