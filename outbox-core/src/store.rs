@@ -924,7 +924,8 @@ pub trait Store: Clone + Send + Sync + 'static {
 ///
 /// ```
 /// use outbox_core::memory::MemoryStore;
-/// use outbox_core::{Admin, PauseTarget, ScopeId};
+/// use outbox_core::{ScopeId};
+/// use outbox_core::admin::{Admin, PauseTarget};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), outbox_core::Error> {

@@ -73,7 +73,8 @@ impl<F: Clone, Args> Clone for FnHandler<F, Args> {
 /// registry is built.
 ///
 /// ```
-/// use outbox_core::{BoxError, Delivery, Registry, State, handler_fn};
+/// use outbox_core::{BoxError, Delivery, Registry, State};
+/// use outbox_core::handler::handler_fn;
 /// # use outbox_core::{Category, CategoryId, Scope, ScopeId};
 /// # struct Org;
 /// # impl Scope for Org { const ID: ScopeId = ScopeId(1); const NAME: &'static str = "org"; }
