@@ -1,0 +1,414 @@
+//! The relay's shared state, and the steps its passes, flushes and runs share: claiming and
+//! draining shards, upkeep, backfill ticks.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, OnceCell, watch};
+use tracing::{Instrument, debug, info, info_span};
+
+use super::config::RelayConfig;
+use super::health::Vitals;
+use super::pool::ShardPool;
+use super::report::MaintenanceReport;
+use super::shard::DrainMode;
+use super::slots::Lane;
+use super::{Drained, pool, shard, slots, together};
+use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
+use crate::error::Error;
+use crate::model::ShardKey;
+use crate::registry::Registry;
+use crate::store::{ClaimOptions, Lease, ShardSession, Store};
+
+pub(super) struct Inner<S: Store> {
+    pub(super) store: S,
+    pub(super) registry: Registry,
+    pub(super) config: RelayConfig,
+    pub(super) claim: ClaimOptions,
+    pub(super) wake: Notify,
+    pub(super) prepared: OnceCell<()>,
+    /// Leases of shards whose drain the database interrupted: released once it answers again.
+    pub(super) interrupted: std::sync::Mutex<Vec<Lease>>,
+    /// What [`Relay::health`] reports.
+    pub(super) vitals: Vitals,
+    /// The shards being claimed, and the drained shards being finished, together.
+    pub(super) together: together::Together<S>,
+    /// The turns of handlers: `max_concurrent_shards` run at once, whatever the shards held.
+    pub(super) handler_slots: slots::Slots,
+    /// How fast the handlers take their turns: how many shards to hold.
+    pub(super) pace: pool::Pace,
+    /// The rows that held shards may have read and not yet settled, one permit per row: two
+    /// batches per handler slot, however many shards the relay holds.
+    pub(super) rows_read: tokio::sync::Semaphore,
+    /// The metrics' handles, resolved at the first delivery.
+    pub(super) metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
+}
+
+/// The fewest claimed shards a task of the relay drains, when a claim's shards are shared among
+/// the runtime's threads ([`Inner::drain_batch`]): below it, a task costs more than it shares.
+const SHARDS_PER_TASK: usize = 16;
+
+/// The rows one statement of the relay's upkeep deletes at most.
+const MAINTENANCE_BATCH: usize = 500;
+
+/// Runs `batch` until it deletes fewer than a whole batch; returns the total.
+async fn in_batches<F, Fut>(mut batch: F) -> Result<u64, Error>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<u64, Error>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = batch(MAINTENANCE_BATCH).await?;
+        total += deleted;
+        if deleted < MAINTENANCE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+impl<S: Store> Inner<S> {
+    /// The shards to hold at once now: what the handlers get through soon at their pace,
+    /// within a claim's batch ([`pool::Pace`]).
+    pub(super) fn shards_to_hold(&self) -> usize {
+        let config = &self.config;
+        self.pace
+            .shards_to_hold(config.max_concurrent_shards, config.shards_held())
+    }
+
+    /// The rows of each shard's head to read with its claim: the rows that
+    /// `max_concurrent_shards` full batches would hold, shared among the shards held now (at
+    /// least one row each, at most a batch). A relay holding hundreds of shards keeps a few
+    /// rows of each in memory, not a batch of each; a shard whose head was cut short reads
+    /// its batch when its turn comes.
+    pub(super) fn head_limit(&self) -> usize {
+        let config = &self.config;
+        (config.rows_per_turns() / self.shards_to_hold().max(1)).clamp(1, config.batch_size)
+    }
+
+    /// The metrics' handles (resolved from the recorder installed at the first call: install
+    /// it before the relay delivers).
+    pub(super) fn metrics(&self) -> &crate::telemetry::RelayMetrics {
+        self.metrics
+            .get_or_init(|| crate::telemetry::RelayMetrics::new(&self.registry))
+    }
+
+    /// See [`Relay::refresh_gauges`].
+    pub(super) async fn refresh_gauges(&self) -> Result<(), Error> {
+        match self.store.gauges().await {
+            Ok(status) => {
+                crate::telemetry::gauges(&status, std::time::SystemTime::now());
+                Ok(())
+            }
+            Err(error) => {
+                crate::telemetry::database_error("gauges");
+                Err(error)
+            }
+        }
+    }
+
+    /// See [`Relay::backfill`].
+    pub(super) async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
+        let options = BackfillOptions {
+            worker: self.config.worker_id.clone(),
+            budget: self.config.backfill_budget,
+        };
+        let mut batches = Vec::new();
+        let mut first_error = None;
+        for model in self.registry.backfill_models() {
+            match self.store.backfill(&model, &options).await {
+                Ok(batch) => {
+                    crate::telemetry::backfilled(&batch);
+                    if let BackfillOutcome::Walked {
+                        version,
+                        rows,
+                        complete,
+                        ..
+                    } = batch.outcome
+                    {
+                        debug!(model = model.name, version, rows, "backfill batch walked");
+                        if complete {
+                            info!(model = model.name, version, "backfill complete");
+                        }
+                    }
+                    batches.push(batch);
+                }
+                Err(error) => {
+                    crate::telemetry::backfill_failed(model.name);
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(batches), Err)
+    }
+
+    /// See [`Relay::maintain`].
+    pub(super) async fn maintain(&self) -> Result<MaintenanceReport, Error> {
+        let coalescing = self.registry.coalescing_category_ids();
+        let mut report = MaintenanceReport {
+            unparked: self.unpark().await?,
+            ..MaintenanceReport::default()
+        };
+        if !coalescing.is_empty() {
+            report.compacted =
+                in_batches(|limit| self.store.compact_paused(&coalescing, limit)).await?;
+        }
+        if let Some(age) = self.config.dead_letter_retention {
+            report.purged_dead_letters =
+                in_batches(|limit| self.store.purge_dead_letters_older_than(age, limit)).await?;
+        }
+        if report.compacted > 0 || report.purged_dead_letters > 0 {
+            info!(
+                compacted = report.compacted,
+                purged_dead_letters = report.purged_dead_letters,
+                "relay upkeep"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Makes the shards parked on a category this binary knows due, and says so once;
+    /// returns how many.
+    pub(super) async fn unpark(&self) -> Result<u64, Error> {
+        let known = self.registry.category_ids();
+        let unparked = self.store.unpark(&known).await?;
+        if unparked > 0 {
+            info!(
+                unparked,
+                "resumed shards parked on categories this binary knows"
+            );
+        }
+        Ok(unparked)
+    }
+
+    /// Checks the schema and un-parks shards waiting for a category this binary knows.
+    /// Runs once per relay.
+    pub(super) async fn prepare(&self) -> Result<(), Error> {
+        self.prepared
+            .get_or_try_init(|| async {
+                self.store.check_schema().await?;
+                self.unpark().await?;
+                Ok::<_, Error>(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Inner::drain_shard`] as a task of a [`ShardPool`].
+    pub(super) async fn drain_owned(
+        self: Arc<Self>,
+        shard: ShardKey,
+        stopping: watch::Receiver<bool>,
+        mode: DrainMode,
+    ) -> Drained {
+        self.drain_shard(&shard, &stopping, mode).await
+    }
+
+    /// Claims `shard` if it is due and free, and drains it.
+    pub(super) async fn drain_shard(
+        &self,
+        shard: &ShardKey,
+        stopping: &watch::Receiver<bool>,
+        mode: DrainMode,
+    ) -> Drained {
+        let Some(session) = self.store.claim(shard, &self.claim).await? else {
+            return Ok(None);
+        };
+        self.drain_claimed(session, stopping, mode, Lane::Routine)
+            .await
+    }
+
+    /// Claims as many of `due` as `pool` has free permits for (waiting for one), front first,
+    /// and starts draining them: [`Inner::start_claimed`] after [`ShardPool::permits`].
+    pub(super) async fn start_many(
+        self: &Arc<Self>,
+        pool: &mut ShardPool<Drained>,
+        due: &mut Vec<ShardKey>,
+        mode: DrainMode,
+    ) {
+        pool.to_start(due, |_| true);
+        let permits = pool.permits(due.len(), self.shards_to_hold()).await;
+        self.start_claimed(pool, due, permits, mode, Lane::Routine);
+    }
+
+    /// Starts draining one of `due` (none of which the pool is draining) per permit, front
+    /// first, in one task of the pool: it claims them together with every other shard being
+    /// started meanwhile ([`together::Together::claim`]: one call to [`Store::claim_many`],
+    /// one round trip that reads each shard's head too, on PostgreSQL), then drains those
+    /// claimed concurrently ([`Inner::drain_batch`]). The caller does not wait for the claim.
+    pub(super) fn start_claimed(
+        self: &Arc<Self>,
+        pool: &mut ShardPool<Drained>,
+        due: &mut Vec<ShardKey>,
+        permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+        mode: DrainMode,
+        lane: Lane,
+    ) {
+        let batch: Vec<_> = due
+            .drain(..permits.len().min(due.len()))
+            .zip(permits)
+            .collect();
+        let head = self.head_limit();
+        let (inner, stopping) = (Arc::clone(self), pool.stopping());
+        pool.spawn_many(batch, move |shards, ends| async move {
+            // Boxed: the task is made and moved whole at every claim.
+            Box::pin(inner.drain_batch(shards, ends, stopping, mode, lane, head)).await;
+        });
+    }
+
+    /// Claims `shards` and drains those claimed, concurrently, each shard's end reported as
+    /// it comes, so that one slow shard holds none of the others. A shard not claimed ends at
+    /// once; a failed claim is the error of one of the shards. The claimed shards are shared
+    /// among as many tasks as the runtime has threads, at least [`SHARDS_PER_TASK`] each: a
+    /// claim's handlers run on every thread, not only on this task's.
+    pub(super) async fn drain_batch(
+        self: Arc<Self>,
+        shards: Vec<ShardKey>,
+        mut ends: pool::Ends<Drained>,
+        stopping: watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+        head: usize,
+    ) {
+        let claimed = self
+            .together
+            .claim(&self.store, shards.clone(), &self.claim, head, lane)
+            .await;
+        let mut sessions = Vec::with_capacity(claimed.len());
+        for (shard, claimed) in shards.into_iter().zip(claimed) {
+            match claimed {
+                Ok(Some(session)) => sessions.push((shard, session)),
+                Ok(None) => ends.end(shard, Ok(None)),
+                Err(error) => ends.end(shard, Err(error)),
+            }
+        }
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        let tasks = threads.min(sessions.len().div_ceil(SHARDS_PER_TASK));
+        if tasks <= 1 {
+            return self
+                .drain_sessions(sessions, ends, &stopping, mode, lane)
+                .await;
+        }
+        // Every part in a task of its own, this one waiting for them: the runtime runs a task
+        // spawned last on its spawner's thread next, and no other thread may take it, so that
+        // a part kept here, or spawned alone, would share this thread.
+        let mut parts = tokio::task::JoinSet::new();
+        for part in 0..tasks {
+            let share = sessions.len() * (tasks - part - 1) / (tasks - part);
+            let theirs = sessions.split_off(share);
+            let (inner, their_ends, stopping) = (
+                Arc::clone(&self),
+                ends.split(theirs.len()),
+                stopping.clone(),
+            );
+            parts.spawn(async move {
+                Box::pin(inner.drain_sessions(theirs, their_ends, &stopping, mode, lane)).await;
+            });
+        }
+        // Dropped with this task (aborted at shutdown), the parts are aborted too.
+        while let Some(done) = parts.join_next().await {
+            pool::joined(done);
+        }
+    }
+
+    /// Drains claimed shards concurrently, in this task, reporting each shard's end as it
+    /// comes.
+    pub(super) async fn drain_sessions(
+        &self,
+        sessions: Vec<(ShardKey, S::Session)>,
+        mut ends: pool::Ends<Drained>,
+        stopping: &watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+    ) {
+        let mut drains: futures_util::stream::FuturesUnordered<_> = sessions
+            .into_iter()
+            .map(|(shard, session)| async move {
+                // Boxed, so that the set holds small futures (a few kilobytes each on
+                // PostgreSQL, unboxed).
+                let drained = Box::pin(self.drain_claimed(session, stopping, mode, lane)).await;
+                (shard, drained)
+            })
+            .collect();
+        while let Some((shard, drained)) = futures_util::StreamExt::next(&mut drains).await {
+            ends.end(shard, drained);
+        }
+    }
+
+    /// Drains a claimed shard. A drain the database interrupted leaves its lease to be
+    /// released once the database answers again, rather than leave the shard to wait for the
+    /// lease to lapse.
+    pub(super) async fn drain_claimed(
+        &self,
+        session: S::Session,
+        stopping: &watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+    ) -> Drained {
+        let lease = session.lease().clone();
+        let shard = &lease.shard;
+        let span = info_span!(
+            "outbox.drain_shard",
+            scope = shard.scope.0,
+            shard = %shard.shard_identifier,
+            destination = shard.destination_str(),
+        );
+        async {
+            let _in_flight = self.vitals.claimed();
+            let started = tokio::time::Instant::now();
+            let drained = shard::drain(session, self, stopping, mode, lane).await;
+            if let Ok(run) = &drained {
+                self.metrics().drained(
+                    shard.scope,
+                    started.elapsed(),
+                    run.rows_acknowledged,
+                    run.lost_lease(),
+                );
+            }
+            if drained.is_err() {
+                self.interrupted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(lease.clone());
+            }
+            drained.map(Some)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Releases the leases of shards whose drain the database interrupted (see
+    /// [`Store::release`]); those it cannot release yet are kept for the next call.
+    pub(super) async fn release_interrupted(&self) {
+        let leases = std::mem::take(
+            &mut *self
+                .interrupted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if leases.is_empty() {
+            return;
+        }
+        let mut released = 0usize;
+        let mut leases = leases.into_iter();
+        while let Some(lease) = leases.next() {
+            match self.store.release(&lease).await {
+                Ok(held) => released += usize::from(held),
+                Err(error) => {
+                    debug!(error = %crate::error::error_chain(&error), "cannot release interrupted shards yet");
+                    self.interrupted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend(std::iter::once(lease).chain(leases));
+                    break;
+                }
+            }
+        }
+        if released > 0 {
+            info!(
+                released,
+                "released the shards whose drain the database interrupted"
+            );
+        }
+    }
+}
