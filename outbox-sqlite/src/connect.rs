@@ -32,7 +32,13 @@ fn outbox_settings(options: SqliteConnectOptions) -> SqliteConnectOptions {
 /// (`postgres://`, `mysql://`) is an [`Error::InvalidDatabaseUrl`] naming its scheme (never
 /// the rest, which may hold a password), not a file of that name.
 pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
-    let options = match url_scheme(path) {
+    pool_with(options_at(path)?).await
+}
+
+/// The options [`connect`] opens `path` with: a file path's, or a `sqlite:` URL's under the
+/// outbox's.
+fn options_at(path: &Path) -> Result<SqliteConnectOptions, Error> {
+    Ok(match url_scheme(path) {
         None => connect_options(path),
         Some(scheme) if scheme.eq_ignore_ascii_case("sqlite") => {
             let url = path.to_str().unwrap_or_default();
@@ -54,7 +60,11 @@ pub async fn connect(path: &Path) -> Result<SqlitePool, Error> {
                 ),
             ));
         }
-    };
+    })
+}
+
+/// A pool on the database `options` name.
+async fn pool_with(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
     SqlitePoolOptions::new()
         .max_connections(8)
         .connect_with(options)
@@ -110,8 +120,7 @@ inventory::submit! {
 /// not there is an error, unless `open` allows creating it (a first migration does).
 fn open_for_tools(url: String, open: outbox_core::admin::Open) -> outbox_core::admin::Opening {
     Box::pin(async move {
-        let options = SqliteConnectOptions::from_str(&url)
-            .map_err(|error| Error::invalid_database_url(&url, error.to_string()))?;
+        let options = options_at(Path::new(&url))?;
         let file = options.get_filename();
         if open == outbox_core::admin::Open::Existing && !file.exists() {
             return Err(Error::invalid_database_url(
@@ -122,7 +131,7 @@ fn open_for_tools(url: String, open: outbox_core::admin::Open) -> outbox_core::a
                 ),
             ));
         }
-        let pool = connect(Path::new(&url)).await?;
+        let pool = pool_with(options).await?;
         Ok(Box::new(crate::SqliteStore::new(pool)) as Box<dyn outbox_core::admin::Database>)
     })
 }
