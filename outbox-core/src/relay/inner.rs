@@ -211,10 +211,11 @@ impl<S: Store> Inner<S> {
         stopping: &watch::Receiver<bool>,
         mode: DrainMode,
     ) -> Drained {
+        let asked = tokio::time::Instant::now();
         let Some(session) = self.store.claim(shard, &self.claim).await? else {
             return Ok(None);
         };
-        self.drain_claimed(session, stopping, mode, Lane::Routine)
+        self.drain_claimed(session, asked, stopping, mode, Lane::Routine)
             .await
     }
 
@@ -270,6 +271,7 @@ impl<S: Store> Inner<S> {
         lane: Lane,
         head: usize,
     ) {
+        let asked = tokio::time::Instant::now();
         let claimed = self
             .together
             .claim(&self.store, shards.clone(), &self.claim, head, lane)
@@ -286,7 +288,7 @@ impl<S: Store> Inner<S> {
         let tasks = threads.min(sessions.len().div_ceil(SHARDS_PER_TASK));
         if tasks <= 1 {
             return self
-                .drain_sessions(sessions, ends, &stopping, mode, lane)
+                .drain_sessions(sessions, asked, ends, &stopping, mode, lane)
                 .await;
         }
         // Every part in a task of its own, this one waiting for them: the runtime runs a task
@@ -302,7 +304,8 @@ impl<S: Store> Inner<S> {
                 stopping.clone(),
             );
             parts.spawn(async move {
-                Box::pin(inner.drain_sessions(theirs, their_ends, &stopping, mode, lane)).await;
+                Box::pin(inner.drain_sessions(theirs, asked, their_ends, &stopping, mode, lane))
+                    .await;
             });
         }
         // Dropped with this task (aborted at shutdown), the parts are aborted too.
@@ -312,10 +315,11 @@ impl<S: Store> Inner<S> {
     }
 
     /// Drains claimed shards concurrently, in this task, reporting each shard's end as it
-    /// comes.
+    /// comes. `asked`: when the claim was asked for (its leases run from no earlier).
     pub(super) async fn drain_sessions(
         &self,
         sessions: Vec<(ShardKey, S::Session)>,
+        asked: tokio::time::Instant,
         mut ends: pool::Ends<Drained>,
         stopping: &watch::Receiver<bool>,
         mode: DrainMode,
@@ -326,7 +330,8 @@ impl<S: Store> Inner<S> {
             .map(|(shard, session)| async move {
                 // Boxed, so that the set holds small futures (a few kilobytes each on
                 // PostgreSQL, unboxed).
-                let drained = Box::pin(self.drain_claimed(session, stopping, mode, lane)).await;
+                let drained =
+                    Box::pin(self.drain_claimed(session, asked, stopping, mode, lane)).await;
                 (shard, drained)
             })
             .collect();
@@ -341,6 +346,7 @@ impl<S: Store> Inner<S> {
     pub(super) async fn drain_claimed(
         &self,
         session: S::Session,
+        asked: tokio::time::Instant,
         stopping: &watch::Receiver<bool>,
         mode: DrainMode,
         lane: Lane,
@@ -356,7 +362,7 @@ impl<S: Store> Inner<S> {
         async {
             let _in_flight = self.vitals.claimed();
             let started = tokio::time::Instant::now();
-            let drained = shard::drain(session, self, stopping, mode, lane).await;
+            let drained = shard::drain(session, self, stopping, mode, lane, asked).await;
             if let Ok(run) = &drained {
                 self.metrics().drained(
                     shard.scope,

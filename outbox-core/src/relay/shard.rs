@@ -139,6 +139,9 @@ struct Delivered {
     acks: Vec<Acknowledgement>,
     failure: Option<Failed>,
     out_of_budget: bool,
+    /// The lease lapsed and another worker took the shard over before the next delivery:
+    /// nothing more is delivered, and nothing acknowledged.
+    lease_lost: bool,
 }
 
 /// A group whose delivery failed.
@@ -204,6 +207,9 @@ struct DrainState<'a, St: Store> {
     /// When the drain's first handler turn began (`None` before it): the time budget counts
     /// from it, not from the claim, whose shard may wait behind the others of its batch.
     started: Option<Instant>,
+    /// When the lease was last set, by this relay's clock: no later than the statement that
+    /// claimed, acknowledged or extended it (see [`DrainState::hold_lease`]).
+    held_since: Instant,
     /// Whether an acknowledgement moved the shard's head during this drain.
     progressed: bool,
     rows_delivered: u64,
@@ -229,6 +235,7 @@ pub(crate) async fn drain<St: Store>(
     stopping: &watch::Receiver<bool>,
     mode: DrainMode,
     lane: Lane,
+    claimed: Instant,
 ) -> Result<ShardRun, Error> {
     let lease = session.lease().clone();
     announce_takeover(&lease, &inner.config.worker_id);
@@ -241,6 +248,7 @@ pub(crate) async fn drain<St: Store>(
             mode,
             lane,
             started: None,
+            held_since: claimed,
             progressed: false,
             rows_delivered: 0,
             watermark: MessageId(0),
@@ -315,6 +323,36 @@ impl<'a, St: Store> DrainState<'a, St> {
 
     fn stopping(&self) -> bool {
         *self.stopping.borrow()
+    }
+
+    /// Whether the drain still holds its lease for a delivery that starts now. Once a third
+    /// of the lease has passed since it was last set (by this relay's clock, which can only
+    /// be early), the lease is extended first: a lease that lapsed may have been taken over,
+    /// and the worker that took it delivers this read again as retries; a delivery started
+    /// here under the lapsed lease would be a second, unmarked one, running beside the new
+    /// holder's. A lease extended now outlasts the first heartbeat of the handler that
+    /// starts (a third of the lease in). `false` (said once) if another worker holds it. In
+    /// transaction mode the claiming transaction holds the shard, and there is no lease to
+    /// keep.
+    async fn hold_lease(&mut self) -> Result<bool, Error> {
+        let config = &self.inner.config;
+        if config.handler_mode == HandlerMode::InTransaction
+            || self.held_since.elapsed() < config.lease / 3
+        {
+            return Ok(true);
+        }
+        let asked = Instant::now();
+        let held = self
+            .inner
+            .store
+            .extend_lease(&self.lease, config.lease)
+            .await?;
+        if held {
+            self.held_since = asked;
+        } else {
+            warn!(shard = %self.lease.shard, token = self.lease.token, "lease lapsed before a delivery; another worker owns the shard");
+        }
+        Ok(held)
     }
 
     /// A handler's turn (one of the relay's `max_concurrent_shards` slots), waited for with
@@ -503,6 +541,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 delivered.out_of_budget = true;
                 break;
             };
+            if !Box::pin(state.hold_lease()).await? {
+                delivered.lease_lost = true;
+                break;
+            }
             if let Some((pipeline, end)) = pipelined_run(state.inner, plan, index) {
                 let groups = &plan.groups[index..end];
                 let attempts: Vec<u32> = (0..groups.len())
@@ -570,7 +612,13 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             acks,
             failure,
             out_of_budget,
+            lease_lost,
         } = delivered;
+        if lease_lost {
+            return Ok(ControlFlow::Break(
+                self.state.end(DrainEnd::LeaseLost, false),
+            ));
+        }
         let all_delivered = failure.is_none() && !out_of_budget;
         // The read held every row the shard had and all are delivered: acknowledge and
         // release at once (no need to read again to learn that it is empty; a row written
@@ -630,8 +678,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
 
     /// Acknowledges `acks`, extending the lease; `false` if the lease was lost.
     async fn acknowledge(&mut self, acks: &[Acknowledgement]) -> Result<bool, Error> {
+        let asked = Instant::now();
         match self.session.ack(acks).await {
             Ok(rows) => {
+                self.state.held_since = asked;
                 self.state.inner.vitals.acknowledged();
                 self.state.rows_acknowledged += rows;
                 self.state.progressed = true;

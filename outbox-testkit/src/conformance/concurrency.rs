@@ -1031,6 +1031,117 @@ pub async fn s16_a_long_handler_keeps_its_lease<B: StoreBackend>() {
     assert!(pending(&backend).await.is_empty());
 }
 
+/// A worker whose lease lapsed and was taken over while a handler ran delivers nothing more
+/// of its read: the worker that took the shard over delivers the whole read again, each
+/// delivery a retry, and the lapsed worker, once its handler returns, learns it lost the
+/// lease before its next delivery instead of making a second, unmarked one. (Its handler
+/// holds its thread, so that no heartbeat extends the lease meanwhile: a database that does
+/// not answer the heartbeat in time is the same to the lease.)
+pub async fn a_worker_whose_lease_lapsed_delivers_nothing_more<B: StoreBackend>() {
+    let backend = B::create().await;
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<AuditEvent>(1, 2, 2),
+            note::<AuditEvent>(1, 3, 3),
+        ],
+    )
+    .await;
+    let lapsing = Recorder::new();
+    let entered = Arc::new(Notify::new());
+    let (release, released) = std::sync::mpsc::channel();
+    let holding = HoldsItsThread {
+        recorder: lapsing.clone(),
+        entered: Arc::clone(&entered),
+        released: Mutex::new(released),
+    };
+    let lapsing_config = config("lapsing")
+        .to_builder()
+        .lease(Duration::from_millis(300))
+        .build()
+        .expect("a valid relay configuration");
+    let lapsing_relay = Relay::with_config(
+        backend.store(),
+        lapsing.registry_with::<OrgUpdate>(holding),
+        lapsing_config,
+    );
+    let lapsing_run =
+        tokio::spawn(async move { lapsing_relay.drain_shards(&[org_shard(1)]).await });
+    tokio::time::timeout(Duration::from_secs(15), entered.notified())
+        .await
+        .expect("the first handler runs");
+
+    let taker = Recorder::new();
+    let taking = Relay::with_config(
+        backend.connect_store().await,
+        taker.registry(),
+        config("taker"),
+    );
+    eventually_async("another worker takes the lapsed shard over", async || {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let report = taking.drain_shards(&[org_shard(1)]).await.expect("drain");
+        report.shards_claimed == 1
+    })
+    .await;
+    let retries: Vec<_> = taker
+        .seen()
+        .iter()
+        .map(|seen| (seen.category, seen.seq, seen.attempt))
+        .collect();
+    assert_eq!(
+        retries,
+        [
+            ("org_update", 1, 2),
+            ("audit_event", 2, 2),
+            ("audit_event", 3, 2)
+        ],
+        "the read again, each delivery a retry"
+    );
+
+    release.send(()).expect("the held handler waits");
+    let report = lapsing_run
+        .await
+        .expect("the lapsing worker's task")
+        .expect("its drain");
+    assert_eq!(
+        lapsing.triples(),
+        [("org_update", 1, 1)],
+        "nothing delivered after the lease lapsed"
+    );
+    assert_eq!(report.lost_leases, [org_shard(1)], "{report:?}");
+    assert_eq!(report.rows_acknowledged, 0);
+    assert!(pending(&backend).await.is_empty());
+}
+
+/// Records a delivery, says so, then holds its thread until released: no other part of its
+/// task (the lease's heartbeat) runs meanwhile. The runtime's other tasks go on on other
+/// threads.
+struct HoldsItsThread {
+    recorder: Recorder,
+    entered: Arc<Notify>,
+    released: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Handler<Delivery<OrgUpdate>> for HoldsItsThread {
+    async fn call(
+        &self,
+        delivery: Delivery<OrgUpdate>,
+        _cx: &mut HandlerContext<'_>,
+    ) -> Result<(), BoxError> {
+        self.recorder.record(&delivery);
+        self.entered.notify_one();
+        tokio::task::block_in_place(|| {
+            let _ = self
+                .released
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .recv();
+        });
+        Ok(())
+    }
+}
+
 /// A claim that lapses without a release (its worker died, perhaps after delivering)
 /// counts as an attempt: the redelivery says `attempt = 2`, then 3, so a handler can tell a
 /// retry; the new claim names the worker it took the shard over from.

@@ -165,6 +165,7 @@ macro_rules! store_conformance_tests {
             a_stopping_relay_releases_the_shards_waiting_for_their_turn,
             a_handler_may_flush_what_it_writes,
             s16_a_long_handler_keeps_its_lease,
+            a_worker_whose_lease_lapsed_delivers_nothing_more,
             s17_a_lapsed_claim_counts_as_an_attempt,
             s17_crashed_worker_is_resumed_in_order,
             s17_crash_between_delivery_and_acknowledgement_redelivers,

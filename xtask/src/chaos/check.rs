@@ -238,16 +238,46 @@ impl Figures {
         self.lost_sequenced + self.lost_coalesced
     }
 
-    /// Whether the run proves what it should: nothing lost, nothing out of order, no shard
-    /// held twice, nothing delivered that was never written.
-    /// Nothing lost, reordered, held twice or invented, and every redelivery says it is one
-    /// (`attempt` above 1), so a handler can tell a retry.
+    /// Each way the deliveries failed, in words: lost, reordered, held twice, invented, or
+    /// redelivered without saying so (`attempt` 1).
+    pub(crate) fn failures(&self) -> Vec<String> {
+        [
+            (self.lost(), "lost"),
+            (self.order_violations, "out of order"),
+            (self.overlaps, "overlapping holders"),
+            (self.phantoms, "phantoms"),
+            (
+                self.duplicates_attempt_one,
+                "redeliveries marked as first attempts",
+            ),
+        ]
+        .into_iter()
+        .filter(|&(count, _)| count > 0)
+        .map(|(count, what)| format!("{count} {what}"))
+        .collect()
+    }
+
+    /// Whether the deliveries prove what they should (no [`Figures::failures`]).
+    #[cfg(test)]
     pub(crate) fn passed(&self) -> bool {
-        self.lost() == 0
-            && self.order_violations == 0
-            && self.overlaps == 0
-            && self.phantoms == 0
-            && self.duplicates_attempt_one == 0
+        self.failures().is_empty()
+    }
+
+    /// Counts a delivery of what was delivered before; one that says it is a first attempt
+    /// is an unmarked redelivery, kept as an example.
+    fn duplicate(&mut self, record: &Record, what: impl FnOnce() -> String) {
+        self.duplicates += 1;
+        if record.attempt == 1 {
+            self.duplicates_attempt_one += 1;
+            self.example(|| {
+                format!(
+                    "unmarked redelivery: {} delivered again as attempt 1 (worker {}, token {})",
+                    what(),
+                    record.worker,
+                    record.token
+                )
+            });
+        }
     }
 
     /// Keeps an example of what went wrong (the first twelve distinct ones).
@@ -364,10 +394,7 @@ fn check_sequenced(written: &Written, by_start: &[&Record], figures: &mut Figure
             continue;
         };
         if !delivered.insert((shard, seq)) {
-            figures.duplicates += 1;
-            if record.attempt == 1 {
-                figures.duplicates_attempt_one += 1;
-            }
+            figures.duplicate(record, || format!("shard {shard} seq {seq}"));
             continue;
         }
         let low = low.entry(shard).or_default();
@@ -421,10 +448,12 @@ fn check_coalesced(written: &Written, by_start: &[&Record], figures: &mut Figure
             continue;
         }
         if !seen.insert(record.message_id) {
-            figures.duplicates += 1;
-            if record.attempt == 1 {
-                figures.duplicates_attempt_one += 1;
-            }
+            figures.duplicate(record, || {
+                format!(
+                    "coalescing message {} (group {})",
+                    record.message_id, record.object
+                )
+            });
         }
         let (starts, ids) = groups.entry(record.object).or_default();
         starts.push(record.start);

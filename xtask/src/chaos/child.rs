@@ -330,9 +330,13 @@ impl Relays {
                 std::fs::read_to_string(self.log(worker))
                     .unwrap_or_default()
                     .lines()
-                    // The outbox's own: sqlx also logs the server's notice on each connection
-                    // it closes (target `sqlx::postgres::notice`), which is not ours to count.
-                    .filter(|line| line.contains(" WARN ") && line.contains(" outbox_"))
+                    // The outbox's own, by their target: sqlx also logs the server's notice
+                    // on each connection it closes (target `sqlx::postgres::notice`) and its
+                    // slow statements (whose text names the outbox's tables), not ours to
+                    // count.
+                    .filter(|line| {
+                        warning_target(line).is_some_and(|target| target.starts_with("outbox_"))
+                    })
                     .map(|line| format!("relay {worker}: {line}"))
                     .collect::<Vec<_>>()
             })
@@ -392,5 +396,40 @@ impl Drop for Relays {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// The target of a warning the relay logged (`outbox_core::relay::shard`), or `None` for
+/// any other line: after the level and the spans (which hold spaces, braces or dots), the
+/// first part that is a module path.
+fn warning_target(line: &str) -> Option<&str> {
+    let (_, rest) = line.split_once(" WARN ")?;
+    rest.split(": ").find(|part| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warning_target;
+
+    #[test]
+    fn a_warning_is_the_outboxs_by_its_target_not_its_text() {
+        let ours = "2026-11-28T13:15:30.518888Z  WARN outbox.drain_shard{scope=1 shard=101 \
+                    destination=\"\"}: outbox_core::relay::shard: lease lost; shard=1";
+        assert_eq!(warning_target(ours), Some("outbox_core::relay::shard"));
+        let unspanned = "2026-11-28T13:20:23.064710Z  WARN outbox_core::relay::run: database \
+                         unavailable (looking for due shards)";
+        assert_eq!(warning_target(unspanned), Some("outbox_core::relay::run"));
+        let sqlx = "2026-11-28T13:23:00.006678Z  WARN sqlx::query: slow statement: execution \
+                    time exceeded alert threshold summary=\"INSERT INTO outbox_relays (worker, …\"";
+        assert_eq!(warning_target(sqlx), Some("sqlx::query"));
+        assert_eq!(
+            warning_target("2026-11-28T13:23:00Z  INFO outbox_core: up"),
+            None
+        );
     }
 }

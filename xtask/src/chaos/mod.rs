@@ -220,10 +220,27 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     fn passed(&self) -> bool {
-        self.figures.passed()
-            && self.crashes.is_empty()
-            && self.remaining.is_none()
-            && self.outage_warnings_per_relay() <= self.restarts
+        self.failures().is_empty()
+    }
+
+    /// Each way the run failed, in words (none: it passed).
+    fn failures(&self) -> Vec<String> {
+        let mut failures = self.figures.failures();
+        if !self.crashes.is_empty() {
+            failures.push(format!("{} relay crashes", self.crashes.len()));
+        }
+        if let Some(remaining) = self.remaining {
+            failures.push(format!("{remaining} rows left at the deadline"));
+        }
+        let outage_warnings = self.outage_warnings_per_relay();
+        if outage_warnings > self.restarts {
+            failures.push(format!(
+                "{outage_warnings} \"database unavailable\" warnings from one relay for {} \
+                 restarts",
+                self.restarts
+            ));
+        }
+        failures
     }
 
     /// The most "database unavailable" warnings one relay logged: at most one per restart,

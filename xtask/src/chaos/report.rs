@@ -120,12 +120,16 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
     for example in &figures.examples {
         let _ = writeln!(out, "  {example}");
     }
-    let verdict = if outcome.passed() {
+    let failures = outcome.failures();
+    let verdict = if failures.is_empty() {
         "PASSED: nothing lost, every shard in order, no shard held twice, every redelivery \
          marked, one warning per outage"
             .to_owned()
     } else {
-        format!("FAILED (replay with --seed {seed})")
+        format!(
+            "FAILED: {} (replay with --seed {seed})",
+            failures.join(", ")
+        )
     };
     let _ = write!(out, "  {verdict}");
     out
