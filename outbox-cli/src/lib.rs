@@ -633,7 +633,7 @@ async fn backfill(
             })?;
             let mut start = BackfillStart::new(category, version);
             if let Some(known) = known {
-                start = start.model(known.name);
+                start = start.model(known.identity.name);
             }
             if !destinations.is_empty() {
                 let destinations = destinations

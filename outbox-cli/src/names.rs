@@ -23,7 +23,7 @@ pub(crate) fn scope(catalog: &Catalog, text: &str) -> Result<ScopeId, CliError> 
                 let mut names: Vec<&str> = catalog
                     .categories()
                     .iter()
-                    .filter_map(|category| catalog.scope_name(category.scope))
+                    .filter_map(|category| catalog.scope_name(category.identity.scope))
                     .collect();
                 names.dedup();
                 names.join(", ")
@@ -35,7 +35,7 @@ pub(crate) fn scope(catalog: &Catalog, text: &str) -> Result<ScopeId, CliError> 
 /// Reads a category: its name, or its number.
 pub(crate) fn category(catalog: &Catalog, text: &str) -> Result<CategoryId, CliError> {
     if let Some(category) = catalog.category_named(text) {
-        return Ok(category.id);
+        return Ok(category.identity.id);
     }
     text.parse::<i32>().map(CategoryId).map_err(|_| {
         CliError::Refused(format!(
@@ -44,7 +44,7 @@ pub(crate) fn category(catalog: &Catalog, text: &str) -> Result<CategoryId, CliE
                 catalog
                     .categories()
                     .iter()
-                    .map(|category| category.name)
+                    .map(|category| category.identity.name)
                     .collect::<Vec<_>>()
                     .join(", ")
             })
@@ -105,9 +105,10 @@ pub(crate) fn scope_text(catalog: &Catalog, scope: ScopeId) -> String {
 
 /// A category's name, or its number.
 pub(crate) fn category_text(catalog: &Catalog, category: CategoryId) -> String {
-    catalog
-        .category(category)
-        .map_or_else(|| category.0.to_string(), |known| known.name.to_owned())
+    catalog.category(category).map_or_else(
+        || category.0.to_string(),
+        |known| known.identity.name.to_owned(),
+    )
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The names of scopes and categories a binary knows: for tools that show and read them
 //! (the `outbox` command), without handlers.
 
-use crate::model::{CategoryId, ScopeId};
+use crate::model::{CategoryId, CategoryIdentity, ScopeId};
 use crate::registry::Registry;
 use crate::registry::declare::{CategoryDeclaration, ScopeDeclaration};
 
@@ -9,12 +9,8 @@ use crate::registry::declare::{CategoryDeclaration, ScopeDeclaration};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NamedCategory {
-    /// The stable id.
-    pub id: CategoryId,
-    /// The name.
-    pub name: &'static str,
-    /// The scope it belongs to.
-    pub scope: ScopeId,
+    /// Its identity: id, name, scope.
+    pub identity: CategoryIdentity,
     /// For a replicated model: the replication version its code declares (what a backfill
     /// started without a version walks to).
     pub replication_version: Option<u32>,
@@ -44,9 +40,8 @@ impl Catalog {
             catalog.add_scope(scope.id, scope.name);
         }
         for category in inventory::iter::<CategoryDeclaration> {
-            catalog.add_scope(category.scope, category.scope_name);
             let version = category.model.map(|_| category.replication_version);
-            catalog.add_category(category.id, category.name, category.scope, version);
+            catalog.add_category(category.identity, version);
         }
         catalog
     }
@@ -54,9 +49,8 @@ impl Catalog {
     /// The scopes and categories of `registry`, added to this catalog's.
     pub fn with_registry(mut self, registry: &Registry) -> Self {
         for info in registry.categories() {
-            self.add_scope(info.scope, info.scope_name);
             let version = info.backfill.map(|model| model.version);
-            self.add_category(info.id, info.name, info.scope, version);
+            self.add_category(info.identity, version);
         }
         self
     }
@@ -73,34 +67,35 @@ impl Catalog {
         }
     }
 
-    fn add_category(
-        &mut self,
-        id: CategoryId,
-        name: &'static str,
-        scope: ScopeId,
-        replication_version: Option<u32>,
-    ) {
-        if !self.categories.iter().any(|known| known.id == id) {
+    /// Adds a category, and its scope.
+    fn add_category(&mut self, identity: CategoryIdentity, replication_version: Option<u32>) {
+        self.add_scope(identity.scope, identity.scope_name);
+        if !self
+            .categories
+            .iter()
+            .any(|known| known.identity.id == identity.id)
+        {
             self.categories.push(NamedCategory {
-                id,
-                name,
-                scope,
+                identity,
                 replication_version,
             });
-            self.categories.sort_unstable_by_key(|category| category.id);
+            self.categories
+                .sort_unstable_by_key(|category| category.identity.id);
         }
     }
 
     /// The category with id `id`, if known.
     pub fn category(&self, id: CategoryId) -> Option<&NamedCategory> {
-        self.categories.iter().find(|category| category.id == id)
+        self.categories
+            .iter()
+            .find(|category| category.identity.id == id)
     }
 
     /// The category named `name`, if known.
     pub fn category_named(&self, name: &str) -> Option<&NamedCategory> {
         self.categories
             .iter()
-            .find(|category| category.name == name)
+            .find(|category| category.identity.name == name)
     }
 
     /// Every known category, by id.

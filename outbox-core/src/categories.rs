@@ -1,7 +1,7 @@
 //! What a [`Delivery<C>`](crate::Delivery) delivers: one category, or a scope's categories
 //! declared together as an enum (`#[outbox_categories]`), so that one handler `match`es them.
 
-use crate::model::{Category, CategoryId, Payload, ScopeId};
+use crate::model::{Category, CategoryId, CategoryIdentity, Payload};
 
 /// What a [`Delivery<C>`](crate::Delivery) is a delivery of: a category `C` (its payload), or
 /// an enum of a scope's categories declared with `#[outbox_categories(scope = ..)]`, whose
@@ -20,7 +20,7 @@ pub trait Deliverable: Send + Sync + 'static {
 
     /// The categories delivered, as the registry registers them.
     #[doc(hidden)]
-    fn categories() -> Vec<CategorySpec>;
+    fn categories() -> Vec<CategoryIdentity>;
 
     /// The payload of a message of `category` (one of [`Deliverable::categories`]).
     #[doc(hidden)]
@@ -30,42 +30,12 @@ pub trait Deliverable: Send + Sync + 'static {
 impl<C: Category> Deliverable for C {
     type Payload = C::Payload;
 
-    fn categories() -> Vec<CategorySpec> {
-        vec![CategorySpec::of::<C>()]
+    fn categories() -> Vec<CategoryIdentity> {
+        vec![CategoryIdentity::of::<C>()]
     }
 
     fn decode(_category: CategoryId, payload: &str) -> Result<C::Payload, serde_json::Error> {
         <C::Payload as Payload>::from_json_str(payload)
-    }
-}
-
-/// A category as its type declares it.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub struct CategorySpec {
-    pub id: CategoryId,
-    pub name: &'static str,
-    pub scope: ScopeId,
-    pub scope_name: &'static str,
-    pub coalesce: bool,
-    pub max_attempts: Option<u32>,
-    /// The type's name, without its path.
-    pub type_name: &'static str,
-}
-
-impl CategorySpec {
-    /// Category `C`'s.
-    pub fn of<C: Category>() -> Self {
-        let type_name = std::any::type_name::<C>();
-        Self {
-            id: C::ID,
-            name: C::NAME,
-            scope: C::SCOPE_ID,
-            scope_name: C::SCOPE_NAME,
-            coalesce: C::COALESCE,
-            max_attempts: C::MAX_ATTEMPTS,
-            type_name: type_name.rsplit("::").next().unwrap_or(type_name),
-        }
     }
 }
 

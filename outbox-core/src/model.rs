@@ -85,6 +85,53 @@ pub trait Category: Send + Sync + 'static {
     const SCOPE_NAME: &'static str = <Self::Scope as Scope>::NAME;
 }
 
+/// A category's identity, as its declaration states it: its id and name, its scope, and how
+/// its groups are delivered. What the registry knows of a category
+/// ([`CategoryInfo::identity`](crate::registry::CategoryInfo::identity)), what the
+/// declaration macros record, and what operators' tools show by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CategoryIdentity {
+    /// The stable id stored in each row ([`Category::ID`]).
+    pub id: CategoryId,
+    /// The name ([`Category::NAME`]).
+    pub name: &'static str,
+    /// The scope the category belongs to.
+    pub scope: ScopeId,
+    /// The scope's name.
+    pub scope_name: &'static str,
+    /// Whether the category's groups coalesce to their newest message
+    /// ([`Category::COALESCE`]).
+    pub coalesce: bool,
+    /// The declared dead-letter policy ([`Category::MAX_ATTEMPTS`]; a registry may override
+    /// it).
+    pub max_attempts: Option<u32>,
+    /// The name of the type that declares it, without its path.
+    pub type_name: &'static str,
+}
+
+impl CategoryIdentity {
+    /// Category `C`'s, its type named `type_name`: what a declaration macro records, in a
+    /// constant.
+    pub const fn declared<C: Category>(type_name: &'static str) -> Self {
+        Self {
+            id: C::ID,
+            name: C::NAME,
+            scope: C::SCOPE_ID,
+            scope_name: C::SCOPE_NAME,
+            coalesce: C::COALESCE,
+            max_attempts: C::MAX_ATTEMPTS,
+            type_name,
+        }
+    }
+
+    /// Category `C`'s.
+    pub fn of<C: Category>() -> Self {
+        let type_name = std::any::type_name::<C>();
+        Self::declared::<C>(type_name.rsplit("::").next().unwrap_or(type_name))
+    }
+}
+
 /// What a category's messages carry: any type serialized to JSON and back, that is any
 /// `Serialize + DeserializeOwned` type.
 ///

@@ -1,6 +1,6 @@
 //! What the macros' expansions name, through `::outbox_core::__private`. Not public API.
 
-pub use crate::categories::{CategorySpec, not_in_enum};
+pub use crate::categories::not_in_enum;
 pub use crate::error::SourceLocation;
 pub use crate::registry::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration};
 

@@ -209,7 +209,7 @@ pub fn describe() {
 /// their values.
 pub fn register(registry: &crate::Registry) {
     for info in registry.categories() {
-        let (category, scope) = (info.name, info.scope_name);
+        let (category, scope) = (info.identity.name, info.identity.scope_name);
         for name in [MESSAGES_WRITTEN, DELIVERIES, ROWS_COALESCED, DEAD_LETTERED] {
             metrics::counter!(name, "category" => category, "scope" => scope).increment(0);
         }
@@ -294,12 +294,22 @@ impl RelayMetrics {
         let categories = registry
             .categories()
             .into_iter()
-            .map(|info| (info.id, CategoryMetrics::new(info.name, info.scope_name)))
+            .map(|info| {
+                (
+                    info.identity.id,
+                    CategoryMetrics::new(info.identity.name, info.identity.scope_name),
+                )
+            })
             .collect();
         let scopes = registry
             .categories()
             .into_iter()
-            .map(|info| (info.scope, ScopeMetrics::new(info.scope_name)))
+            .map(|info| {
+                (
+                    info.identity.scope,
+                    ScopeMetrics::new(info.identity.scope_name),
+                )
+            })
             .collect();
         Self { categories, scopes }
     }

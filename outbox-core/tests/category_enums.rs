@@ -92,7 +92,14 @@ fn each_variant_is_a_category_of_the_scope() {
     let declared: Vec<_> = registry
         .categories()
         .iter()
-        .map(|info| (info.id.0, info.name, info.scope_name, info.no_op))
+        .map(|info| {
+            (
+                info.identity.id.0,
+                info.identity.name,
+                info.identity.scope_name,
+                info.no_op,
+            )
+        })
         .collect();
     assert_eq!(
         declared,

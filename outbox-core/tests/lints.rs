@@ -285,14 +285,14 @@ fn the_declarations_are_discovered() {
         .categories()
         .iter()
         // The category enum's, checked by `the_category_enum_is_discovered`.
-        .filter(|info| !TeamEvent::categories().contains(&info.id))
+        .filter(|info| !TeamEvent::categories().contains(&info.identity.id))
         .map(|info| {
             (
-                info.id,
-                info.name,
-                info.scope,
-                info.scope_name,
-                info.coalesce,
+                info.identity.id,
+                info.identity.name,
+                info.identity.scope,
+                info.identity.scope_name,
+                info.identity.coalesce,
                 info.no_op,
                 info.model,
             )
@@ -387,7 +387,12 @@ fn the_category_enum_is_discovered() {
         .iter()
         .map(|id| {
             let info = registry.category(*id).expect("declared");
-            (info.id.0, info.name, info.scope_name, info.coalesce)
+            (
+                info.identity.id.0,
+                info.identity.name,
+                info.identity.scope_name,
+                info.identity.coalesce,
+            )
         })
         .collect();
     assert_eq!(

@@ -126,12 +126,12 @@ fn discover_finds_every_declaration_with_its_handler() {
         .iter()
         .map(|info| {
             (
-                info.id.0,
-                info.name,
-                info.scope_name,
-                info.coalesce,
+                info.identity.id.0,
+                info.identity.name,
+                info.identity.scope_name,
+                info.identity.coalesce,
                 info.no_op,
-                info.max_attempts,
+                info.identity.max_attempts,
             )
         })
         .collect();

@@ -175,14 +175,14 @@ fn discover_knows_the_models_and_their_tables() {
     let info = registry.category(CategoryId(20)).expect("project");
     assert_eq!(info.model, Some(Project::TABLE));
     assert!(
-        info.coalesce,
+        info.identity.coalesce,
         "a replicated model coalesces to its newest state"
     );
     assert!(!info.no_op);
-    assert_eq!(info.max_attempts, None, "blocks by default");
+    assert_eq!(info.identity.max_attempts, None, "blocks by default");
     let member = registry.category(CategoryId(21)).expect("member");
     assert_eq!(
-        (Member::MAX_ATTEMPTS, member.max_attempts),
+        (Member::MAX_ATTEMPTS, member.identity.max_attempts),
         (Some(4), Some(4))
     );
 }

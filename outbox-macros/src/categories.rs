@@ -293,7 +293,7 @@ fn generate(enumeration: &Ident, scope: &Path, variants: &[Variant]) -> TokenStr
     }
     let specs = variants.iter().map(|variant| {
         let payload = &variant.payload;
-        quote!(::outbox_core::__private::CategorySpec::of::<#payload>())
+        quote!(::outbox_core::model::CategoryIdentity::of::<#payload>())
     });
     let decodes = variants.iter().map(|variant| {
         let (ident, payload) = (&variant.ident, &variant.payload);
@@ -309,7 +309,7 @@ fn generate(enumeration: &Ident, scope: &Path, variants: &[Variant]) -> TokenStr
         impl ::outbox_core::handler::Deliverable for #enumeration {
             type Payload = Self;
 
-            fn categories() -> ::std::vec::Vec<::outbox_core::__private::CategorySpec> {
+            fn categories() -> ::std::vec::Vec<::outbox_core::model::CategoryIdentity> {
                 ::std::vec::Vec::from([#(#specs),*])
             }
 
@@ -355,7 +355,7 @@ fn fallback(enumeration: &ItemEnum) -> TokenStream {
         impl ::outbox_core::handler::Deliverable for #ident {
             type Payload = Self;
 
-            fn categories() -> ::std::vec::Vec<::outbox_core::__private::CategorySpec> {
+            fn categories() -> ::std::vec::Vec<::outbox_core::model::CategoryIdentity> {
                 ::std::vec::Vec::new()
             }
 

@@ -186,13 +186,10 @@ impl CategoryIdentity {
         let name_marker = unique_in_crate("outbox_category_name", &name.value(), name.span());
         let scope_assoc = quote_spanned!(scope.span()=> type Scope = #scope;);
         let type_name = ident.to_string();
-        let (policy, declared_policy) = match max_attempts {
-            Some(attempts) => (
-                quote!(const MAX_ATTEMPTS: ::core::option::Option<u32> =
-                    ::core::option::Option::Some(#attempts);),
-                quote!(::core::option::Option::Some(#attempts)),
-            ),
-            None => (TokenStream::new(), quote!(::core::option::Option::None)),
+        let policy = match max_attempts {
+            Some(attempts) => quote!(const MAX_ATTEMPTS: ::core::option::Option<u32> =
+                ::core::option::Option::Some(#attempts);),
+            None => TokenStream::new(),
         };
         let items = hidden(&quote! {
             impl ::outbox_core::Category for #target {
@@ -205,16 +202,12 @@ impl CategoryIdentity {
             }
             ::outbox_core::__private::inventory::submit! {
                 ::outbox_core::__private::CategoryDeclaration {
-                    id: ::outbox_core::CategoryId(#id),
-                    name: #name,
-                    scope: <#target as ::outbox_core::Category>::SCOPE_ID,
-                    scope_name: <#target as ::outbox_core::Category>::SCOPE_NAME,
-                    coalesce: #coalesce,
-                    max_attempts: #declared_policy,
+                    identity: ::outbox_core::model::CategoryIdentity::declared::<#target>(
+                        #type_name,
+                    ),
                     no_op: #no_op,
                     model: #model,
                     replication_version: #replication_version,
-                    type_name: #type_name,
                     at: #at,
                 }
             }

@@ -7,7 +7,7 @@ use super::declare::{CategoryDeclaration, HandlerDeclaration, ScopeDeclaration};
 use super::lookup::Registry;
 use super::validate::{self, Registrations};
 use crate::backfill::BackfillModel;
-use crate::categories::{CategorySpec, Deliverable};
+use crate::categories::Deliverable;
 use crate::error::SourceLocation;
 use crate::error::{Error, Site};
 use crate::handler::StateMap;
@@ -15,53 +15,32 @@ use crate::handler::{Deletion, Replication};
 use crate::handler::{
     Delivery, ErasedHandler, FromRaw, Handler, NoOp, NoOpErased, Requirements, erase,
 };
-use crate::model::{Category, CategoryId, ScopeId};
+use crate::model::{Category, CategoryIdentity, ScopeId};
 use crate::replicated::{ModelTable, ReplicatedModel};
 use crate::sink::{Publisher, Sink};
 
 /// A category as declared (or, without declarations, as a handler names it).
 #[derive(Clone, Copy)]
 pub(super) struct Declared {
-    pub(super) id: CategoryId,
-    pub(super) name: &'static str,
-    pub(super) scope: ScopeId,
-    pub(super) scope_name: &'static str,
-    pub(super) coalesce: bool,
-    pub(super) max_attempts: Option<u32>,
+    pub(super) identity: CategoryIdentity,
     pub(super) no_op: bool,
     pub(super) model: Option<ModelTable>,
     /// A replicated model as a backfill walks it (known where its type is: its handlers).
     pub(super) backfill: Option<BackfillModel>,
-    pub(super) type_name: &'static str,
     pub(super) at: Option<SourceLocation>,
 }
 
 impl Declared {
     fn of<C: Category>(no_op: bool, at: Option<SourceLocation>) -> Self {
-        Self::of_spec(CategorySpec::of::<C>(), no_op, at)
+        Self::of_identity(CategoryIdentity::of::<C>(), no_op, at)
     }
 
-    fn of_spec(spec: CategorySpec, no_op: bool, at: Option<SourceLocation>) -> Self {
-        let CategorySpec {
-            id,
-            name,
-            scope,
-            scope_name,
-            coalesce,
-            max_attempts,
-            type_name,
-        } = spec;
+    fn of_identity(identity: CategoryIdentity, no_op: bool, at: Option<SourceLocation>) -> Self {
         Self {
-            id,
-            name,
-            scope,
-            scope_name,
-            coalesce,
-            max_attempts,
+            identity,
             no_op,
             model: None,
             backfill: None,
-            type_name,
             at,
         }
     }
@@ -76,14 +55,15 @@ impl Declared {
 
     pub(super) fn site(&self) -> Site {
         Site {
-            name: self.name,
-            id: i64::from(self.id.0),
+            name: self.identity.name,
+            id: i64::from(self.identity.id.0),
             at: self.at,
         }
     }
 
     pub(super) fn same_category(&self, other: &Self) -> bool {
-        (self.id, self.name, self.scope) == (other.id, other.name, other.scope)
+        let (one, other) = (&self.identity, &other.identity);
+        (one.id, one.name, one.scope) == (other.id, other.name, other.scope)
     }
 }
 
@@ -197,7 +177,7 @@ impl RegistryBuilder {
         let at = SourceLocation::caller();
         let categories = C::categories()
             .into_iter()
-            .map(|spec| Declared::of_spec(spec, false, Some(at)));
+            .map(|identity| Declared::of_identity(identity, false, Some(at)));
         self.push_erased(
             categories,
             Role::Delivery,
@@ -227,9 +207,9 @@ impl RegistryBuilder {
         requirements.state::<K>();
         // Replaced when the registry is built; a missing `K` fails the build first.
         let unresolved: Arc<dyn ErasedHandler> = Arc::new(NoOpErased);
-        for spec in C::categories() {
+        for identity in C::categories() {
             self.handlers.push(HandlerEntry {
-                category: Declared::of_spec(spec, false, Some(at)),
+                category: Declared::of_identity(identity, false, Some(at)),
                 role: Role::Delivery,
                 handler: Arc::clone(&unresolved),
                 requirements: requirements.clone(),
@@ -271,7 +251,7 @@ impl RegistryBuilder {
     ) -> Self {
         let categories = C::categories()
             .into_iter()
-            .map(|spec| Declared::of_spec(spec, false, Some(at)));
+            .map(|identity| Declared::of_identity(identity, false, Some(at)));
         self.push_each(categories, Role::Delivery, handler)
     }
 
@@ -356,17 +336,8 @@ impl RegistryBuilder {
         }
         for category in inventory::iter::<CategoryDeclaration> {
             self.declarations.push(Declared {
-                id: category.id,
-                name: category.name,
-                scope: category.scope,
-                scope_name: category.scope_name,
-                coalesce: category.coalesce,
-                max_attempts: category.max_attempts,
-                no_op: category.no_op,
                 model: category.model,
-                backfill: None,
-                type_name: category.type_name,
-                at: Some(category.at),
+                ..Declared::of_identity(category.identity, category.no_op, Some(category.at))
             });
         }
         for handler in inventory::iter::<HandlerDeclaration> {

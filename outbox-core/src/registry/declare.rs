@@ -7,7 +7,7 @@ use std::fmt;
 
 use super::RegistryBuilder;
 use crate::error::SourceLocation;
-use crate::model::{CategoryId, ScopeId};
+use crate::model::{CategoryIdentity, ScopeId};
 use crate::replicated::ModelTable;
 
 /// A scope declared with `#[outbox_scope]`.
@@ -23,19 +23,13 @@ pub struct ScopeDeclaration {
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct CategoryDeclaration {
-    pub id: CategoryId,
-    pub name: &'static str,
-    pub scope: ScopeId,
-    pub scope_name: &'static str,
-    pub coalesce: bool,
-    pub max_attempts: Option<u32>,
+    /// Its identity (its type's name as written in the source).
+    pub identity: CategoryIdentity,
     pub no_op: bool,
     /// `Some` for a `#[replicated_model]`.
     pub model: Option<ModelTable>,
     /// A replicated model's replication version (0 for any other category).
     pub replication_version: u32,
-    /// The type's name as written in the source.
-    pub type_name: &'static str,
     pub at: SourceLocation,
 }
 

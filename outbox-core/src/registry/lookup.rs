@@ -8,26 +8,17 @@ use super::builder::RegistryBuilder;
 use crate::backfill::BackfillModel;
 use crate::error::Error;
 use crate::handler::{ErasedHandler, StateMap};
-use crate::model::{CategoryId, Message, RawMessage, ScopeId};
+use crate::model::{CategoryId, CategoryIdentity, Message, RawMessage};
 use crate::replicated::ModelTable;
 
 /// What the registry knows of one category.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct CategoryInfo {
-    /// The category's stable id.
-    pub id: CategoryId,
-    /// The category's name.
-    pub name: &'static str,
-    /// The scope the category belongs to.
-    pub scope: ScopeId,
-    /// The scope's name.
-    pub scope_name: &'static str,
-    /// Whether the category's groups coalesce to their newest message.
-    pub coalesce: bool,
-    /// The dead-letter policy: `None` blocks the shard on a failing group, backing it
-    /// off until it gets through; `Some(n)` sets the group aside after `n` failed attempts.
-    pub max_attempts: Option<u32>,
+    /// The category's identity: id, name, scope, coalescing, and its dead-letter policy
+    /// (`None` blocks the shard on a failing group, backing it off until it gets through;
+    /// `Some(n)` sets the group aside after `n` failed attempts), as the registry applies it.
+    pub identity: CategoryIdentity,
     /// Whether the handler was declared as a no-op.
     pub no_op: bool,
     /// For a replicated model: its table, where the relay looks each object up.
@@ -40,11 +31,7 @@ pub struct CategoryInfo {
 impl fmt::Debug for CategoryInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CategoryInfo")
-            .field("id", &self.id)
-            .field("name", &self.name)
-            .field("scope", &self.scope)
-            .field("scope_name", &self.scope_name)
-            .field("coalesce", &self.coalesce)
+            .field("identity", &self.identity)
             .field("no_op", &self.no_op)
             .field("model", &self.model)
             .finish_non_exhaustive()
@@ -88,7 +75,7 @@ impl fmt::Debug for CategoryInfo {
 ///
 /// let registry = Registry::builder().discovered().state(Directory).build()?;
 /// let info = registry.category(TeamRenamed::ID).expect("declared");
-/// assert_eq!(info.name, "team_renamed");
+/// assert_eq!(info.identity.name, "team_renamed");
 ///
 /// // Without the state its handler takes, the registry refuses to build.
 /// let refused = Registry::builder().discovered().build().unwrap_err();
@@ -129,7 +116,7 @@ impl Registry {
     /// All known categories, in id order.
     pub fn categories(&self) -> Vec<&CategoryInfo> {
         let mut all: Vec<_> = self.categories.values().collect();
-        all.sort_by_key(|info| info.id);
+        all.sort_by_key(|info| info.identity.id);
         all
     }
 
@@ -143,7 +130,10 @@ impl Registry {
 
     /// The ids of all known categories.
     pub fn category_ids(&self) -> Vec<CategoryId> {
-        self.categories().into_iter().map(|info| info.id).collect()
+        self.categories()
+            .into_iter()
+            .map(|info| info.identity.id)
+            .collect()
     }
 
     /// The ids of the categories whose groups coalesce: those whose older rows a paused
@@ -151,8 +141,8 @@ impl Registry {
     pub(crate) fn coalescing_category_ids(&self) -> Vec<CategoryId> {
         self.categories()
             .into_iter()
-            .filter(|info| info.coalesce)
-            .map(|info| info.id)
+            .filter(|info| info.identity.coalesce)
+            .map(|info| info.identity.id)
             .collect()
     }
 
@@ -178,18 +168,23 @@ impl Message {
             .ok_or(Error::UnknownCategory {
                 category: raw.category,
             })?;
-        if info.scope != raw.scope {
+        if info.identity.scope != raw.scope {
             return Err(Error::ScopeMismatch {
-                category: info.name,
-                expected: info.scope,
-                expected_name: info.scope_name,
+                category: info.identity.name,
+                expected: info.identity.scope,
+                expected_name: info.identity.scope_name,
                 found: raw.scope,
             });
         }
         let payload = serde_json::to_string(&raw.payload).map_err(|source| Error::Serialize {
-            category: info.name,
+            category: info.identity.name,
             source,
         })?;
-        Ok(Self::from_checked(raw, info.name, info.scope_name, payload))
+        Ok(Self::from_checked(
+            raw,
+            info.identity.name,
+            info.identity.scope_name,
+            payload,
+        ))
     }
 }

@@ -88,7 +88,13 @@ impl Category for Retried {
 
 #[test]
 fn dead_letter_policies_come_from_the_category_and_the_builder_overrides_them() {
-    let policy = |registry: &Registry, id| registry.category(CategoryId(id)).unwrap().max_attempts;
+    let policy = |registry: &Registry, id| {
+        registry
+            .category(CategoryId(id))
+            .unwrap()
+            .identity
+            .max_attempts
+    };
     let declared = Registry::builder()
         .no_op::<First>()
         .no_op::<Retried>()
@@ -275,10 +281,10 @@ fn lookups_know_scope_and_policy() {
     let info = registry.category(CategoryId(1)).unwrap();
     assert_eq!(
         (
-            info.name,
-            info.scope,
-            info.scope_name,
-            info.coalesce,
+            info.identity.name,
+            info.identity.scope,
+            info.identity.scope_name,
+            info.identity.coalesce,
             info.no_op
         ),
         ("first", ScopeId(1), "org", true, true)

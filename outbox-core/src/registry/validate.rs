@@ -48,7 +48,7 @@ pub(super) fn validate(
     let mut categories = one_handler_each(unique, handlers, &mut problems, |stray| {
         // Without declarations, a handler whose category id is taken by another category was
         // reported as a duplicate id.
-        discovered || !taken_ids.contains_key(&stray.id)
+        discovered || !taken_ids.contains_key(&stray.identity.id)
     });
     apply_policies(policies, &mut categories, &mut problems);
     if problems.is_empty() {
@@ -72,9 +72,12 @@ fn apply_policies(
             });
             continue;
         }
-        match categories.get_mut(&category.id) {
-            Some(info) if (info.name, info.scope) == (category.name, category.scope) => {
-                info.max_attempts = max_attempts;
+        match categories.get_mut(&category.identity.id) {
+            Some(info)
+                if (info.identity.name, info.identity.scope)
+                    == (category.identity.name, category.identity.scope) =>
+            {
+                info.identity.max_attempts = max_attempts;
             }
             _ => problems.push(RegistryProblem::PolicyForUnknownCategory {
                 category: category.site(),
@@ -131,9 +134,13 @@ fn unique_scopes(
     problems: &mut Vec<RegistryProblem>,
 ) {
     let mut seen_scopes: HashMap<ScopeId, Site> = HashMap::new();
-    let category_scopes = declarations
-        .iter()
-        .map(|d| (d.scope, d.scope_name, None::<SourceLocation>));
+    let category_scopes = declarations.iter().map(|d| {
+        (
+            d.identity.scope,
+            d.identity.scope_name,
+            None::<SourceLocation>,
+        )
+    });
     for (id, name, at) in scopes.into_iter().chain(category_scopes) {
         let site = Site {
             name,
@@ -165,16 +172,16 @@ fn unique_categories(
     let mut by_name: HashMap<&'static str, Declared> = HashMap::new();
     let mut unique = Vec::new();
     for declared in declarations {
-        if let Some(seen) = by_name.get(declared.name)
-            && seen.id != declared.id
+        if let Some(seen) = by_name.get(declared.identity.name)
+            && seen.identity.id != declared.identity.id
         {
             problems.push(RegistryProblem::DuplicateCategoryName {
                 first: seen.site(),
                 second: declared.site(),
             });
         }
-        by_name.entry(declared.name).or_insert(declared);
-        match by_id.entry(declared.id) {
+        by_name.entry(declared.identity.name).or_insert(declared);
+        match by_id.entry(declared.identity.id) {
             Entry::Occupied(seen) => problems.push(RegistryProblem::DuplicateCategoryId {
                 first: seen.get().site(),
                 second: declared.site(),
@@ -221,14 +228,9 @@ fn one_handler_each(
             continue;
         };
         categories.insert(
-            declared.id,
+            declared.identity.id,
             CategoryInfo {
-                id: declared.id,
-                name: declared.name,
-                scope: declared.scope,
-                scope_name: declared.scope_name,
-                coalesce: declared.coalesce,
-                max_attempts: declared.max_attempts,
+                identity: declared.identity,
                 no_op,
                 model: declared.model,
                 backfill,
@@ -275,7 +277,7 @@ fn category_handler(
         (None, _) => {
             problems.push(RegistryProblem::MissingHandler {
                 category: declared.site(),
-                type_name: declared.type_name,
+                type_name: declared.identity.type_name,
             });
             None
         }
@@ -317,7 +319,7 @@ fn model_handler(
             problems.push(RegistryProblem::MissingModelHandler {
                 category: declared.site(),
                 kind,
-                model_type: declared.type_name,
+                model_type: declared.identity.type_name,
             });
         }
     }

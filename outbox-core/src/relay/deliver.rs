@@ -85,7 +85,7 @@ fn span_of<St: Store>(inner: &Inner<St>, lease: &Lease, group: &Group, attempt: 
     let message = &group.newest;
     let span = info_span!(
         "outbox.deliver",
-        category = group.info.name,
+        category = group.info.identity.name,
         message_id = message.id.0,
         object = %message.object_identifier,
         shard = %lease.shard,
@@ -114,7 +114,7 @@ fn reported<St: Store>(
     took: Duration,
     error: Option<&DeliveryError>,
 ) {
-    let metrics = inner.metrics().category(group.info.id);
+    let metrics = inner.metrics().category(group.info.identity.id);
     let lag = SystemTime::now()
         .duration_since(group.newest.created_at)
         .unwrap_or_default();
@@ -147,8 +147,8 @@ fn raw_delivery<'a>(
     row: Option<&'a crate::columns::ModelRow>,
 ) -> RawDelivery<'a> {
     RawDelivery {
-        category: group.info.name,
-        scope_name: group.info.scope_name,
+        category: group.info.identity.name,
+        scope_name: group.info.identity.scope_name,
         shard: &lease.shard,
         message: &group.newest,
         attempt,
@@ -175,7 +175,7 @@ async fn call_handler<S: ShardSession, St: Store>(
             loaded = Box::pin(session.load_model(table, group.newest.object_identifier))
                 .await
                 .map_err(|source| DeliveryError::Lookup {
-                    model: group.info.name,
+                    model: group.info.identity.name,
                     table: table.table,
                     object_identifier: group.newest.object_identifier,
                     source: Box::new(source),
@@ -211,7 +211,7 @@ async fn guarded<F: Future, St: Store>(
             tokio::time::timeout(timeout, call)
                 .await
                 .map_err(|_| DeliveryError::TimedOut {
-                    category: group.info.name,
+                    category: group.info.identity.name,
                     message_id: group.newest.id,
                     timeout,
                 })?
@@ -219,7 +219,7 @@ async fn guarded<F: Future, St: Store>(
         None => call.await,
     };
     outcome.map_err(|panic| DeliveryError::Panicked {
-        category: group.info.name,
+        category: group.info.identity.name,
         message_id: group.newest.id,
         panic: panic
             .downcast_ref::<&str>()

@@ -76,17 +76,17 @@ impl Plan {
                 });
                 continue;
             };
-            if info.scope != shard.scope || row.scope != shard.scope {
+            if info.identity.scope != shard.scope || row.scope != shard.scope {
                 plan.blocked = Some(DeliveryError::ScopeMismatch {
                     message_id: row.id,
-                    category: info.name,
-                    expected: info.scope,
-                    expected_name: info.scope_name,
+                    category: info.identity.name,
+                    expected: info.identity.scope,
+                    expected_name: info.identity.scope_name,
                     found: row.scope,
                 });
                 continue;
             }
-            if info.coalesce {
+            if info.identity.coalesce {
                 if plan.coalesce_into_existing(key, row) {
                     continue;
                 }
@@ -127,7 +127,7 @@ impl Plan {
     pub(crate) fn coalescing_keys(&self) -> Vec<GroupKey> {
         self.groups
             .iter()
-            .filter(|group| group.info.coalesce)
+            .filter(|group| group.info.identity.coalesce)
             .map(|group| group.key)
             .collect()
     }

@@ -164,8 +164,8 @@ impl Failed {
             error,
             rows: group.acknowledgement(),
             attempt,
-            max_attempts: group.info.max_attempts,
-            category: group.info.id,
+            max_attempts: group.info.identity.max_attempts,
+            category: group.info.identity.id,
         }
     }
 

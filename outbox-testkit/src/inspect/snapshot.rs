@@ -123,7 +123,7 @@ impl Pending {
     pub fn named(mut self, registry: &Registry) -> Self {
         for row in &mut self.rows {
             if let Some(info) = registry.category(row.category) {
-                row.category_name = Some(info.name);
+                row.category_name = Some(info.identity.name);
             }
         }
         self

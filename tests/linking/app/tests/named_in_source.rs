@@ -20,7 +20,7 @@ fn discover_finds_the_handler() {
     let info = registry
         .category(ProjectRenamed::ID)
         .expect("the category is declared");
-    assert_eq!(info.name, ProjectRenamed::NAME);
+    assert_eq!(info.identity.name, ProjectRenamed::NAME);
     assert!(!info.no_op, "{info:?}");
     assert_eq!(registry.category_ids(), [ProjectRenamed::ID]);
 }

@@ -30,7 +30,7 @@ fn the_handler_is_found_or_reported_never_silently_dropped() {
             let info = registry
                 .category(ProjectRenamed::ID)
                 .expect("a registry built without error knows every declared category");
-            assert_eq!(info.name, ProjectRenamed::NAME);
+            assert_eq!(info.identity.name, ProjectRenamed::NAME);
             assert!(
                 !info.no_op,
                 "the category was given a no-op instead of its handler: {info:?}"
