@@ -1,7 +1,7 @@
 //! How a replicated model and its table differ, for whoever declares the model: what a
 //! relay's schema check reports.
 
-/// How a replicated model and its table differ ([`Error::ModelMismatch`]).
+/// How a replicated model and its table differ ([`Error::ModelMismatch`](super::Error::ModelMismatch)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ColumnMismatch {
