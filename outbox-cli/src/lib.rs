@@ -64,7 +64,6 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use outbox_core::admin::{Backend, Open, Operations};
 use outbox_core::admin::{Catalog, DeadLetter, DeadLetterFilter, PauseTarget, ShardFilter};
-use outbox_core::backfill::BackfillStart;
 use outbox_core::{CategoryId, Destination, Error, MessageId};
 
 use crate::output::Printer;
@@ -343,7 +342,7 @@ fn describe(error: &Error) -> String {
              with `outbox migrate`"
         ),
         Error::ShardHeld { shard, owner } => {
-            let shard = names::shard_text(&Catalog::empty(), shard);
+            let shard = Catalog::empty().shard_text(shard);
             format!(
                 "shard {shard} is held by {}: its drain may be delivering the message; try again \
                  once it lets go, or pause the shard first (`outbox pause {shard}`); nothing was \
@@ -457,7 +456,7 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
         return migrate::run(url, print, &printer, out).await;
     }
     let database = Backend::connect(url, Open::Existing).await?;
-    let result = execute(database.operations(), cli.command, catalog, &printer, out).await;
+    let result = execute(&*database, cli.command, catalog, &printer, out).await;
     database.close().await;
     result
 }
@@ -503,12 +502,12 @@ async fn execute(
             if !store.reschedule(&shard).await? {
                 return Err(CliError::Refused(format!(
                     "shard {} is not backing off: nothing to retry",
-                    names::shard_text(catalog, &shard)
+                    catalog.shard_text(&shard)
                 )));
             }
             printer.done(
                 out,
-                &format!("shard {} is due now", names::shard_text(catalog, &shard)),
+                &format!("shard {} is due now", catalog.shard_text(&shard)),
             )
         }
         Command::Pause { target, reason } => {
@@ -612,29 +611,15 @@ async fn backfill(
             destinations,
         } => {
             let category = names::category(catalog, &model)?;
-            let known = catalog.category(category);
-            let version = match version.or(known.and_then(|known| known.replication_version)) {
-                Some(version) => Some(version),
-                // The version the relays recorded, read only when needed.
-                None => store
-                    .backfills()
-                    .await?
-                    .into_iter()
-                    .find(|state| state.category == category)
-                    .map(|state| state.declared_version)
-                    .filter(|version| *version > 0),
-            };
-            let version = version.ok_or_else(|| {
-                CliError::Refused(format!(
-                    "no version for model {}: this binary does not know the model and no \
+            let mut start = outbox_core::admin::backfill_start(store, catalog, category, version)
+                .await?
+                .ok_or_else(|| {
+                    CliError::Refused(format!(
+                        "no version for model {}: this binary does not know the model and no \
                          relay has recorded its version yet; give --version",
-                    printer.model(category)
-                ))
-            })?;
-            let mut start = BackfillStart::new(category, version);
-            if let Some(known) = known {
-                start = start.model(known.identity.name);
-            }
+                        printer.model(category)
+                    ))
+                })?;
             if !destinations.is_empty() {
                 let destinations = destinations
                     .into_iter()

@@ -14,7 +14,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::CliError;
-use crate::names;
 
 /// Writes what the commands show, with the names the catalog knows.
 #[derive(Debug)]
@@ -148,11 +147,11 @@ impl<'a> Printer<'a> {
     }
 
     fn shard(&self, shard: &ShardKey) -> String {
-        names::shard_text(self.catalog, shard)
+        self.catalog.shard_text(shard)
     }
 
     fn category(&self, category: outbox_core::CategoryId) -> String {
-        names::category_text(self.catalog, category)
+        self.catalog.category_text(category)
     }
 
     /// What a pause target names, as people read it.
@@ -161,7 +160,7 @@ impl<'a> Printer<'a> {
             PauseTarget::Shard(shard) => format!("shard {}", self.shard(shard)),
             PauseTarget::Category(category) => format!("category {}", self.category(*category)),
             PauseTarget::Scope(scope) => {
-                format!("scope {}", names::scope_text(self.catalog, *scope))
+                format!("scope {}", self.catalog.scope_text(*scope))
             }
         }
     }

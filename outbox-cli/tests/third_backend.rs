@@ -5,8 +5,7 @@ use std::sync::LazyLock;
 
 use clap::Parser;
 use outbox_core::admin::Catalog;
-use outbox_core::admin::{Backend, Database, Open, Opening, Operations};
-use outbox_core::handler::BoxFuture;
+use outbox_core::admin::{Backend, Database, Open, Opening};
 use outbox_core::memory::MemoryStore;
 use outbox_core::{Error, Message, outbox_category, outbox_scope};
 use serde::{Deserialize, Serialize};
@@ -23,29 +22,8 @@ struct TeamRenamed {
 /// The one in-memory outbox every `memory:` URL opens.
 static OUTBOX: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
 
-/// An in-memory outbox as a database: nothing to migrate.
-struct InMemory(MemoryStore);
-
-impl Database for InMemory {
-    fn operations(&self) -> &dyn Operations {
-        &self.0
-    }
-
-    fn applied_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, Error>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    fn migrate(&self) -> BoxFuture<'_, Result<(), Error>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
-    }
-}
-
 fn open(_url: String, _open: Open) -> Opening {
-    Box::pin(async { Ok(Box::new(InMemory(OUTBOX.clone())) as Box<dyn Database>) })
+    Box::pin(async { Ok(Box::new(OUTBOX.clone()) as Box<dyn Database>) })
 }
 
 inventory::submit! {

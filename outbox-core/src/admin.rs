@@ -11,7 +11,7 @@
 //! tool built with it then speaks to its URLs, unchanged.
 
 use crate::backfill::{BackfillStart, BackfillState};
-pub use crate::catalog::{Catalog, NamedCategory};
+pub use crate::catalog::{Catalog, NameError, NamedCategory};
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::model::{CategoryId, MessageId, ShardKey};
@@ -175,12 +175,10 @@ impl<S: Store + Admin> Operations for S {
     }
 }
 
-/// An outbox database a tool opened through its [`Backend`]: the operations on its outbox,
-/// and its migrations.
-pub trait Database: Send + Sync {
-    /// The operations on the outbox in this database.
-    fn operations(&self) -> &dyn Operations;
-
+/// An outbox database a tool opened through its [`Backend`]: the operations on its outbox
+/// ([`Operations`], which a `Box<dyn Database>` or an `Arc<dyn Database>` becomes by
+/// coercion), and its migrations.
+pub trait Database: Operations {
     /// The versions of the outbox migrations the database has applied, in order (none before
     /// the first migration).
     fn applied_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, Error>>;
@@ -257,4 +255,35 @@ impl Backend {
         let backend = Self::for_url(url)?;
         (backend.open)(url.to_owned(), open).await
     }
+}
+
+/// The backfill an operator asks for of the replicated model `category`: to `version`, or to
+/// the replication version this binary's declarations give the model (`catalog`), or to the
+/// one the running relays recorded; named as the catalog names it. `None` if no version is
+/// known: the operator must give one.
+pub async fn backfill_start(
+    outbox: &dyn Operations,
+    catalog: &Catalog,
+    category: CategoryId,
+    version: Option<u32>,
+) -> Result<Option<BackfillStart>, Error> {
+    let known = catalog.category(category);
+    let version = match version.or(known.and_then(|known| known.replication_version)) {
+        Some(version) => Some(version),
+        // The version the relays recorded, read only when needed.
+        None => outbox
+            .backfills()
+            .await?
+            .into_iter()
+            .find(|state| state.category == category)
+            .map(|state| state.declared_version)
+            .filter(|version| *version > 0),
+    };
+    Ok(version.map(|version| {
+        let start = BackfillStart::new(category, version);
+        match known {
+            Some(known) => start.model(known.identity.name),
+            None => start,
+        }
+    }))
 }

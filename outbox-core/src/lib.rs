@@ -92,7 +92,7 @@
 // 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`.
 // 3. Delivery: `breaker`, `handler`, `sink`.
 // 4. Declarations: `test_models`, `registry`, `catalog`.
-// 5. The engine and the tools: `memory`, `relay`, `admin`, `__private`.
+// 5. The tools and the engine: `admin`, `memory`, `relay`, `__private`.
 
 pub mod admin;
 pub mod backfill;

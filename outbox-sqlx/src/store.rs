@@ -926,10 +926,6 @@ impl<D: Dialect> Admin for SqlxStore<D> {
 /// A `sqlx` store opened by an operator's tool: its operations, and its migrations run on its
 /// pool.
 impl<D: Dialect> outbox_core::admin::Database for SqlxStore<D> {
-    fn operations(&self) -> &dyn outbox_core::admin::Operations {
-        self
-    }
-
     fn applied_migrations(&self) -> outbox_core::handler::BoxFuture<'_, Result<Vec<i64>, Error>> {
         Box::pin(crate::migrate::applied::<D>(&self.pool))
     }

@@ -78,6 +78,7 @@ use crate::backfill::{
 };
 use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::id::{Id, Identifier};
 use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ModelTable, ReplicatedModel};
@@ -569,6 +570,22 @@ impl Admin for MemoryStore {
 #[derive(Debug)]
 pub struct MemoryWakeups {
     receiver: mpsc::UnboundedReceiver<Vec<ShardKey>>,
+}
+
+/// An in-memory outbox as the database of an operators' tool (a test's): nothing to migrate,
+/// nothing to close.
+impl crate::admin::Database for MemoryStore {
+    fn applied_migrations(&self) -> BoxFuture<'_, Result<Vec<i64>, Error>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 impl WakeupStream for MemoryWakeups {
