@@ -129,7 +129,7 @@ impl Catalog {
         text.parse::<i16>().map(ScopeId).map_err(|_| {
             let mut names: Vec<&str> = self.scopes.iter().map(|(_, name)| *name).collect();
             names.dedup();
-            NameError::unknown(format!("unknown scope `{text}`"), &names)
+            NameError::unknown(&format!("unknown scope `{text}`"), &names)
         })
     }
 
@@ -144,7 +144,7 @@ impl Catalog {
                 .iter()
                 .map(|category| category.identity.name)
                 .collect();
-            NameError::unknown(format!("unknown category `{text}`"), &names)
+            NameError::unknown(&format!("unknown category `{text}`"), &names)
         })
     }
 
@@ -216,7 +216,7 @@ impl NameError {
     }
 
     /// An unknown name: give its number, or one of `names`.
-    fn unknown(what: String, names: &[&str]) -> Self {
+    fn unknown(what: &str, names: &[&str]) -> Self {
         if names.is_empty() {
             Self {
                 message: format!("{what}: give its number"),

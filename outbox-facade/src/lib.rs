@@ -15,6 +15,7 @@
 //! | `sqlite` | `outbox::sqlite`: the SQLite store (bundled SQLite) |
 //! | `nats`, `kafka`, `rabbitmq`, `redis` | `outbox::nats`, `outbox::kafka`, `outbox::rabbitmq`, `outbox::redis`: sinks publishing each delivery to a broker |
 //! | `cli` | `outbox::cli`: the `outbox` command, to build into a service's own binary |
+//! | `web` | `outbox::web`: the operator console in the browser, to mount in an axum application |
 //! | `testkit` | `outbox::testkit`: a fresh database per test, the test runner, fault injection |
 //! | `uuid` | `uuid::Uuid` as an identifier |
 //! | `opentelemetry` | the writer's trace context carried to the delivery's span |
@@ -99,6 +100,10 @@ pub use outbox_redis as redis;
 #[cfg(feature = "cli")]
 #[doc(inline)]
 pub use outbox_cli as cli;
+
+#[cfg(feature = "web")]
+#[doc(inline)]
+pub use outbox_web as web;
 
 #[cfg(feature = "testkit")]
 #[doc(inline)]
