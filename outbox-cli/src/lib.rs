@@ -56,6 +56,9 @@
 mod migrate;
 mod names;
 mod output;
+mod ui;
+
+pub use crate::ui::TOKEN_VARIABLE;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -157,6 +160,17 @@ pub enum Command {
         /// in `_outbox_migrations` (the relay checks them at start-up).
         #[arg(long)]
         print: bool,
+    },
+    /// Serves the operator console in the browser until Ctrl-C: read-only, or with actions
+    /// for whoever gives the token in `OUTBOX_CONSOLE_TOKEN`.
+    Ui {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Enables actions (retry, pause, resume, replay, purge, backfills) for whoever gives
+        /// the token in `OUTBOX_CONSOLE_TOKEN`.
+        #[arg(long)]
+        actions: bool,
     },
 }
 
@@ -455,6 +469,12 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
     if let Command::Migrate { print } = cli.command {
         return migrate::run(url, print, &printer, out).await;
     }
+    if let Command::Ui { listen, actions } = cli.command {
+        let options = ui::options(actions, catalog)?;
+        let database = Backend::connect(url, Open::Existing).await?;
+        database.check_schema().await?;
+        return ui::serve(database, listen, options, out).await;
+    }
     let database = Backend::connect(url, Open::Existing).await?;
     let result = execute(&*database, cli.command, catalog, &printer, out).await;
     database.close().await;
@@ -537,7 +557,9 @@ async fn execute(
         Command::Pauses => printer.pauses(out, &store.pauses().await?),
         Command::DeadLetters(command) => dead_letters(store, command, catalog, printer, out).await,
         Command::Backfill(command) => backfill(store, command, catalog, printer, out).await,
-        Command::Migrate { .. } => unreachable!("migrations run before a store is opened"),
+        Command::Migrate { .. } | Command::Ui { .. } => {
+            unreachable!("migrations and the console run before an operation")
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::CliError;
 
 /// A name the catalog could not read, refused; where the catalog knew no names, with how to
 /// build the command with them.
-fn refused(error: NameError) -> CliError {
+fn refused(error: &NameError) -> CliError {
     if error.knows_no_names() {
         CliError::Refused(format!(
             "{error} (this binary knows no names: build the command into your service's binary \
@@ -25,17 +25,17 @@ fn refused(error: NameError) -> CliError {
 
 /// Reads a scope: its name, or its number.
 pub(crate) fn scope(catalog: &Catalog, text: &str) -> Result<ScopeId, CliError> {
-    catalog.read_scope(text).map_err(refused)
+    catalog.read_scope(text).map_err(|error| refused(&error))
 }
 
 /// Reads a category: its name, or its number.
 pub(crate) fn category(catalog: &Catalog, text: &str) -> Result<CategoryId, CliError> {
-    catalog.read_category(text).map_err(refused)
+    catalog.read_category(text).map_err(|error| refused(&error))
 }
 
 /// Reads a shard: `SCOPE:IDENTIFIER[:DESTINATION]`.
 pub(crate) fn shard(catalog: &Catalog, text: &str) -> Result<ShardKey, CliError> {
-    catalog.read_shard(text).map_err(refused)
+    catalog.read_shard(text).map_err(|error| refused(&error))
 }
 
 #[cfg(test)]

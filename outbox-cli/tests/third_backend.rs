@@ -7,7 +7,7 @@ use clap::Parser;
 use outbox_core::admin::Catalog;
 use outbox_core::admin::{Backend, Database, Open, Opening};
 use outbox_core::memory::MemoryStore;
-use outbox_core::{Error, Message, outbox_category, outbox_scope};
+use outbox_core::{Message, outbox_category, outbox_scope};
 use serde::{Deserialize, Serialize};
 
 #[outbox_scope(id = 1)]
