@@ -8,6 +8,8 @@ use crate::history::{Sample, WINDOW};
 
 const WIDTH: f64 = 600.0;
 const HEIGHT: f64 = 120.0;
+/// Room above the highest value, so that a line at the top is drawn whole.
+const TOP: f64 = 4.0;
 
 /// A chart of `value` over the samples of the last hour (up to `now`), titled `title`, its
 /// scale's top shown with `label`.
@@ -26,7 +28,7 @@ pub(crate) fn line(
             let before = now.duration_since(sample.at).unwrap_or_default();
             (before <= WINDOW).then(|| {
                 let x = WIDTH * (1.0 - before.as_secs_f64() / WINDOW.as_secs_f64());
-                let y = HEIGHT - HEIGHT * value(sample) / scale;
+                let y = HEIGHT - (HEIGHT - TOP) * value(sample) / scale;
                 format!("{x:.1},{y:.1}")
             })
         })
@@ -82,7 +84,7 @@ mod tests {
         )
         .into_string();
         assert!(
-            chart.contains(r#"points="0.0,120.0 300.0,60.0 600.0,0.0""#),
+            chart.contains(r#"points="0.0,120.0 300.0,62.0 600.0,4.0""#),
             "{chart}"
         );
         assert!(chart.contains("pending: now 100, highest 100"), "{chart}");
