@@ -35,6 +35,9 @@ pub trait Operations: Send + Sync {
     fn shard_states(&self) -> BoxFuture<'_, Result<Vec<ShardState>, Error>>;
     /// See [`Admin::status`].
     fn status(&self, deepest: usize) -> BoxFuture<'_, Result<OutboxStatus, Error>>;
+    /// See [`Store::gauges`]: the status without its deepest shards, estimated above a
+    /// backlog the store counts exactly, so that its cost does not grow with the backlog.
+    fn gauges(&self) -> BoxFuture<'_, Result<OutboxStatus, Error>>;
     /// See [`Admin::shard`].
     fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>>;
     /// See [`Admin::shards`].
@@ -105,6 +108,9 @@ impl<S: Store + Admin> Operations for S {
     }
     fn status(&self, deepest: usize) -> BoxFuture<'_, Result<OutboxStatus, Error>> {
         Box::pin(Admin::status(self, deepest))
+    }
+    fn gauges(&self) -> BoxFuture<'_, Result<OutboxStatus, Error>> {
+        Box::pin(Store::gauges(self))
     }
     fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>> {
         Box::pin(Admin::shard(self, shard))

@@ -17,7 +17,7 @@ pub(crate) async fn sample(console: Weak<Console>, every: Duration) {
         let Some(console) = console.upgrade() else {
             return;
         };
-        match console.outbox.status(0).await {
+        match console.outbox.gauges().await {
             Ok(status) => {
                 let at = SystemTime::now();
                 let oldest = status

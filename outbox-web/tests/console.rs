@@ -559,6 +559,58 @@ async fn nested_links_follow_the_mount<B: StoreBackend>() {
     browser.cookie = None;
 }
 
+/// Above the backlog a store counts exactly, the overview shows its estimates (as the relays'
+/// gauges read them, at a cost that does not grow with the backlog) and ranks no shard.
+async fn a_large_backlog_is_estimated<B>()
+where
+    B: StoreBackend<Store = outbox_sqlx::SqlxStore<<B as Dialected>::Dialect>> + Dialected,
+{
+    let (backend, _) = outbox::<B>().await;
+    let counted = Browser::new(console(&backend, ConsoleOptions::read_only()));
+    let page = counted.get("/").await.page;
+    assert!(
+        !page.contains("(estimated)") && page.contains("Deepest shards"),
+        "{page}"
+    );
+    assert!(
+        page.contains("organization:1"),
+        "the deepest shards listed: {page}"
+    );
+
+    let store = backend.store().exact_gauges_up_to(1);
+    let app = outbox_web::router(
+        Arc::new(store),
+        ConsoleOptions::read_only().catalog(catalog()),
+    );
+    let page = Browser::new(app).get("/").await.page;
+    assert!(page.contains("(estimated)"), "{page}");
+    assert!(page.contains("too large to rank every shard"), "{page}");
+    assert!(!page.contains("organization:1"), "no shard ranked: {page}");
+}
+
+/// The backends whose store is the shared sqlx body.
+trait Dialected {
+    type Dialect: outbox_sqlx::Dialect;
+}
+
+impl Dialected for SqliteBackend {
+    type Dialect = outbox_sqlite::SqliteDialect;
+}
+
+impl Dialected for PgBackend {
+    type Dialect = outbox_postgres::PgDialect;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_large_backlog_is_estimated() {
+    a_large_backlog_is_estimated::<SqliteBackend>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_large_backlog_is_estimated() {
+    a_large_backlog_is_estimated::<PgBackend>().await;
+}
+
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
         mod memory {

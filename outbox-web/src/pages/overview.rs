@@ -23,7 +23,14 @@ pub(crate) async fn page(page: Page) -> Response {
 
 async fn body(page: &Page) -> Result<Markup, PageError> {
     let outbox = &page.console.outbox;
-    let status = outbox.status(DEEPEST).await?;
+    // A large backlog's figures are estimated, at a cost that does not grow with it; a small
+    // one's are counted, with its deepest shards.
+    let gauges = outbox.gauges().await?;
+    let status = if gauges.estimated {
+        gauges
+    } else {
+        outbox.status(DEEPEST).await?
+    };
     let relays = outbox.relays().await?;
     let backfills = outbox.backfills().await?;
     let now = SystemTime::now();
@@ -94,7 +101,10 @@ async fn body(page: &Page) -> Result<Markup, PageError> {
         }
         section aria-labelledby="deepest" {
             h2 id="deepest" { "Deepest shards" }
-            @if status.deepest.is_empty() {
+            @if status.estimated {
+                p.note { "The backlog is too large to rank every shard by depth on each view: "
+                    a href=(page.link("/shards")) { "the shards page" } " lists them." }
+            } @else if status.deepest.is_empty() {
                 p { "No shard has pending messages." }
             } @else {
                 table {
