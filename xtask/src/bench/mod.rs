@@ -5,6 +5,7 @@
 
 mod backfill;
 mod baselines;
+mod console;
 mod cpu;
 mod drain;
 mod gauges;
@@ -46,7 +47,7 @@ pub(crate) struct BenchArgs {
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
     /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon).
+    /// horizon, console).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -75,7 +76,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 13] = [
+    let scenarios: [(&str, Scenario); 14] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -89,6 +90,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("gauges", |a, s| Box::pin(gauges::run(a, s))),
         ("sparse", |a, s| Box::pin(drain::sparse(a, s))),
         ("horizon", |a, s| Box::pin(horizon::run(a, s))),
+        ("console", |a, s| Box::pin(console::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {
