@@ -645,6 +645,22 @@ const SHARDS: &str = concat!(
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
 );
 
+// The failing or parked shards: their messages only, found from their state rows.
+pub(crate) const FAILING_SHARDS: &str = concat!(
+    shard_view!(
+        "WHERE (shard_scope, shard_identifier, destination) IN ( \
+            SELECT shard_scope, shard_identifier, destination FROM outbox_shards \
+            WHERE ($1::text = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+                OR ($1 = 'parked' AND parked_category IS NOT NULL))"
+    ),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v \
+    WHERE ($1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+        OR ($1 = 'parked' AND parked_category IS NOT NULL) \
+    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
+);
+
 // The gauges above the exact limit: the statistics' live rows (never below the limit), the
 // first message by id, the shard states (few: shards held, failing or parked), the shard
 // pauses, and the dead letters counted up to the limit.
@@ -820,6 +836,7 @@ impl Dialect for PgDialect {
         ),
         status: STATUS,
         shards: SHARDS,
+        failing_shards: FAILING_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,

@@ -7,7 +7,8 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
 use crate::dialect::{
-    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, DELETE_IF_EMPTY, DISCOVER, FETCH, FETCH_NEWEST,
+    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, DELETE_IF_EMPTY, DISCOVER, FAILING_SHARDS, FETCH,
+    FETCH_NEWEST,
 };
 
 async fn populated() -> PgTestDatabase {
@@ -35,6 +36,23 @@ async fn populated() -> PgTestDatabase {
         .await
         .expect("analyze");
     database
+}
+
+/// The rows the plan expects to read from `outbox_messages`, summed over its nodes.
+fn message_rows(plan: &Value) -> f64 {
+    match plan {
+        Value::Object(node) => {
+            let own = match (node.get("Relation Name"), node.get("Plan Rows")) {
+                (Some(Value::String(relation)), Some(rows)) if relation == "outbox_messages" => {
+                    rows.as_f64().unwrap_or(0.0)
+                }
+                _ => 0.0,
+            };
+            own + node.values().map(message_rows).sum::<f64>()
+        }
+        Value::Array(items) => items.iter().map(message_rows).sum(),
+        _ => 0.0,
+    }
 }
 
 fn scans(plan: &Value, found: &mut Vec<(String, String)>) {
@@ -148,4 +166,28 @@ async fn hot_queries_use_the_indexes() {
             .any(|(kind, relation)| kind.starts_with("Index") && relation == "outbox_messages"),
         "the backlog walks the primary key: {backlog:?}"
     );
+}
+
+/// The console's failing (or parked) shards read the shard states and only those shards'
+/// messages, by their index: never every message of a large backlog (here 100,000 rows over
+/// 2,000 shards, one of them failing).
+#[tokio::test]
+async fn failing_shards_read_only_their_own_messages() {
+    let database = populated().await;
+    for which in ["failing", "parked"] {
+        let explained = AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {FAILING_SHARDS}"));
+        let text: String = sqlx::query(explained)
+            .bind(which)
+            .bind(100_i64)
+            .try_map(|row: PgRow| row.try_get_unchecked(0))
+            .fetch_one(database.pool())
+            .await
+            .expect("EXPLAIN");
+        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+        let rows = message_rows(&plan);
+        assert!(
+            rows < 1_000.0,
+            "{which}: {rows} message rows planned\n{plan:#}"
+        );
+    }
 }

@@ -601,6 +601,22 @@ const SHARDS: &str = concat!(
     ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
 );
 
+// The failing or parked shards: their messages only, found from their state rows.
+pub(crate) const FAILING_SHARDS: &str = concat!(
+    shard_view!(
+        "WHERE (shard_scope, shard_identifier, destination) IN ( \
+            SELECT shard_scope, shard_identifier, destination FROM outbox_shards \
+            WHERE (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+                OR (?1 = 'parked' AND parked_category IS NOT NULL))"
+    ),
+    "SELECT ",
+    shard_columns!(),
+    " FROM v \
+    WHERE (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+        OR (?1 = 'parked' AND parked_category IS NOT NULL) \
+    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+);
+
 // The gauges above the exact limit: the span of the message ids (an upper bound, never below
 // the limit), the first message by id, the shard states (few: shards held, failing or
 // parked), the shard pauses, and the dead letters counted up to the limit (their id span
@@ -885,6 +901,7 @@ impl Dialect for SqliteDialect {
         is_paused: concat!("SELECT ", outbox_sqlx::paused!("?1", "?2", "?3")),
         status: STATUS,
         shards: SHARDS,
+        failing_shards: FAILING_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,

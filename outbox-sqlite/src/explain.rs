@@ -9,7 +9,8 @@ use crate::dialect::together::{
     CLAIM_MANY, CLAIMED, DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
 };
 use crate::dialect::{
-    ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FETCH, FETCH_NEWEST,
+    ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FAILING_SHARDS, FETCH,
+    FETCH_NEWEST,
 };
 
 async fn populated() -> SqliteTestDatabase {
@@ -41,16 +42,21 @@ async fn populated() -> SqliteTestDatabase {
 
 type Query = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
 
-/// The plan's steps; fails on a full scan of an outbox table (under its name or an alias).
-async fn explain(pool: &SqlitePool, sql: &str, bind: impl FnOnce(Query) -> Query) -> Vec<String> {
+/// The plan's steps.
+async fn steps(pool: &SqlitePool, sql: &str, bind: impl FnOnce(Query) -> Query) -> Vec<String> {
     let explained = AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}"));
-    let steps: Vec<String> = bind(sqlx::query(explained))
+    bind(sqlx::query(explained))
         .fetch_all(pool)
         .await
         .unwrap_or_else(|error| panic!("EXPLAIN QUERY PLAN {sql}: {error}"))
         .iter()
         .map(|row| row.get::<String, _>("detail"))
-        .collect();
+        .collect()
+}
+
+/// The plan's steps; fails on a full scan of an outbox table (under its name or an alias).
+async fn explain(pool: &SqlitePool, sql: &str, bind: impl FnOnce(Query) -> Query) -> Vec<String> {
+    let steps = steps(pool, sql, bind).await;
     for step in &steps {
         let scanned = step
             .strip_prefix("SCAN ")
@@ -161,4 +167,24 @@ async fn hot_queries_use_the_indexes() {
     explain(pool, CLAIMED, |q| q.bind(leases)).await;
     explain(pool, PRESENT, |q| q.bind(r#"[[1, 42, "", 3]]"#)).await;
     explain(pool, DELETE_MESSAGES, |q| q.bind("[3, 500]")).await;
+}
+
+/// The console's failing (or parked) shards read the shard states whole (few rows: the shards
+/// a relay holds, fails on or parked) and only those shards' messages, by their index: never
+/// every message of a large backlog.
+#[tokio::test]
+async fn failing_shards_read_only_their_own_messages() {
+    let database = populated().await;
+    for which in ["failing", "parked"] {
+        let steps = steps(database.pool(), FAILING_SHARDS, |q| {
+            q.bind(which).bind(100_i64)
+        })
+        .await;
+        assert!(
+            !steps
+                .iter()
+                .any(|step| step.starts_with("SCAN outbox_messages")),
+            "a full scan of the messages: {steps:#?}"
+        );
+    }
 }

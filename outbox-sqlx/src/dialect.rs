@@ -175,6 +175,11 @@ pub struct Statements {
     /// time (ms), parked category, the holder of a live lease, paused (`bool`), and the
     /// status ([`shard_status!`](crate::shard_status), a `ShardStatus` label).
     pub shards: &'static str,
+    /// The shards of [`Statements::shards`] whose state says they fail (`$1` `'failing'`:
+    /// attempts or an error recorded) or are parked (`$1` `'parked'`), deepest first, `$2`
+    /// the limit: read from the few shard states and their own messages, never by ranking
+    /// every shard of a large backlog.
+    pub failing_shards: &'static str,
     /// One shard, `$1..$3`, with the columns of [`Statements::shards`]; no row if it has no
     /// pending message.
     pub shard: &'static str,

@@ -675,7 +675,11 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             ShardFilter::Paused => "paused",
             ShardFilter::Parked => "parked",
         };
-        let query = sqlx::query(D::SQL.shards)
+        let sql = match filter {
+            ShardFilter::Failing | ShardFilter::Parked => D::SQL.failing_shards,
+            ShardFilter::Pending | ShardFilter::Paused => D::SQL.shards,
+        };
+        let query = sqlx::query(sql)
             .with(which)
             .with(i64::try_from(limit).unwrap_or(i64::MAX));
         let rows = self.rows(query, OPERATION).await?;
