@@ -133,13 +133,7 @@ async fn log_in(client: &Client, base: &str) {
         .goto(&format!("{base}/login"))
         .await
         .expect("the login page");
-    client
-        .find(Locator::Id("operator"))
-        .await
-        .expect("the name field")
-        .send_keys("ada")
-        .await
-        .expect("typed");
+    type_into(&client, Locator::Id("operator"), "the name field", "ada").await;
     let token = client
         .find(Locator::Id("token"))
         .await
@@ -150,6 +144,28 @@ async fn log_in(client: &Client, base: &str) {
         .await
         .expect("submitted");
     wait_for_text(client, "Logged in as").await;
+}
+
+/// Clicks the element `locator` finds (`what`, for the failure).
+async fn click(client: &Client, locator: Locator<'_>, what: &str) {
+    client
+        .find(locator)
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+        .click()
+        .await
+        .unwrap_or_else(|error| panic!("clicking {what}: {error}"));
+}
+
+/// Types `text` into the element `locator` finds (`what`, for the failure).
+async fn type_into(client: &Client, locator: Locator<'_>, what: &str, text: &str) {
+    client
+        .find(locator)
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+        .send_keys(text)
+        .await
+        .unwrap_or_else(|error| panic!("typing into {what}: {error}"));
 }
 
 /// Waits until the page's text holds `text` (up to 10 s).
@@ -215,21 +231,19 @@ async fn an_operator_follows_a_failing_shard_and_replays_a_dead_letter() {
     wait_for_text(&client, "Shards by state").await;
     screenshot(&client, "overview").await;
 
-    client
-        .find(Locator::LinkText("backing off"))
-        .await
-        .expect("the backing-off shards' link")
-        .click()
-        .await
-        .expect("followed");
+    click(
+        &client,
+        Locator::LinkText("backing off"),
+        "the backing-off shards' link",
+    )
+    .await;
     wait_for_text(&client, "organization:1").await;
-    client
-        .find(Locator::LinkText("organization:1"))
-        .await
-        .expect("the failing shard")
-        .click()
-        .await
-        .expect("followed");
+    click(
+        &client,
+        Locator::LinkText("organization:1"),
+        "the failing shard",
+    )
+    .await;
     let page = wait_for_text(&client, "Last error").await;
     assert!(page.contains("injected"), "the error chain: {page}");
     screenshot(&client, "failing-shard").await;
@@ -245,29 +259,26 @@ async fn an_operator_follows_a_failing_shard_and_replays_a_dead_letter() {
         .goto(&format!("{base}/dead-letters"))
         .await
         .expect("the dead letters");
-    client
-        .find(Locator::Id(&format!("letter-{}", letter.0)))
-        .await
-        .expect("the letter's box")
-        .click()
-        .await
-        .expect("selected");
-    client
-        .find(Locator::Css("button[value=replay]"))
-        .await
-        .expect("the replay button")
-        .click()
-        .await
-        .expect("previewed");
+    click(
+        &client,
+        Locator::Id(&format!("letter-{}", letter.0)),
+        "the letter's box",
+    )
+    .await;
+    click(
+        &client,
+        Locator::Css("button[value=replay]"),
+        "the replay button",
+    )
+    .await;
     wait_for_text(&client, "Replay 1 letter of 1 shard?").await;
     screenshot(&client, "replay-preview").await;
-    client
-        .find(Locator::Css("form.actions button[type=submit]"))
-        .await
-        .expect("the confirmation")
-        .click()
-        .await
-        .expect("confirmed");
+    click(
+        &client,
+        Locator::Css("form.actions button[type=submit]"),
+        "the confirmation",
+    )
+    .await;
     wait_for_text(&client, "Replayed 1 letter of 1 shard").await;
     screenshot(&client, "replayed").await;
 
@@ -314,28 +325,27 @@ async fn an_operator_pauses_and_resumes_a_scope() {
         .select_by_value("scope")
         .await
         .expect("a scope");
-    client
-        .find(Locator::Css("input[name=what]"))
-        .await
-        .expect("its name")
-        .send_keys("organization")
-        .await
-        .expect("typed");
-    client
-        .find(Locator::Css("input[name=reason]"))
-        .await
-        .expect("the reason")
-        .send_keys("incident 42")
-        .await
-        .expect("typed");
-    client
-        .find(Locator::XPath("//button[text()='Pause']"))
-        .await
-        .expect("the pause button")
-        .click()
-        .await
-        .expect("paused");
-    wait_for_text(&client, "Paused scope organization.").await;
+    type_into(
+        &client,
+        Locator::Css("input[name=what]"),
+        "its name",
+        "organization",
+    )
+    .await;
+    type_into(
+        &client,
+        Locator::Css("input[name=reason]"),
+        "the reason",
+        "incident 42",
+    )
+    .await;
+    click(
+        &client,
+        Locator::XPath("//button[text()='Pause']"),
+        "the pause button",
+    )
+    .await;
+    wait_for_text(&client, "Paused scope organization").await;
     screenshot(&client, "paused-scope").await;
     let store = backend.store();
     assert_eq!(
@@ -343,13 +353,12 @@ async fn an_operator_pauses_and_resumes_a_scope() {
         PauseTarget::Scope(ScopeId(1))
     );
 
-    client
-        .find(Locator::XPath("//button[text()='Resume']"))
-        .await
-        .expect("the resume button")
-        .click()
-        .await
-        .expect("resumed");
+    click(
+        &client,
+        Locator::XPath("//button[text()='Resume']"),
+        "the resume button",
+    )
+    .await;
     wait_for_text(&client, "Resumed scope organization.").await;
     assert!(store.pauses().await.unwrap().is_empty());
     client.close().await.ok();
@@ -394,13 +403,13 @@ async fn the_main_flow_works_with_the_keyboard_alone() {
     wait_for_text(&client, "Shards by state").await;
 
     // The first Tab reaches the link that skips the navigation.
-    client
-        .find(Locator::Css("body"))
-        .await
-        .expect("the page")
-        .send_keys(&Key::Tab.to_string())
-        .await
-        .expect("Tab pressed");
+    type_into(
+        &client,
+        Locator::Css("body"),
+        "the page",
+        &Key::Tab.to_string(),
+    )
+    .await;
     assert!(
         tab_to(&client, "Skip to the content").await,
         "the skip link"
@@ -416,7 +425,7 @@ async fn the_main_flow_works_with_the_keyboard_alone() {
     wait_for_text(&client, "Pending messages").await;
     assert!(tab_to(&client, "Pause").await, "the pause button");
     enter(&client).await;
-    let page = wait_for_text(&client, "is paused").await;
+    let page = wait_for_text(&client, "Paused shard").await;
     assert!(page.contains("Resume"), "{page}");
     screenshot(&client, "keyboard-paused-shard").await;
     assert_eq!(backend.store().pauses().await.unwrap().len(), 1);

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use axum::body::Bytes;
 use axum::response::Response;
 use maud::{Markup, html};
+use outbox_core::CategoryId;
 
 use super::{action, done, notice};
 use crate::error::PageError;
@@ -69,15 +70,8 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
 
 pub(crate) async fn start(page: Page, body: Bytes) -> Response {
     let result = async {
-        let form = Fields::parse(&body);
-        let operator = page.authorize(&form)?;
+        let (form, operator, category) = acting(&page, &body)?;
         let catalog = page.catalog();
-        let model = form
-            .get("model")
-            .ok_or_else(|| PageError::BadInput("no model given".to_owned()))?;
-        let category = catalog
-            .read_category(model)
-            .map_err(|error| PageError::BadInput(error.to_string()))?;
         let version = match form.get("version") {
             Some(text) => Some(text.parse::<u32>().map_err(|_| {
                 PageError::BadInput(format!("`{text}` is not a version: a whole number"))
@@ -116,15 +110,8 @@ pub(crate) async fn start(page: Page, body: Bytes) -> Response {
 
 pub(crate) async fn pause(page: Page, body: Bytes) -> Response {
     let result = async {
-        let form = Fields::parse(&body);
-        let operator = page.authorize(&form)?;
+        let (_, operator, category) = acting(&page, &body)?;
         let catalog = page.catalog();
-        let model = form
-            .get("model")
-            .ok_or_else(|| PageError::BadInput("no model given".to_owned()))?;
-        let category = catalog
-            .read_category(model)
-            .map_err(|error| PageError::BadInput(error.to_string()))?;
         let model = catalog.category_text(category);
         let paused = page.console.outbox.pause_backfill(category).await?;
         tracing::info!(target: "outbox_web::audit", %operator, action = "pause backfill", %model, paused, "console action");
@@ -137,4 +124,18 @@ pub(crate) async fn pause(page: Page, body: Bytes) -> Response {
     }
     .await;
     result.unwrap_or_else(|error| page.error(&error))
+}
+
+/// The form of an action on a model's backfill, who acts, and the model it names.
+fn acting(page: &Page, body: &Bytes) -> Result<(Fields, String, CategoryId), PageError> {
+    let form = Fields::parse(body);
+    let operator = page.authorize(&form)?;
+    let model = form
+        .get("model")
+        .ok_or_else(|| PageError::BadInput("no model given".to_owned()))?;
+    let category = page
+        .catalog()
+        .read_category(model)
+        .map_err(|error| PageError::BadInput(error.to_string()))?;
+    Ok((form, operator, category))
 }

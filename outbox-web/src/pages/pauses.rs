@@ -117,23 +117,40 @@ async fn change(page: Page, body: Bytes, pause: bool) -> Response {
         let form = Fields::parse(&body);
         let operator = page.authorize(&form)?;
         let target = target(&page, &form)?;
-        let (kind, what) = target_fields(&page, &target);
-        let outbox = &page.console.outbox;
-        let changed = if pause {
-            outbox.pause(&target, form.get("reason")).await?
-        } else {
-            outbox.resume(&target).await?
-        };
-        let action = if pause { "pause" } else { "resume" };
-        tracing::info!(target: "outbox_web::audit", %operator, action, %kind, %what, changed, "console action");
-        let notice = match (pause, changed) {
-            (true, true) => format!("Paused {kind} {what}."),
-            (true, false) => format!("{kind} {what} was paused already."),
-            (false, true) => format!("Resumed {kind} {what}."),
-            (false, false) => format!("{kind} {what} was not paused."),
-        };
+        let notice = apply(&page, &form, &operator, &target, pause).await?;
         Ok::<_, PageError>(done(&page, "/pauses", &notice))
     }
     .await;
     result.unwrap_or_else(|error| page.error(&error))
+}
+
+/// Pauses `target` (for the form's reason) or resumes it, for `operator`, and logs it;
+/// returns what was done, in words.
+pub(crate) async fn apply(
+    page: &Page,
+    form: &Fields,
+    operator: &str,
+    target: &PauseTarget,
+    pause: bool,
+) -> Result<String, PageError> {
+    let (kind, what) = target_fields(page, target);
+    let outbox = &page.console.outbox;
+    let changed = if pause {
+        outbox.pause(target, form.get("reason")).await?
+    } else {
+        outbox.resume(target).await?
+    };
+    let action = if pause { "pause" } else { "resume" };
+    tracing::info!(target: "outbox_web::audit", %operator, action, %kind, %what, changed, "console action");
+    Ok(match (pause, changed) {
+        (true, true) => {
+            format!("Paused {kind} {what}: relays deliver nothing of it until it is resumed.")
+        }
+        (true, false) => format!("{kind} {what} was paused already."),
+        (false, true) => format!("Resumed {kind} {what}."),
+        (false, false) => format!(
+            "{kind} {what} has no pause of its own to resume (a pause of its scope or of a \
+             category may hold it: see the pauses)."
+        ),
+    })
 }

@@ -228,21 +228,12 @@ async fn pause_or_resume(page: Page, body: Bytes, pause: bool) -> Response {
         let shard = shard_field(&page, &form, "shard")?;
         let text = page.catalog().shard_text(&shard);
         let target = PauseTarget::Shard(shard);
-        let outbox = &page.console.outbox;
-        let changed = if pause {
-            outbox.pause(&target, form.get("reason")).await?
-        } else {
-            outbox.resume(&target).await?
-        };
-        let action = if pause { "pause" } else { "resume" };
-        tracing::info!(target: "outbox_web::audit", %operator, action, shard = %text, changed, "console action");
-        let notice = match (pause, changed) {
-            (true, true) => format!("Shard {text} is paused: relays deliver nothing of it until it is resumed."),
-            (true, false) => format!("Shard {text} was paused already."),
-            (false, true) => format!("Shard {text} is resumed."),
-            (false, false) => format!("Shard {text} was not paused."),
-        };
-        Ok::<_, PageError>(done(&page, &format!("/shard?key={}", encode(&text)), &notice))
+        let notice = super::pauses::apply(&page, &form, &operator, &target, pause).await?;
+        Ok::<_, PageError>(done(
+            &page,
+            &format!("/shard?key={}", encode(&text)),
+            &notice,
+        ))
     }
     .await;
     result.unwrap_or_else(|error| page.error(&error))
