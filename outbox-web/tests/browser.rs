@@ -133,7 +133,7 @@ async fn log_in(client: &Client, base: &str) {
         .goto(&format!("{base}/login"))
         .await
         .expect("the login page");
-    type_into(&client, Locator::Id("operator"), "the name field", "ada").await;
+    type_into(client, Locator::Id("operator"), "the name field", "ada").await;
     let token = client
         .find(Locator::Id("token"))
         .await
