@@ -171,6 +171,10 @@ pub enum Command {
         /// the token in `OUTBOX_CONSOLE_TOKEN`.
         #[arg(long)]
         actions: bool,
+        /// Marks the login's cookie `Secure` (HTTPS only): for a console behind a proxy that
+        /// serves it over TLS.
+        #[arg(long)]
+        secure_cookies: bool,
     },
 }
 
@@ -469,8 +473,16 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
     if let Command::Migrate { print } = cli.command {
         return migrate::run(url, print, &printer, out).await;
     }
-    if let Command::Ui { listen, actions } = cli.command {
-        let options = ui::options(actions, catalog)?;
+    if let Command::Ui {
+        listen,
+        actions,
+        secure_cookies,
+    } = cli.command
+    {
+        let mut options = ui::options(actions, catalog)?;
+        if secure_cookies {
+            options = options.secure_cookies();
+        }
         let database = Backend::connect(url, Open::Existing).await?;
         database.check_schema().await?;
         return ui::serve(database, listen, options, out).await;

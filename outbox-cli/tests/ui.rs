@@ -166,9 +166,11 @@ async fn the_console_serves_acts_with_the_token_and_shows_no_password() {
 
     let console = Console::start({
         let mut command = outbox(&url);
-        command
-            .env(outbox_cli::TOKEN_VARIABLE, TOKEN)
-            .args(["ui", "--actions"]);
+        command.env(outbox_cli::TOKEN_VARIABLE, TOKEN).args([
+            "ui",
+            "--actions",
+            "--secure-cookies",
+        ]);
         command
     });
     assert!(
@@ -184,6 +186,16 @@ async fn the_console_serves_acts_with_the_token_and_shows_no_password() {
         "kind=scope&what=1&reason=maintenance",
     );
     assert!(paused.starts_with("HTTP/1.1 303"), "{paused}");
+    let login = console.http(
+        "POST /login",
+        "Content-Type: application/x-www-form-urlencoded\r\n",
+        &format!("operator=ada&token={TOKEN}"),
+    );
+    assert!(login.starts_with("HTTP/1.1 303"), "{login}");
+    assert!(
+        login.contains("HttpOnly; SameSite=Strict; Secure"),
+        "{login}"
+    );
     let wrong = console.http(
         "POST /pauses/remove",
         "Authorization: Bearer not-the-token\r\nContent-Type: application/x-www-form-urlencoded\r\n",

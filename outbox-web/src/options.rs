@@ -13,6 +13,7 @@ pub struct ConsoleOptions {
     pub(crate) catalog: Catalog,
     pub(crate) sample_every: Duration,
     pub(crate) refresh_every: Duration,
+    pub(crate) secure_cookies: bool,
 }
 
 impl std::fmt::Debug for ConsoleOptions {
@@ -57,6 +58,7 @@ impl ConsoleOptions {
             catalog: Catalog::discovered(),
             sample_every: Duration::from_secs(30),
             refresh_every: Duration::from_secs(5),
+            secure_cookies: false,
         }
     }
 
@@ -91,6 +93,14 @@ impl ConsoleOptions {
     /// Refreshes the live pages this often where JavaScript runs (every 5 s by default).
     pub fn refresh_every(mut self, every: Duration) -> Self {
         self.refresh_every = every.max(Duration::from_millis(500));
+        self
+    }
+
+    /// Marks the session cookie `Secure`, so that browsers send it over HTTPS only: for a
+    /// console served over TLS (directly or behind a proxy that terminates it), which it
+    /// cannot tell by itself. Off by default, for a console on `http://localhost`.
+    pub fn secure_cookies(mut self) -> Self {
+        self.secure_cookies = true;
         self
     }
 

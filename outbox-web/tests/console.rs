@@ -541,6 +541,18 @@ async fn nested_links_follow_the_mount<B: StoreBackend>() {
     assert_eq!(login.location(), "/ops/outbox", "never to another site");
     let cookie = login.headers[header::SET_COOKIE].to_str().unwrap();
     assert!(cookie.contains("Path=/ops/outbox"), "{cookie}");
+    assert!(
+        !cookie.contains("Secure"),
+        "served over plain HTTP by default: {cookie}"
+    );
+
+    // Served over TLS, the cookie goes over HTTPS only.
+    let app = console(&backend, with_actions().secure_cookies());
+    let login = Browser::new(app)
+        .post("/login", &[("operator", "ada"), ("token", TOKEN)])
+        .await;
+    let cookie = login.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("; Secure"), "{cookie}");
     browser.cookie = None;
 }
 

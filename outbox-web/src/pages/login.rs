@@ -27,9 +27,18 @@ fn cookie(page: &Page, value: Option<&str>) -> String {
     } else {
         &page.base
     };
+    let secure = if page.console.options.secure_cookies {
+        "; Secure"
+    } else {
+        ""
+    };
     match value {
-        Some(value) => format!("{COOKIE_NAME}={value}; Path={path}; HttpOnly; SameSite=Strict"),
-        None => format!("{COOKIE_NAME}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0"),
+        Some(value) => {
+            format!("{COOKIE_NAME}={value}; Path={path}; HttpOnly; SameSite=Strict{secure}")
+        }
+        None => {
+            format!("{COOKIE_NAME}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0{secure}")
+        }
     }
 }
 
