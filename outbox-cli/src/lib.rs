@@ -479,10 +479,7 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
         secure_cookies,
     } = cli.command
     {
-        let mut options = ui::options(actions, catalog)?;
-        if secure_cookies {
-            options = options.secure_cookies();
-        }
+        let options = ui::options(actions, secure_cookies, catalog)?;
         let database = Backend::connect(url, Open::Existing).await?;
         database.check_schema().await?;
         return ui::serve(database, listen, options, out).await;

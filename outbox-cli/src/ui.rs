@@ -15,8 +15,13 @@ use crate::CliError;
 pub const TOKEN_VARIABLE: &str = "OUTBOX_CONSOLE_TOKEN";
 
 /// The console's options: read-only, or with actions for the token in [`TOKEN_VARIABLE`]
-/// (read before the database is opened: a usage error comes first).
-pub(crate) fn options(actions: bool, catalog: &Catalog) -> Result<ConsoleOptions, CliError> {
+/// (read before the database is opened: a usage error comes first); its cookie `Secure` if
+/// `secure_cookies`.
+pub(crate) fn options(
+    actions: bool,
+    secure_cookies: bool,
+    catalog: &Catalog,
+) -> Result<ConsoleOptions, CliError> {
     let options = if actions {
         let token = std::env::var(TOKEN_VARIABLE).map_err(|_| {
             CliError::Usage(format!(
@@ -30,7 +35,12 @@ pub(crate) fn options(actions: bool, catalog: &Catalog) -> Result<ConsoleOptions
     } else {
         ConsoleOptions::read_only()
     };
-    Ok(options.catalog(catalog.clone()))
+    let options = options.catalog(catalog.clone());
+    Ok(if secure_cookies {
+        options.secure_cookies()
+    } else {
+        options
+    })
 }
 
 /// Serves the console of `database` on `listen` with `options`.

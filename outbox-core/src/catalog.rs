@@ -127,8 +127,7 @@ impl Catalog {
             return Ok(id);
         }
         text.parse::<i16>().map(ScopeId).map_err(|_| {
-            let mut names: Vec<&str> = self.scopes.iter().map(|(_, name)| *name).collect();
-            names.dedup();
+            let names: Vec<&str> = self.scopes.iter().map(|(_, name)| *name).collect();
             NameError::unknown(&format!("unknown scope `{text}`"), &names)
         })
     }

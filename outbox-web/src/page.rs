@@ -87,14 +87,16 @@ impl Page {
         self.console.options.actions_enabled()
     }
 
-    /// Who may act, for an action whose form is `form`.
-    pub(crate) fn authorize(&self, form: &Fields) -> Result<String, PageError> {
-        auth::authorize(
+    /// An action's form (its body, `body`) and who acts, if they may.
+    pub(crate) fn action_form(&self, body: &[u8]) -> Result<(Fields, String), PageError> {
+        let form = Fields::parse(body);
+        let operator = auth::authorize(
             self.console.options.token.as_deref(),
             &self.console.sessions,
             &self.headers,
             form.get(auth::CSRF_FIELD),
-        )
+        )?;
+        Ok((form, operator))
     }
 
     /// The hidden field every action form carries (empty without a session: the action then
@@ -183,10 +185,10 @@ impl Page {
         (status, self.render(title, false, &body)).into_response()
     }
 
-    /// A page's response, or its error page.
-    pub(crate) fn respond(&self, page: Result<Markup, PageError>) -> Response {
+    /// A page's (or an action's) response, or its error page.
+    pub(crate) fn respond(&self, page: Result<impl IntoResponse, PageError>) -> Response {
         match page {
-            Ok(markup) => markup.into_response(),
+            Ok(response) => response.into_response(),
             Err(error) => self.error(&error),
         }
     }

@@ -105,7 +105,7 @@ pub(crate) async fn start(page: Page, body: Bytes) -> Response {
         ))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }
 
 pub(crate) async fn pause(page: Page, body: Bytes) -> Response {
@@ -123,13 +123,12 @@ pub(crate) async fn pause(page: Page, body: Bytes) -> Response {
         Ok::<_, PageError>(done(&page, "/backfills", &notice))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }
 
 /// The form of an action on a model's backfill, who acts, and the model it names.
 fn acting(page: &Page, body: &Bytes) -> Result<(Fields, String, CategoryId), PageError> {
-    let form = Fields::parse(body);
-    let operator = page.authorize(&form)?;
+    let (form, operator) = page.action_form(body)?;
     let model = form
         .get("model")
         .ok_or_else(|| PageError::BadInput("no model given".to_owned()))?;

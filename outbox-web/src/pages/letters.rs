@@ -227,8 +227,7 @@ fn described(letters: &[DeadLetter]) -> String {
 
 pub(crate) async fn preview(page: Page, body: Bytes) -> Response {
     let result = async {
-        let form = Fields::parse(&body);
-        page.authorize(&form)?;
+        let (form, _) = page.action_form(&body)?;
         let act = Act::read(&form)?;
         let ids = selection(&form)?;
         let letters = find(&page, &ids).await?;
@@ -291,8 +290,7 @@ pub(crate) async fn preview(page: Page, body: Bytes) -> Response {
 
 pub(crate) async fn confirm(page: Page, body: Bytes) -> Response {
     let result = async {
-        let form = Fields::parse(&body);
-        let operator = page.authorize(&form)?;
+        let (form, operator) = page.action_form(&body)?;
         let act = Act::read(&form)?;
         let ids = selection(&form)?;
         let letters = find(&page, &ids).await?;
@@ -322,5 +320,5 @@ pub(crate) async fn confirm(page: Page, body: Bytes) -> Response {
         Ok(done(&page, "/dead-letters", &notice))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }

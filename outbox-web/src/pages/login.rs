@@ -82,8 +82,7 @@ pub(crate) async fn log_in(page: Page, body: Bytes) -> Response {
 }
 
 pub(crate) async fn log_out(page: Page, body: Bytes) -> Response {
-    let fields = Fields::parse(&body);
-    if let Err(error) = page.authorize(&fields) {
+    if let Err(error) = page.action_form(&body) {
         return page.error(&error);
     }
     if let Some(session) = &page.session {

@@ -114,14 +114,13 @@ pub(crate) async fn remove(page: Page, body: Bytes) -> Response {
 
 async fn change(page: Page, body: Bytes, pause: bool) -> Response {
     let result = async {
-        let form = Fields::parse(&body);
-        let operator = page.authorize(&form)?;
+        let (form, operator) = page.action_form(&body)?;
         let target = target(&page, &form)?;
         let notice = apply(&page, &form, &operator, &target, pause).await?;
         Ok::<_, PageError>(done(&page, "/pauses", &notice))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }
 
 /// Pauses `target` (for the form's reason) or resumes it, for `operator`, and logs it;

@@ -10,7 +10,6 @@ use outbox_core::admin::{PauseTarget, ShardFilter};
 
 use super::{action, done, error_chain, notice, shard_field, shard_link, status_badge};
 use crate::error::PageError;
-use crate::fields::Fields;
 use crate::format;
 use crate::page::{Page, encode};
 
@@ -189,16 +188,9 @@ fn trace_id(metadata: Option<&str>) -> Option<String> {
     parent.split('-').nth(1).map(str::to_owned)
 }
 
-/// The shard an action's form names, and who acts.
-fn acting(page: &Page, body: &Bytes) -> Result<(Fields, String), PageError> {
-    let form = Fields::parse(body);
-    let operator = page.authorize(&form)?;
-    Ok((form, operator))
-}
-
 pub(crate) async fn retry(page: Page, body: Bytes) -> Response {
     let result = async {
-        let (form, operator) = acting(&page, &body)?;
+        let (form, operator) = page.action_form(&body)?;
         let shard = shard_field(&page, &form, "shard")?;
         let text = page.catalog().shard_text(&shard);
         let rescheduled = page.console.outbox.reschedule(&shard).await?;
@@ -211,7 +203,7 @@ pub(crate) async fn retry(page: Page, body: Bytes) -> Response {
         Ok::<_, PageError>(done(&page, &format!("/shard?key={}", encode(&text)), &notice))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }
 
 pub(crate) async fn pause(page: Page, body: Bytes) -> Response {
@@ -224,7 +216,7 @@ pub(crate) async fn resume(page: Page, body: Bytes) -> Response {
 
 async fn pause_or_resume(page: Page, body: Bytes, pause: bool) -> Response {
     let result = async {
-        let (form, operator) = acting(&page, &body)?;
+        let (form, operator) = page.action_form(&body)?;
         let shard = shard_field(&page, &form, "shard")?;
         let text = page.catalog().shard_text(&shard);
         let target = PauseTarget::Shard(shard);
@@ -236,5 +228,5 @@ async fn pause_or_resume(page: Page, body: Bytes, pause: bool) -> Response {
         ))
     }
     .await;
-    result.unwrap_or_else(|error| page.error(&error))
+    page.respond(result)
 }
