@@ -66,7 +66,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_core::admin::{Backend, Open, Operations};
-use outbox_core::admin::{Catalog, DeadLetter, DeadLetterFilter, PauseTarget, ShardFilter};
+use outbox_core::admin::{
+    Catalog, DeadLetter, DeadLetterFilter, PauseTarget, ShardFilter, ShardQuery,
+};
 use outbox_core::{CategoryId, Destination, Error, MessageId};
 
 use crate::output::Printer;
@@ -113,6 +115,12 @@ pub enum Command {
         /// Only those parked on a category no running binary knows.
         #[arg(long, group = "which")]
         parked: bool,
+        /// Only those of this scope (a name or a number).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Only those with a pending message of this category (a name or a number).
+        #[arg(long)]
+        category: Option<String>,
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -510,6 +518,8 @@ async fn execute(
             failing,
             paused,
             parked,
+            scope,
+            category,
             limit,
         } => {
             let filter = match (failing, paused, parked) {
@@ -518,7 +528,14 @@ async fn execute(
                 (_, _, true) => ShardFilter::Parked,
                 _ => ShardFilter::Pending,
             };
-            printer.shards(out, &store.shards(filter, limit).await?)
+            let mut query = ShardQuery::new(filter, limit);
+            if let Some(scope) = &scope {
+                query = query.scope(names::scope(catalog, scope)?);
+            }
+            if let Some(category) = &category {
+                query = query.category(names::category(catalog, category)?);
+            }
+            printer.shards(out, &store.shards(&query).await?)
         }
         Command::Messages { shard, limit } => {
             let shard = names::shard(catalog, shard.text())?;

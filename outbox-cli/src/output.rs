@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets};
 use outbox_core::admin::{
-    Catalog, DeadLetter, OutboxStatus, Pause, PauseTarget, RelayInfo, ShardInfo, ShardStatus,
+    Catalog, DeadLetter, OutboxStatus, Pause, PauseTarget, RelayInfo, ShardInfo, ShardList,
+    ShardStatus,
 };
 use outbox_core::backfill::{BackfillPhase, BackfillState};
 use outbox_core::store::PendingMessage;
@@ -196,6 +197,7 @@ impl<'a> Printer<'a> {
             "destination": info.shard.destination.as_ref().map(outbox_core::Destination::as_str),
             "state": info.status.label(),
             "pending": info.pending,
+            "pending_estimated": info.pending_estimated,
             "oldest_pending_at": rfc3339(info.oldest_pending_at),
             "oldest_pending_age_seconds": self.age_seconds(info.oldest_pending_at),
             "attempts": info.attempts,
@@ -221,7 +223,11 @@ impl<'a> Printer<'a> {
             table.add_row(vec![
                 self.shard(&info.shard),
                 info.status.label().to_owned(),
-                info.pending.to_string(),
+                if info.pending_estimated {
+                    format!("~{}", info.pending)
+                } else {
+                    info.pending.to_string()
+                },
                 self.ago(info.oldest_pending_at),
                 info.attempts.to_string(),
                 self.next_retry(info),
@@ -481,16 +487,24 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
-    pub(crate) fn shards(&self, out: &mut dyn Write, shards: &[ShardInfo]) -> Result<(), CliError> {
+    pub(crate) fn shards(&self, out: &mut dyn Write, list: &ShardList) -> Result<(), CliError> {
+        let shards = &list.shards;
         if self.json {
             let listed: Vec<Value> = shards.iter().map(|info| self.shard_json(info)).collect();
             return self.emit(out, &listed);
         }
         if shards.is_empty() {
             writeln!(out, "no shards")?;
-            return Ok(());
+        } else {
+            writeln!(out, "{}", render(&self.shard_table(shards)))?;
         }
-        writeln!(out, "{}", render(&self.shard_table(shards)))?;
+        if let Some(messages) = list.sampled {
+            writeln!(
+                out,
+                "ranked from a sample of {messages} pending messages: the order is approximate, \
+                 counts marked ~ are estimates, and a shard the sample missed is not listed"
+            )?;
+        }
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use crate::model::{CategoryId, MessageId, ShardKey};
 pub use crate::secret::secret_parameters;
 pub use crate::store::{
     Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, Heartbeat, OutboxStatus, Pause,
-    PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardStatus,
+    PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery, ShardStatus,
 };
 use crate::store::{PendingMessage, ShardState, Store};
 
@@ -41,11 +41,7 @@ pub trait Operations: Send + Sync {
     /// See [`Admin::shard`].
     fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>>;
     /// See [`Admin::shards`].
-    fn shards(
-        &self,
-        filter: ShardFilter,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<ShardInfo>, Error>>;
+    fn shards<'a>(&'a self, query: &'a ShardQuery) -> BoxFuture<'a, Result<ShardList, Error>>;
     /// See [`Admin::shard_messages`].
     fn shard_messages<'a>(
         &'a self,
@@ -115,12 +111,8 @@ impl<S: Store + Admin> Operations for S {
     fn shard<'a>(&'a self, shard: &'a ShardKey) -> BoxFuture<'a, Result<Option<ShardInfo>, Error>> {
         Box::pin(Admin::shard(self, shard))
     }
-    fn shards(
-        &self,
-        filter: ShardFilter,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<ShardInfo>, Error>> {
-        Box::pin(Admin::shards(self, filter, limit))
+    fn shards<'a>(&'a self, query: &'a ShardQuery) -> BoxFuture<'a, Result<ShardList, Error>> {
+        Box::pin(Admin::shards(self, query))
     }
     fn shard_messages<'a>(
         &'a self,

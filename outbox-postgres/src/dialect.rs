@@ -576,20 +576,38 @@ const COMPACT_PAUSED: &str = outbox_sqlx::compact_paused!(
     "$2"
 );
 
-// Each shard with pending messages (of the shards `$filter` keeps), with its state and its
-// status: what operators list and count.
+// Each shard with pending messages (of the shards `$filter` and `$having` keep), counted by
+// grouping its rows, with its state and its status: what operators list and count.
 macro_rules! shard_view {
     ($filter:literal) => {
+        shard_view!($filter, "")
+    };
+    ($filter:literal, $having:literal) => {
         concat!(
-            "WITH k AS ( \
-                SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
-                    min(created_at) AS oldest, max(id) AS newest \
+            "WITH ",
+            shard_view_of!(
+                "SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
+                    min(created_at) AS oldest, max(id) AS newest, false AS estimated \
                 FROM outbox_messages ",
-            $filter,
-            " GROUP BY shard_scope, shard_identifier, destination), \
+                $filter,
+                " GROUP BY shard_scope, shard_identifier, destination ",
+                $having
+            )
+        )
+    };
+}
+
+// The view over the shards `k` (its body the tokens given) lists with their pending messages
+// (`pending`, `estimated`), oldest creation time and newest id: their states and statuses.
+macro_rules! shard_view_of {
+    ($($k:tt)*) => {
+        concat!(
+            "k AS (",
+            $($k)*,
+            "), \
             w AS ( \
                 SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
-                    coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
+                    k.estimated, coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
                     s.parked_category, \
                     CASE WHEN s.lease_expires_at > now() THEN s.lease_owner END AS lease_owner, \
                     coalesce(s.lease_expires_at > now(), false) AS in_flight, \
@@ -612,7 +630,7 @@ macro_rules! shard_columns {
         (extract(epoch FROM oldest) * 1000)::bigint AS oldest_ms, attempts::bigint AS attempts, \
         last_error, CASE WHEN state <> 'parked' \
             THEN (extract(epoch FROM retry_at) * 1000)::bigint END AS retry_ms, parked_category, \
-        lease_owner, paused, state"
+        lease_owner, paused, state, estimated"
     };
 }
 
@@ -633,16 +651,26 @@ const STATUS: &str = concat!(
     ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
+// Which shards of the view a listing keeps, `$1` the filter.
+macro_rules! shard_filter {
+    () => {
+        "($1::text = 'pending' \
+            OR ($1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+            OR ($1 = 'paused' AND paused) \
+            OR ($1 = 'parked' AND parked_category IS NOT NULL))"
+    };
+}
+
 const SHARDS: &str = concat!(
-    shard_view!(""),
+    shard_view!(
+        "WHERE ($3::integer IS NULL OR shard_scope = $3::integer)",
+        "HAVING $4::integer IS NULL OR count(*) FILTER (WHERE category = $4::integer) > 0"
+    ),
     "SELECT ",
     shard_columns!(),
-    " FROM v \
-    WHERE $1::text = 'pending' \
-        OR ($1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-        OR ($1 = 'paused' AND paused) \
-        OR ($1 = 'parked' AND parked_category IS NOT NULL) \
-    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
 );
 
 // The failing or parked shards: their messages only, found from their state rows.
@@ -650,15 +678,93 @@ pub(crate) const FAILING_SHARDS: &str = concat!(
     shard_view!(
         "WHERE (shard_scope, shard_identifier, destination) IN ( \
             SELECT shard_scope, shard_identifier, destination FROM outbox_shards \
-            WHERE ($1::text = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-                OR ($1 = 'parked' AND parked_category IS NOT NULL))"
+            WHERE (($1::text = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+                OR ($1 = 'parked' AND parked_category IS NOT NULL)) \
+                AND ($3::integer IS NULL OR shard_scope = $3::integer))",
+        "HAVING $4::integer IS NULL OR count(*) FILTER (WHERE category = $4::integer) > 0"
     ),
     "SELECT ",
     shard_columns!(),
-    " FROM v \
-    WHERE ($1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-        OR ($1 = 'parked' AND parked_category IS NOT NULL) \
-    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2"
+);
+
+// The shards of a large backlog ranked from a sample: windows of `$6` ids every `$5`th of
+// the id span (or every `$6`, reading all, if the span is narrower), each sampled shard
+// guessed at its hits times the span over the ids sampled. Beside the sample's deepest, the
+// candidates are the first `$2` shards of the scope `$3` and, for `'paused'`, of each scope
+// paused, and the shards paused on their own: found by index seeks, never by the sample.
+// Each candidate's messages are counted up to `$7`, and guessed above it (never below `$7`).
+// Returns the number of messages sampled, then the shards as `Statements::shards` (all NULL
+// on the one row if none).
+pub(crate) const SAMPLED_SHARDS: &str = concat!(
+    "WITH RECURSIVE e AS ( \
+        SELECT (SELECT id FROM outbox_messages ORDER BY id LIMIT 1) AS lo, \
+            (SELECT id FROM outbox_messages ORDER BY id DESC LIMIT 1) AS hi), \
+    b AS (SELECT lo, hi, greatest($6::bigint, (hi - lo + 1) / $5::bigint) AS step \
+        FROM e WHERE lo IS NOT NULL), \
+    g AS (SELECT b.lo + n * b.step AS start, b.step FROM b \
+        CROSS JOIN generate_series(0::bigint, (b.hi - b.lo) / b.step) AS n), \
+    hit AS MATERIALIZED (SELECT m.shard_scope, m.shard_identifier, m.destination, m.category, g.step \
+        FROM g JOIN outbox_messages m ON m.id >= g.start AND m.id < g.start + $6::bigint), \
+    seen AS (SELECT shard_scope, shard_identifier, destination, \
+            count(*) * max(step) / $6::bigint AS guess \
+        FROM hit WHERE $3::integer IS NULL OR shard_scope = $3::integer \
+        GROUP BY shard_scope, shard_identifier, destination \
+        HAVING $4::integer IS NULL OR count(*) FILTER (WHERE category = $4::integer) > 0 \
+        ORDER BY guess DESC, shard_scope, shard_identifier, destination LIMIT $2), \
+    seeds AS (SELECT $3::integer AS scope WHERE $3::integer IS NOT NULL \
+        UNION SELECT shard_scope FROM outbox_pauses WHERE $1::text = 'paused' AND kind = 'scope'), \
+    scoped(shard_scope, shard_identifier, destination, n) AS ( \
+        SELECT f.shard_scope, f.shard_identifier, f.destination, 1 FROM seeds \
+        CROSS JOIN LATERAL ( \
+            SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
+            WHERE x.shard_scope = seeds.scope \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) f \
+        UNION ALL \
+        SELECT f.shard_scope, f.shard_identifier, f.destination, k.n + 1 FROM scoped k \
+        CROSS JOIN LATERAL ( \
+            SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
+            WHERE x.shard_scope = k.shard_scope \
+                AND (x.shard_scope, x.shard_identifier, x.destination) \
+                    > (k.shard_scope, k.shard_identifier, k.destination) \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) f \
+        WHERE k.n < $2), \
+    c AS (SELECT shard_scope, shard_identifier, destination, max(guess) AS guess FROM ( \
+            SELECT shard_scope, shard_identifier, destination, guess FROM seen \
+            UNION ALL SELECT shard_scope, shard_identifier, destination, 0 FROM scoped \
+            UNION ALL SELECT shard_scope, shard_identifier, destination, 0 FROM outbox_pauses \
+                WHERE $1 = 'paused' AND kind = 'shard' \
+                    AND ($3::integer IS NULL OR shard_scope = $3::integer)) u \
+        GROUP BY shard_scope, shard_identifier, destination), ",
+    shard_view_of!(
+        "SELECT c.shard_scope, c.shard_identifier, c.destination, \
+            CASE WHEN n.counted < $7 THEN n.counted ELSE greatest(n.counted, c.guess) END \
+                AS pending, \
+            (SELECT m.created_at FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                ORDER BY m.id LIMIT 1) AS oldest, \
+            (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                ORDER BY m.id DESC LIMIT 1) AS newest, \
+            n.counted >= $7 AS estimated \
+        FROM c CROSS JOIN LATERAL (SELECT count(*) AS counted FROM ( \
+            SELECT 1 FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+            LIMIT $7::bigint) r) n \
+        WHERE n.counted > 0 AND ($4::integer IS NULL OR EXISTS ( \
+            SELECT 1 FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                AND m.category = $4::integer))"
+    ),
+    ", d AS (SELECT ",
+    shard_columns!(),
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT $2) \
+    SELECT t.sampled, d.* FROM (SELECT count(*) AS sampled FROM hit) t LEFT JOIN d ON true \
+    ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
 // The gauges above the exact limit: the statistics' live rows (never below the limit), the
@@ -837,6 +943,7 @@ impl Dialect for PgDialect {
         status: STATUS,
         shards: SHARDS,
         failing_shards: FAILING_SHARDS,
+        sampled_shards: SAMPLED_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,

@@ -531,20 +531,38 @@ const BACKFILL: BackfillStatements = BackfillStatements {
 const COMPACT_PAUSED: &str =
     outbox_sqlx::compact_paused!("x.category IN (SELECT value FROM json_each(?1))", "", "?2");
 
-// Each shard with pending messages (of the shards `$filter` keeps), with its state and its
-// status: what operators list and count.
+// Each shard with pending messages (of the shards `$filter` and `$having` keep), counted by
+// grouping its rows, with its state and its status: what operators list and count.
 macro_rules! shard_view {
     ($filter:literal) => {
+        shard_view!($filter, "")
+    };
+    ($filter:literal, $having:literal) => {
         concat!(
-            "WITH k AS ( \
-                SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
-                    min(created_at) AS oldest, max(id) AS newest \
+            "WITH ",
+            shard_view_of!(
+                "SELECT shard_scope, shard_identifier, destination, count(*) AS pending, \
+                    min(created_at) AS oldest, max(id) AS newest, 0 AS estimated \
                 FROM outbox_messages ",
-            $filter,
-            " GROUP BY shard_scope, shard_identifier, destination), \
+                $filter,
+                " GROUP BY shard_scope, shard_identifier, destination ",
+                $having
+            )
+        )
+    };
+}
+
+// The view over the shards `k` (its body the tokens given) lists with their pending messages
+// (`pending`, `estimated`), oldest creation time and newest id: their states and statuses.
+macro_rules! shard_view_of {
+    ($($k:tt)*) => {
+        concat!(
+            "k AS (",
+            $($k)*,
+            "), \
             w AS ( \
                 SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
-                    coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
+                    k.estimated, coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
                     s.parked_category, \
                     iif(s.lease_expires_at > ",
             now!(),
@@ -570,7 +588,8 @@ macro_rules! shard_view {
 macro_rules! shard_columns {
     () => {
         "shard_scope, shard_identifier, destination, pending, oldest, attempts, last_error, \
-        iif(state = 'parked', NULL, retry_at), parked_category, lease_owner, paused, state"
+        iif(state = 'parked', NULL, retry_at), parked_category, lease_owner, paused, state, \
+        estimated"
     };
 }
 
@@ -589,16 +608,26 @@ const STATUS: &str = concat!(
     ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
+// Which shards of the view a listing keeps, `?1` the filter.
+macro_rules! shard_filter {
+    () => {
+        "(?1 = 'pending' \
+            OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+            OR (?1 = 'paused' AND paused) \
+            OR (?1 = 'parked' AND parked_category IS NOT NULL))"
+    };
+}
+
 const SHARDS: &str = concat!(
-    shard_view!(""),
+    shard_view!(
+        "WHERE (?3 IS NULL OR shard_scope = ?3)",
+        "HAVING ?4 IS NULL OR sum(category = ?4) > 0"
+    ),
     "SELECT ",
     shard_columns!(),
-    " FROM v \
-    WHERE ?1 = 'pending' \
-        OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-        OR (?1 = 'paused' AND paused) \
-        OR (?1 = 'parked' AND parked_category IS NOT NULL) \
-    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
 );
 
 // The failing or parked shards: their messages only, found from their state rows.
@@ -606,15 +635,87 @@ pub(crate) const FAILING_SHARDS: &str = concat!(
     shard_view!(
         "WHERE (shard_scope, shard_identifier, destination) IN ( \
             SELECT shard_scope, shard_identifier, destination FROM outbox_shards \
-            WHERE (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-                OR (?1 = 'parked' AND parked_category IS NOT NULL))"
+            WHERE ((?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+                OR (?1 = 'parked' AND parked_category IS NOT NULL)) \
+                AND (?3 IS NULL OR shard_scope = ?3))",
+        "HAVING ?4 IS NULL OR sum(category = ?4) > 0"
     ),
     "SELECT ",
     shard_columns!(),
-    " FROM v \
-    WHERE (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-        OR (?1 = 'parked' AND parked_category IS NOT NULL) \
-    ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+);
+
+// The shards of a large backlog ranked from a sample, as PostgreSQL's (see there): windows
+// of `?6` ids every `?5`th of the id span, the candidates' messages counted up to `?7`.
+pub(crate) const SAMPLED_SHARDS: &str = concat!(
+    "WITH RECURSIVE b AS ( \
+        SELECT lo, hi, max(?6, (hi - lo + 1) / ?5) AS step FROM ( \
+            SELECT (SELECT min(id) FROM outbox_messages) AS lo, \
+                (SELECT max(id) FROM outbox_messages) AS hi) \
+        WHERE lo IS NOT NULL), \
+    g(start, step) AS (SELECT lo, step FROM b \
+        UNION ALL SELECT g.start + g.step, g.step FROM g JOIN b WHERE g.start + g.step <= b.hi), \
+    hit AS MATERIALIZED (SELECT m.shard_scope, m.shard_identifier, m.destination, m.category, \
+            g.step \
+        FROM g JOIN outbox_messages m ON m.id >= g.start AND m.id < g.start + ?6), \
+    seen AS (SELECT shard_scope, shard_identifier, destination, \
+            count(*) * max(step) / ?6 AS guess \
+        FROM hit WHERE ?3 IS NULL OR shard_scope = ?3 \
+        GROUP BY shard_scope, shard_identifier, destination \
+        HAVING ?4 IS NULL OR sum(category = ?4) > 0 \
+        ORDER BY guess DESC, shard_scope, shard_identifier, destination LIMIT ?2), \
+    seeds(scope) AS (SELECT ?3 WHERE ?3 IS NOT NULL \
+        UNION SELECT shard_scope FROM outbox_pauses WHERE ?1 = 'paused' AND kind = 'scope'), \
+    scoped(shard_scope, shard_identifier, destination, n) AS ( \
+        SELECT m.shard_scope, m.shard_identifier, m.destination, 1 \
+        FROM seeds JOIN outbox_messages m ON m.id = ( \
+            SELECT x.id FROM outbox_messages x WHERE x.shard_scope = seeds.scope \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) \
+        UNION ALL \
+        SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
+        FROM scoped k JOIN outbox_messages m ON m.id = coalesce( \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
+                AND x.destination > k.destination \
+             ORDER BY x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
+             ORDER BY x.shard_identifier, x.destination LIMIT 1)) \
+        WHERE k.n < ?2), \
+    c AS (SELECT shard_scope, shard_identifier, destination, max(guess) AS guess, \
+            (SELECT count(*) FROM (SELECT 1 FROM outbox_messages m \
+                WHERE m.shard_scope = u.shard_scope AND m.shard_identifier = u.shard_identifier \
+                    AND m.destination = u.destination LIMIT ?7)) AS counted \
+        FROM ( \
+            SELECT shard_scope, shard_identifier, destination, guess FROM seen \
+            UNION ALL SELECT shard_scope, shard_identifier, destination, 0 FROM scoped \
+            UNION ALL SELECT shard_scope, shard_identifier, destination, 0 FROM outbox_pauses \
+                WHERE ?1 = 'paused' AND kind = 'shard' AND (?3 IS NULL OR shard_scope = ?3)) u \
+        GROUP BY shard_scope, shard_identifier, destination), ",
+    shard_view_of!(
+        "SELECT c.shard_scope, c.shard_identifier, c.destination, \
+            iif(c.counted < ?7, c.counted, max(c.counted, c.guess)) AS pending, \
+            (SELECT m.created_at FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                ORDER BY m.id LIMIT 1) AS oldest, \
+            (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                ORDER BY m.id DESC LIMIT 1) AS newest, \
+            c.counted >= ?7 AS estimated \
+        FROM c WHERE c.counted > 0 AND (?4 IS NULL OR EXISTS ( \
+            SELECT 1 FROM outbox_messages m WHERE m.shard_scope = c.shard_scope \
+                AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
+                AND m.category = ?4))"
+    ),
+    ", d AS (SELECT ",
+    shard_columns!(),
+    " FROM v WHERE ",
+    shard_filter!(),
+    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2) \
+    SELECT t.sampled, d.* FROM (SELECT count(*) AS sampled FROM hit) t LEFT JOIN d ON 1 \
+    ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
 // The gauges above the exact limit: the span of the message ids (an upper bound, never below
@@ -902,6 +1003,7 @@ impl Dialect for SqliteDialect {
         status: STATUS,
         shards: SHARDS,
         failing_shards: FAILING_SHARDS,
+        sampled_shards: SAMPLED_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
         set_aside: SET_ASIDE,

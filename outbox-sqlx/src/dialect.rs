@@ -169,17 +169,27 @@ pub struct Statements {
     /// holds, the dead letters (`i64`, exact up to `$1`, estimated above) and the oldest's time
     /// set aside (ms).
     pub gauges: &'static str,
-    /// Shards with pending messages, deepest first: `$1` which (`'pending'`, `'failing'`,
-    /// `'paused'`, `'parked'`), `$2` the limit (`i64`). Returns the shard's key, pending
-    /// messages (`i64`), the oldest's creation time (ms), attempts (`i64`), last error, retry
-    /// time (ms), parked category, the holder of a live lease, paused (`bool`), and the
-    /// status ([`shard_status!`](crate::shard_status), a `ShardStatus` label).
+    /// Shards with pending messages, deepest first, every one ranked: `$1` which
+    /// (`'pending'`, `'failing'`, `'paused'`, `'parked'`), `$2` the limit (`i64`), `$3` only
+    /// this scope (`i32` or `NULL`), `$4` only shards with a message of this category (`i32`
+    /// or `NULL`). Returns the shard's key, pending messages (`i64`), the oldest's creation
+    /// time (ms), attempts (`i64`), last error, retry time (ms), parked category, the holder
+    /// of a live lease, paused (`bool`), the status ([`shard_status!`](crate::shard_status),
+    /// a `ShardStatus` label), and whether the pending count is an estimate (`bool`).
     pub shards: &'static str,
     /// The shards of [`Statements::shards`] whose state says they fail (`$1` `'failing'`:
-    /// attempts or an error recorded) or are parked (`$1` `'parked'`), deepest first, `$2`
-    /// the limit: read from the few shard states and their own messages, never by ranking
-    /// every shard of a large backlog.
+    /// attempts or an error recorded) or are parked (`$1` `'parked'`), with its parameters:
+    /// read from the few shard states and their own messages, never by ranking every shard
+    /// of a large backlog.
     pub failing_shards: &'static str,
+    /// The shards of [`Statements::shards`] (`$1` `'pending'` or `'paused'`, `$2..$4` as
+    /// there) ranked from a sample, at a cost that does not grow with the backlog: windows
+    /// of `$6` ids (`i64`) spread over the id span, at most `$5` (`i64`) of them; beside the
+    /// sample's deepest shards, the first `$2` of the scope `$3` (and, for `'paused'`, of
+    /// each scope paused) and the shards paused one by one; each counted up to `$7` (`i64`)
+    /// and estimated from the sample above. Returns the number of messages sampled (`i64`),
+    /// then the columns of [`Statements::shards`] (all `NULL`, on the one row, if none).
+    pub sampled_shards: &'static str,
     /// One shard, `$1..$3`, with the columns of [`Statements::shards`]; no row if it has no
     /// pending message.
     pub shard: &'static str,

@@ -11,7 +11,8 @@ use outbox_core::store::Store;
 use outbox_core::store::{
     Acknowledgement, Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage,
     FORGET_RELAYS_AFTER, Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget,
-    PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus, check_migrations,
+    PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery, ShardState,
+    ShardStatus, check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey};
 use sqlx::{AssertSqlSafe, Database, Pool, Row};
@@ -44,6 +45,11 @@ impl<D: Dialect> Clone for SqlxStore<D> {
     }
 }
 
+/// How many windows of ids a listing of shards samples above the exact backlog.
+const SAMPLE_WINDOWS: i64 = 200;
+/// How many ids each window spans: [`SAMPLE_WINDOWS`] times this is the most messages read.
+const SAMPLE_WIDTH: i64 = 100;
+
 /// Up to how many pending messages a store's gauges are exact, by default.
 pub const EXACT_GAUGES_UP_TO: usize = 10_000;
 
@@ -71,6 +77,10 @@ impl<D: Dialect> SqlxStore<D> {
     /// Pending messages are then PostgreSQL's statistics of live rows (SQLite: the span of
     /// the ids, an upper bound), never below `limit`; shards due are counted up to `limit`;
     /// shards paused are those paused one by one. [`Admin::status`] always counts exactly.
+    ///
+    /// [`Admin::shards`] ranks every shard below the same limit, and above it ranks them from
+    /// a sample of at most 20,000 ids ([`ShardList::sampled`]), each listed shard's messages
+    /// counted up to a tenth of `limit` and estimated from the sample beyond.
     #[must_use]
     pub fn exact_gauges_up_to(mut self, limit: usize) -> Self {
         self.exact_gauges_up_to = limit.max(1);
@@ -579,7 +589,8 @@ fn shard_info<D: Dialect>(
         get::<D::Database, _>(row, column(6))?,
         get::<D::Database, bool>(row, column(7))?,
         status,
-    ))
+    )
+    .with_pending_estimated(get::<D::Database, bool>(row, column(9))?))
 }
 
 impl<D: Dialect> Admin for SqlxStore<D> {
@@ -667,25 +678,58 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             .map_err(database::<D>(OPERATION))
     }
 
-    async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
+    async fn shards(&self, query: &ShardQuery) -> Result<ShardList, Error> {
         const OPERATION: &str = "listing shards";
-        let which = match filter {
+        let which = match query.filter {
             ShardFilter::Pending => "pending",
             ShardFilter::Failing => "failing",
             ShardFilter::Paused => "paused",
             ShardFilter::Parked => "parked",
         };
-        let sql = match filter {
-            ShardFilter::Failing | ShardFilter::Parked => D::SQL.failing_shards,
-            ShardFilter::Pending | ShardFilter::Paused => D::SQL.shards,
+        let exact = i64::try_from(self.exact_gauges_up_to).unwrap_or(i64::MAX);
+        let ranked = match query.filter {
+            // Found from their few state rows, whatever the backlog.
+            ShardFilter::Failing | ShardFilter::Parked => Some(D::SQL.failing_shards),
+            ShardFilter::Pending | ShardFilter::Paused => {
+                let counted: i64 = self
+                    .scalar(sqlx::query(D::SQL.backfill.backlog).with(exact), OPERATION)
+                    .await?;
+                (counted < exact).then_some(D::SQL.shards)
+            }
         };
-        let query = sqlx::query(sql)
-            .with(which)
-            .with(i64::try_from(limit).unwrap_or(i64::MAX));
-        let rows = self.rows(query, OPERATION).await?;
-        rows.iter()
-            .map(|row| shard_info::<D>(row, 0).map_err(database::<D>(OPERATION)))
-            .collect()
+        let query_of = |sql| {
+            sqlx::query(sql)
+                .with(which)
+                .with(i64::try_from(query.limit).unwrap_or(i64::MAX))
+                .with(query.scope.map(|scope| i32::from(scope.0)))
+                .with(query.category.map(|category| category.0))
+        };
+        if let Some(sql) = ranked {
+            let rows = self.rows(query_of(sql), OPERATION).await?;
+            let shards = rows
+                .iter()
+                .map(|row| shard_info::<D>(row, 0).map_err(database::<D>(OPERATION)))
+                .collect::<Result<_, _>>()?;
+            return Ok(ShardList::ranked(shards));
+        }
+        let sampled = query_of(D::SQL.sampled_shards)
+            .with(SAMPLE_WINDOWS)
+            .with(SAMPLE_WIDTH)
+            .with((exact / 10).max(1));
+        let rows = self.rows(sampled, OPERATION).await?;
+        let messages = count(
+            get::<D::Database, i64>(first_row(&rows, OPERATION)?, 0)
+                .map_err(database::<D>(OPERATION))?,
+        );
+        let mut shards = Vec::new();
+        for row in &rows {
+            let pending: Option<i64> =
+                get::<D::Database, _>(row, 1 + KEY_COLUMNS).map_err(database::<D>(OPERATION))?;
+            if pending.is_some() {
+                shards.push(shard_info::<D>(row, 1).map_err(database::<D>(OPERATION))?);
+            }
+        }
+        Ok(ShardList::sampled(shards, messages))
     }
 
     async fn shard_messages(

@@ -84,8 +84,8 @@ use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::replicated::{IntoModelBatch, ModelTable, ReplicatedModel};
 use crate::store::{
     Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage, HandlerMode, Heartbeat,
-    Lease, OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo,
-    ShardState, Store, Wakeup, WakeupStream,
+    Lease, OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardInfo, ShardList,
+    ShardQuery, ShardState, Store, Wakeup, WakeupStream,
 };
 
 /// The outbox in memory: a [`Store`] without a database (see [the module](self)).
@@ -496,9 +496,9 @@ impl Admin for MemoryStore {
         })
     }
 
-    async fn shards(&self, filter: ShardFilter, limit: usize) -> Result<Vec<ShardInfo>, Error> {
+    async fn shards(&self, query: &ShardQuery) -> Result<ShardList, Error> {
         self.operation("listing shards", |tables, now| {
-            tables.shards_listed(filter, limit, now)
+            tables.shards_listed(query, now)
         })
     }
 

@@ -15,8 +15,8 @@ use crate::model::{CategoryId, Message, MessageId, ShardKey};
 use crate::store::{
     Acknowledgement, ClaimOptions, DeadLetter, DeadLetterFilter, DeadLettering, DiscoveryPage,
     FORGET_RELAYS_AFTER, GroupKey, GroupTail, Heartbeat, Lease, OutboxStatus, Outcome, Pause,
-    PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardState, ShardStatus,
-    StoredMessage,
+    PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery,
+    ShardState, ShardStatus, StoredMessage,
 };
 
 /// One pending row of `outbox_messages`.
@@ -750,23 +750,31 @@ impl Tables {
         }
     }
 
-    pub(super) fn shards_listed(
-        &self,
-        filter: ShardFilter,
-        limit: usize,
-        now: SystemTime,
-    ) -> Vec<ShardInfo> {
+    pub(super) fn shards_listed(&self, query: &ShardQuery, now: SystemTime) -> ShardList {
+        let holds = |shard: &ShardKey, category: CategoryId| {
+            self.shards
+                .get(shard)
+                .into_iter()
+                .flatten()
+                .any(|id| self.messages[id].category == category)
+        };
         let listed = self
             .shard_infos(now)
             .into_iter()
-            .filter(|info| match filter {
+            .filter(|info| match query.filter {
                 ShardFilter::Pending => true,
                 ShardFilter::Failing => info.attempts > 0 || info.last_error.is_some(),
                 ShardFilter::Paused => info.paused,
                 ShardFilter::Parked => info.parked_category.is_some(),
             })
+            .filter(|info| query.scope.is_none_or(|scope| info.shard.scope == scope))
+            .filter(|info| {
+                query
+                    .category
+                    .is_none_or(|category| holds(&info.shard, category))
+            })
             .collect();
-        Self::deepest(listed, limit)
+        ShardList::ranked(Self::deepest(listed, query.limit))
     }
 
     pub(super) fn shard_messages(&self, shard: &ShardKey, limit: usize) -> Vec<PendingMessage> {

@@ -19,8 +19,8 @@ mod operations;
 
 pub use self::operations::{
     Admin, DeadLetter, DeadLetterFilter, DeadLettering, FORGET_RELAYS_AFTER, Heartbeat,
-    OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo,
-    ShardState, ShardStatus,
+    OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList,
+    ShardQuery, ShardState, ShardStatus,
 };
 
 /// One pending row as the relay reads it.

@@ -451,6 +451,10 @@ pub struct ShardInfo {
     pub lease_owner: Option<String>,
     /// Whether a pause holds it.
     pub paused: bool,
+    /// Whether [`ShardInfo::pending`] is an estimate: a listing ranked from a sample
+    /// ([`ShardList::sampled`]) counts each shard's messages up to a cap, and estimates a
+    /// shard that holds more from the sample (never below the cap).
+    pub pending_estimated: bool,
 }
 
 impl ShardInfo {
@@ -479,7 +483,14 @@ impl ShardInfo {
             parked_category,
             lease_owner,
             paused,
+            pending_estimated: false,
         }
+    }
+
+    /// The same record, its pending count an estimate if `estimated`.
+    pub fn with_pending_estimated(mut self, estimated: bool) -> Self {
+        self.pending_estimated = estimated;
+        self
     }
 }
 
@@ -582,6 +593,87 @@ pub enum ShardFilter {
     Parked,
 }
 
+/// Which shards [`Admin::shards`] lists, and how many.
+///
+/// ```
+/// use outbox_core::admin::{ShardFilter, ShardQuery};
+/// use outbox_core::{CategoryId, ScopeId};
+///
+/// let query = ShardQuery::new(ShardFilter::Failing, 50)
+///     .scope(ScopeId(1))
+///     .category(CategoryId(7));
+/// assert_eq!(query.limit, 50);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardQuery {
+    /// Which state of shard.
+    pub filter: ShardFilter,
+    /// Only the shards of this scope.
+    pub scope: Option<ScopeId>,
+    /// Only the shards with a pending message of this category.
+    pub category: Option<CategoryId>,
+    /// The most shards listed.
+    pub limit: usize,
+}
+
+impl ShardQuery {
+    /// The shards that pass `filter`, of any scope and category, at most `limit`.
+    pub fn new(filter: ShardFilter, limit: usize) -> Self {
+        Self {
+            filter,
+            scope: None,
+            category: None,
+            limit,
+        }
+    }
+
+    /// Only the shards of `scope`.
+    pub fn scope(mut self, scope: ScopeId) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Only the shards with a pending message of `category`.
+    pub fn category(mut self, category: CategoryId) -> Self {
+        self.category = Some(category);
+        self
+    }
+}
+
+/// What [`Admin::shards`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ShardList {
+    /// The shards, deepest first.
+    pub shards: Vec<ShardInfo>,
+    /// `None` if every shard of the filter was ranked; `Some(n)` if the store, above the
+    /// backlog it counts exactly, ranked them from a sample of `n` pending messages (spread
+    /// evenly over the ids), so that the listing's cost does not grow with the backlog. Then
+    /// the order is approximate, a shard the sample missed is not listed (save those found
+    /// from their own rows: a scope's first shards, the failing, parked and paused ones), and
+    /// counts above a cap are estimates ([`ShardInfo::pending_estimated`]).
+    pub sampled: Option<u64>,
+}
+
+impl ShardList {
+    /// A listing of `shards`, every one ranked.
+    pub fn ranked(shards: Vec<ShardInfo>) -> Self {
+        Self {
+            shards,
+            sampled: None,
+        }
+    }
+
+    /// A listing of `shards` ranked from a sample of `messages`.
+    pub fn sampled(shards: Vec<ShardInfo>, messages: u64) -> Self {
+        Self {
+            shards,
+            sampled: Some(messages),
+        }
+    }
+}
+
 /// The operator's side of a store: what is pending, each shard's state, and a shard made due
 /// now. Tools (the test kit's inspection, an operator command) need only this; the relay never
 /// calls it. A tool that opens databases by URL works on
@@ -632,12 +724,11 @@ pub trait Admin: Send + Sync {
         shard: &ShardKey,
     ) -> impl Future<Output = Result<Option<ShardInfo>, Error>> + Send;
 
-    /// The shards that pass `filter`, deepest first, at most `limit`.
-    fn shards(
-        &self,
-        filter: ShardFilter,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<ShardInfo>, Error>> + Send;
+    /// The shards that pass `query`, deepest first. Its cost is bounded whatever the
+    /// backlog: a store may rank the shards from a sample above the backlog it counts exactly
+    /// ([`ShardList::sampled`] says so); failing and parked shards are always found from
+    /// their recorded states.
+    fn shards(&self, query: &ShardQuery) -> impl Future<Output = Result<ShardList, Error>> + Send;
 
     /// The oldest pending messages of `shard`, in id order, at most `limit`.
     fn shard_messages(

@@ -637,27 +637,72 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
         .collect();
     assert_eq!(deepest, [(org_shard(2), 3), (org_shard(1), 2)]);
 
-    let listed = |filter| {
+    let listed = |query: ShardQuery| {
         let store = store.clone();
         async move {
-            store
-                .shards(filter, 10)
-                .await
-                .expect("list shards")
+            let list = store.shards(&query).await.expect("list shards");
+            assert_eq!(list.sampled, None, "a small backlog is ranked whole");
+            list.shards
                 .into_iter()
-                .map(|info| int(info.shard.shard_identifier))
+                .map(|info| (info.shard.scope, int(info.shard.shard_identifier)))
                 .collect::<Vec<_>>()
         }
     };
-    use outbox_core::admin::ShardFilter;
-    assert_eq!(listed(ShardFilter::Pending).await, [2, 1, 3, 4]);
-    assert_eq!(listed(ShardFilter::Failing).await, [1, 3]);
-    assert_eq!(listed(ShardFilter::Paused).await, [2]);
-    assert_eq!(listed(ShardFilter::Parked).await, [3]);
+    use outbox_core::admin::{ShardFilter, ShardQuery};
+    let all = |filter| ShardQuery::new(filter, 10);
+    let org = |shards: &[i64]| {
+        shards
+            .iter()
+            .map(|shard| (OrgScope::ID, *shard))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed(all(ShardFilter::Pending)).await, org(&[2, 1, 3, 4]));
+    assert_eq!(listed(all(ShardFilter::Failing)).await, org(&[1, 3]));
+    assert_eq!(listed(all(ShardFilter::Paused)).await, org(&[2]));
+    assert_eq!(listed(all(ShardFilter::Parked)).await, org(&[3]));
+    // By scope and by category, with every filter.
+    assert_eq!(
+        listed(all(ShardFilter::Pending).scope(UserScope::ID)).await,
+        [],
+        "no user shard has pending messages"
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Pending).scope(OrgScope::ID)).await,
+        org(&[2, 1, 3, 4])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Pending).category(crate::fixtures::FutureCategory::ID)).await,
+        org(&[3])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Pending).category(OrgUpdate::ID)).await,
+        org(&[2, 1, 4])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Failing).category(OrgUpdate::ID)).await,
+        org(&[1])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Failing).scope(UserScope::ID)).await,
+        []
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Paused).category(OrgUpdate::ID)).await,
+        org(&[2])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Parked).scope(OrgScope::ID)).await,
+        org(&[3])
+    );
+    assert_eq!(
+        listed(all(ShardFilter::Parked).category(OrgUpdate::ID)).await,
+        []
+    );
     let failing = store
-        .shards(ShardFilter::Failing, 1)
+        .shards(&ShardQuery::new(ShardFilter::Failing, 1))
         .await
-        .expect("list shards");
+        .expect("list shards")
+        .shards;
     let [shard] = failing.as_slice() else {
         panic!("one shard: {failing:?}")
     };
@@ -671,9 +716,10 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
     );
     assert!(shard.retry_at.is_some() && shard.lease_owner.is_none());
     let parked = store
-        .shards(ShardFilter::Parked, 10)
+        .shards(&all(ShardFilter::Parked))
         .await
-        .expect("list shards");
+        .expect("list shards")
+        .shards;
     assert_eq!(
         parked[0].parked_category,
         Some(crate::fixtures::FutureCategory::ID)
@@ -708,9 +754,10 @@ pub async fn operators_see_status_shards_and_messages<B: StoreBackend>() {
         .expect("shard 1 has pending messages");
     assert_eq!((shard.status, shard.attempts), (ShardStatus::Due, 1));
     let failing = store
-        .shards(ShardFilter::Failing, 10)
+        .shards(&all(ShardFilter::Failing))
         .await
-        .expect("list shards");
+        .expect("list shards")
+        .shards;
     assert!(
         failing
             .iter()
@@ -755,9 +802,13 @@ async fn one_truth<S: Admin>(store: &S, deepest: usize) -> outbox_core::admin::O
     );
     assert_eq!(status.deepest.len() as u64, status.shards, "{status:?}");
     let listed = store
-        .shards(outbox_core::admin::ShardFilter::Pending, deepest)
+        .shards(&outbox_core::admin::ShardQuery::new(
+            outbox_core::admin::ShardFilter::Pending,
+            deepest,
+        ))
         .await
-        .expect("list shards");
+        .expect("list shards")
+        .shards;
     for (kind, n) in counts {
         let shown = status
             .deepest

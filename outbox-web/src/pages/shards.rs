@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use axum::body::Bytes;
 use axum::response::Response;
 use maud::{Markup, html};
-use outbox_core::admin::{PauseTarget, ShardFilter};
+use outbox_core::admin::{PauseTarget, ShardFilter, ShardQuery};
 
 use super::{action, done, error_chain, notice, shard_field, shard_link, status_badge};
 use crate::error::PageError;
@@ -35,19 +35,23 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
             )));
         }
     };
-    let scope = match page.query.get("scope") {
-        Some(text) => Some(
-            page.catalog()
-                .read_scope(text)
-                .map_err(|error| PageError::BadInput(error.to_string()))?,
-        ),
-        None => None,
-    };
-    let mut shards = page.console.outbox.shards(filter, LIMIT).await?;
-    let listed = shards.len();
-    if let Some(scope) = scope {
-        shards.retain(|info| info.shard.scope == scope);
+    let mut query = ShardQuery::new(filter, LIMIT);
+    if let Some(text) = page.query.get("scope").filter(|text| !text.is_empty()) {
+        let scope = page
+            .catalog()
+            .read_scope(text)
+            .map_err(|error| PageError::BadInput(error.to_string()))?;
+        query = query.scope(scope);
     }
+    if let Some(text) = page.query.get("category").filter(|text| !text.is_empty()) {
+        let category = page
+            .catalog()
+            .read_category(text)
+            .map_err(|error| PageError::BadInput(error.to_string()))?;
+        query = query.category(category);
+    }
+    let list = page.console.outbox.shards(&query).await?;
+    let shards = &list.shards;
     let now = SystemTime::now();
     let filters = [
         ("pending", "With pending messages, deepest first"),
@@ -66,6 +70,8 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
             }
             label for="scope" { "Scope" }
             input id="scope" name="scope" value=[page.query.get("scope")] placeholder="any";
+            label for="category" { "Category" }
+            input id="category" name="category" value=[page.query.get("category")] placeholder="any";
             button type="submit" { "Show" }
         }
         @if shards.is_empty() {
@@ -79,11 +85,11 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
                     th scope="col" { "Held by" } th scope="col" { "Last error" }
                 } }
                 tbody {
-                    @for info in &shards {
+                    @for info in shards {
                         tr {
                             td { (shard_link(page, &info.shard)) }
                             td { (status_badge(info.status)) }
-                            td { (format::count(info.pending)) }
+                            td { @if info.pending_estimated { "≈ " } (format::count(info.pending)) }
                             td { @if let Some(at) = info.oldest_pending_at { (format::ago(at, now)) } }
                             td { (info.attempts) }
                             td { @if let Some(at) = info.retry_at { (format::until(at, now)) } }
@@ -93,10 +99,16 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
                     }
                 }
             }
-            @if listed >= LIMIT {
-                p.note { "The first " (LIMIT) " shards of this filter are listed"
-                    @if scope.is_some() { ", then those of the scope kept" } "." }
+            @if shards.len() >= LIMIT {
+                p.note { "The " (LIMIT) " deepest shards are listed." }
             }
+        }
+        @if let Some(messages) = list.sampled {
+            p.note { "The backlog is large: these shards are ranked from a sample of "
+                (format::count(messages)) " pending messages, so the order is approximate, a "
+                "count marked ≈ is an estimate, and a shard the sample missed is not listed "
+                "(the first shards of a scope given, and paused, failing and parked shards, are "
+                "found from their own rows)." }
         }
     };
     Ok(page.render("Shards", true, &body))
