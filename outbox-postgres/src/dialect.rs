@@ -705,9 +705,14 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
     b AS (SELECT lo, hi, greatest($6::bigint, (hi - lo + 1) / $5::bigint) AS step \
         FROM e WHERE lo IS NOT NULL), \
     g AS (SELECT b.lo + n * b.step AS start, b.step FROM b \
-        CROSS JOIN generate_series(0::bigint, (b.hi - b.lo) / b.step) AS n), \
-    hit AS MATERIALIZED (SELECT m.shard_scope, m.shard_identifier, m.destination, m.category, g.step \
-        FROM g JOIN outbox_messages m ON m.id >= g.start AND m.id < g.start + $6::bigint), \
+        CROSS JOIN LATERAL (SELECT n FROM generate_series(0::bigint, (b.hi - b.lo) / b.step) AS n \
+            LIMIT $5::bigint + 1) n), \
+    hit AS MATERIALIZED (SELECT m.shard_scope, m.shard_identifier, m.destination, m.category, \
+            g.step \
+        FROM g CROSS JOIN LATERAL ( \
+            SELECT m.shard_scope, m.shard_identifier, m.destination, m.category \
+            FROM outbox_messages m WHERE m.id >= g.start AND m.id < g.start + $6::bigint \
+            ORDER BY m.id LIMIT $6::bigint) m), \
     seen AS (SELECT shard_scope, shard_identifier, destination, \
             count(*) * max(step) / $6::bigint AS guess \
         FROM hit WHERE $3::integer IS NULL OR shard_scope = $3::integer \
@@ -770,7 +775,7 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
 // The gauges above the exact limit: the statistics' live rows (never below the limit), the
 // first message by id, the shard states (few: shards held, failing or parked), the shard
 // pauses, and the dead letters counted up to the limit.
-const GAUGES: &str = "\
+pub(crate) const GAUGES: &str = "\
     SELECT greatest($1, coalesce((SELECT n_live_tup FROM pg_stat_user_tables \
             WHERE relid = 'outbox_messages'::regclass), 0))::bigint, \
         (SELECT (extract(epoch FROM created_at) * 1000)::bigint FROM outbox_messages \

@@ -1,6 +1,7 @@
 //! Scenario 14: the console's pages at a large outbox. At full scale, 10,000,000 pending
-//! messages over 100,000 shards (100 of them failing, with an error recorded), and 1,000,000
-//! dead letters, written with `INSERT … SELECT generate_series`; then each page, through the
+//! messages over 100,000 shards (100 of them failing, with an error recorded), a hot shard of
+//! 500,000 more, a paused scope of 10 shards and 1,000 messages, a paused shard, and
+//! 1,000,000 dead letters, written with `INSERT … SELECT generate_series`; then each page, through the
 //! console's router in this process (its queries and its rendering, no network), the median
 //! of a few requests. The target: every page under 200 ms.
 
@@ -55,6 +56,8 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
     let shards: i64 = 100_000
         .min(i64::try_from(pending / 10).unwrap_or(i64::MAX))
         .max(10);
+    // One shard far deeper than the others, half of its messages of a category of their own.
+    let hot = args.sized(500_000, 1_000);
     let database = server.database(4).await?;
     let pool = database.pool.clone();
     let statements = [
@@ -89,6 +92,28 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
                  FROM generate_series(1, {letters}) g"
             ),
         ),
+        (
+            "writing a hot shard",
+            format!(
+                "INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, \
+                     category, object_identifier, payload) \
+                 SELECT 1, {shards}, '', 1 + g % 2, g, '{{\"seq\": 1}}'::jsonb \
+                 FROM generate_series(1, {hot}) g"
+            ),
+        ),
+        (
+            "writing a small scope",
+            "INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, \
+                 category, object_identifier, payload) \
+             SELECT 2, g % 10, '', 3, g, '{\"seq\": 1}'::jsonb FROM generate_series(1, 1000) g"
+                .to_owned(),
+        ),
+        (
+            "pausing the small scope and a shard",
+            "INSERT INTO outbox_pauses (kind, shard_scope, shard_identifier, reason) \
+             VALUES ('scope', 2, 0, 'bench'), ('shard', 1, 5, 'bench')"
+                .to_owned(),
+        ),
         ("analyzing", "ANALYZE".to_owned()),
     ];
     for (what, sql) in statements {
@@ -101,10 +126,14 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
     let app = outbox_web::router(Arc::new(store), ConsoleOptions::read_only());
     let deepest = format!("/shard?key=1%3A{}", shards - 1);
     let letter = format!("/dead-letter?id={}", pending + letters / 2);
-    let pages: [(&str, &str); 9] = [
+    let pages: [(&str, &str); 13] = [
         ("overview", "/"),
         ("shards, deepest first", "/shards"),
         ("failing shards", "/shards?filter=failing"),
+        ("paused shards", "/shards?filter=paused"),
+        ("shards of a small scope", "/shards?scope=2"),
+        ("shards of a category", "/shards?category=2"),
+        ("parked shards", "/shards?filter=parked"),
         ("a shard's page", &deepest),
         ("dead letters", "/dead-letters"),
         ("dead letters of a category", "/dead-letters?category=1"),
@@ -112,7 +141,11 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
         ("pauses", "/pauses"),
         ("backfills", "/backfills"),
     ];
-    let backlog = format!("{pending} pending over {shards} shards, {letters} dead letters");
+    let backlog = format!(
+        "{} pending over {} shards, {letters} dead letters",
+        pending + hot + 1_000,
+        shards + 11
+    );
     let mut rows = Vec::new();
     for (name, path) in pages {
         let (time, status) = median(&app, path, 3).await?;
