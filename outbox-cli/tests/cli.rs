@@ -199,6 +199,24 @@ where
     assert_eq!(paused[0]["shard"], "1:2");
     let parked = json(&url, &["shards", "--parked"]);
     assert_eq!(parked.as_array().map(Vec::len), Some(1));
+    let listed = |arguments: &[&str]| {
+        json(&url, arguments)
+            .as_array()
+            .expect("shards")
+            .iter()
+            .map(|shard| shard["shard"].as_str().expect("a shard").to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(&["shards", "--scope", "1"]),
+        ["1:2", "1:1", "1:3", "1:4"]
+    );
+    assert!(listed(&["shards", "--scope", "2"]).is_empty());
+    assert_eq!(
+        listed(&["shards", "--failing", "--category", "99"]),
+        ["1:3"],
+        "the parked shard holds the category no binary knows"
+    );
 
     let messages = expect(&url, &["messages", "--shard", "1:1"], 0);
     assert!(

@@ -10,7 +10,7 @@ use crate::dialect::together::{
 };
 use crate::dialect::{
     ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FAILING_SHARDS, FETCH,
-    FETCH_NEWEST,
+    FETCH_NEWEST, SAMPLED_SHARDS,
 };
 
 async fn populated() -> SqliteTestDatabase {
@@ -177,7 +177,10 @@ async fn failing_shards_read_only_their_own_messages() {
     let database = populated().await;
     for which in ["failing", "parked"] {
         let steps = steps(database.pool(), FAILING_SHARDS, |q| {
-            q.bind(which).bind(100_i64)
+            q.bind(which)
+                .bind(100_i64)
+                .bind(None::<i32>)
+                .bind(None::<i32>)
         })
         .await;
         assert!(
@@ -185,6 +188,37 @@ async fn failing_shards_read_only_their_own_messages() {
                 .iter()
                 .any(|step| step.starts_with("SCAN outbox_messages")),
             "a full scan of the messages: {steps:#?}"
+        );
+    }
+}
+
+/// The console's listing of a large backlog reads windows of ids by the primary key, and each
+/// candidate shard's rows by its index: never every message (a full scan of a table of
+/// messages, or of the messages under an alias).
+#[tokio::test]
+async fn sampled_shards_read_windows_and_candidates_only() {
+    let database = populated().await;
+    for (which, scope, category) in [
+        ("pending", None, None),
+        ("pending", Some(1_i32), None),
+        ("pending", None, Some(2_i32)),
+        ("paused", None, None),
+    ] {
+        let steps = explain(database.pool(), SAMPLED_SHARDS, |q| {
+            q.bind(which)
+                .bind(100_i64)
+                .bind(scope)
+                .bind(category)
+                .bind(200_i64)
+                .bind(100_i64)
+                .bind(1_000_i64)
+        })
+        .await;
+        assert!(
+            steps
+                .iter()
+                .any(|step| step.contains("USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)")),
+            "the windows are ranges of the primary key: {steps:#?}"
         );
     }
 }

@@ -8,9 +8,9 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use outbox_core::admin::{Admin, Catalog, DeadLetterFilter, PauseTarget};
-use outbox_core::{MessageId, ScopeId};
+use outbox_core::{Category, MessageId, ScopeId};
 use outbox_testkit::StoreBackend;
-use outbox_testkit::fixtures::{OrgUpdate, Recorder, note, org_shard};
+use outbox_testkit::fixtures::{OrgUpdate, ProjectUpdate, Recorder, note, org_shard};
 use outbox_testkit::memory::MemoryBackend;
 use outbox_testkit::postgres::PgBackend;
 use outbox_testkit::sqlite::SqliteBackend;
@@ -189,6 +189,35 @@ async fn pages_show_the_outbox<B: StoreBackend>() {
     );
     let scoped = browser.get("/shards?scope=user").await;
     assert!(scoped.page.contains("No shard matches"), "{}", scoped.page);
+    let scoped = browser.get("/shards?scope=organization").await;
+    assert!(
+        scoped.page.contains("organization:1") && scoped.page.contains("organization:2"),
+        "{}",
+        scoped.page
+    );
+    let of_category = browser
+        .get(&format!("/shards?category={}", OrgUpdate::NAME))
+        .await;
+    assert!(
+        of_category.page.contains("organization:1") && of_category.page.contains("organization:2"),
+        "{}",
+        of_category.page
+    );
+    let of_category = browser
+        .get(&format!("/shards?category={}", ProjectUpdate::NAME))
+        .await;
+    assert!(
+        of_category.page.contains("No shard matches"),
+        "{}",
+        of_category.page
+    );
+    let unknown = browser.get("/shards?category=no_such_category").await;
+    assert_eq!(unknown.status, StatusCode::BAD_REQUEST, "{}", unknown.page);
+    assert!(
+        unknown.page.contains("no_such_category"),
+        "{}",
+        unknown.page
+    );
 
     let shard = browser.get("/shard?key=organization%3A1").await;
     assert_eq!(shard.status, StatusCode::OK, "{}", shard.page);
@@ -579,10 +608,23 @@ where
         Arc::new(store),
         ConsoleOptions::read_only().catalog(catalog()),
     );
-    let page = Browser::new(app).get("/").await.page;
+    let estimating = Browser::new(app);
+    let page = estimating.get("/").await.page;
     assert!(page.contains("(estimated)"), "{page}");
     assert!(page.contains("too large to rank every shard"), "{page}");
     assert!(!page.contains("organization:1"), "no shard ranked: {page}");
+    // The shards page ranks them from a sample, and says so.
+    let page = estimating.get("/shards").await.page;
+    assert!(
+        page.contains("ranked from a sample of 3 pending messages"),
+        "{page}"
+    );
+    assert!(
+        page.contains("organization:1") && page.contains("≈ 2"),
+        "shard 1's two messages, counted up to a cap of 1 and estimated beyond: {page}"
+    );
+    let page = counted.get("/shards").await.page;
+    assert!(!page.contains("ranked from a sample"), "{page}");
 }
 
 /// The backends whose store is the shared sqlx body.

@@ -125,8 +125,9 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
     let store = PgStore::new(pool.clone());
     let app = outbox_web::router(Arc::new(store), ConsoleOptions::read_only());
     let deepest = format!("/shard?key=1%3A{}", shards - 1);
+    let hottest = format!("/shard?key=1%3A{shards}");
     let letter = format!("/dead-letter?id={}", pending + letters / 2);
-    let pages: [(&str, &str); 13] = [
+    let pages: [(&str, &str); 14] = [
         ("overview", "/"),
         ("shards, deepest first", "/shards"),
         ("failing shards", "/shards?filter=failing"),
@@ -135,6 +136,7 @@ pub(crate) async fn run(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, S
         ("shards of a category", "/shards?category=2"),
         ("parked shards", "/shards?filter=parked"),
         ("a shard's page", &deepest),
+        ("the hot shard's page", &hottest),
         ("dead letters", "/dead-letters"),
         ("dead letters of a category", "/dead-letters?category=1"),
         ("a dead letter's page", &letter),
