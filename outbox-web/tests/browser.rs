@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fantoccini::key::Key;
-use fantoccini::{Client, ClientBuilder, Locator};
+#[path = "browser/webdriver.rs"]
+mod webdriver;
+
 use outbox_core::admin::{Admin, Catalog, DeadLetterFilter, PauseTarget};
 use outbox_core::relay::RelayConfig;
 use outbox_core::{MessageId, Registry, Relay, ScopeId};
@@ -22,6 +23,7 @@ use outbox_testkit::StoreBackend;
 use outbox_testkit::fixtures::{OrgUpdate, Recorder, note};
 use outbox_testkit::sqlite::SqliteBackend;
 use outbox_web::ConsoleOptions;
+use webdriver::{Client, Key, Locator};
 
 const TOKEN: &str = "a-console-token-for-the-browser";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -71,10 +73,9 @@ async fn browser() -> (Driver, Client) {
         port,
         _profile: profile,
     };
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert(
-        "goog:chromeOptions".to_owned(),
-        serde_json::json!({
+    let capabilities = serde_json::json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
             "binary": CHROMIUM,
             "args": [
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -82,17 +83,12 @@ async fn browser() -> (Driver, Client) {
                 "--disable-quic", "--window-size=1280,900",
                 format!("--user-data-dir={}", driver._profile.path().display()),
             ],
-        }),
-    );
+        },
+    });
     let url = format!("http://127.0.0.1:{}", driver.port);
     let mut attempts = 0;
     let client = loop {
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        match ClientBuilder::new(connector)
-            .capabilities(capabilities.clone())
-            .connect(&url)
-            .await
-        {
+        match Client::connect(&url, capabilities.clone()).await {
             Ok(client) => break client,
             Err(error) if attempts < 50 => {
                 attempts += 1;
