@@ -476,6 +476,7 @@ const DEAD_LETTERS: &str = "\
             OR (shard_scope = $3 AND shard_identifier = $4 AND destination = $5)) \
         AND ($6::bigint IS NULL OR dead_lettered_at <= now() - $6 * interval '1 millisecond') \
         AND ($8::integer = 0 OR message_id = ANY($9::bigint[])) \
+        AND message_id BETWEEN $10 AND $11 \
     ORDER BY message_id LIMIT $7";
 
 const REPLAY_DEAD_LETTERS: &str = "\
@@ -797,8 +798,30 @@ pub(crate) const GAUGES: &str = "\
             FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
     FROM outbox_shards s";
 
+// One shard: its messages counted up to `$4`, and above it estimated from the density of ids
+// of its first `$4` (their span) over the span of all of its ids.
 const SHARD: &str = concat!(
-    shard_view!("WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3"),
+    "WITH h AS (SELECT shard_scope, shard_identifier, destination, id, created_at \
+        FROM outbox_messages WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
+        ORDER BY id LIMIT 1), \
+    n AS (SELECT h.*, \
+        (SELECT count(*) FROM (SELECT 1 FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            LIMIT $4::bigint) c) AS counted, \
+        (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            ORDER BY m.id DESC LIMIT 1) AS newest, \
+        (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            ORDER BY m.id OFFSET $4::bigint LIMIT 1) AS beyond \
+        FROM h), ",
+    shard_view_of!(
+        "SELECT shard_scope, shard_identifier, destination, \
+            CASE WHEN beyond IS NULL THEN counted \
+                ELSE greatest(counted + 1, counted * (newest - id + 1) / (beyond - id)) END \
+                AS pending, \
+            created_at AS oldest, newest, beyond IS NOT NULL AS estimated FROM n"
+    ),
     "SELECT ",
     shard_columns!(),
     " FROM v"

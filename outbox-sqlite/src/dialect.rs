@@ -397,7 +397,7 @@ const DEAD_LETTER: &str = concat!(
         AND m.shard_scope = ?1 AND m.shard_identifier = ?2 AND m.destination = ?3"
 );
 
-const DEAD_LETTERS: &str = concat!(
+pub(crate) const DEAD_LETTERS: &str = concat!(
     "\
     SELECT message_id, shard_scope, shard_identifier, destination, category, \
         object_identifier, payload, created_at, error, attempts, first_failed_at, \
@@ -410,6 +410,7 @@ const DEAD_LETTERS: &str = concat!(
     now!(),
     " - ?6) \
         AND (?8 = 0 OR message_id IN (SELECT value FROM json_each(?9))) \
+        AND message_id BETWEEN ?10 AND ?11 \
     ORDER BY message_id LIMIT ?7"
 );
 
@@ -722,9 +723,11 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
 // the limit), the first message by id, the shard states (few: shards held, failing or
 // parked), the shard pauses, and the dead letters counted up to the limit (their id span
 // above it).
-const GAUGES: &str = concat!(
-    "SELECT max(?1, coalesce((SELECT max(id) - min(id) + 1 FROM outbox_messages), 0)), \
-        (SELECT created_at FROM outbox_messages ORDER BY id LIMIT 1), \
+pub(crate) const GAUGES: &str = concat!(
+    "SELECT max(?1, coalesce((SELECT max(id) FROM outbox_messages) \
+            - (SELECT min(id) FROM outbox_messages) + 1, 0)), \
+        (SELECT created_at FROM outbox_messages \
+            WHERE id = (SELECT min(id) FROM outbox_messages)), \
         count(*) FILTER (WHERE s.lease_expires_at > ",
     now!(),
     "), \
@@ -743,15 +746,35 @@ const GAUGES: &str = concat!(
     " AND s.parked_category IS NOT NULL), \
         (SELECT count(*) FROM outbox_pauses WHERE kind = 'shard'), \
         (SELECT iif(count(*) < ?1, count(*), \
-                max(count(*), (SELECT max(message_id) - min(message_id) + 1 \
-                    FROM outbox_dead_letters))) \
+                max(count(*), (SELECT max(message_id) FROM outbox_dead_letters) \
+                    - (SELECT min(message_id) FROM outbox_dead_letters) + 1)) \
             FROM (SELECT 1 FROM outbox_dead_letters LIMIT ?1)), \
         (SELECT dead_lettered_at FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
     FROM outbox_shards s"
 );
 
+// One shard, as PostgreSQL's (see there): counted up to `?4`, estimated above it.
 const SHARD: &str = concat!(
-    shard_view!("WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3"),
+    "WITH h AS (SELECT shard_scope, shard_identifier, destination, id, created_at \
+        FROM outbox_messages WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
+        ORDER BY id LIMIT 1), \
+    n AS (SELECT h.*, \
+        (SELECT count(*) FROM (SELECT 1 FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            LIMIT ?4)) AS counted, \
+        (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            ORDER BY m.id DESC LIMIT 1) AS newest, \
+        (SELECT m.id FROM outbox_messages m WHERE m.shard_scope = h.shard_scope \
+            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
+            ORDER BY m.id LIMIT 1 OFFSET ?4) AS beyond \
+        FROM h), ",
+    shard_view_of!(
+        "SELECT shard_scope, shard_identifier, destination, \
+            iif(beyond IS NULL, counted, \
+                max(counted + 1, counted * (newest - id + 1) / (beyond - id))) AS pending, \
+            created_at AS oldest, newest, beyond IS NOT NULL AS estimated FROM n"
+    ),
     "SELECT ",
     shard_columns!(),
     " FROM v"

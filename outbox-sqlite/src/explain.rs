@@ -9,8 +9,8 @@ use crate::dialect::together::{
     CLAIM_MANY, CLAIMED, DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
 };
 use crate::dialect::{
-    ACK, CLAIM, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE, FAILING_SHARDS, FETCH,
-    FETCH_NEWEST, SAMPLED_SHARDS,
+    ACK, CLAIM, DEAD_LETTERS, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE,
+    FAILING_SHARDS, FETCH, FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
 };
 
 async fn populated() -> SqliteTestDatabase {
@@ -221,4 +221,50 @@ async fn sampled_shards_read_windows_and_candidates_only() {
             "the windows are ranges of the primary key: {steps:#?}"
         );
     }
+}
+
+/// The console's overview and a dead letter's page cost the same at any backlog: the gauges
+/// read the ends of the ids by the primary key (a `min` and a `max` in one `SELECT` would read
+/// every row), and a letter asked for by id is read from its range of the primary key.
+#[tokio::test]
+async fn gauges_and_letters_by_id_read_no_table_whole() {
+    let database = populated().await;
+    let pool = database.pool();
+    let gauges = steps(pool, GAUGES, |q| q.bind(10_000_i64)).await;
+    assert!(
+        !gauges
+            .iter()
+            .any(|step| step.starts_with("SCAN outbox_messages")),
+        "{gauges:#?}"
+    );
+    // The dead letters' span: their least and greatest id, each one descent of the key (the
+    // letters counted up to the limit, and the oldest, read an index up to a LIMIT).
+    assert_eq!(
+        gauges
+            .iter()
+            .filter(|step| *step == "SEARCH outbox_dead_letters")
+            .count(),
+        2,
+        "{gauges:#?}"
+    );
+    let letter = steps(pool, DEAD_LETTERS, |q| {
+        q.bind(None::<i32>)
+            .bind(None::<i32>)
+            .bind(None::<i32>)
+            .bind(0_i64)
+            .bind("")
+            .bind(None::<i64>)
+            .bind(i64::MAX)
+            .bind(1_i32)
+            .bind("[42]")
+            .bind(42_i64)
+            .bind(42_i64)
+    })
+    .await;
+    assert!(
+        letter
+            .iter()
+            .any(|step| step.contains("USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)")),
+        "{letter:#?}"
+    );
 }

@@ -126,7 +126,9 @@ pub struct Statements {
     /// (`Option<i32>`), `$3` a shard's scope (`Option<i32>`; no shard condition if null), `$4`
     /// and `$5` its identifier and destination ([`Dialect::bind_shard`]), `$6` the least age
     /// in milliseconds (`Option<i64>`), `$7` the limit (`i64`), `$8` whether to keep only the
-    /// ids `$9` (`i32`, 0 or 1; the ids bound with [`Dialect::bind_ids`]). Returns the message id, the
+    /// ids `$9` (`i32`, 0 or 1; the ids bound with [`Dialect::bind_ids`]), `$10` and `$11`
+    /// the least and greatest id kept (`i64`; the whole range without ids), so that a lookup
+    /// by id reads its range of the primary key. Returns the message id, the
     /// shard's key, category, object ([`Dialect::OBJECT_COLUMNS`]), payload, creation time
     /// (ms), error, attempts (`i64`), first failure (ms), set aside (ms), lease token.
     pub dead_letters: &'static str,
@@ -191,7 +193,8 @@ pub struct Statements {
     /// then the columns of [`Statements::shards`] (all `NULL`, on the one row, if none).
     pub sampled_shards: &'static str,
     /// One shard, `$1..$3`, with the columns of [`Statements::shards`]; no row if it has no
-    /// pending message.
+    /// pending message. Its messages are counted up to `$4` (`i64`), and estimated above it
+    /// from the density of the ids its first `$4` span; its oldest is its first by id.
     pub shard: &'static str,
     /// A shard's pending messages in id order: `$1..$3` the shard, `$4` the limit (`i64`);
     /// the columns of [`Statements::pending_messages`].

@@ -78,6 +78,8 @@ impl<D: Dialect> SqlxStore<D> {
     /// the ids, an upper bound), never below `limit`; shards due are counted up to `limit`;
     /// shards paused are those paused one by one. [`Admin::status`] always counts exactly.
     ///
+    /// [`Admin::shard`] counts a shard's messages up to the same limit, and above it
+    /// estimates them from how densely its first `limit` messages hold the ids they span.
     /// [`Admin::shards`] ranks every shard below the same limit, and above it ranks them from
     /// a sample of at most 20,000 ids ([`ShardList::sampled`]), each listed shard's messages
     /// counted up to a tenth of `limit` and estimated from the sample beyond.
@@ -669,8 +671,12 @@ impl<D: Dialect> Admin for SqlxStore<D> {
 
     async fn shard(&self, shard: &ShardKey) -> Result<Option<ShardInfo>, Error> {
         const OPERATION: &str = "reading a shard";
+        let counted = i64::try_from(self.exact_gauges_up_to).unwrap_or(i64::MAX);
         let rows = self
-            .rows(shard_keyed::<D>(D::SQL.shard, shard), OPERATION)
+            .rows(
+                shard_keyed::<D>(D::SQL.shard, shard).with(counted),
+                OPERATION,
+            )
             .await?;
         rows.first()
             .map(|row| shard_info::<D>(row, 0))
@@ -761,7 +767,13 @@ impl<D: Dialect> Admin for SqlxStore<D> {
                     .map_or(i64::MAX, |limit| i64::try_from(limit).unwrap_or(i64::MAX)),
             )
             .with(i32::from(filter.ids.is_some()));
-        let query = D::bind_ids(query, raw_ids(filter.ids.as_deref().unwrap_or_default()));
+        let ids = raw_ids(filter.ids.as_deref().unwrap_or_default());
+        // The range of the ids asked for, so that the primary key narrows the read to it.
+        let (low, high) = match (ids.iter().min(), ids.iter().max()) {
+            (Some(low), Some(high)) if filter.ids.is_some() => (*low, *high),
+            _ => (i64::MIN, i64::MAX),
+        };
+        let query = D::bind_ids(query, ids).with(low).with(high);
         let rows = self.rows(query, OPERATION).await?;
         let letter = |row: &<D::Database as Database>::Row| -> Result<DeadLetter, sqlx::Error> {
             let category = 1 + KEY_COLUMNS;

@@ -116,6 +116,32 @@ async fn shards_are_ranked_whole_below_the_limit_and_sampled_above<P: Provision>
     database
         .write_messages(&[note::<OrgUpdate>(8, 1, 3_000)])
         .await;
+    // One shard: counted up to the limit, estimated beyond from the density of its ids.
+    let hot_shard = ShardKey::local(OrgScope::ID, 7);
+    let counted = store
+        .shard(&hot_shard)
+        .await
+        .expect("a shard")
+        .expect("pending");
+    assert_eq!((counted.pending, counted.pending_estimated), (300, false));
+    let estimated = sampling
+        .shard(&hot_shard)
+        .await
+        .expect("a shard")
+        .expect("pending");
+    assert_eq!(
+        (estimated.pending, estimated.pending_estimated),
+        (300, true),
+        "its first 20 messages hold 20 ids of the 300 it spans: {estimated:?}"
+    );
+    assert_eq!(estimated.oldest_pending_at, counted.oldest_pending_at);
+    let small = sampling
+        .shard(&ShardKey::local(OrgScope::ID, 1))
+        .await
+        .expect("a shard")
+        .expect("pending");
+    assert_eq!((small.pending, small.pending_estimated), (6, false));
+
     let wide = list(query(ShardFilter::Pending)).await;
     let first = listed(&wide);
     assert_eq!(

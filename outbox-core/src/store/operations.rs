@@ -719,6 +719,8 @@ pub trait Admin: Send + Sync {
     fn status(&self, deepest: usize) -> impl Future<Output = Result<OutboxStatus, Error>> + Send;
 
     /// One shard with pending messages, as [`Admin::shards`] lists it; `None` if it has none.
+    /// A store may count a very deep shard's messages up to a bound and estimate the rest
+    /// ([`ShardInfo::pending_estimated`]), so that its cost does not grow with the shard.
     fn shard(
         &self,
         shard: &ShardKey,
