@@ -77,14 +77,7 @@ async fn explain(
     sql: &str,
     bind: impl FnOnce(Query) -> Query,
 ) -> Vec<(String, String)> {
-    let explained = AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {sql}"));
-    // The plan column is of type `json`; its bytes are the JSON text.
-    let text: String = bind(sqlx::query(explained))
-        .try_map(|row: PgRow| row.try_get_unchecked(0))
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|error| panic!("EXPLAIN {sql}: {error}"));
-    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+    let plan = plan_of(pool, sql, bind).await;
     let mut found = Vec::new();
     scans(&plan, &mut found);
     assert!(
@@ -175,17 +168,13 @@ async fn hot_queries_use_the_indexes() {
 async fn failing_shards_read_only_their_own_messages() {
     let database = populated().await;
     for which in ["failing", "parked"] {
-        let explained = AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {FAILING_SHARDS}"));
-        let text: String = sqlx::query(explained)
-            .bind(which)
-            .bind(100_i64)
-            .bind(None::<i32>)
-            .bind(None::<i32>)
-            .try_map(|row: PgRow| row.try_get_unchecked(0))
-            .fetch_one(database.pool())
-            .await
-            .expect("EXPLAIN");
-        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+        let plan = plan_of(database.pool(), FAILING_SHARDS, |q| {
+            q.bind(which)
+                .bind(100_i64)
+                .bind(None::<i32>)
+                .bind(None::<i32>)
+        })
+        .await;
         let rows = message_rows(&plan);
         assert!(
             rows < 1_000.0,
@@ -197,6 +186,7 @@ async fn failing_shards_read_only_their_own_messages() {
 /// The plan of `sql` on `pool` as JSON, its parameters bound by `bind`.
 async fn plan_of(pool: &PgPool, sql: &str, bind: impl FnOnce(Query) -> Query) -> Value {
     let explained = AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {sql}"));
+    // The plan column is of type `json`; its bytes are the JSON text.
     let text: String = bind(sqlx::query(explained))
         .try_map(|row: PgRow| row.try_get_unchecked(0))
         .fetch_one(pool)

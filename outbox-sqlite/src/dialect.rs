@@ -239,6 +239,20 @@ const RELEASE_INTERRUPTED: &str = concat!(
         AND lease_token = ?4"
 );
 
+// The id of the first row of the shard after `k`'s in `k`'s scope, by key (NULL past the
+// scope's last): the two index seeks of the skip-scans.
+macro_rules! next_in_scope {
+    () => {
+        "(SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
+                AND x.destination > k.destination \
+             ORDER BY x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
+             ORDER BY x.shard_identifier, x.destination LIMIT 1)"
+    };
+}
+
 // Skip-scan: one index seek per shard with pending rows, never a read of every row. Each step
 // finds the first row of the next shard in key order: in the same shard identifier (a later
 // destination), else a later shard identifier, else a later scope. (SQLite seeks a row value
@@ -256,14 +270,9 @@ concat!(
             ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
         UNION ALL \
         SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
-        FROM keys k JOIN outbox_messages m ON m.id = coalesce( \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
-                AND x.destination > k.destination \
-             ORDER BY x.destination LIMIT 1), \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
-             ORDER BY x.shard_identifier, x.destination LIMIT 1), \
+        FROM keys k JOIN outbox_messages m ON m.id = coalesce(",
+    next_in_scope!(),
+    ", \
             (SELECT x.id FROM outbox_messages x \
              WHERE x.shard_scope > k.shard_scope \
              ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1)) \
@@ -676,14 +685,9 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) \
         UNION ALL \
         SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
-        FROM scoped k JOIN outbox_messages m ON m.id = coalesce( \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
-                AND x.destination > k.destination \
-             ORDER BY x.destination LIMIT 1), \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
-             ORDER BY x.shard_identifier, x.destination LIMIT 1)) \
+        FROM scoped k JOIN outbox_messages m ON m.id = coalesce(",
+    next_in_scope!(),
+    ") \
         WHERE k.n < ?2), \
     c AS (SELECT shard_scope, shard_identifier, destination, max(guess) AS guess, \
             (SELECT count(*) FROM (SELECT 1 FROM outbox_messages m \
