@@ -8,8 +8,8 @@ use outbox_core::{Error, Id, Message, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
-    Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, InboxStatements, RelayStatements,
+    SetAsideStatements, Statements,
 };
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
@@ -59,6 +59,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 7,
         description: "relays' heartbeats",
         sql: include_str!("../migrations/0007_relays.sql"),
+    },
+    EmbeddedMigration {
+        version: 8,
+        description: "the inbox",
+        sql: include_str!("../migrations/0008_inbox.sql"),
     },
 ];
 
@@ -827,6 +832,14 @@ const SHARD: &str = concat!(
     " FROM v"
 );
 
+/// The inbox's statements.
+const INBOX: InboxStatements = InboxStatements {
+    record: "INSERT INTO outbox_inbox (consumer, message_id) VALUES ($1, $2) \
+             ON CONFLICT (consumer, message_id) DO NOTHING",
+    purge: "DELETE FROM outbox_inbox \
+            WHERE consumer = $1 AND received_at < now() - $2 * interval '1 millisecond'",
+};
+
 /// The relays' heartbeats.
 const RELAYS: RelayStatements = RelayStatements {
     beat: "INSERT INTO outbox_relays (worker, started_at, seen_at, expires_at, in_flight, \
@@ -976,6 +989,7 @@ impl Dialect for PgDialect {
         gauges: GAUGES,
         set_aside: SET_ASIDE,
         relays: RELAYS,
+        inbox: INBOX,
         shard_messages: SHARD_MESSAGES,
     };
 

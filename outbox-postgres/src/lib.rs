@@ -149,7 +149,7 @@ pub async fn begin(pool: &PgPool) -> Result<OutboxTransaction<'static>, Error> {
     outbox_sqlx::begin::<PgDialect>(pool).await
 }
 
-outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);
+outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres, sqlx::PgConnection);
 
 /// Installs a trigger that notifies the relays (on [`NOTIFY_CHANNEL`]) at the commit of every
 /// transaction that inserts outbox messages, however they were written: relays in other

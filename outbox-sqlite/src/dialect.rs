@@ -13,8 +13,8 @@ use outbox_sqlx::error::database;
 use outbox_sqlx::session::shard_keyed;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
-    Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, InboxStatements, RelayStatements,
+    SetAsideStatements, Statements,
 };
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
@@ -92,6 +92,11 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 7,
         description: "relays' heartbeats",
         sql: include_str!("../migrations/0007_relays.sql"),
+    },
+    EmbeddedMigration {
+        version: 8,
+        description: "the inbox",
+        sql: include_str!("../migrations/0008_inbox.sql"),
     },
 ];
 
@@ -784,6 +789,17 @@ const SHARD: &str = concat!(
     " FROM v"
 );
 
+/// The inbox's statements.
+const INBOX: InboxStatements = InboxStatements {
+    record: "INSERT INTO outbox_inbox (consumer, message_id) VALUES (?1, ?2) \
+             ON CONFLICT (consumer, message_id) DO NOTHING",
+    purge: concat!(
+        "DELETE FROM outbox_inbox WHERE consumer = ?1 AND received_at < ",
+        now!(),
+        " - ?2"
+    ),
+};
+
 /// The relays' heartbeats.
 const RELAYS: RelayStatements = RelayStatements {
     beat: concat!(
@@ -1035,6 +1051,7 @@ impl Dialect for SqliteDialect {
         gauges: GAUGES,
         set_aside: SET_ASIDE,
         relays: RELAYS,
+        inbox: INBOX,
         shard_messages: SHARD_MESSAGES,
     };
 

@@ -17,6 +17,35 @@
 //!   so that `Relay::flush` delivers them as soon as it commits; its nested
 //!   [`deferred`](outbox_sqlx::OutboxTransaction::deferred) scopes leave theirs to the relay.
 //! - [`connect`] opens a pool configured for the relay: WAL journal, busy timeout.
+//! - A consumer's [`Inbox`](outbox_core::inbox::Inbox) records the messages it applies in its
+//!   own transaction (`&mut tx`, or a connection):
+//!
+//! ```
+//! use outbox_core::MessageId;
+//! use outbox_core::inbox::{Inbox, Received};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new()
+//!     .max_connections(1)
+//!     .connect("sqlite::memory:")
+//!     .await?;
+//! outbox_sqlite::migrate(&pool).await?;
+//!
+//! let billing = Inbox::new("billing");
+//! let message = MessageId(42); // the broker message's `Outbox-Message-Id`
+//! for _delivery in 0..2 {
+//!     let mut tx = pool.begin().await?;
+//!     if billing.receive(&mut tx, message).await? == Received::First {
+//!         sqlx::query("SELECT 1").execute(&mut *tx).await?; // the effect, in the same transaction
+//!     }
+//!     tx.commit().await?; // then acknowledge the broker
+//! }
+//! let mut connection = pool.acquire().await?;
+//! assert_eq!(billing.receive(&mut *connection, message).await?, Received::Duplicate);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Claims run in `BEGIN IMMEDIATE` transactions, so two relays (threads or processes) on one
 //! database file never drain the same shard at once. In-transaction handler mode holds the
@@ -111,7 +140,7 @@ pub async fn begin(pool: &SqlitePool) -> Result<OutboxTransaction<'static>, Erro
     outbox_sqlx::begin::<SqliteDialect>(pool).await
 }
 
-outbox_sqlx::backend_functions!(SqliteDialect, sqlx::Sqlite);
+outbox_sqlx::backend_functions!(SqliteDialect, sqlx::Sqlite, sqlx::SqliteConnection);
 
 #[cfg(test)]
 mod explain;

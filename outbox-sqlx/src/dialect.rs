@@ -209,6 +209,18 @@ pub struct Statements {
     pub set_aside: SetAsideStatements,
     /// The relays' heartbeats.
     pub relays: RelayStatements,
+    /// The inbox's ([`Inbox`](outbox_core::inbox::Inbox)).
+    pub inbox: InboxStatements,
+}
+
+/// The statements of a consumer's inbox ([`Inbox`](outbox_core::inbox::Inbox)).
+#[derive(Debug, Clone, Copy)]
+pub struct InboxStatements {
+    /// Records a message unless it is recorded: `$1` consumer, `$2` message id (`i64`); one
+    /// row affected if it was new. Waits for an open transaction that recorded it.
+    pub record: &'static str,
+    /// Deletes a consumer's records older than `$2` milliseconds (`i64`): `$1` consumer.
+    pub purge: &'static str,
 }
 
 /// The statements of the relays' heartbeats ([`Store::beat`](outbox_core::store::Store::beat),

@@ -33,6 +33,7 @@
 mod backfill;
 pub mod dialect;
 pub mod error;
+pub mod inbox;
 pub mod migrate;
 pub mod model;
 pub mod session;
@@ -43,8 +44,8 @@ pub mod wake;
 pub mod write;
 
 pub use crate::dialect::{
-    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, RelayStatements, SetAsideStatements,
-    Statements,
+    Ack, BackfillStatements, Claim, Claiming, Dialect, Fault, InboxStatements, RelayStatements,
+    SetAsideStatements, Statements,
 };
 pub use crate::migrate::{migrate, migrator};
 pub use crate::model::{Columns, Writable, Write};
@@ -64,7 +65,9 @@ pub mod __private {
 /// Defines a backend crate's public functions over its dialect, with their documentation:
 /// `write` and `write_all` (messages), `insert`, `update`, `save` and `delete` (replicated
 /// models), `migrator`, `migrator_up_to` and `migrate`. Invoked once by each backend, at its crate root:
-/// `outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres);`.
+/// `outbox_sqlx::backend_functions!(PgDialect, sqlx::Postgres, sqlx::PgConnection);`. It also
+/// implements [`InboxTarget`](outbox_core::inbox::InboxTarget) for the backend's connection
+/// and transaction.
 #[macro_export]
 macro_rules! backend_functions {
     (@model $dialect:ty, $database:ty, $name:ident, $write:ident, $doc:literal) => {
@@ -85,7 +88,7 @@ macro_rules! backend_functions {
             $crate::model::boxed::<$dialect, M>(target, $crate::Write::$write, models)
         }
     };
-    ($dialect:ty, $database:ty) => {
+    ($dialect:ty, $database:ty, $connection:ty) => {
         /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a
         /// connection, or a pool. It commits or rolls back with the caller's transaction.
         pub async fn write<'e, E>(
@@ -114,6 +117,74 @@ macro_rules! backend_functions {
             E: $crate::__private::sqlx::Executor<'e, Database = $database>,
         {
             $crate::write_all::<$dialect, E>(executor, messages).await
+        }
+
+        impl<'c> $crate::__private::outbox_core::inbox::InboxTarget<$dialect>
+            for &'c mut $connection
+        {
+            fn record<'a>(
+                self,
+                consumer: &'a str,
+                message: $crate::__private::outbox_core::MessageId,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<bool, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::record::<$dialect, _>(self, consumer, message))
+            }
+
+            fn purge<'a>(
+                self,
+                consumer: &'a str,
+                age: ::std::time::Duration,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::purge::<$dialect, _>(self, consumer, age))
+            }
+        }
+
+        impl<'c, 't> $crate::__private::outbox_core::inbox::InboxTarget<$dialect>
+            for &'c mut $crate::__private::sqlx::Transaction<'t, $database>
+        {
+            fn record<'a>(
+                self,
+                consumer: &'a str,
+                message: $crate::__private::outbox_core::MessageId,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<bool, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::record::<$dialect, _>(
+                    &mut **self,
+                    consumer,
+                    message,
+                ))
+            }
+
+            fn purge<'a>(
+                self,
+                consumer: &'a str,
+                age: ::std::time::Duration,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::purge::<$dialect, _>(&mut **self, consumer, age))
+            }
         }
 
         $crate::backend_functions!(@model $dialect, $database, insert, Insert,
