@@ -24,6 +24,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::model::MessageId;
+use crate::telemetry;
 
 /// Whether a consumer has applied a message before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,13 +82,17 @@ impl Inbox {
 
     /// Records `message` in `target`, the consumer's transaction, and says whether it is the
     /// first time: apply its effect in the same transaction only if [`Received::First`].
-    /// Waits while another transaction that recorded the same message is open.
+    /// Waits while another transaction that recorded the same message is open. Counted in
+    /// [`INBOX_RECEIVED`](crate::telemetry::INBOX_RECEIVED) and
+    /// [`INBOX_DUPLICATES`](crate::telemetry::INBOX_DUPLICATES).
     pub async fn receive<B, T: InboxTarget<B>>(
         &self,
         target: T,
         message: MessageId,
     ) -> Result<Received, Error> {
-        Ok(if target.record(&self.consumer, message).await? {
+        let first = target.record(&self.consumer, message).await?;
+        telemetry::record_received(&self.consumer, !first);
+        Ok(if first {
             Received::First
         } else {
             Received::Duplicate

@@ -89,7 +89,7 @@
 //
 // 1. The vocabulary: `future`, `id`, `metadata`, `secret`, `shutdown`, `key`, `trace`,
 //    `error`, `model`, `categories`, `columns`, `replicated`.
-// 2. The storage contract: `flush`, `backfill`, `store`, `inbox`, `telemetry`.
+// 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`, `inbox`.
 // 3. Delivery: `breaker`, `handler`, `sink`.
 // 4. Declarations: `test_models`, `registry`, `catalog`.
 // 5. The tools and the engine: `admin`, `memory`, `relay`, `__private`.

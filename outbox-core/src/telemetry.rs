@@ -32,6 +32,8 @@
 //! | `outbox_backfill_rows_walked` | gauge | `model` | rows the model's current (or last) walk has walked |
 //! | `outbox_backfill_target_version` | gauge | `model` | the version an operator started the model's backfill to |
 //! | `outbox_backfill_done_version` | gauge | `model` | the highest version whose walk completed |
+//! | `outbox_inbox_received_total` | counter | `consumer` | messages a consumer's inbox received, first or duplicate (counted at the record; a rollback after it does not take it back) |
+//! | `outbox_inbox_duplicates_total` | counter | `consumer` | messages a consumer's inbox had recorded already: redeliveries it skipped |
 //!
 //! The backfill gauges are set by the relay that walks a batch, from the watermark it wrote.
 //!
@@ -106,6 +108,12 @@ pub const BACKFILL_ROWS_WALKED: &str = "outbox_backfill_rows_walked";
 pub const BACKFILL_TARGET_VERSION: &str = "outbox_backfill_target_version";
 /// The highest version whose backfill walk completed (gauge; `model`).
 pub const BACKFILL_DONE_VERSION: &str = "outbox_backfill_done_version";
+
+/// Messages a consumer's [`Inbox`](crate::inbox::Inbox) received, first or duplicate
+/// (counter; `consumer`).
+pub const INBOX_RECEIVED: &str = "outbox_inbox_received_total";
+/// Messages a consumer's inbox found it had applied already (counter; `consumer`).
+pub const INBOX_DUPLICATES: &str = "outbox_inbox_duplicates_total";
 
 /// The operations of the [`DATABASE_ERRORS`] counter's `operation` label.
 pub const DATABASE_OPERATIONS: [&str; 4] = ["prepare", "discover", "drain", "gauges"];
@@ -185,6 +193,16 @@ pub fn describe() {
     );
     describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept");
     describe_counter!(BACKFILL_ROWS, Unit::Count, "Rows a backfill walked");
+    describe_counter!(
+        INBOX_RECEIVED,
+        Unit::Count,
+        "Messages a consumer's inbox received"
+    );
+    describe_counter!(
+        INBOX_DUPLICATES,
+        Unit::Count,
+        "Messages a consumer's inbox had applied already"
+    );
     describe_counter!(BACKFILL_ERRORS, Unit::Count, "Backfill ticks that failed");
     describe_gauge!(
         BACKFILL_ROWS_WALKED,
@@ -458,4 +476,12 @@ pub(crate) fn gauges(status: &OutboxStatus, now: SystemTime) {
         metrics::gauge!(SHARDS, "state" => state).set(count as f64);
     }
     metrics::gauge!(DEAD_LETTERS).set(status.dead_letters as f64);
+}
+
+/// Counts a message `consumer`'s inbox received, and whether it was a duplicate.
+pub(crate) fn record_received(consumer: &str, duplicate: bool) {
+    metrics::counter!(INBOX_RECEIVED, "consumer" => consumer.to_owned()).increment(1);
+    if duplicate {
+        metrics::counter!(INBOX_DUPLICATES, "consumer" => consumer.to_owned()).increment(1);
+    }
 }

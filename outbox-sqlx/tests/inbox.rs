@@ -266,3 +266,29 @@ impl Waiting for SqlxTestDatabase<SqliteFile> {
         tokio::task::yield_now().await;
     }
 }
+
+/// Each receive is counted for its consumer, and each duplicate too.
+#[test]
+fn receives_and_duplicates_are_counted_per_consumer() {
+    let ((), telemetry) = outbox_testkit::telemetry::capture(|_| async {
+        let database = SqlxTestDatabase::<SqliteFile>::migrated().await;
+        let mut connection = database.pool().acquire().await.expect("a connection");
+        for (consumer, id) in [
+            ("billing", 1),
+            ("billing", 1),
+            ("billing", 2),
+            ("search", 1),
+        ] {
+            let _ = Inbox::new(consumer)
+                .receive(&mut *connection, MessageId(id))
+                .await
+                .expect("receive");
+        }
+    });
+    let count = |name, consumer| telemetry.counter(name, &[("consumer", consumer)]);
+    use outbox_core::telemetry::{INBOX_DUPLICATES, INBOX_RECEIVED};
+    assert_eq!(count(INBOX_RECEIVED, "billing"), 3);
+    assert_eq!(count(INBOX_DUPLICATES, "billing"), 1);
+    assert_eq!(count(INBOX_RECEIVED, "search"), 1);
+    assert_eq!(count(INBOX_DUPLICATES, "search"), 0);
+}
