@@ -88,6 +88,46 @@ macro_rules! backend_functions {
             $crate::model::boxed::<$dialect, M>(target, $crate::Write::$write, models)
         }
     };
+    // The inbox on `$target`, whose executor is `$($executor)* self`.
+    (@inbox $dialect:ty, [$($generics:tt)*] $target:ty, [$($executor:tt)*]) => {
+        impl<$($generics)*> $crate::__private::outbox_core::inbox::InboxTarget<$dialect> for $target {
+            fn record<'a>(
+                self,
+                consumer: &'a str,
+                message: $crate::__private::outbox_core::MessageId,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<bool, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::record::<$dialect, _>(
+                    $($executor)* self,
+                    consumer,
+                    message,
+                ))
+            }
+
+            fn purge<'a>(
+                self,
+                consumer: &'a str,
+                age: ::std::time::Duration,
+            ) -> $crate::__private::outbox_core::handler::BoxFuture<
+                'a,
+                ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
+            >
+            where
+                Self: 'a,
+            {
+                ::std::boxed::Box::pin($crate::inbox::purge::<$dialect, _>(
+                    $($executor)* self,
+                    consumer,
+                    age,
+                ))
+            }
+        }
+    };
     ($dialect:ty, $database:ty, $connection:ty) => {
         /// Writes one message with the caller's executor: a transaction (`&mut *tx`), a
         /// connection, or a pool. It commits or rolls back with the caller's transaction.
@@ -119,73 +159,9 @@ macro_rules! backend_functions {
             $crate::write_all::<$dialect, E>(executor, messages).await
         }
 
-        impl<'c> $crate::__private::outbox_core::inbox::InboxTarget<$dialect>
-            for &'c mut $connection
-        {
-            fn record<'a>(
-                self,
-                consumer: &'a str,
-                message: $crate::__private::outbox_core::MessageId,
-            ) -> $crate::__private::outbox_core::handler::BoxFuture<
-                'a,
-                ::std::result::Result<bool, $crate::__private::outbox_core::Error>,
-            >
-            where
-                Self: 'a,
-            {
-                ::std::boxed::Box::pin($crate::inbox::record::<$dialect, _>(self, consumer, message))
-            }
-
-            fn purge<'a>(
-                self,
-                consumer: &'a str,
-                age: ::std::time::Duration,
-            ) -> $crate::__private::outbox_core::handler::BoxFuture<
-                'a,
-                ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-            >
-            where
-                Self: 'a,
-            {
-                ::std::boxed::Box::pin($crate::inbox::purge::<$dialect, _>(self, consumer, age))
-            }
-        }
-
-        impl<'c, 't> $crate::__private::outbox_core::inbox::InboxTarget<$dialect>
-            for &'c mut $crate::__private::sqlx::Transaction<'t, $database>
-        {
-            fn record<'a>(
-                self,
-                consumer: &'a str,
-                message: $crate::__private::outbox_core::MessageId,
-            ) -> $crate::__private::outbox_core::handler::BoxFuture<
-                'a,
-                ::std::result::Result<bool, $crate::__private::outbox_core::Error>,
-            >
-            where
-                Self: 'a,
-            {
-                ::std::boxed::Box::pin($crate::inbox::record::<$dialect, _>(
-                    &mut **self,
-                    consumer,
-                    message,
-                ))
-            }
-
-            fn purge<'a>(
-                self,
-                consumer: &'a str,
-                age: ::std::time::Duration,
-            ) -> $crate::__private::outbox_core::handler::BoxFuture<
-                'a,
-                ::std::result::Result<u64, $crate::__private::outbox_core::Error>,
-            >
-            where
-                Self: 'a,
-            {
-                ::std::boxed::Box::pin($crate::inbox::purge::<$dialect, _>(&mut **self, consumer, age))
-            }
-        }
+        $crate::backend_functions!(@inbox $dialect, ['c] &'c mut $connection, []);
+        $crate::backend_functions!(@inbox $dialect,
+            ['c, 't] &'c mut $crate::__private::sqlx::Transaction<'t, $database>, [&mut **]);
 
         $crate::backend_functions!(@model $dialect, $database, insert, Insert,
             "Inserts new models and writes their outboxes: two statements however many models \
