@@ -623,13 +623,18 @@ const STATUS: &str = concat!(
     ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );
 
-// Which shards of the view a listing keeps, `?1` the filter.
-macro_rules! shard_filter {
+// The view's shards that `?1` keeps (a `ShardFilter`'s name), deepest first, at most `?2`.
+macro_rules! listed {
     () => {
-        "(?1 = 'pending' \
-            OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
-            OR (?1 = 'paused' AND paused) \
-            OR (?1 = 'parked' AND parked_category IS NOT NULL))"
+        concat!(
+            "SELECT ",
+            shard_columns!(),
+            " FROM v WHERE (?1 = 'pending' \
+                OR (?1 = 'failing' AND (attempts > 0 OR last_error IS NOT NULL)) \
+                OR (?1 = 'paused' AND paused) \
+                OR (?1 = 'parked' AND parked_category IS NOT NULL))",
+            " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+        )
     };
 }
 
@@ -638,11 +643,7 @@ const SHARDS: &str = concat!(
         "WHERE (?3 IS NULL OR shard_scope = ?3)",
         "HAVING ?4 IS NULL OR sum(category = ?4) > 0"
     ),
-    "SELECT ",
-    shard_columns!(),
-    " FROM v WHERE ",
-    shard_filter!(),
-    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+    listed!()
 );
 
 // The failing or parked shards: their messages only, found from their state rows.
@@ -655,11 +656,7 @@ pub(crate) const FAILING_SHARDS: &str = concat!(
                 AND (?3 IS NULL OR shard_scope = ?3))",
         "HAVING ?4 IS NULL OR sum(category = ?4) > 0"
     ),
-    "SELECT ",
-    shard_columns!(),
-    " FROM v WHERE ",
-    shard_filter!(),
-    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2"
+    listed!()
 );
 
 // The shards of a large backlog ranked from a sample, as PostgreSQL's (see there): windows
@@ -719,11 +716,9 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
                 AND m.shard_identifier = c.shard_identifier AND m.destination = c.destination \
                 AND m.category = ?4))"
     ),
-    ", d AS (SELECT ",
-    shard_columns!(),
-    " FROM v WHERE ",
-    shard_filter!(),
-    " ORDER BY pending DESC, shard_scope, shard_identifier, destination LIMIT ?2) \
+    ", d AS (",
+    listed!(),
+    ") \
     SELECT t.sampled, d.* FROM (SELECT count(*) AS sampled FROM hit) t LEFT JOIN d ON 1 \
     ORDER BY d.pending DESC, d.shard_scope, d.shard_identifier, d.destination"
 );

@@ -595,6 +595,22 @@ fn shard_info<D: Dialect>(
     .with_pending_estimated(get::<D::Database, bool>(row, column(9))?))
 }
 
+/// The shards of rows whose figures come first and whose shard, left-joined to them, starts
+/// at column `at`: one per row, none if there is none (one row whose shard is all `NULL`).
+fn shards_joined<D: Dialect>(
+    rows: &[<D::Database as Database>::Row],
+    at: usize,
+) -> Result<Vec<ShardInfo>, sqlx::Error> {
+    let mut shards = Vec::new();
+    for row in rows {
+        let pending: Option<i64> = get::<D::Database, _>(row, at + KEY_COLUMNS)?;
+        if pending.is_some() {
+            shards.push(shard_info::<D>(row, at)?);
+        }
+    }
+    Ok(shards)
+}
+
 impl<D: Dialect> Admin for SqlxStore<D> {
     async fn reschedule(&self, shard: &ShardKey) -> Result<bool, Error> {
         let query = shard_keyed::<D>(D::SQL.reschedule, shard);
@@ -656,16 +672,8 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         status.shards_paused = row.number(7)?;
         status.dead_letters = row.number(8)?;
         status.oldest_dead_letter_at = row.time(9)?;
-        // The deepest shards, on the same rows (none: one row of NULLs).
-        const SHARD_AT: usize = 10;
-        for row in &rows {
-            let pending: Option<i64> = get::<D::Database, _>(row, SHARD_AT + KEY_COLUMNS)
-                .map_err(database::<D>(OPERATION))?;
-            if pending.is_some() {
-                let info = shard_info::<D>(row, SHARD_AT).map_err(database::<D>(OPERATION))?;
-                status.deepest.push(info);
-            }
-        }
+        // The deepest shards, on the same rows.
+        status.deepest = shards_joined::<D>(&rows, 10).map_err(database::<D>(OPERATION))?;
         Ok(status)
     }
 
@@ -727,14 +735,7 @@ impl<D: Dialect> Admin for SqlxStore<D> {
             get::<D::Database, i64>(first_row(&rows, OPERATION)?, 0)
                 .map_err(database::<D>(OPERATION))?,
         );
-        let mut shards = Vec::new();
-        for row in &rows {
-            let pending: Option<i64> =
-                get::<D::Database, _>(row, 1 + KEY_COLUMNS).map_err(database::<D>(OPERATION))?;
-            if pending.is_some() {
-                shards.push(shard_info::<D>(row, 1).map_err(database::<D>(OPERATION))?);
-            }
-        }
+        let shards = shards_joined::<D>(&rows, 1).map_err(database::<D>(OPERATION))?;
         Ok(ShardList::sampled(shards, messages))
     }
 
@@ -770,7 +771,7 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         let ids = raw_ids(filter.ids.as_deref().unwrap_or_default());
         // The range of the ids asked for, so that the primary key narrows the read to it.
         let (low, high) = match (ids.iter().min(), ids.iter().max()) {
-            (Some(low), Some(high)) if filter.ids.is_some() => (*low, *high),
+            (Some(low), Some(high)) => (*low, *high),
             _ => (i64::MIN, i64::MAX),
         };
         let query = D::bind_ids(query, ids).with(low).with(high);

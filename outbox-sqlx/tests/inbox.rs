@@ -140,7 +140,7 @@ macro_rules! inbox_tests {
                             (received, second)
                         })
                     };
-                    super::until_waiting::<$provision>(&database).await;
+                    super::Waiting::until_waiting(&database).await;
                     if commit {
                         first.commit().await.expect("commit");
                     } else {
@@ -222,31 +222,22 @@ inbox_tests!(postgres, PgDatabase, age_the_first_records:
 inbox_tests!(sqlite, SqliteFile, age_the_first_records:
     "UPDATE outbox_inbox SET received_at = received_at - 7200000 WHERE message_id = 1");
 
-/// Waits until a second transaction waits for the first one's record.
+/// Waits until a second transaction waits for the first one's record: on PostgreSQL, until
+/// the server reports it waiting for a lock; on SQLite, whose writers take the database's one
+/// write lock in turn, there is nothing to observe.
 trait Waiting {
-    async fn until_waiting(database: &Self);
-}
-
-/// Waits until a transaction of `database` waits for a lock (on PostgreSQL, as the server
-/// reports it); on SQLite, whose writers take the database's one write lock in turn, until
-/// the second transaction's statement can only be waiting for it (the first holds it).
-async fn until_waiting<P>(database: &SqlxTestDatabase<P>)
-where
-    SqlxTestDatabase<P>: Waiting,
-    P: outbox_testkit::sqlx::Provision,
-{
-    Waiting::until_waiting(database).await;
+    async fn until_waiting(&self);
 }
 
 impl Waiting for SqlxTestDatabase<PgDatabase> {
-    async fn until_waiting(database: &Self) {
+    async fn until_waiting(&self) {
         for _ in 0..500 {
             let waiting: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
                     AND query LIKE 'INSERT INTO outbox_inbox%')",
             )
-            .fetch_one(database.pool())
+            .fetch_one(self.pool())
             .await
             .expect("pg_stat_activity");
             if waiting {
@@ -259,7 +250,7 @@ impl Waiting for SqlxTestDatabase<PgDatabase> {
 }
 
 impl Waiting for SqlxTestDatabase<SqliteFile> {
-    async fn until_waiting(_: &Self) {
+    async fn until_waiting(&self) {
         // Nothing to observe: SQLite does not report a connection waiting on its busy
         // handler. Whether the second statement ran before the first transaction ends or
         // after, it must not see `First` while the first's record commits.
