@@ -34,6 +34,9 @@
 //! | `outbox_backfill_done_version` | gauge | `model` | the highest version whose walk completed |
 //! | `outbox_inbox_received_total` | counter | `consumer` | messages a consumer's inbox received, first or duplicate (counted at the record; a rollback after it does not take it back) |
 //! | `outbox_inbox_duplicates_total` | counter | `consumer` | messages a consumer's inbox had recorded already: redeliveries it skipped |
+//! | `outbox_inbox_handler_failures_total` | counter | `consumer`, `category` | attempts of a [`Consumer`](crate::inbox::Consumer)'s handlers that failed (each retried in place, or dead-lettered) |
+//! | `outbox_inbox_dead_letters_total` | counter | `consumer`, `category` | messages a consumer recorded in `outbox_inbox_dead_letters` (`category` empty for a message without one) |
+//! | `outbox_inbox_lag` | gauge | `consumer` | messages the broker holds for a consumer, not yet delivered (where the broker says: JetStream) |
 //!
 //! The backfill gauges are set by the relay that walks a batch, from the watermark it wrote.
 //!
@@ -114,6 +117,15 @@ pub const BACKFILL_DONE_VERSION: &str = "outbox_backfill_done_version";
 pub const INBOX_RECEIVED: &str = "outbox_inbox_received_total";
 /// Messages a consumer's inbox found it had applied already (counter; `consumer`).
 pub const INBOX_DUPLICATES: &str = "outbox_inbox_duplicates_total";
+/// Attempts of a [`Consumer`](crate::inbox::Consumer)'s handlers that failed (counter;
+/// `consumer`, `category`).
+pub const INBOX_HANDLER_FAILURES: &str = "outbox_inbox_handler_failures_total";
+/// Messages a [`Consumer`](crate::inbox::Consumer) recorded as dead letters (counter;
+/// `consumer`, `category`: empty for a message without one).
+pub const INBOX_DEAD_LETTERS: &str = "outbox_inbox_dead_letters_total";
+/// Messages the broker holds for a consumer, not yet delivered, where the broker says (gauge;
+/// `consumer`).
+pub const INBOX_LAG: &str = "outbox_inbox_lag";
 
 /// The operations of the [`DATABASE_ERRORS`] counter's `operation` label.
 pub const DATABASE_OPERATIONS: [&str; 4] = ["prepare", "discover", "drain", "gauges"];
@@ -202,6 +214,21 @@ pub fn describe() {
         INBOX_DUPLICATES,
         Unit::Count,
         "Messages a consumer's inbox had applied already"
+    );
+    describe_counter!(
+        INBOX_HANDLER_FAILURES,
+        Unit::Count,
+        "Attempts of a consumer's handlers that failed"
+    );
+    describe_counter!(
+        INBOX_DEAD_LETTERS,
+        Unit::Count,
+        "Messages a consumer recorded as dead letters"
+    );
+    describe_gauge!(
+        INBOX_LAG,
+        Unit::Count,
+        "Messages the broker holds for a consumer, not yet delivered"
     );
     describe_counter!(BACKFILL_ERRORS, Unit::Count, "Backfill ticks that failed");
     describe_gauge!(
@@ -484,4 +511,22 @@ pub(crate) fn record_received(consumer: &str, duplicate: bool) {
     if duplicate {
         metrics::counter!(INBOX_DUPLICATES, "consumer" => consumer.to_owned()).increment(1);
     }
+}
+
+/// Counts a failed attempt of `consumer`'s handler of `category`.
+pub(crate) fn record_consumer_failure(consumer: &str, category: &'static str) {
+    metrics::counter!(INBOX_HANDLER_FAILURES, "consumer" => consumer.to_owned(), "category" => category)
+        .increment(1);
+}
+
+/// Counts a dead letter of `consumer`.
+pub(crate) fn record_consumer_dead_letter(consumer: &str, category: &str) {
+    metrics::counter!(INBOX_DEAD_LETTERS, "consumer" => consumer.to_owned(), "category" => category.to_owned())
+        .increment(1);
+}
+
+/// Sets `consumer`'s lag.
+pub(crate) fn record_consumer_lag(consumer: &str, pending: u64) {
+    #[allow(clippy::cast_precision_loss)]
+    metrics::gauge!(INBOX_LAG, "consumer" => consumer.to_owned()).set(pending as f64);
 }

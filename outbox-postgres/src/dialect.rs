@@ -833,6 +833,15 @@ const INBOX: InboxStatements = InboxStatements {
              ON CONFLICT (consumer, message_id) DO NOTHING",
     purge: "DELETE FROM outbox_inbox \
             WHERE consumer = $1 AND received_at < now() - $2 * interval '1 millisecond'",
+    purge_all: "DELETE FROM outbox_inbox WHERE received_at < now() - $1 * interval '1 millisecond'",
+    dead_letter: "INSERT INTO outbox_inbox_dead_letters \
+                      (consumer, message_id, category, headers, payload, error, attempts) \
+                  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7)",
+    dead_letters: "SELECT id, consumer, message_id, category, headers::text, payload, error, \
+                       attempts::bigint, (extract(epoch FROM failed_at) * 1000)::bigint \
+                   FROM outbox_inbox_dead_letters \
+                   WHERE $1::text IS NULL OR consumer = $1 \
+                   ORDER BY id LIMIT $2",
 };
 
 /// The relays' heartbeats.

@@ -793,6 +793,19 @@ const INBOX: InboxStatements = InboxStatements {
         now!(),
         " - ?2"
     ),
+    purge_all: concat!(
+        "DELETE FROM outbox_inbox WHERE received_at < ",
+        now!(),
+        " - ?1"
+    ),
+    dead_letter: "INSERT INTO outbox_inbox_dead_letters \
+                      (consumer, message_id, category, headers, payload, error, attempts) \
+                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    dead_letters: "SELECT id, consumer, message_id, category, headers, payload, error, attempts, \
+                       failed_at \
+                   FROM outbox_inbox_dead_letters \
+                   WHERE ?1 IS NULL OR consumer = ?1 \
+                   ORDER BY id LIMIT ?2",
 };
 
 /// The relays' heartbeats.

@@ -221,6 +221,16 @@ pub struct InboxStatements {
     pub record: &'static str,
     /// Deletes a consumer's records older than `$2` milliseconds (`i64`): `$1` consumer.
     pub purge: &'static str,
+    /// Deletes every consumer's records older than `$1` milliseconds (`i64`).
+    pub purge_all: &'static str,
+    /// Records a consumer's dead letter: `$1` consumer, `$2` message id (`Option<i64>`), `$3`
+    /// category (`Option<String>`), `$4` headers (a JSON object as text), `$5` payload
+    /// (bytes), `$6` error, `$7` attempts (`i64`).
+    pub dead_letter: &'static str,
+    /// Dead letters, oldest first: `$1` the consumer (`Option<String>`: every consumer's if
+    /// null), `$2` the limit. Returns id, consumer, message id, category, headers (text),
+    /// payload, error, attempts (`i64`), when it was recorded (ms since the epoch).
+    pub dead_letters: &'static str,
 }
 
 /// The statements of the relays' heartbeats ([`Store::beat`](outbox_core::store::Store::beat),

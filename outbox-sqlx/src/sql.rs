@@ -96,6 +96,7 @@ all_of!(
         + Decodes<Option<i32>>
         + Decodes<Option<i64>>
         + Decodes<Option<String>>
+        + Decodes<Vec<u8>>
 );
 
 /// `query.with(value)`: [`Binds::bind_value`] as a method.

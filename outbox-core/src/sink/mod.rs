@@ -60,6 +60,17 @@ pub mod headers {
     pub const CREATED_AT: &str = "Outbox-Created-At";
     /// The payload's media type: `application/json` unless an encoder says otherwise.
     pub const CONTENT_TYPE: &str = "Content-Type";
+
+    /// Every header above: what a consumer does not read as the message's metadata.
+    pub const ALL: [&str; 7] = [
+        MESSAGE_ID,
+        CATEGORY,
+        SCOPE,
+        SHARD,
+        OBJECT,
+        CREATED_AT,
+        CONTENT_TYPE,
+    ];
 }
 
 /// One message as a sink publishes it.
@@ -232,6 +243,21 @@ pub fn ordering_key(shard: &ShardKey) -> String {
         None => format!("{}:{}", shard.scope.0, shard.shard_identifier),
         Some(destination) => format!("{}:{}:{destination}", shard.scope.0, shard.shard_identifier),
     }
+}
+
+/// The shard of an [`ordering_key`]: `None` if `key` is not one.
+pub fn parse_ordering_key(key: &str) -> Option<ShardKey> {
+    let mut parts = key.splitn(3, ':');
+    let scope = parts.next()?.parse().ok()?;
+    let identifier: crate::id::Id = parts.next()?.parse().ok()?;
+    Some(match parts.next() {
+        None => ShardKey::local(crate::model::ScopeId(scope), identifier),
+        Some(destination) => ShardKey::fan_out(
+            crate::model::ScopeId(scope),
+            identifier,
+            crate::model::Destination::new(destination).ok()?,
+        ),
+    })
 }
 
 type Route<C> = dyn Fn(&Delivery<C>) -> String + Send + Sync;

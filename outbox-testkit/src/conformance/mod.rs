@@ -20,6 +20,7 @@ mod delivery;
 mod deploys;
 mod failure;
 mod flush;
+mod inbox;
 mod models;
 mod operations;
 mod relay;
@@ -44,6 +45,7 @@ pub use self::delivery::*;
 pub use self::deploys::*;
 pub use self::failure::*;
 pub use self::flush::*;
+pub use self::inbox::*;
 pub use self::models::*;
 pub use self::operations::*;
 pub use self::relay::*;
@@ -99,6 +101,14 @@ macro_rules! conformance_tests {
             a_paused_backfill_resumes_where_it_stopped,
             concurrent_relays_never_walk_the_same_batch,
             the_relay_walks_a_started_backfill,
+            the_inbox_records_each_message_once_per_consumer,
+            a_consumer_applies_each_message_once_with_its_effect,
+            a_failing_handler_is_retried_in_place_and_its_effect_rolled_back,
+            a_message_failing_its_last_attempt_is_a_dead_letter,
+            undecodable_messages_are_dead_letters_at_once,
+            a_stopped_consumer_leaves_the_message_to_the_broker,
+            a_consumers_retention_purges_its_own_records,
+            a_consumer_built_wrong_is_refused_with_each_problem,
         );
         $crate::conformance_tests!(@captured $backend;
             models_of_many_shards_are_read_together,

@@ -16,7 +16,14 @@
 //! **Retention.** [`Inbox::purge_older_than`] deletes the records older than a window. A
 //! message delivered again after its record was purged is applied again: the window must
 //! exceed the longest time a message can take to be redelivered (the relay's and the broker's
-//! retries, an outage, a replay of dead letters).
+//! retries, an outage, a replay of dead letters). A [`Consumer`] built with a
+//! [retention](ConsumerBuilder::retention) purges its own records as it goes; the `outbox`
+//! command's `inbox purge` does it from outside.
+//!
+//! **Consumers.** A [`Consumer`] does all of the above for a broker's messages: each broker
+//! crate's consumer loop runs the messages it reads through one.
+
+mod consumer;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -25,6 +32,12 @@ use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::model::MessageId;
 use crate::telemetry;
+
+pub use self::consumer::{
+    Consumer, ConsumerBuilder, ConsumerError, ConsumerProblem, DEFAULT_MAX_ATTEMPTS, InboxDatabase,
+    InboxDeadLetter, InboxTransaction, Incoming, KEEP_ALIVE_EVERY, Settled, StoredInboxDeadLetter,
+    Undecodable,
+};
 
 /// Whether a consumer has applied a message before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,12 +104,17 @@ impl Inbox {
         message: MessageId,
     ) -> Result<Received, Error> {
         let first = target.record(&self.consumer, message).await?;
+        Ok(self.counted(first))
+    }
+
+    /// Counts a message received, `first` or not.
+    fn counted(&self, first: bool) -> Received {
         telemetry::record_received(&self.consumer, !first);
-        Ok(if first {
+        if first {
             Received::First
         } else {
             Received::Duplicate
-        })
+        }
     }
 
     /// Deletes this consumer's records older than `age`; returns how many. A message
@@ -107,5 +125,23 @@ impl Inbox {
         age: Duration,
     ) -> Result<u64, Error> {
         target.purge(&self.consumer, age).await
+    }
+}
+
+/// A consumer's transaction ([`InboxDatabase::begin`]) is a target too:
+/// `inbox.receive(transaction.as_mut(), id)`.
+impl<'t, 'd> InboxTarget<Box<dyn InboxTransaction>> for &'t mut (dyn InboxTransaction + 'd) {
+    fn record<'a>(self, consumer: &'a str, message: MessageId) -> BoxFuture<'a, Result<bool, Error>>
+    where
+        Self: 'a,
+    {
+        InboxTransaction::record(self, consumer, message)
+    }
+
+    fn purge<'a>(self, consumer: &'a str, age: Duration) -> BoxFuture<'a, Result<u64, Error>>
+    where
+        Self: 'a,
+    {
+        InboxTransaction::purge(self, consumer, age)
     }
 }
