@@ -33,6 +33,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod consumer;
+
+pub use crate::consumer::{
+    ConsumeError, ConsumeReport, DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, NatsConsumer,
+};
+
 use std::time::Duration;
 
 use async_nats::connection::State;

@@ -853,7 +853,7 @@ impl Consumer {
 struct Burial<'a> {
     message_id: Option<MessageId>,
     category: Option<&'a str>,
-    problem: &'a (dyn std::error::Error + 'static),
+    problem: &'a (dyn std::error::Error + Send + Sync + 'static),
     attempts: u32,
 }
 
