@@ -162,6 +162,9 @@ pub enum Command {
     /// Backfills of replicated models: start, pause, status.
     #[command(subcommand)]
     Backfill(BackfillCommand),
+    /// A consumer's inbox (in the consumer's database): purge old records, list dead letters.
+    #[command(subcommand)]
+    Inbox(InboxCommand),
     /// Applies the outbox migrations (or prints their SQL, for a migration tool of your own).
     Migrate {
         /// Print the SQL instead of applying it: each migration, and the rows that record it
@@ -290,6 +293,31 @@ pub enum BackfillCommand {
     Pause {
         /// The model (its category's name or number).
         model: String,
+    },
+}
+
+/// What to do with the inboxes of the consumers whose database this is.
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// Deletes the inbox records older than a window. A message delivered again after its
+    /// record is gone is applied again: the window must exceed the longest redelivery.
+    Purge {
+        /// Records received at least this long ago (`12h`, `7d`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Only this consumer's (every consumer's without it).
+        #[arg(long)]
+        consumer: Option<String>,
+    },
+    /// The messages a consumer set aside: its handler failed on them too many times, or they
+    /// could not be decoded. Oldest first.
+    DeadLetters {
+        /// Only this consumer's.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
     },
 }
 
@@ -493,7 +521,10 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
         return ui::serve(database, listen, options, out).await;
     }
     let database = Backend::connect(url, Open::Existing).await?;
-    let result = execute(&*database, cli.command, catalog, &printer, out).await;
+    let result = match cli.command {
+        Command::Inbox(command) => inbox(&*database, command, &printer, out).await,
+        command => execute(&*database, command, catalog, &printer, out).await,
+    };
     database.close().await;
     result
 }
@@ -583,6 +614,7 @@ async fn execute(
         Command::Pauses => printer.pauses(out, &store.pauses().await?),
         Command::DeadLetters(command) => dead_letters(store, command, catalog, printer, out).await,
         Command::Backfill(command) => backfill(store, command, catalog, printer, out).await,
+        Command::Inbox(_) => unreachable!("the inbox's commands run on the database"),
         Command::Migrate { .. } | Command::Ui { .. } => {
             unreachable!("migrations and the console run before an operation")
         }
@@ -640,6 +672,41 @@ async fn dead_letters(
                 store.purge_dead_letters(&ids).await?
             };
             printer.purged(out, &letters, purged, dry_run)
+        }
+    }
+}
+
+async fn inbox(
+    database: &dyn outbox_core::admin::Database,
+    command: InboxCommand,
+    printer: &Printer<'_>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    database.check_schema().await?;
+    let inbox = database
+        .inbox()
+        .ok_or_else(|| CliError::Refused("this database's backend keeps no inbox".to_owned()))?;
+    match command {
+        InboxCommand::Purge {
+            older_than,
+            consumer,
+        } => {
+            let purged = inbox.purge_inbox(consumer.as_deref(), older_than).await?;
+            let whose = consumer.map_or_else(
+                || "every consumer's".to_owned(),
+                |consumer| format!("consumer `{consumer}`'s"),
+            );
+            printer.done(
+                out,
+                &format!(
+                    "purged {purged} of {whose} inbox records older than {}",
+                    humantime::format_duration(older_than)
+                ),
+            )
+        }
+        InboxCommand::DeadLetters { consumer, limit } => {
+            let letters = inbox.dead_letters(consumer.as_deref(), limit).await?;
+            printer.inbox_dead_letters(out, &letters)
         }
     }
 }

@@ -9,6 +9,7 @@ use outbox_core::admin::{
     ShardStatus,
 };
 use outbox_core::backfill::{BackfillPhase, BackfillState};
+use outbox_core::inbox::StoredInboxDeadLetter;
 use outbox_core::store::PendingMessage;
 use outbox_core::{MessageId, ShardKey};
 use serde::Serialize;
@@ -689,6 +690,55 @@ impl<'a> Printer<'a> {
             return Ok(());
         }
         writeln!(out, "{}", render(&self.letter_table(letters)))?;
+        Ok(())
+    }
+
+    pub(crate) fn inbox_dead_letters(
+        &self,
+        out: &mut dyn Write,
+        letters: &[StoredInboxDeadLetter],
+    ) -> Result<(), CliError> {
+        if self.json {
+            let listed: Vec<Value> = letters
+                .iter()
+                .map(|letter| {
+                    json!({
+                        "id": letter.id,
+                        "consumer": letter.consumer,
+                        "message_id": letter.message_id.map(|id| id.0),
+                        "category": letter.category,
+                        "attempts": letter.attempts,
+                        "error": letter.error,
+                        "failed_at": rfc3339(Some(letter.failed_at)),
+                        "headers": serde_json::from_str::<Value>(&letter.headers)
+                            .unwrap_or(Value::Null),
+                        "payload": String::from_utf8_lossy(&letter.payload),
+                    })
+                })
+                .collect();
+            return self.emit(out, &listed);
+        }
+        if letters.is_empty() {
+            writeln!(out, "no dead letters in the inbox")?;
+            return Ok(());
+        }
+        let mut table = table(&[
+            "ID", "CONSUMER", "MESSAGE", "CATEGORY", "ATTEMPTS", "FAILED", "ERROR",
+        ]);
+        for letter in letters {
+            table.add_row(vec![
+                letter.id.to_string(),
+                letter.consumer.clone(),
+                letter
+                    .message_id
+                    .map_or_else(|| "-".to_owned(), |id| id.0.to_string()),
+                letter.category.clone().unwrap_or_else(|| "-".to_owned()),
+                letter.attempts.to_string(),
+                self.ago(Some(letter.failed_at)),
+                clip(&letter.error, 60),
+            ]);
+        }
+        writeln!(out, "{}", render(&table))?;
         Ok(())
     }
 

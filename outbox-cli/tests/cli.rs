@@ -734,6 +734,104 @@ where
     assert_eq!(relays[1]["running"], false);
 }
 
+/// A consumer's inbox, seen and kept by the command: its dead letters listed (table and
+/// JSON, by consumer), its old records purged by consumer or for every consumer.
+async fn inboxes<P: Provision>(database: SqlxTestDatabase<P>)
+where
+    SqlxTestDatabase<P>: Url,
+{
+    use outbox_core::inbox::{Consumer, Inbox, InboxDatabase, Incoming, Settled};
+    use outbox_core::sink::headers;
+
+    let url = database.url();
+    assert_eq!(
+        expect(&url, &["inbox", "dead-letters"], 0).trim(),
+        "no dead letters in the inbox"
+    );
+    let store = SqlxStore::<P::Dialect>::new(database.pool().clone());
+    let billing = Consumer::builder(Inbox::new("billing"), store.clone())
+        .handle::<OrgUpdate, _>(|_: Delivery<OrgUpdate>| async { Ok::<_, BoxError>(()) })
+        .build()
+        .expect("a consumer");
+    let poison = Incoming::new(&b"not json"[..], 1)
+        .with_header(headers::MESSAGE_ID, "77")
+        .with_header(headers::CATEGORY, "org_update");
+    let settled = billing
+        .process(&poison, || async {}, std::future::pending())
+        .await;
+    assert_eq!(settled, Some(Settled::DeadLettered));
+    for (consumer, id) in [("billing", 1), ("billing", 2), ("search", 1)] {
+        let mut tx = store.begin().await.expect("begin");
+        let _ = Inbox::new(consumer)
+            .receive(tx.as_mut(), outbox_core::MessageId(id))
+            .await
+            .expect("receive");
+        tx.commit().await.expect("commit");
+    }
+
+    let listed = expect(&url, &["inbox", "dead-letters", "--consumer", "billing"], 0);
+    let row = listed.lines().nth(1).expect("a row");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells[1..5],
+        ["billing", "77", "org_update", "0"],
+        "{listed}"
+    );
+    assert!(listed.contains("no `Outbox-Shard` header"), "{listed}");
+    let listed = json(&url, &["inbox", "dead-letters"]);
+    assert_eq!(listed[0]["message_id"], 77);
+    assert_eq!(listed[0]["payload"], "not json");
+    assert_eq!(listed[0]["headers"][headers::CATEGORY], "org_update");
+    assert!(
+        json(&url, &["inbox", "dead-letters", "--consumer", "search"])
+            .as_array()
+            .expect("a list")
+            .is_empty()
+    );
+
+    let kept = expect(
+        &url,
+        &[
+            "inbox",
+            "purge",
+            "--older-than",
+            "1h",
+            "--consumer",
+            "billing",
+        ],
+        0,
+    );
+    assert_eq!(
+        kept.trim(),
+        "purged 0 of consumer `billing`'s inbox records older than 1h"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let purged = expect(
+        &url,
+        &[
+            "inbox",
+            "purge",
+            "--older-than",
+            "10ms",
+            "--consumer",
+            "billing",
+        ],
+        0,
+    );
+    assert_eq!(
+        purged.trim(),
+        "purged 3 of consumer `billing`'s inbox records older than 10ms",
+        "two received and the dead letter's"
+    );
+    let purged = json(&url, &["inbox", "purge", "--older-than", "10ms"]);
+    assert_eq!(
+        purged["done"],
+        "purged 1 of every consumer's inbox records older than 10ms"
+    );
+    let refused = outbox(&url, &["inbox", "purge"]);
+    assert_eq!(refused.status.code(), Some(2), "--older-than is required");
+}
+
 macro_rules! on_both_backends {
     ($($scenario:ident($($made:ident),+);)+) => {
         mod postgres {
@@ -761,6 +859,7 @@ on_both_backends! {
     names(migrated);
     backfills(migrated);
     relays(migrated);
+    inboxes(migrated);
     migrations(create, create);
 }
 

@@ -186,6 +186,12 @@ pub trait Database: Operations {
 
     /// Closes the connections.
     fn close(&self) -> BoxFuture<'_, ()>;
+
+    /// The database as a consumer's ([`InboxDatabase`](crate::inbox::InboxDatabase)): its
+    /// inbox records and dead letters. `None` if the backend has no inbox.
+    fn inbox(&self) -> Option<&dyn crate::inbox::InboxDatabase> {
+        None
+    }
 }
 
 /// A database being opened: what [`Backend::open`] returns.

@@ -998,4 +998,8 @@ impl<D: Dialect> outbox_core::admin::Database for SqlxStore<D> {
     fn close(&self) -> outbox_core::handler::BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }
+
+    fn inbox(&self) -> Option<&dyn outbox_core::inbox::InboxDatabase> {
+        Some(self)
+    }
 }
