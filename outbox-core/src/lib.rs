@@ -89,10 +89,11 @@
 //
 // 1. The vocabulary: `future`, `id`, `metadata`, `secret`, `shutdown`, `key`, `trace`,
 //    `error`, `model`, `categories`, `columns`, `replicated`.
-// 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`, `inbox`.
+// 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`.
 // 3. Delivery: `breaker`, `handler`, `sink`.
 // 4. Declarations: `test_models`, `registry`, `catalog`.
-// 5. The tools and the engine: `admin`, `memory`, `relay`, `__private`.
+// 5. The engine, the consumer's side and the tools: `relay`, `inbox`, `admin`, `memory`,
+//    `__private`.
 
 pub mod admin;
 pub mod backfill;

@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use outbox_core::BoxError;
-use outbox_core::inbox::{Consumer, Incoming, Settled};
+use outbox_core::inbox::{ConsumeReport, Consumer, Incoming};
 use tracing::{debug, warn};
 
 /// How long JetStream waits for a message's acknowledgement before delivering it again, by
@@ -55,28 +55,6 @@ pub struct NatsConsumer {
     filter_subject: String,
     ack_wait: Duration,
     max_ack_pending: i64,
-}
-
-/// What a [`NatsConsumer`] settled before it stopped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConsumeReport {
-    /// Messages applied.
-    pub applied: u64,
-    /// Messages found applied already.
-    pub duplicates: u64,
-    /// Messages recorded as dead letters.
-    pub dead_lettered: u64,
-}
-
-impl ConsumeReport {
-    fn count(&mut self, settled: Settled) {
-        match settled {
-            Settled::Applied => self.applied += 1,
-            Settled::Duplicate => self.duplicates += 1,
-            Settled::DeadLettered => self.dead_lettered += 1,
-        }
-    }
 }
 
 /// Why a [`NatsConsumer`] could not start.

@@ -35,9 +35,7 @@
 
 mod consumer;
 
-pub use crate::consumer::{
-    ConsumeError, ConsumeReport, DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, NatsConsumer,
-};
+pub use crate::consumer::{ConsumeError, DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, NatsConsumer};
 
 use std::time::Duration;
 

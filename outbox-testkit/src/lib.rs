@@ -80,6 +80,8 @@ pub mod backend;
 #[cfg(feature = "sqlite")]
 pub mod brokers;
 pub mod conformance;
+#[cfg(feature = "sqlite")]
+pub mod consumers;
 pub mod counting;
 mod database;
 pub mod faults;

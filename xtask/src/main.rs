@@ -55,12 +55,29 @@ enum Task {
     /// A relay process of the chaos run (internal).
     #[command(hide = true)]
     ChaosRelay(chaos::RelayArgs),
+    /// The orders relay of the chaos run's inbox scenario (internal).
+    #[command(hide = true)]
+    ChaosInboxRelay(chaos::InboxChildArgs),
+    /// A billing consumer of the chaos run's inbox scenario (internal).
+    #[command(hide = true)]
+    ChaosInboxConsumer(chaos::InboxChildArgs),
     /// Check formatting, lints and docs, then run every test of the workspace.
     Test {
         /// Arguments passed on to `cargo test` (after `--`), e.g. a test name filter.
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
+}
+
+/// The exit of a chaos child: its summary printed, or its error.
+fn child(outcome: Result<String, String>) -> ExitCode {
+    match outcome {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(Err(error)),
+    }
 }
 
 fn main() -> ExitCode {
@@ -104,13 +121,9 @@ fn main() -> ExitCode {
                 Err(error) => report(Err(error)),
             }
         }
-        Task::ChaosRelay(args) => match runtime().block_on(chaos::relay(args)) {
-            Ok(summary) => {
-                println!("{summary}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => report(Err(error)),
-        },
+        Task::ChaosRelay(args) => child(runtime().block_on(chaos::relay(args))),
+        Task::ChaosInboxRelay(args) => child(runtime().block_on(chaos::inbox_relay(args))),
+        Task::ChaosInboxConsumer(args) => child(runtime().block_on(chaos::inbox_consumer(args))),
     }
 }
 

@@ -175,3 +175,83 @@ handler_fns!(A1, A2, A3);
 handler_fns!(A1, A2, A3, A4);
 handler_fns!(A1, A2, A3, A4, A5);
 handler_fns!(A1, A2, A3, A4, A5, A6);
+
+/// A closure taking its delivery and the transaction's connection (`&mut T`: a
+/// `sqlx::PgConnection`, a `sqlx::SqliteConnection`), as a [`Handler`]: see
+/// [`with_connection`].
+pub struct WithConnection<T: ?Sized, F> {
+    function: F,
+    connection: PhantomData<fn(&mut T)>,
+}
+
+impl<T: ?Sized, F> std::fmt::Debug for WithConnection<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithConnection")
+            .field("connection", &std::any::type_name::<T>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes a closure taking its delivery and the transaction's connection a [`Handler`]: its
+/// writes commit with the delivery's acknowledgement (a consumer's
+/// [inbox record](crate::inbox::Consumer), the relay's in
+/// [`HandlerMode::InTransaction`](crate::HandlerMode::InTransaction)) or roll back with its
+/// failure. The closure returns its future boxed, as it borrows the connection (the way of
+/// `sqlx`'s own `Connection::transaction`):
+///
+/// ```
+/// use outbox_core::handler::{Handler, with_connection};
+/// use outbox_core::{BoxError, Delivery};
+/// # #[derive(Debug)] struct Org;
+/// # impl outbox_core::Scope for Org { const ID: outbox_core::ScopeId = outbox_core::ScopeId(1); const NAME: &'static str = "org"; }
+/// # #[derive(Debug)] struct OrderPlaced;
+/// # impl outbox_core::Category for OrderPlaced { type Scope = Org; type Payload = i64; const ID: outbox_core::CategoryId = outbox_core::CategoryId(1); const NAME: &'static str = "order_placed"; }
+/// # struct Connection;
+///
+/// let charge = with_connection(|placed: Delivery<OrderPlaced>, conn: &mut Connection| {
+///     Box::pin(async move {
+///         // sqlx::query("INSERT INTO charges ...").bind(placed.payload).execute(conn).await?;
+///         let _ = (placed, conn);
+///         Ok::<_, BoxError>(())
+///     })
+/// });
+/// # fn is_handler(_: impl Handler<Delivery<OrderPlaced>>) {}
+/// # is_handler(charge);
+/// ```
+///
+/// Given no connection of type `T` (another backend's, or a relay not in
+/// `HandlerMode::InTransaction`), a delivery fails with
+/// [`ExtractError::NoConnection`](crate::handler::ExtractError::NoConnection).
+pub fn with_connection<D, T, F, E>(function: F) -> WithConnection<T, F>
+where
+    D: DeliveryKind,
+    T: std::any::Any + Send,
+    F: for<'c> Fn(D, &'c mut T) -> crate::future::BoxFuture<'c, Result<(), E>>
+        + Send
+        + Sync
+        + 'static,
+    E: Into<BoxError>,
+{
+    WithConnection {
+        function,
+        connection: PhantomData,
+    }
+}
+
+impl<D, T, F, E> Handler<D> for WithConnection<T, F>
+where
+    D: DeliveryKind,
+    T: std::any::Any + Send,
+    F: for<'c> Fn(D, &'c mut T) -> crate::future::BoxFuture<'c, Result<(), E>>
+        + Send
+        + Sync
+        + 'static,
+    E: Into<BoxError>,
+{
+    async fn call(&self, delivery: D, cx: &mut HandlerContext<'_>) -> Result<(), BoxError> {
+        let mut connection = super::Connection::<T>::from_context(cx)?;
+        (self.function)(delivery, &mut connection)
+            .await
+            .map_err(Into::into)
+    }
+}

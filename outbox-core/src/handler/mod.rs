@@ -29,7 +29,9 @@ pub(crate) use self::erased::{
 };
 pub use self::error::{DeliveryError, ExtractError};
 pub use self::extract::{Connection, FromContext, HandlerContext, Requirements, State};
-pub use self::function::{FnHandler, HandlerFn, HandlerOutput, handler_fn};
+pub use self::function::{
+    FnHandler, HandlerFn, HandlerOutput, WithConnection, handler_fn, with_connection,
+};
 pub(crate) use self::replication::ModelDispatch;
 pub use self::replication::{Deletion, Replication};
 pub(crate) use self::state::StateMap;

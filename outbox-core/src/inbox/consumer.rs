@@ -125,6 +125,29 @@ pub enum Settled {
     DeadLettered,
 }
 
+/// What a broker's consumer loop settled before it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumeReport {
+    /// Messages applied.
+    pub applied: u64,
+    /// Messages found applied already.
+    pub duplicates: u64,
+    /// Messages recorded as dead letters.
+    pub dead_lettered: u64,
+}
+
+impl ConsumeReport {
+    /// Counts one settled message.
+    pub fn count(&mut self, settled: Settled) {
+        match settled {
+            Settled::Applied => self.applied += 1,
+            Settled::Duplicate => self.duplicates += 1,
+            Settled::DeadLettered => self.dead_lettered += 1,
+        }
+    }
+}
+
 /// A dead letter of a consumer, as [`InboxTransaction::dead_letter`] records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -34,9 +34,9 @@ use crate::model::MessageId;
 use crate::telemetry;
 
 pub use self::consumer::{
-    Consumer, ConsumerBuilder, ConsumerError, ConsumerProblem, DEFAULT_MAX_ATTEMPTS, InboxDatabase,
-    InboxDeadLetter, InboxTransaction, Incoming, KEEP_ALIVE_EVERY, Settled, StoredInboxDeadLetter,
-    Undecodable,
+    ConsumeReport, Consumer, ConsumerBuilder, ConsumerError, ConsumerProblem, DEFAULT_MAX_ATTEMPTS,
+    InboxDatabase, InboxDeadLetter, InboxTransaction, Incoming, KEEP_ALIVE_EVERY, Settled,
+    StoredInboxDeadLetter, Undecodable,
 };
 
 /// Whether a consumer has applied a message before.

@@ -212,122 +212,118 @@ impl Recorder {
     }
 }
 
-/// The relay processes of a run, and the ones killed.
-pub(crate) struct Relays {
+/// The child processes of one kind in a run (relays, consumers), and the ones killed. Each
+/// has a number of its own (its log is `<what>-<number>.log`) and a slot: the lowest not
+/// taken by a running one, so that a process started after a kill takes the place (and the
+/// name, where its arguments give one) of the one killed.
+pub(crate) struct Processes {
     exe: PathBuf,
-    backend: Backend,
-    database: String,
-    records: PathBuf,
-    lease: Duration,
-    stall_every: u32,
-    seed: u64,
-    /// The running ones: their number and process.
-    running: Vec<(u32, Child)>,
+    what: &'static str,
+    logs: PathBuf,
+    /// The arguments of process `number` in slot `slot`.
+    args: Box<dyn Fn(u32, u32) -> Vec<std::ffi::OsString> + Send>,
+    /// The running ones: their number, slot and process.
+    running: Vec<(u32, u32, Child)>,
     next: u32,
-    /// Relays that exited on their own, with the end of their log.
+    /// Processes that exited on their own, with the end of their log.
     crashes: Vec<String>,
 }
 
-impl Relays {
+impl Processes {
+    /// Processes of this binary, `what` (`"relay"`) in messages, logging into `logs`, each
+    /// started with `args(number, slot)`.
     pub(crate) fn new(
-        backend: Backend,
-        database: &str,
-        records: PathBuf,
-        lease: Duration,
-        stall_every: u32,
-        seed: u64,
+        what: &'static str,
+        logs: PathBuf,
+        args: impl Fn(u32, u32) -> Vec<std::ffi::OsString> + Send + 'static,
     ) -> Result<Self, String> {
         Ok(Self {
             exe: std::env::current_exe()
                 .map_err(|error| format!("finding this binary: {error}"))?,
-            backend,
-            database: database.to_owned(),
-            records,
-            lease,
-            stall_every,
-            seed,
+            what,
+            logs,
+            args: Box::new(args),
             running: Vec::new(),
             next: 0,
             crashes: Vec::new(),
         })
     }
 
-    fn log(&self, worker: u32) -> PathBuf {
-        self.records.join(format!("relay-{worker}.log"))
+    fn log(&self, number: u32) -> PathBuf {
+        self.logs.join(format!("{}-{number}.log", self.what))
     }
 
-    /// Starts one more relay.
+    /// Starts one more.
     pub(crate) fn spawn(&mut self) -> Result<(), String> {
-        let worker = self.next;
+        let number = self.next;
         self.next += 1;
-        let log = File::create(self.log(worker))
-            .map_err(|error| format!("cannot create a relay log: {error}"))?;
+        let slot = (0..)
+            .find(|slot| self.running.iter().all(|(_, taken, _)| taken != slot))
+            .unwrap_or_default();
+        let log = File::create(self.log(number))
+            .map_err(|error| format!("cannot create a {} log: {error}", self.what))?;
         let err = log
             .try_clone()
-            .map_err(|error| format!("cannot create a relay log: {error}"))?;
-        let backend = match self.backend {
-            Backend::Postgres => "postgres",
-            Backend::Sqlite => "sqlite",
-        };
+            .map_err(|error| format!("cannot create a {} log: {error}", self.what))?;
         let child = Command::new(&self.exe)
-            .arg("chaos-relay")
-            .args(["--backend", backend, "--database", &self.database])
-            .arg("--records")
-            .arg(&self.records)
-            .args(["--worker", &worker.to_string()])
-            .args(["--lease-ms", &self.lease.as_millis().to_string()])
-            .args(["--seed", &(self.seed ^ u64::from(worker)).to_string()])
-            .args(["--stall-every", &self.stall_every.to_string()])
+            .args((self.args)(number, slot))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
             .spawn()
-            .map_err(|error| format!("cannot start a relay: {error}"))?;
-        self.running.push((worker, child));
+            .map_err(|error| format!("cannot start a {}: {error}", self.what))?;
+        self.running.push((number, slot, child));
         Ok(())
     }
 
-    /// Kills a random relay with SIGKILL; returns when (nanoseconds since the epoch).
+    /// Kills a random one with SIGKILL; returns when (nanoseconds since the epoch).
     pub(crate) fn kill_one(&mut self, rng: &mut StdRng) -> Result<u64, String> {
         if self.running.is_empty() {
-            return Err("no relay to kill".to_owned());
+            return Err(format!("no {} to kill", self.what));
         }
-        let (worker, mut child) = self.running.remove(rng.random_range(0..self.running.len()));
+        let (number, _, mut child) = self.running.remove(rng.random_range(0..self.running.len()));
         let at = now_ns();
         child
             .kill()
-            .map_err(|error| format!("cannot kill relay {worker}: {error}"))?;
+            .map_err(|error| format!("cannot kill {} {number}: {error}", self.what))?;
         child
             .wait()
-            .map_err(|error| format!("cannot reap relay {worker}: {error}"))?;
-        eprintln!("chaos:   killed relay {worker} (pid {})", child.id());
+            .map_err(|error| format!("cannot reap {} {number}: {error}", self.what))?;
+        eprintln!(
+            "chaos:   killed {} {number} (pid {})",
+            self.what,
+            child.id()
+        );
         Ok(at)
     }
 
-    /// Replaces relays that exited on their own (each is a crash to report).
+    /// Replaces those that exited on their own (each is a crash to report).
     pub(crate) fn respawn_crashed(&mut self) -> Result<(), String> {
         let mut index = 0;
         while index < self.running.len() {
-            let (worker, child) = &mut self.running[index];
-            let worker = *worker;
+            let (number, _, child) = &mut self.running[index];
+            let number = *number;
             match child.try_wait() {
                 Ok(None) => index += 1,
                 Ok(Some(status)) => {
                     self.running.remove(index);
-                    self.crash(worker, &status.to_string());
+                    self.crash(number, &status.to_string());
                     self.spawn()?;
                 }
-                Err(error) => return Err(format!("cannot check relay {worker}: {error}")),
+                Err(error) => {
+                    return Err(format!("cannot check {} {number}: {error}", self.what));
+                }
             }
         }
         Ok(())
     }
 
-    /// Every warning the relays' outbox crates logged, in the order of their logs.
+    /// Every warning the outbox crates logged in these processes, in the order of their
+    /// logs.
     pub(crate) fn warnings(&self) -> Vec<String> {
         (0..self.next)
-            .flat_map(|worker| {
-                std::fs::read_to_string(self.log(worker))
+            .flat_map(|number| {
+                std::fs::read_to_string(self.log(number))
                     .unwrap_or_default()
                     .lines()
                     // The outbox's own, by their target: sqlx also logs the server's notice
@@ -337,39 +333,43 @@ impl Relays {
                     .filter(|line| {
                         warning_target(line).is_some_and(|target| target.starts_with("outbox_"))
                     })
-                    .map(|line| format!("relay {worker}: {line}"))
+                    .map(|line| format!("{} {number}: {line}", self.what))
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    fn crash(&mut self, worker: u32, status: &str) {
-        let log = std::fs::read_to_string(self.log(worker)).unwrap_or_default();
+    fn crash(&mut self, number: u32, status: &str) {
+        let log = std::fs::read_to_string(self.log(number)).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(5).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        eprintln!("chaos:   relay {worker} exited on its own ({status})");
+        eprintln!(
+            "chaos:   {} {number} exited on its own ({status})",
+            self.what
+        );
         self.crashes.push(format!(
-            "relay {worker} exited ({status}): {}",
+            "{} {number} exited ({status}): {}",
+            self.what,
             tail.join(" | ")
         ));
     }
 
-    /// Asks every relay to stop (SIGTERM) and waits up to `grace` for them; those still
-    /// running are killed. Returns the crashes: relays that exited on their own during the
+    /// Asks every one to stop (SIGTERM) and waits up to `grace` for them; those still
+    /// running are killed. Returns the crashes: those that exited on their own during the
     /// run, failed to stop cleanly, or had to be killed.
     pub(crate) async fn shutdown(&mut self, grace: Duration) -> Result<Vec<String>, String> {
-        for (_, child) in &self.running {
+        for (_, _, child) in &self.running {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
         }
         let until = Instant::now() + grace;
-        while let Some((worker, mut child)) = self.running.pop() {
+        while let Some((number, _, mut child)) = self.running.pop() {
             loop {
                 match child.try_wait() {
                     Ok(Some(status)) if status.success() => break,
                     Ok(Some(status)) => {
-                        self.crash(worker, &format!("{status} after SIGTERM"));
+                        self.crash(number, &format!("{status} after SIGTERM"));
                         break;
                     }
                     Ok(None) if Instant::now() < until => {
@@ -378,10 +378,12 @@ impl Relays {
                     Ok(None) => {
                         let _ = child.kill();
                         let _ = child.wait();
-                        self.crash(worker, "still running after SIGTERM; killed");
+                        self.crash(number, "still running after SIGTERM; killed");
                         break;
                     }
-                    Err(error) => return Err(format!("cannot wait for relay {worker}: {error}")),
+                    Err(error) => {
+                        return Err(format!("cannot wait for {} {number}: {error}", self.what));
+                    }
                 }
             }
         }
@@ -389,14 +391,54 @@ impl Relays {
     }
 }
 
-impl Drop for Relays {
-    /// No relay outlives the run, whatever happened.
+impl Drop for Processes {
+    /// No child outlives the run, whatever happened.
     fn drop(&mut self) {
-        for (_, child) in &mut self.running {
+        for (_, _, child) in &mut self.running {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// The relay processes of a run: this binary's `chaos-relay`, recording into `records`.
+pub(crate) fn relays(
+    backend: Backend,
+    database: &str,
+    records: PathBuf,
+    lease: Duration,
+    stall_every: u32,
+    seed: u64,
+) -> Result<Processes, String> {
+    let backend = match backend {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    };
+    let database = database.to_owned();
+    let logs = records.clone();
+    Processes::new("relay", logs, move |worker, _| {
+        let mut args: Vec<std::ffi::OsString> = vec!["chaos-relay".into()];
+        args.extend(
+            [
+                "--backend",
+                backend,
+                "--database",
+                &database,
+                "--worker",
+                &worker.to_string(),
+                "--lease-ms",
+                &lease.as_millis().to_string(),
+                "--seed",
+                &(seed ^ u64::from(worker)).to_string(),
+                "--stall-every",
+                &stall_every.to_string(),
+                "--records",
+            ]
+            .map(Into::into),
+        );
+        args.push(records.clone().into());
+        args
+    })
 }
 
 /// The target of a warning the relay logged (`outbox_core::relay::shard`), or `None` for

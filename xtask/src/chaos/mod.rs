@@ -8,6 +8,7 @@
 mod check;
 mod child;
 mod cluster;
+mod inbox;
 mod report;
 mod workload;
 
@@ -22,9 +23,9 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use self::check::{Faults, Figures};
-use self::child::Relays;
 pub(crate) use self::child::{RelayArgs, relay};
 use self::cluster::Cluster;
+pub(crate) use self::inbox::{InboxChildArgs, consumer as inbox_consumer, relay as inbox_relay};
 use self::workload::{Db, Plan};
 
 /// Which databases a chaos run covers.
@@ -56,12 +57,35 @@ impl Backend {
     }
 }
 
+/// Which scenarios a chaos run covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scenarios {
+    /// Relays killed, the database restarted, writers racing them: nothing lost, reordered
+    /// or overlapped.
+    Relay,
+    /// Orders relayed through a broker and consumed into billing's database through its
+    /// inbox, relays and consumers killed, the broker cut: every order charged exactly once.
+    Inbox,
+    /// Both.
+    All,
+}
+
 /// Options of `cargo xtask chaos`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ChaosArgs {
-    /// Which databases to run on.
+    /// Which scenarios to run.
+    #[arg(long, value_enum, default_value_t = Scenarios::All)]
+    scenario: Scenarios,
+    /// Which databases the relay scenario runs on.
     #[arg(long, value_enum, default_value_t = Backends::All)]
     backend: Backends,
+    /// Which brokers the inbox scenario runs through (repeat the flag for more; both by
+    /// default).
+    #[arg(long = "broker", value_enum)]
+    brokers: Vec<inbox::Broker>,
+    /// Orders written in the inbox scenario.
+    #[arg(long, default_value_t = 20_000)]
+    orders: u64,
     /// Non-coalescing messages written per database.
     #[arg(long, default_value_t = 100_000)]
     messages: u64,
@@ -271,7 +295,8 @@ pub(crate) async fn chaos(args: ChaosArgs) -> Result<bool, String> {
         if args.short { " --short" } else { "" }
     );
     let mut passed = true;
-    for &backend in backends {
+    let relay_scenario = args.scenario != Scenarios::Inbox;
+    for &backend in backends.iter().filter(|_| relay_scenario) {
         eprintln!(
             "chaos: {}: {} messages over {} shards, {} relays…",
             backend.name(),
@@ -282,6 +307,23 @@ pub(crate) async fn chaos(args: ChaosArgs) -> Result<bool, String> {
         let outcome = run(backend, &settings, seed).await?;
         println!("{}", report::render(&outcome, seed));
         passed &= outcome.passed();
+    }
+    if args.scenario != Scenarios::Relay {
+        let brokers = if args.brokers.is_empty() {
+            vec![inbox::Broker::Nats, inbox::Broker::Redis]
+        } else {
+            args.brokers.clone()
+        };
+        let settings = inbox::InboxSettings::new(args.short, args.orders);
+        for broker in brokers {
+            eprintln!(
+                "chaos: inbox through {broker:?}: {} orders, {} consumers…",
+                settings.orders, settings.consumers
+            );
+            let outcome = inbox::run(broker, &settings, seed).await?;
+            println!("{}", outcome.render(seed));
+            passed &= outcome.passed();
+        }
     }
     Ok(passed)
 }
@@ -319,7 +361,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
 
     // Half of the messages are waiting when the relays start; the rest race them.
     workload::prefill(&db, &plans, deadline).await?;
-    let mut relays = Relays::new(
+    let mut relays = child::relays(
         backend,
         &database,
         records.clone(),
