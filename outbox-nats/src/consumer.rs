@@ -19,6 +19,16 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// How many messages JetStream hands a consumer before their acknowledgements, by default.
 pub const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 
+/// How many messages one pull request asks for, by default. Each waits in the client until
+/// the ones before it are applied, and its ack wait runs meanwhile: a batch must be applied
+/// well within the ack wait, or JetStream delivers its last messages again.
+pub const DEFAULT_BATCH: usize = 20;
+
+/// How long one pull request waits for messages, and how often the server says it is alive
+/// meanwhile.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+
 /// How long the consumer waits before opening its message stream again after JetStream
 /// ended it (the durable consumer deleted, the stream gone).
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
@@ -55,6 +65,7 @@ pub struct NatsConsumer {
     filter_subject: String,
     ack_wait: Duration,
     max_ack_pending: i64,
+    batch: usize,
 }
 
 /// Why a [`NatsConsumer`] could not start.
@@ -95,7 +106,16 @@ impl NatsConsumer {
             filter_subject: String::new(),
             ack_wait: DEFAULT_ACK_WAIT,
             max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+            batch: DEFAULT_BATCH,
         }
+    }
+
+    /// Asks for `messages` at a time (default [`DEFAULT_BATCH`]). A batch waits in the
+    /// client while its messages are applied one by one, its ack wait running: keep a
+    /// batch's time well within the [ack wait](Self::ack_wait).
+    pub fn batch(mut self, messages: usize) -> Self {
+        self.batch = messages.max(1);
+        self
     }
 
     /// Consumes only the subjects matching `subject` (wildcards allowed: `orders.>`).
@@ -148,10 +168,18 @@ impl NatsConsumer {
             durable: self.durable.clone(),
             source,
         };
-        stream
+        let consumer: jetstream::consumer::PullConsumer = stream
             .get_or_create_consumer(&self.durable, self.config())
             .await
-            .map_err(|source| unavailable(Box::new(source)))?
+            .map_err(|source| unavailable(Box::new(source)))?;
+        // Short pull requests: after a reconnection the client pulls again at once only if
+        // the server holds no pull request of the durable consumer (another process's may be
+        // there, or a killed one's); otherwise it waits for its own to expire.
+        consumer
+            .stream()
+            .max_messages_per_batch(self.batch)
+            .expires(PULL_EXPIRES)
+            .heartbeat(PULL_HEARTBEAT)
             .messages()
             .await
             .map_err(|source| unavailable(Box::new(source)))

@@ -35,7 +35,9 @@
 
 mod consumer;
 
-pub use crate::consumer::{ConsumeError, DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING, NatsConsumer};
+pub use crate::consumer::{
+    ConsumeError, DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_ACK_PENDING, NatsConsumer,
+};
 
 use std::time::Duration;
 

@@ -55,6 +55,10 @@ impl TcpProxy {
                 let target = target.clone();
                 let connection = tokio::spawn(async move {
                     if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        // No Nagle delays: a request and its reply cross the proxy as they
+                        // would cross the network, not 40 ms later.
+                        let _ = inbound.set_nodelay(true);
+                        let _ = outbound.set_nodelay(true);
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
                 });

@@ -86,6 +86,9 @@ pub(crate) struct InboxSettings {
     pub(crate) window: Duration,
     /// Seconds between faults: uniform in this range.
     pub(crate) fault_every: (f64, f64),
+    /// How long faults go on after the last order is written; then the system must settle
+    /// before the deadline.
+    pub(crate) faults_after_writes: Duration,
     pub(crate) deadline: Duration,
 }
 
@@ -103,6 +106,7 @@ impl InboxSettings {
                 Duration::from_secs(20)
             },
             fault_every: if short { (0.3, 1.0) } else { (0.5, 2.0) },
+            faults_after_writes: Duration::from_secs(if short { 3 } else { 10 }),
             deadline: Duration::from_secs(90 + u64::try_from(orders / 100).unwrap_or(0)),
         }
     }
@@ -117,6 +121,10 @@ pub(crate) struct InboxOutcome {
     missing: i64,
     doubled: i64,
     dead_letters: usize,
+    /// Orders still in the orders outbox at the end: never published.
+    unpublished: i64,
+    /// Where the children's logs are, kept when the run failed.
+    logs: Option<PathBuf>,
     relay_kills: u64,
     consumer_kills: u64,
     cuts: u64,
@@ -135,7 +143,11 @@ impl InboxOutcome {
             ("broker", self.broker.name().to_owned()),
             (
                 "orders",
-                format!("{} over {} s of writes", self.orders, self.drain.as_secs()),
+                format!(
+                    "{}, all charged {:.1} s after the first was written",
+                    self.orders,
+                    self.drain.as_secs_f64()
+                ),
             ),
             ("charges", self.charged.to_string()),
             ("relay kills", format!("{} (SIGKILL)", self.relay_kills)),
@@ -147,6 +159,7 @@ impl InboxOutcome {
             ("missing", self.missing.to_string()),
             ("charged twice", self.doubled.to_string()),
             ("dead letters", self.dead_letters.to_string()),
+            ("unpublished", self.unpublished.to_string()),
             ("crashes", self.crashes.len().to_string()),
             ("seed", seed.to_string()),
             (
@@ -164,6 +177,9 @@ impl InboxOutcome {
         }
         for crash in &self.crashes {
             text.push_str(&format!("  crash: {crash}\n"));
+        }
+        if let Some(logs) = &self.logs {
+            text.push_str(&format!("  logs kept in  {}\n", logs.display()));
         }
         text
     }
@@ -478,20 +494,32 @@ pub(crate) async fn run(
     let (mut relay_kills, mut consumer_kills, mut cuts) = (0, 0, 0);
     let mut next_fault = Instant::now() + pause(&mut rng, settings.fault_every);
     let mut written = false;
+    let mut faults_until = None;
+    let mut next_progress = Instant::now() + Duration::from_secs(5);
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         relays.respawn_crashed()?;
         consumers.respawn_crashed()?;
         if !written && writer.is_finished() {
             written = true;
+            faults_until = Some(Instant::now() + settings.faults_after_writes);
         }
-        if written && charged_orders(&billing).await? >= settings.orders {
+        let charged = charged_orders(&billing).await?;
+        if written && charged >= settings.orders {
             break;
+        }
+        if Instant::now() >= next_progress {
+            next_progress = Instant::now() + Duration::from_secs(5);
+            let unpublished: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+                .fetch_one(&orders)
+                .await
+                .unwrap_or(-1);
+            eprintln!("chaos:   {charged} orders charged, {unpublished} not yet published");
         }
         if Instant::now() >= deadline {
             break;
         }
-        if Instant::now() < next_fault {
+        if Instant::now() < next_fault || faults_until.is_some_and(|until| Instant::now() > until) {
             continue;
         }
         match rng.random_range(0..3) {
@@ -541,8 +569,12 @@ pub(crate) async fn run(
         .await
         .map_err(|error| format!("reading the dead letters: {error}"))?
         .len();
+    let unpublished: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+        .fetch_one(&orders)
+        .await
+        .map_err(|error| format!("counting the unpublished orders: {error}"))?;
     stream.remove().await;
-    Ok(InboxOutcome {
+    let mut outcome = InboxOutcome {
         broker,
         orders: settings.orders,
         charged: counts.values().sum(),
@@ -551,12 +583,18 @@ pub(crate) async fn run(
             .count() as i64,
         doubled: counts.values().filter(|count| **count > 1).count() as i64,
         dead_letters,
+        unpublished,
+        logs: None,
         relay_kills,
         consumer_kills,
         cuts,
         crashes,
         drain,
-    })
+    };
+    if !outcome.passed() || std::env::var_os("CHAOS_KEEP_LOGS").is_some() {
+        outcome.logs = Some(work.keep());
+    }
+    Ok(outcome)
 }
 
 /// How many distinct orders billing has charged.
