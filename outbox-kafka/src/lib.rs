@@ -34,6 +34,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod consumer;
+
+pub use crate::consumer::KafkaConsumer;
+
 use std::time::Duration;
 
 use outbox_core::BoxError;

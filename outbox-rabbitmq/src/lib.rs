@@ -36,6 +36,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod consumer;
+
+pub use crate::consumer::{DEFAULT_PREFETCH, RabbitConsumer};
+
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;

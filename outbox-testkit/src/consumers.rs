@@ -70,7 +70,8 @@ pub trait ConsumerBroker: Send + Sync {
         stop: BoxFuture<'static, ()>,
     ) -> BoxFuture<'static, ConsumeReport>;
 
-    /// Whether group `group` exists and has every message acknowledged.
+    /// Whether group `group` exists and has every message acknowledged, once its consumer
+    /// loop has stopped (what it had not acknowledged is then back with the broker).
     fn all_acknowledged(&self, group: &str) -> impl Future<Output = bool> + Send;
 
     /// Deletes what the test made on the broker (its stream).
@@ -189,7 +190,8 @@ pub async fn consume_until<K: ConsumerBroker>(
     running.await.expect("the consumer task")
 }
 
-/// Waits until `group` has acknowledged everything (10 s at most).
+/// Waits until `group`, its consumer loop stopped, has acknowledged everything (30 s at
+/// most).
 pub async fn all_acknowledged<K: ConsumerBroker>(broker: &K, group: &str) {
     eventually("every message acknowledged", || {
         broker.all_acknowledged(group)
@@ -226,20 +228,25 @@ pub async fn each_message_is_applied_once_and_acknowledged<K: ConsumerBroker>(br
     all_acknowledged(broker, "billing").await;
 
     // The same messages, delivered again: another group, billing's inbox.
+    let watched = Watched::new(store(&billing));
     let (stop, stopped) = oneshot::channel::<()>();
     let again = tokio::spawn(broker.consume(
-        billing_consumer(store(&billing), Charge::default()),
+        billing_consumer(watched.clone(), Charge::default()),
         "billing-again",
         "b1",
         Box::pin(async {
             let _ = stopped.await;
         }),
     ));
-    all_acknowledged(broker, "billing-again").await;
+    eventually("all 20 messages seen again", || async {
+        watched.commits.load(Ordering::SeqCst) + watched.duplicates.load(Ordering::SeqCst) >= 20
+    })
+    .await;
     stop.send(()).expect("running");
     let report = again.await.expect("the consumer task");
     assert_eq!((report.applied, report.duplicates), (0, 20));
     assert_eq!(charges(&billing).await.len(), 20, "nothing charged twice");
+    all_acknowledged(broker, "billing-again").await;
 }
 
 /// A failing message is retried in place: its charge rolls back with the failure, the next
@@ -305,27 +312,41 @@ pub async fn a_poison_message_is_a_dead_letter_and_the_rest_flow<K: ConsumerBrok
     );
 }
 
-/// Billing's database, whose `crash_at`-th commit commits and then never returns: the
-/// consumer's process dies after its transaction committed and before the broker heard of
-/// it.
+/// Billing's database, watched: how many of its transactions committed, and how many found
+/// their message recorded already; with a crash, its `crash_at`-th commit commits and then
+/// never returns (the consumer's process dies after its transaction committed and before the
+/// broker heard of it).
 #[derive(Clone)]
-struct CrashAfterCommit {
+struct Watched {
     store: SqliteStore,
     commits: Arc<AtomicUsize>,
-    crash_at: usize,
+    duplicates: Arc<AtomicUsize>,
+    crash_at: Option<usize>,
     crashed: Arc<Notify>,
 }
 
-struct CrashingTransaction {
-    inner: Box<dyn InboxTransaction>,
-    database: CrashAfterCommit,
+impl Watched {
+    fn new(store: SqliteStore) -> Self {
+        Self {
+            store,
+            commits: Arc::new(AtomicUsize::new(0)),
+            duplicates: Arc::new(AtomicUsize::new(0)),
+            crash_at: None,
+            crashed: Arc::new(Notify::new()),
+        }
+    }
 }
 
-impl InboxDatabase for CrashAfterCommit {
+struct WatchedTransaction {
+    inner: Box<dyn InboxTransaction>,
+    database: Watched,
+}
+
+impl InboxDatabase for Watched {
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn InboxTransaction>, Error>> {
         Box::pin(async move {
             let inner = self.store.begin().await?;
-            Ok(Box::new(CrashingTransaction {
+            Ok(Box::new(WatchedTransaction {
                 inner,
                 database: self.clone(),
             }) as Box<dyn InboxTransaction>)
@@ -349,13 +370,19 @@ impl InboxDatabase for CrashAfterCommit {
     }
 }
 
-impl InboxTransaction for CrashingTransaction {
+impl InboxTransaction for WatchedTransaction {
     fn record<'a>(
         &'a mut self,
         consumer: &'a str,
         message: MessageId,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        self.inner.record(consumer, message)
+        Box::pin(async move {
+            let first = self.inner.record(consumer, message).await?;
+            if !first {
+                self.database.duplicates.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(first)
+        })
     }
 
     fn purge<'a>(
@@ -381,7 +408,8 @@ impl InboxTransaction for CrashingTransaction {
         Box::pin(async move {
             self.inner.commit().await?;
             let database = self.database;
-            if database.commits.fetch_add(1, Ordering::SeqCst) + 1 == database.crash_at {
+            let committed = database.commits.fetch_add(1, Ordering::SeqCst) + 1;
+            if database.crash_at == Some(committed) {
                 database.crashed.notify_one();
                 std::future::pending::<()>().await;
             }
@@ -400,13 +428,11 @@ pub async fn a_crash_between_the_commit_and_the_ack_charges_nothing_twice<K: Con
     let billing = billing_database().await;
     publish(broker, &orders, 1..=10).await;
 
-    let crashed = Arc::new(Notify::new());
-    let dying = CrashAfterCommit {
-        store: store(&billing),
-        commits: Arc::new(AtomicUsize::new(0)),
-        crash_at: 5,
-        crashed: Arc::clone(&crashed),
+    let dying = Watched {
+        crash_at: Some(5),
+        ..Watched::new(store(&billing))
     };
+    let crashed = Arc::clone(&dying.crashed);
     let running = tokio::spawn(broker.consume(
         billing_consumer(dying, Charge::default()),
         "billing",

@@ -429,13 +429,17 @@ where
     let forgetful = Consumer::builder(Inbox::new("billing"), backend.store())
         .handle::<AuditEvent, _>(move |_: Delivery<AuditEvent>| {
             counter.fetch_add(1, Ordering::Relaxed);
-            async { Ok::<_, BoxError>(()) }
+            async {
+                // The record (SQLite's clock counts milliseconds) is older than a zero
+                // window once its transaction commits.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok::<_, BoxError>(())
+            }
         })
         .retention(Duration::ZERO)
         .build()
         .expect("a consumer");
     assert_eq!(settle(&forgetful, &incoming[0]).await, Settled::Applied);
-    // The record is older than a zero window once its transaction has committed.
     let mut tx = store.begin().await.expect("begin");
     assert_eq!(
         search.receive(tx.as_mut(), kept).await.expect("receive"),
