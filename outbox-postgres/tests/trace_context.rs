@@ -6,3 +6,10 @@ fn trace_context_reaches_the_handler() {
         outbox_testkit::postgres::PgBackend,
     >();
 }
+
+#[test]
+fn the_consumers_span_is_linked_to_the_producers() {
+    outbox_testkit::conformance::the_consumers_span_is_linked_to_the_producers::<
+        outbox_testkit::postgres::PgBackend,
+    >();
+}

@@ -506,3 +506,90 @@ where
     );
     assert!(error.to_string().contains("State<"), "{error}");
 }
+
+/// The consumer's span (`outbox.consume`) is linked to the producer's span (with the
+/// `opentelemetry` feature): the message written inside a request's span, relayed through a
+/// sink, is applied by a handler running in a span of a trace of its own, linked to the
+/// request's.
+#[cfg(feature = "opentelemetry")]
+pub fn the_consumers_span_is_linked_to_the_producers<B: TestBackend>()
+where
+    B::Store: InboxDatabase,
+{
+    use opentelemetry::trace::{TraceContextExt, TracerProvider};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+    let ((producer, handler), _) = crate::telemetry::capture_with(subscriber, |_| async move {
+        let backend = B::create().await;
+        let request = tracing::info_span!("request");
+        let (message, producer) = {
+            let _entered = request.enter();
+            let message = note::<AuditEvent>(7, 1, 1);
+            (message, request.context().span().span_context().clone())
+        };
+        write(&backend, &[message]).await;
+        let sink = MemorySink::new();
+        let registry = Registry::builder()
+            .sink::<AuditEvent, _>(sink.clone())
+            .build()
+            .expect("a registry");
+        Relay::with_config(backend.store(), registry, config("producer"))
+            .drain()
+            .await
+            .expect("drain");
+        let incoming = Incoming::from(&sink.published()[0]);
+        let seen = Arc::new(Mutex::new(None));
+        let consumer = {
+            let seen = Arc::clone(&seen);
+            Consumer::builder(Inbox::new("billing"), backend.store())
+                .handle::<AuditEvent, _>(move |_: Delivery<AuditEvent>| {
+                    let current = tracing::Span::current()
+                        .context()
+                        .span()
+                        .span_context()
+                        .clone();
+                    *seen.lock().expect("seen") = Some(current);
+                    async { Ok::<_, BoxError>(()) }
+                })
+                .build()
+                .expect("a consumer")
+        };
+        assert_eq!(settle(&consumer, &incoming).await, Settled::Applied);
+        let handler = seen.lock().expect("seen").clone().expect("the handler ran");
+        (producer, handler)
+    });
+    assert!(producer.is_valid(), "the producer's span has a trace");
+    provider.force_flush().expect("flush the spans");
+    let spans = exporter.get_finished_spans().expect("the finished spans");
+    let consume = spans
+        .iter()
+        .find(|span| span.name == "outbox.consume")
+        .expect("the consumer's span");
+    assert_eq!(
+        consume.span_context.span_id(),
+        handler.span_id(),
+        "the handler runs in it"
+    );
+    assert_ne!(
+        handler.trace_id(),
+        producer.trace_id(),
+        "a trace of its own"
+    );
+    assert!(
+        consume
+            .links
+            .iter()
+            .any(|link| link.span_context.trace_id() == producer.trace_id()
+                && link.span_context.span_id() == producer.span_id()),
+        "linked to the producer's span: {:?}",
+        consume.links
+    );
+}

@@ -10,6 +10,7 @@ mod cpu;
 mod drain;
 mod gauges;
 mod horizon;
+mod inbox;
 mod latency;
 mod memory;
 mod models;
@@ -47,7 +48,7 @@ pub(crate) struct BenchArgs {
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
     /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon, console).
+    /// horizon, console, inbox).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -76,7 +77,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 14] = [
+    let scenarios: [(&str, Scenario); 15] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -91,6 +92,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("sparse", |a, s| Box::pin(drain::sparse(a, s))),
         ("horizon", |a, s| Box::pin(horizon::run(a, s))),
         ("console", |a, s| Box::pin(console::run(a, s))),
+        ("inbox", |a, s| Box::pin(inbox::run(a, s))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {
