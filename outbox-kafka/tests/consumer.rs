@@ -8,7 +8,7 @@ use std::time::Duration;
 use outbox_core::handler::BoxFuture;
 use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_kafka::{KafkaConsumer, KafkaSink};
-use outbox_testkit::consumers::{self, ConsumerBroker};
+use outbox_testkit::consumers::ConsumerBroker;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
@@ -18,24 +18,30 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 const TOPIC: &str = "outbox.audit_event";
 const PARTITIONS: i32 = 2;
 
-/// A mock cluster of one broker with the audit events' topic; it runs until dropped.
-fn mock_cluster() -> MockCluster<'static, DefaultProducerContext> {
-    let cluster = MockCluster::new(1).expect("a mock cluster");
-    cluster
-        .create_topic(TOPIC, PARTITIONS, 1)
-        .expect("create the topic");
-    cluster
-}
-
-/// A mock cluster, as its clients reach it.
+/// A mock cluster of one broker with the audit events' topic, run by a thread of its own (the
+/// cluster cannot move between threads) until the harness is removed.
 struct TestCluster {
     bootstrap: String,
+    _running: std::sync::mpsc::Sender<()>,
 }
 
 impl TestCluster {
-    fn of(cluster: &MockCluster<'static, DefaultProducerContext>) -> Self {
+    async fn start(_test: &str) -> Self {
+        let (bootstrap_tx, bootstrap_rx) = tokio::sync::oneshot::channel();
+        let (running, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let cluster: MockCluster<'static, DefaultProducerContext> =
+                MockCluster::new(1).expect("a mock cluster");
+            cluster
+                .create_topic(TOPIC, PARTITIONS, 1)
+                .expect("create the topic");
+            let _ = bootstrap_tx.send(cluster.bootstrap_servers());
+            // Until the harness is dropped.
+            let _ = stopped.recv();
+        });
         Self {
-            bootstrap: cluster.bootstrap_servers(),
+            bootstrap: bootstrap_rx.await.expect("the mock cluster started"),
+            _running: running,
         }
     }
 
@@ -122,31 +128,5 @@ impl ConsumerBroker for TestCluster {
     async fn remove(self) {}
 }
 
-macro_rules! suite {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                let mock = mock_cluster();
-                let cluster = TestCluster::of(&mock);
-                consumers::$scenario(&cluster).await;
-                cluster.remove().await;
-            }
-        )*
-    };
-}
-
-suite!(
-    each_message_is_applied_once_and_acknowledged,
-    a_failing_message_is_retried_in_place_keeping_the_order,
-    a_poison_message_is_a_dead_letter_and_the_rest_flow,
-    a_crash_between_the_commit_and_the_ack_charges_nothing_twice,
-);
-
-/// The loop records no lag for Kafka (the group's lag is Kafka's to report).
-#[test]
-fn the_lag_and_the_failures_are_reported() {
-    let mock = mock_cluster();
-    let cluster = TestCluster::of(&mock);
-    consumers::the_lag_and_the_failures_are_reported(|| Box::pin(async { cluster }), false);
-}
+// The loop records no lag for Kafka (the group's lag is Kafka's to report).
+outbox_testkit::consumer_suite!(TestCluster::start, reports_lag: false);

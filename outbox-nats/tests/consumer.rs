@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, stream};
 use outbox_core::handler::BoxFuture;
 use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_nats::{NatsConsumer, NatsSink};
-use outbox_testkit::consumers::{self, ConsumerBroker};
+use outbox_testkit::consumers::ConsumerBroker;
 
 const NATS: &str = "127.0.0.1:4222";
 
@@ -111,28 +111,4 @@ impl ConsumerBroker for TestStream {
     }
 }
 
-macro_rules! suite {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                let stream = TestStream::create(stringify!($scenario)).await;
-                consumers::$scenario(&stream).await;
-                stream.remove().await;
-            }
-        )*
-    };
-}
-
-suite!(
-    each_message_is_applied_once_and_acknowledged,
-    a_failing_message_is_retried_in_place_keeping_the_order,
-    a_poison_message_is_a_dead_letter_and_the_rest_flow,
-    a_crash_between_the_commit_and_the_ack_charges_nothing_twice,
-);
-
-/// JetStream says how many messages it holds for the consumer: the lag is set.
-#[test]
-fn the_lag_and_the_failures_are_reported() {
-    consumers::the_lag_and_the_failures_are_reported(|| Box::pin(TestStream::create("lag")), true);
-}
+outbox_testkit::consumer_suite!(TestStream::create, reports_lag: true);

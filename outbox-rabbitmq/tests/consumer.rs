@@ -15,7 +15,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use outbox_core::handler::BoxFuture;
 use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_rabbitmq::{RabbitConsumer, RabbitSink};
-use outbox_testkit::consumers::{self, ConsumerBroker};
+use outbox_testkit::consumers::ConsumerBroker;
 
 const URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -170,31 +170,5 @@ impl ConsumerBroker for TestExchange {
     }
 }
 
-macro_rules! suite {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                let exchange = TestExchange::declare(stringify!($scenario)).await;
-                consumers::$scenario(&exchange).await;
-                exchange.remove().await;
-            }
-        )*
-    };
-}
-
-suite!(
-    each_message_is_applied_once_and_acknowledged,
-    a_failing_message_is_retried_in_place_keeping_the_order,
-    a_poison_message_is_a_dead_letter_and_the_rest_flow,
-    a_crash_between_the_commit_and_the_ack_charges_nothing_twice,
-);
-
-/// RabbitMQ says how many messages wait in the queue: the lag is set.
-#[test]
-fn the_lag_and_the_failures_are_reported() {
-    consumers::the_lag_and_the_failures_are_reported(
-        || Box::pin(TestExchange::declare("lag")),
-        false,
-    );
-}
+// The lag is sampled every 5 s: a test's few messages may come and go between two samples.
+outbox_testkit::consumer_suite!(TestExchange::declare, reports_lag: false);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use outbox_core::handler::BoxFuture;
 use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_redis::{PAYLOAD_FIELD, RedisConsumer, RedisSink};
-use outbox_testkit::consumers::{self, ConsumerBroker};
+use outbox_testkit::consumers::ConsumerBroker;
 use redis::AsyncCommands;
 use redis::streams::StreamInfoGroupsReply;
 
@@ -101,28 +101,4 @@ impl ConsumerBroker for TestStream {
     }
 }
 
-macro_rules! suite {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                let stream = TestStream::create(stringify!($scenario)).await;
-                consumers::$scenario(&stream).await;
-                stream.remove().await;
-            }
-        )*
-    };
-}
-
-suite!(
-    each_message_is_applied_once_and_acknowledged,
-    a_failing_message_is_retried_in_place_keeping_the_order,
-    a_poison_message_is_a_dead_letter_and_the_rest_flow,
-    a_crash_between_the_commit_and_the_ack_charges_nothing_twice,
-);
-
-/// Redis 7 says how far the group lags behind the stream: the lag is set.
-#[test]
-fn the_lag_and_the_failures_are_reported() {
-    consumers::the_lag_and_the_failures_are_reported(|| Box::pin(TestStream::create("lag")), true);
-}
+outbox_testkit::consumer_suite!(TestStream::create, reports_lag: true);

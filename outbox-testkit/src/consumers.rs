@@ -18,6 +18,13 @@
 //!   after its commit and before its acknowledgement; its successor gets the message again
 //!   and finds it applied.
 //! - [`the_lag_and_the_failures_are_reported`]: the handler's failures counted, the lag set.
+//!
+//! [`consumer_suite!`](crate::consumer_suite) makes a `#[test]` of each, for a broker made by
+//! an `async fn(test_name) -> impl ConsumerBroker`:
+//!
+//! ```ignore
+//! outbox_testkit::consumer_suite!(TestStream::create, reports_lag: true);
+//! ```
 
 use std::future::Future;
 use std::sync::Arc;
@@ -499,4 +506,37 @@ pub fn the_lag_and_the_failures_are_reported<K: ConsumerBroker + 'static>(
         ),
         1
     );
+}
+
+/// One `#[test]` per behaviour of the consumer suite, for the broker `$create(name).await`
+/// makes (`name`: the test's, for naming its stream or queue), removed after each test. With
+/// `reports_lag: true` the lag test checks the lag gauge too.
+#[macro_export]
+macro_rules! consumer_suite {
+    ($create:expr, reports_lag: $lag:expr) => {
+        $crate::consumer_suite!(@each $create;
+            each_message_is_applied_once_and_acknowledged,
+            a_failing_message_is_retried_in_place_keeping_the_order,
+            a_poison_message_is_a_dead_letter_and_the_rest_flow,
+            a_crash_between_the_commit_and_the_ack_charges_nothing_twice,
+        );
+
+        #[test]
+        fn the_lag_and_the_failures_are_reported() {
+            $crate::consumers::the_lag_and_the_failures_are_reported(
+                || ::std::boxed::Box::pin($create("lag")),
+                $lag,
+            );
+        }
+    };
+    (@each $create:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let broker = $create(stringify!($scenario)).await;
+                $crate::consumers::$scenario(&broker).await;
+                $crate::consumers::ConsumerBroker::remove(broker).await;
+            }
+        )*
+    };
 }

@@ -516,17 +516,11 @@ pub fn the_consumers_span_is_linked_to_the_producers<B: TestBackend>()
 where
     B::Store: InboxDatabase,
 {
-    use opentelemetry::trace::{TraceContextExt, TracerProvider};
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use opentelemetry::trace::TraceContextExt;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
-    use tracing_subscriber::layer::SubscriberExt;
 
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+    let (exporter, provider, subscriber) = super::telemetry::spans_in_memory();
+    let exported = exporter.clone();
     let ((producer, handler), _) = crate::telemetry::capture_with(subscriber, |_| async move {
         let backend = B::create().await;
         let request = tracing::info_span!("request");
@@ -564,6 +558,18 @@ where
         };
         assert_eq!(settle(&consumer, &incoming).await, Settled::Applied);
         let handler = seen.lock().expect("seen").clone().expect("the handler ran");
+        // The span ends when its last handle goes: a database driver's worker thread may
+        // hold one a moment after the statement it ran in the span returned.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !exported
+            .get_finished_spans()
+            .expect("the finished spans")
+            .iter()
+            .any(|span| span.name == "outbox.consume")
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         (producer, handler)
     });
     assert!(producer.is_valid(), "the producer's span has a trace");
@@ -572,7 +578,10 @@ where
     let consume = spans
         .iter()
         .find(|span| span.name == "outbox.consume")
-        .expect("the consumer's span");
+        .unwrap_or_else(|| {
+            let names: Vec<_> = spans.iter().map(|span| span.name.clone()).collect();
+            panic!("the consumer's span, among {names:?}")
+        });
     assert_eq!(
         consume.span_context.span_id(),
         handler.span_id(),

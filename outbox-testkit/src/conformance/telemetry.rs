@@ -359,6 +359,26 @@ fn assert_bounded_labels(telemetry: &Telemetry) {
     }
 }
 
+/// Spans exported to memory through OpenTelemetry: the exporter, its provider (flush it
+/// before reading the exporter), and a `tracing` subscriber recording into them.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn spans_in_memory() -> (
+    opentelemetry_sdk::trace::InMemorySpanExporter,
+    opentelemetry_sdk::trace::SdkTracerProvider,
+    impl tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+) {
+    use opentelemetry::trace::TracerProvider;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+    (exporter, provider, subscriber)
+}
+
 /// The producer's trace reaches the handler (SPEC §10, with the `opentelemetry` feature): the
 /// W3C trace context of the span current at `Message::new` is stored with the message; the
 /// delivery's span is linked to the producer's span (the default), or made its child
@@ -366,20 +386,13 @@ fn assert_bounded_labels(telemetry: &Telemetry) {
 /// id from [`Delivery::metadata`] either way.
 #[cfg(feature = "opentelemetry")]
 pub fn trace_context_reaches_the_handler<B: StoreBackend>() {
-    use opentelemetry::trace::{TraceContextExt, TracerProvider};
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use opentelemetry::trace::TraceContextExt;
     use outbox_core::RelayConfig;
     use outbox_core::relay::TraceRelation;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
-    use tracing_subscriber::layer::SubscriberExt;
 
     for relation in [TraceRelation::Link, TraceRelation::Child] {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+        let (exporter, provider, subscriber) = spans_in_memory();
         let ((producer, seen), _) = crate::telemetry::capture_with(subscriber, |_| async move {
             let backend = B::create().await;
             let request = tracing::info_span!("request");
