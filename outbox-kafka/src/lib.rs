@@ -31,6 +31,11 @@
 //! within `message.timeout.ms` (30 s unless you set it), or that fails because the brokers are
 //! down, is an [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the
 //! shards, and resumes them once the cluster answers the breaker's probe (a metadata request).
+//!
+//! **Consuming.** [`KafkaConsumer`] is a consumer group member with automatic commits off that
+//! applies each message through an outbox [`Consumer`](outbox_core::inbox::Consumer) (its inbox
+//! and the producer's handlers) and acknowledges the broker only after the consumer's
+//! transaction committed: a message delivered again is found in the inbox and applied once.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -30,6 +30,11 @@
 //! that is down, or an ack that does not come within the ack timeout, is an
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards and
 //! resumes them once JetStream answers its probe (a request to its account-info API).
+//!
+//! **Consuming.** [`NatsConsumer`] is a JetStream durable pull consumer that applies each
+//! message through an outbox [`Consumer`](outbox_core::inbox::Consumer) (its inbox and the
+//! producer's handlers) and acknowledges the broker only after the consumer's transaction
+//! committed: a message delivered again is found in the inbox and applied once.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -33,6 +33,11 @@
 //! confirm, or a confirm that does not come within the confirm timeout is an
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards,
 //! and the breaker's probe reconnects (a new connection and confirming channel) and closes it.
+//!
+//! **Consuming.** [`RabbitConsumer`] is a queue consumer with manual acknowledgements that
+//! applies each message through an outbox [`Consumer`](outbox_core::inbox::Consumer) (its inbox
+//! and the producer's handlers) and acknowledges the broker only after the consumer's
+//! transaction committed: a message delivered again is found in the inbox and applied once.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -31,6 +31,11 @@
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards and
 //! resumes them once Redis answers its probe (`PING`). Any other error reply (`WRONGTYPE`: the
 //! key is not a stream) is a [refusal](SinkError::Refused) of that message.
+//!
+//! **Consuming.** [`RedisConsumer`] is a member of a stream's consumer group that applies each
+//! message through an outbox [`Consumer`](outbox_core::inbox::Consumer) (its inbox and the
+//! producer's handlers) and acknowledges the broker only after the consumer's transaction
+//! committed: a message delivered again is found in the inbox and applied once.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
