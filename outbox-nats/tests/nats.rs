@@ -1,15 +1,19 @@
-//! The NATS JetStream sink against the NATS server on 127.0.0.1:4222 (JetStream enabled),
-//! through the broker suite of `outbox-testkit`. Each test makes its own stream, named
-//! uniquely, and deletes it.
+//! The NATS JetStream sink and its consumer against the NATS server on 127.0.0.1:4222
+//! (JetStream enabled), through the broker and consumer suites of `outbox-testkit`. Each test
+//! makes its own stream, named uniquely, and deletes it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
+use outbox_core::handler::BoxFuture;
+use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_core::sink::{Publisher, headers};
 use outbox_core::{Delivery, Id};
-use outbox_nats::NatsSink;
+use outbox_nats::{NatsConsumer, NatsSink};
 use outbox_testkit::brokers::{self, Stored};
+use outbox_testkit::consumers::ConsumerBroker;
 use outbox_testkit::fixtures::{AuditEvent, Note};
 use outbox_testkit::proxy::TcpProxy;
 
@@ -45,12 +49,7 @@ impl TestStream {
 
     /// A sink publishing the audit events into this stream.
     async fn sink(&self, addr: &str) -> NatsSink {
-        let client = async_nats::ConnectOptions::new()
-            .reconnect_delay_callback(|_| Duration::from_millis(50))
-            .connect(addr)
-            .await
-            .expect("NATS runs on 4222");
-        NatsSink::new(client)
+        NatsSink::new(client(addr).await)
             .with_subject_prefix(&self.name)
             .with_ack_timeout(Duration::from_secs(1))
     }
@@ -106,6 +105,75 @@ impl TestStream {
             .delete_stream(&self.name)
             .await
             .expect("delete the test stream");
+    }
+}
+
+/// A client of the server at `addr`, reconnecting quickly.
+async fn client(addr: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|_| Duration::from_millis(50))
+        .connect(addr)
+        .await
+        .expect("NATS runs on 4222")
+}
+
+/// The consumer's side, through the consumer suite: `NatsConsumer` applying this stream's
+/// messages into billing's database through its inbox.
+impl ConsumerBroker for TestStream {
+    type Sink = NatsSink;
+
+    async fn sink(&self) -> NatsSink {
+        TestStream::sink(self, NATS).await
+    }
+
+    async fn publish_raw(&self, headers: &[(&str, &str)], payload: &[u8]) {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, *value);
+        }
+        self.jetstream
+            .publish_with_headers(
+                format!("{}.audit_event", self.name),
+                map,
+                payload.to_vec().into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+
+    /// A durable pull consumer named `group` (one member: JetStream's durable consumers
+    /// have no member names), redelivering after a second.
+    fn consume(
+        &self,
+        consumer: Consumer,
+        group: &str,
+        _member: &str,
+        stop: BoxFuture<'static, ()>,
+    ) -> BoxFuture<'static, ConsumeReport> {
+        let nats = NatsConsumer::new(consumer, &self.name, group).ack_wait(Duration::from_secs(1));
+        Box::pin(async move {
+            nats.run(client(NATS).await, stop)
+                .await
+                .expect("the consumer ran")
+        })
+    }
+
+    async fn all_acknowledged(&self, group: &str) -> bool {
+        let Ok(mut consumer) = self
+            .jetstream
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(group, &self.name)
+            .await
+        else {
+            return false;
+        };
+        let info = consumer.info().await.expect("consumer info");
+        (info.num_pending, info.num_ack_pending) == (0, 0)
+    }
+
+    async fn remove(self) {
+        TestStream::remove(self).await;
     }
 }
 
@@ -185,3 +253,5 @@ async fn an_outage_opens_the_breaker_and_loses_nothing() {
     .await;
     stream.remove().await;
 }
+
+outbox_testkit::consumer_suite!(TestStream::create, reports_lag: true);

@@ -1,17 +1,21 @@
-//! The Redis Streams sink against the Redis server on 127.0.0.1:6379, through the broker suite
-//! of `outbox-testkit`. Each test uses keys under a prefix of its own, and deletes them.
+//! The Redis Streams sink and its consumer against the Redis server on 127.0.0.1:6379, through
+//! the broker and consumer suites of `outbox-testkit`. Each test uses keys under a prefix of
+//! its own, and deletes them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use outbox_core::handler::BoxFuture;
+use outbox_core::inbox::{ConsumeReport, Consumer};
 use outbox_core::sink::{Publisher, headers};
 use outbox_core::{Delivery, Id};
-use outbox_redis::{PAYLOAD_FIELD, RedisSink};
+use outbox_redis::{PAYLOAD_FIELD, RedisConsumer, RedisSink};
 use outbox_testkit::brokers::{self, Stored};
+use outbox_testkit::consumers::ConsumerBroker;
 use outbox_testkit::fixtures::{AuditEvent, Note};
 use outbox_testkit::proxy::TcpProxy;
 use redis::AsyncCommands;
-use redis::streams::StreamRangeReply;
+use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 
 const REDIS: &str = "127.0.0.1:6379";
 
@@ -106,6 +110,65 @@ impl TestKeys {
 
 fn client(addr: &str) -> redis::Client {
     redis::Client::open(format!("redis://{addr}")).expect("a Redis address")
+}
+
+/// The consumer's side, through the consumer suite: `RedisConsumer` applying this test's
+/// stream into billing's database through its inbox.
+impl ConsumerBroker for TestKeys {
+    type Sink = RedisSink;
+
+    async fn sink(&self) -> RedisSink {
+        TestKeys::sink(self, REDIS).await
+    }
+
+    async fn publish_raw(&self, headers: &[(&str, &str)], payload: &[u8]) {
+        let mut fields: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(name, value)| (*name, value.as_bytes()))
+            .collect();
+        fields.push((PAYLOAD_FIELD, payload));
+        let mut connection = self.connection.clone();
+        let _: String = connection
+            .xadd(self.stream(), "*", &fields)
+            .await
+            .expect("XADD");
+    }
+
+    /// Member `member` of group `group`, claiming what another member left pending for a
+    /// second.
+    fn consume(
+        &self,
+        consumer: Consumer,
+        group: &str,
+        member: &str,
+        stop: BoxFuture<'static, ()>,
+    ) -> BoxFuture<'static, ConsumeReport> {
+        let redis = RedisConsumer::new(consumer, self.stream(), group, member)
+            .claim_after(Duration::from_secs(1));
+        Box::pin(async move {
+            redis
+                .run(client(REDIS), stop)
+                .await
+                .expect("the consumer ran")
+        })
+    }
+
+    async fn all_acknowledged(&self, group: &str) -> bool {
+        let mut connection = self.connection.clone();
+        let groups: StreamInfoGroupsReply = connection
+            .xinfo_groups(self.stream())
+            .await
+            .unwrap_or_default();
+        groups
+            .groups
+            .iter()
+            .find(|info| info.name == group)
+            .is_some_and(|info| info.pending == 0 && info.lag == Some(0))
+    }
+
+    async fn remove(self) {
+        TestKeys::remove(self).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,3 +267,5 @@ async fn an_outage_opens_the_breaker_and_loses_nothing() {
     .await;
     keys.remove().await;
 }
+
+outbox_testkit::consumer_suite!(TestKeys::new, reports_lag: true);
