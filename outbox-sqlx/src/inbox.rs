@@ -13,7 +13,7 @@ use sqlx::{Database, Executor, Transaction};
 
 use crate::dialect::Dialect;
 use crate::error::database;
-use crate::sql::{Executes, With, get};
+use crate::sql::{Executes, Statement, With, get};
 use crate::store::{SqlxStore, from_ms};
 
 /// Records `message` for `consumer` on `executor` unless it is recorded; returns whether it
@@ -43,19 +43,25 @@ where
     D: Dialect,
     E: Executor<'e, Database = D::Database>,
 {
-    let query = sqlx::query(D::SQL.inbox.purge)
-        .with(consumer.to_owned())
-        .with(millis(age));
     let done = executor
-        .execute(query)
+        .execute(purge_query::<D>(Some(consumer), age))
         .await
         .map_err(database::<D>("purging the inbox"))?;
     Ok(D::rows_affected(&done))
 }
 
-/// `age` in milliseconds, as the statements take it.
-fn millis(age: Duration) -> i64 {
-    i64::try_from(age.as_millis()).unwrap_or(i64::MAX)
+/// The statement deleting the records older than `age`, of `consumer` or of every consumer.
+fn purge_query<D: Dialect>(
+    consumer: Option<&str>,
+    age: Duration,
+) -> Statement<'static, D::Database> {
+    let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+    match consumer {
+        Some(consumer) => sqlx::query(D::SQL.inbox.purge)
+            .with(consumer.to_owned())
+            .with(age),
+        None => sqlx::query(D::SQL.inbox.purge_all).with(age),
+    }
 }
 
 /// A consumer's transaction on a backend's database.
@@ -80,13 +86,7 @@ impl<D: Dialect> InboxDatabase for SqlxStore<D> {
         consumer: Option<&'a str>,
         age: Duration,
     ) -> BoxFuture<'a, Result<u64, Error>> {
-        let query = match consumer {
-            Some(consumer) => sqlx::query(D::SQL.inbox.purge)
-                .with(consumer.to_owned())
-                .with(millis(age)),
-            None => sqlx::query(D::SQL.inbox.purge_all).with(millis(age)),
-        };
-        Box::pin(self.execute(query, "purging the inbox"))
+        Box::pin(self.write(purge_query::<D>(consumer, age), "purging the inbox"))
     }
 
     fn dead_letters<'a>(
@@ -99,15 +99,7 @@ impl<D: Dialect> InboxDatabase for SqlxStore<D> {
             let query = sqlx::query(D::SQL.inbox.dead_letters)
                 .with(consumer.map(str::to_owned))
                 .with(i64::try_from(limit).unwrap_or(i64::MAX));
-            let mut conn = self
-                .pool
-                .acquire()
-                .await
-                .map_err(database::<D>(OPERATION))?;
-            let rows = query
-                .fetch_all(D::Database::on(&mut conn))
-                .await
-                .map_err(database::<D>(OPERATION))?;
+            let rows = self.rows(query, OPERATION).await?;
             rows.iter()
                 .map(|row| {
                     let read = || -> Result<StoredInboxDeadLetter, sqlx::Error> {

@@ -126,7 +126,7 @@ impl<D: Dialect> SqlxStore<D> {
     }
 
     /// Runs `query` on a pooled connection: the rows it affected.
-    pub(crate) async fn execute(
+    async fn execute(
         &self,
         query: Statement<'static, D::Database>,
         operation: &'static str,

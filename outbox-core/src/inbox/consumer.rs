@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{Instrument, debug, error, warn};
 
 use super::{Inbox, Received};
+use crate::catalog::Catalog;
 use crate::categories::Deliverable;
 use crate::error::{Error, error_chain};
 use crate::future::BoxFuture;
@@ -21,7 +22,7 @@ use crate::handler::{
 use crate::metadata::Metadata;
 use crate::model::{CategoryIdentity, MessageId, ShardKey};
 use crate::relay::Backoff;
-use crate::sink::{headers, parse_ordering_key};
+use crate::sink::headers;
 use crate::store::StoredMessage;
 use crate::telemetry;
 
@@ -692,7 +693,10 @@ impl Consumer {
             .get(category)
             .ok_or_else(|| Undecodable::UnknownCategory(category.to_owned()))?;
         let shard = required(headers::SHARD)?;
-        let shard = parse_ordering_key(shard).ok_or_else(|| bad(headers::SHARD, shard))?;
+        // The sink's ordering key is a shard as an operator writes it, its scope a number.
+        let shard = Catalog::empty()
+            .read_shard(shard)
+            .map_err(|_| bad(headers::SHARD, shard))?;
         let object = required(headers::OBJECT)?;
         let object_identifier = object.parse().map_err(|_| bad(headers::OBJECT, object))?;
         let created = required(headers::CREATED_AT)?;

@@ -104,17 +104,12 @@ impl Inbox {
         message: MessageId,
     ) -> Result<Received, Error> {
         let first = target.record(&self.consumer, message).await?;
-        Ok(self.counted(first))
-    }
-
-    /// Counts a message received, `first` or not.
-    fn counted(&self, first: bool) -> Received {
         telemetry::record_received(&self.consumer, !first);
-        if first {
+        Ok(if first {
             Received::First
         } else {
             Received::Duplicate
-        }
+        })
     }
 
     /// Deletes this consumer's records older than `age`; returns how many. A message

@@ -245,21 +245,6 @@ pub fn ordering_key(shard: &ShardKey) -> String {
     }
 }
 
-/// The shard of an [`ordering_key`]: `None` if `key` is not one.
-pub fn parse_ordering_key(key: &str) -> Option<ShardKey> {
-    let mut parts = key.splitn(3, ':');
-    let scope = parts.next()?.parse().ok()?;
-    let identifier: crate::id::Id = parts.next()?.parse().ok()?;
-    Some(match parts.next() {
-        None => ShardKey::local(crate::model::ScopeId(scope), identifier),
-        Some(destination) => ShardKey::fan_out(
-            crate::model::ScopeId(scope),
-            identifier,
-            crate::model::Destination::new(destination).ok()?,
-        ),
-    })
-}
-
 type Route<C> = dyn Fn(&Delivery<C>) -> String + Send + Sync;
 type Encode<C> = dyn Fn(&Delivery<C>) -> Result<Vec<u8>, BoxError> + Send + Sync;
 

@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use super::BenchArgs;
 use super::report::{Row, Target};
 use super::setup::{Server, Transfer, Transferred, failed};
+use super::sinks::Pending;
 
 const NATS: &str = "nats://127.0.0.1:4222";
 
@@ -111,33 +112,30 @@ async fn publish(
     let subject = format!("{stream}.transferred");
     let mut acks = Vec::with_capacity(1_000);
     for id in 1..=messages {
+        let id = id as i64;
         let transfer = Transfer {
-            account: (id % 1_000) as i64,
-            amount: id as i64,
+            account: id % 1_000,
+            amount: id,
+        };
+        let pending = Pending {
+            id,
+            shard: id % 1_000,
+            object: id,
+            payload: serde_json::to_string(&transfer).map_err(failed("encoding a transfer"))?,
+            created_at: "2026-11-28T12:00:00.000000Z".to_owned(),
         };
         let mut map = HeaderMap::new();
-        for (name, value) in [
-            (headers::MESSAGE_ID, id.to_string()),
-            (headers::CATEGORY, "transferred".to_owned()),
-            (headers::SCOPE, "accounts".to_owned()),
-            (headers::SHARD, format!("1:{}", id % 1_000)),
-            (headers::OBJECT, id.to_string()),
-            (
-                headers::CREATED_AT,
-                "2026-11-28T12:00:00.000000Z".to_owned(),
-            ),
-            (headers::CONTENT_TYPE, "application/json".to_owned()),
-        ] {
+        for (name, value) in pending.headers() {
             map.insert(name, value.as_str());
         }
-        let payload = serde_json::to_vec(&transfer).map_err(failed("encoding a transfer"))?;
+        let payload = pending.payload.into_bytes();
         acks.push(
             jetstream
                 .publish_with_headers(subject.clone(), map, payload.into())
                 .await
                 .map_err(failed("publishing"))?,
         );
-        if acks.len() == 1_000 || id == messages {
+        if acks.len() == 1_000 || id == messages as i64 {
             for ack in acks.drain(..) {
                 ack.await.map_err(failed("a publish's ack"))?;
             }

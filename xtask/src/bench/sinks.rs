@@ -35,17 +35,17 @@ use super::report::{Row, Target};
 use super::setup::{Server, Transferred, failed};
 
 /// A row as the baseline reads it.
-struct Pending {
-    id: i64,
-    shard: i64,
-    object: i64,
-    payload: String,
-    created_at: String,
+pub(super) struct Pending {
+    pub(super) id: i64,
+    pub(super) shard: i64,
+    pub(super) object: i64,
+    pub(super) payload: String,
+    pub(super) created_at: String,
 }
 
 impl Pending {
     /// The headers every sink sends (the metadata is empty here).
-    fn headers(&self) -> [(&'static str, String); 7] {
+    pub(super) fn headers(&self) -> [(&'static str, String); 7] {
         [
             (headers::MESSAGE_ID, self.id.to_string()),
             (headers::CATEGORY, "transferred".to_owned()),

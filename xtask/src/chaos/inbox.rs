@@ -510,10 +510,7 @@ pub(crate) async fn run(
         }
         if Instant::now() >= next_progress {
             next_progress = Instant::now() + Duration::from_secs(5);
-            let unpublished: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-                .fetch_one(&orders)
-                .await
-                .unwrap_or(-1);
+            let unpublished = unpublished(&orders).await.unwrap_or(-1);
             eprintln!("chaos:   {charged} orders charged, {unpublished} not yet published");
         }
         if Instant::now() >= deadline {
@@ -569,10 +566,7 @@ pub(crate) async fn run(
         .await
         .map_err(|error| format!("reading the dead letters: {error}"))?
         .len();
-    let unpublished: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-        .fetch_one(&orders)
-        .await
-        .map_err(|error| format!("counting the unpublished orders: {error}"))?;
+    let unpublished = unpublished(&orders).await?;
     stream.remove().await;
     let mut outcome = InboxOutcome {
         broker,
@@ -595,6 +589,14 @@ pub(crate) async fn run(
         outcome.logs = Some(work.keep());
     }
     Ok(outcome)
+}
+
+/// How many orders wait in the orders outbox, not yet published.
+async fn unpublished(orders: &SqlitePool) -> Result<i64, String> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+        .fetch_one(orders)
+        .await
+        .map_err(|error| format!("counting the unpublished orders: {error}"))
 }
 
 /// How many distinct orders billing has charged.
