@@ -2,6 +2,7 @@
 
 // The databases the installed command opens: each backend registers its URL schemes when it
 // is linked (`outbox_core::admin::Backend`); the command itself names none.
+use outbox_mysql as _;
 use outbox_postgres as _;
 use outbox_sqlite as _;
 

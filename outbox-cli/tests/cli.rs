@@ -12,6 +12,7 @@ use outbox_core::{BoxError, Delivery, Message, Registry, Relay, ShardKey};
 use outbox_sqlx::{Dialect, SqlxStore};
 use outbox_testkit::conformance::a_running_and_a_silent_relay;
 use outbox_testkit::fixtures::{FutureCategory, OrgUpdate, ProjectUpdate, note};
+use outbox_testkit::mysql::{MySqlDatabase, MySqlTestDatabase};
 use outbox_testkit::postgres::{PgDatabase, PgTestDatabase};
 use outbox_testkit::sqlite::SqliteTestDatabase;
 use outbox_testkit::sqlx::{Provision, SqlxTestDatabase};
@@ -25,6 +26,12 @@ trait Url {
 impl Url for PgTestDatabase {
     fn url(&self) -> String {
         SqlxTestDatabase::<PgDatabase>::url(self)
+    }
+}
+
+impl Url for MySqlTestDatabase {
+    fn url(&self) -> String {
+        SqlxTestDatabase::<MySqlDatabase>::url(self)
     }
 }
 
@@ -832,13 +839,21 @@ where
     assert_eq!(refused.status.code(), Some(2), "--older-than is required");
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_each_backend {
     ($($scenario:ident($($made:ident),+);)+) => {
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $scenario() {
                     super::$scenario($(super::PgTestDatabase::$made().await),+).await;
+                }
+            )+
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $scenario() {
+                    super::$scenario($(super::MySqlTestDatabase::$made().await),+).await;
                 }
             )+
         }
@@ -853,7 +868,7 @@ macro_rules! on_both_backends {
     };
 }
 
-on_both_backends! {
+on_each_backend! {
     reads(migrated);
     operations(migrated);
     names(migrated);

@@ -27,6 +27,17 @@ fn forms(host: &str, query: &str) -> Vec<String> {
     ]
 }
 
+/// A MariaDB URL to `host` with the password in each form sqlx accepts, and as a parameter
+/// (which the driver does not read, and the command refuses).
+fn mariadb_forms(host: &str, user: &str) -> Vec<String> {
+    vec![
+        format!("mysql://{user}:hunter2@{host}"),
+        format!("mariadb://{user}:hunt%65r2@{host}"),
+        format!("mysql://{user}:hun%40ter2@{host}"),
+        format!("mysql://{user}@{host}?password=hunter2"),
+    ]
+}
+
 fn outbox() -> Command {
     let mut command = Command::cargo_bin("outbox").expect("the outbox binary");
     command.env_remove("DATABASE_URL");
@@ -96,8 +107,19 @@ fn url_errors_never_show_the_password() {
         "postgress://app:hunter2@db/app",
         "mysql://root:hunter2@db/app",
         "mysql://root@db/app?password=hunter2",
+        "mariadb://root@db/app?pass%77ord=hunter2",
     ] {
         each_way(url, &["status"], 1);
+    }
+    for host in [
+        "127.0.0.1:notaport/app",
+        "127.0.0.1:3306/app?ssl-mode=bogus",
+    ] {
+        for url in mariadb_forms(host, "root") {
+            // A second `?` makes the password part of `ssl-mode`'s value: still a secret.
+            each_way(&url, &["status"], 1);
+            each_way(&url, &["migrate"], 1);
+        }
     }
 }
 
@@ -109,6 +131,12 @@ fn connection_failures_never_show_the_password() {
         "127.0.0.1:5432/outbox_no_such_database",
     ] {
         for url in forms(host, "") {
+            each_way(&url, &["status"], 1);
+        }
+    }
+    // Nothing listens on port 1; MariaDB's root has no password, so one is refused.
+    for host in ["127.0.0.1:1/app", "127.0.0.1:3306/outbox_no_such_database"] {
+        for url in mariadb_forms(host, "root") {
             each_way(&url, &["status"], 1);
         }
     }
@@ -173,4 +201,41 @@ fn a_command_that_works_never_shows_the_password() {
             assert_no_secret(&format!("outbox {args:?}"), &output);
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_that_works_on_mariadb_never_shows_the_password() {
+    use outbox_testkit::mysql::MySqlTestDatabase;
+    use sqlx::AssertSqlSafe;
+
+    let database = MySqlTestDatabase::migrated().await;
+    // A user of the test's own, whose password is the secret, with rights on its database only.
+    let user = format!("secrets_{}", std::process::id());
+    for statement in [
+        format!("CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY 'hun@ter2'"),
+        format!("GRANT ALL ON `{}`.* TO '{user}'@'%'", database.name()),
+    ] {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(database.pool())
+            .await
+            .expect("a user with a password");
+    }
+    let host = format!("127.0.0.1:3306/{}", database.name());
+    let url = format!("mysql://{user}:hun%40ter2@{host}");
+    for args in [&["status"][..], &["--json", "status"], &["pauses"]] {
+        let output = outbox()
+            .env("DATABASE_URL", &url)
+            .args(args)
+            .output()
+            .expect("run outbox");
+        assert_no_secret(&format!("outbox {args:?}"), &output);
+        assert!(
+            output.status.success(),
+            "outbox {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP USER '{user}'@'%'")))
+        .execute(database.pool())
+        .await;
 }

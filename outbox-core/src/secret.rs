@@ -38,12 +38,14 @@ fn redact_parsed(mut url: url::Url) -> String {
         // A URL with a password has a host: setting one cannot fail.
         let _ = url.set_password(Some(HIDDEN));
     }
-    let secret_query = url.query_pairs().any(|(key, _)| is_secret(&key));
+    let secret_query = url
+        .query_pairs()
+        .any(|(key, value)| holds_secret(&key, &value));
     if secret_query {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(key, value)| {
-                let value = if is_secret(&key) {
+                let value = if holds_secret(&key, &value) {
                     HIDDEN.to_owned()
                 } else {
                     value.into_owned()
@@ -69,6 +71,74 @@ pub fn secret_parameters(url: &str) -> Vec<String> {
                 .collect()
         },
     )
+}
+
+/// Whether query parameter `key` holds a secret, or its `value` hides one behind a stray `?`
+/// (`?sslmode=bogus?password=secret` reads as one parameter, `sslmode`).
+fn holds_secret(key: &str, value: &str) -> bool {
+    is_secret(key)
+        || value
+            .split(['?', '&', ';'])
+            .skip(1)
+            .any(|part| part.split_once('=').is_some_and(|(key, _)| is_secret(key)))
+}
+
+/// `text` (a driver's account of what is wrong with `url`) without the secrets `url` holds:
+/// its password, and the values of its secret parameters, as written and as decoded, each
+/// replaced with `***`. A driver quotes the value it could not read, and that value may hold
+/// a password.
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let mut secrets: Vec<String> = Vec::new();
+    if let Ok(parsed) = url::Url::parse(url) {
+        if let Some(password) = parsed.password() {
+            secrets.push(password.to_owned());
+            if let Ok(decoded) = percent_decode(password) {
+                secrets.push(decoded);
+            }
+        }
+        for (key, value) in parsed.query_pairs() {
+            if holds_secret(&key, &value) {
+                secrets.push(value.into_owned());
+            }
+        }
+    }
+    // The raw text of each secret parameter, before decoding.
+    for pair in url.split(['?', '&']).skip(1) {
+        if let Some((key, value)) = pair.split_once('=')
+            && is_secret(&percent_decode(key).unwrap_or_else(|_| key.to_owned()))
+        {
+            secrets.push(value.to_owned());
+        }
+    }
+    secrets.retain(|secret| !secret.is_empty());
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    secrets.iter().fold(text.to_owned(), |text, secret| {
+        text.replace(secret.as_str(), HIDDEN)
+    })
+}
+
+/// `text` with its percent-escapes decoded, if they decode to UTF-8.
+fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let escaped = (bytes[at] == b'%')
+            .then(|| text.get(at + 1..at + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                at += 3;
+            }
+            None => {
+                decoded.push(bytes[at]);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded)
 }
 
 /// Whether a query parameter holds a secret: a password of any kind, a token, a secret.
@@ -111,6 +181,7 @@ mod tests {
         "postgres://app:hun ter2@db/app",
         "sqlite:outbox.db?password=hunter2",
         "mysql://root:hunter2@db/app",
+        "mysql://root@db/app?ssl-mode=bogus?password=hunter2",
         "host=db password=hunter2",
     ];
 
@@ -128,6 +199,35 @@ mod tests {
                 assert!(!shown.contains(secret), "{url} shown as {shown}");
             }
         }
+    }
+
+    #[test]
+    fn a_reason_quoting_the_url_keeps_no_secret() {
+        for (url, reason) in [
+            (
+                "mysql://root@db/app?ssl-mode=bogus?password=hunter2",
+                "unknown value \"bogus?password=hunter2\" for `ssl_mode`",
+            ),
+            (
+                "postgres://app:hun%40ter2@db/app",
+                "cannot read hun%40ter2 (hun@ter2)",
+            ),
+            (
+                "postgres://app@db/app?pass%77ord=hunter2&sslmode=x",
+                "sslmode x, pass%77ord=hunter2",
+            ),
+        ] {
+            let scrubbed = super::scrub(reason, url);
+            assert!(
+                !scrubbed.contains("hunter2") && !scrubbed.contains("hun@ter2"),
+                "{scrubbed}"
+            );
+            assert!(scrubbed.contains("***"), "{scrubbed}");
+        }
+        assert_eq!(
+            super::scrub("port notaport", "postgres://app@db:5432/app"),
+            "port notaport"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `#[outbox_testkit::test]` on `async fn t(db: PgTestDatabase)` (or `SqliteTestDatabase`): a
+//! `#[outbox_testkit::test]` on `async fn t(db: PgTestDatabase)` (or `MySqlTestDatabase`,
+//! `SqliteTestDatabase`): a
 //! `#[test]` that runs the function on a new tokio runtime with a new database of the type
 //! its argument names, dropped afterwards.
 //!
@@ -16,7 +17,8 @@ use syn::{FnArg, Ident, Item, ItemFn, LitBool, LitStr, Type};
 use crate::common::{self, Errors, Macro, set_once, unknown_key};
 
 const USAGE: &str = "`#[outbox_testkit::test]` hands the test a fresh database: take one \
-                     argument, `db: PgTestDatabase` or `db: SqliteTestDatabase`";
+                     argument, `db: PgTestDatabase`, `db: MySqlTestDatabase` or \
+                     `db: SqliteTestDatabase`";
 
 /// `#[outbox_testkit::test]`, run through [`expand`].
 pub(crate) const MACRO: Macro = Macro {

@@ -699,7 +699,7 @@ fn error_test_mistakes_reported_together() {
             "`flavor` is \"multi_thread\" (the default) or \"current_thread\"",
             "a test under `#[outbox_testkit::test]` must be an `async fn`",
             "`#[outbox_testkit::test]` makes the function a `#[test]` already",
-            "take one argument, `db: PgTestDatabase` or `db: SqliteTestDatabase`",
+            "take one argument, `db: PgTestDatabase`, `db: MySqlTestDatabase` or `db: SqliteTestDatabase`",
         ],
     );
 }

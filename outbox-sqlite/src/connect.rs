@@ -52,11 +52,9 @@ fn options_at(path: &Path) -> Result<SqliteConnectOptions, Error> {
                 format!(
                     "the scheme `{scheme}:` is not SQLite's: expected a file path or a \
                      `sqlite:` URL{}",
-                    if scheme.to_ascii_lowercase().starts_with("postgres") {
-                        " (a PostgreSQL database opens with `outbox_postgres::connect`)"
-                    } else {
-                        ""
-                    }
+                    outbox_sqlx::connect::opener_of(scheme)
+                        .map(|opener| format!(" (that database opens with `{opener}`)"))
+                        .unwrap_or_default()
                 ),
             ));
         }

@@ -13,6 +13,7 @@ use outbox_core::{Error, Id, Message, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
+use crate::model::Write;
 use crate::sql::{Sql, Statement};
 
 /// How a driver error reads, for the outbox's typed errors.
@@ -489,6 +490,15 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     const MIGRATIONS_TABLE: &'static str;
     /// The relay's statements.
     const SQL: Statements;
+    /// A read of whether a shard has no message left (`$1..$3`; returns a boolean) that takes
+    /// no lock, for a database whose `DELETE` locks the rows its subqueries read (InnoDB: in a
+    /// relay's finish, the first index entry past an empty shard is often another shard's row
+    /// that its own holder is deleting, and two such waits make a deadlock). Where it is
+    /// given, a finish reads it first and runs [`Statements::delete_if_empty`], then without
+    /// a subquery of its own, only if the shard was empty: a message committed in between is
+    /// found by the next sweep, its shard having no state row. `None` by default.
+    const SHARD_IS_EMPTY: Option<&'static str> = None;
+
     /// The statement that begins a writing transaction (`BEGIN`; SQLite's `BEGIN IMMEDIATE`
     /// takes the write lock at once, so that the transaction never fails to upgrade).
     const BEGIN: &'static str;
@@ -598,6 +608,27 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     ) -> bool {
         let _ = (field, column);
         compatible
+    }
+
+    /// The statement for `write` of `rows` of `table`'s models, each model's columns its
+    /// parameters in row order (see [`crate::model::model_sql`], the default: standard SQL with
+    /// double-quoted identifiers, `ON CONFLICT` and `UPDATE … FROM`).
+    fn model_sql(write: Write, table: &ModelTable, rows: usize) -> String {
+        crate::model::model_sql::<Self>(write, table, rows)
+    }
+
+    /// The rows a statement of [`Dialect::model_sql`] for `write` of `given` models wrote, by
+    /// the rows it `affected` as [`Dialect::rows_affected`] counts them (by default, those:
+    /// a database that counts an upsert's update twice says otherwise).
+    fn model_rows_written(write: Write, given: usize, affected: u64) -> u64 {
+        let _ = (write, given);
+        affected
+    }
+
+    /// The statement that reads `table`'s columns, every one of them, as one row of `NULL`s
+    /// (see [`crate::model::columns_sql`], the default).
+    fn columns_sql(table: &ModelTable) -> String {
+        crate::model::columns_sql(table)
     }
 
     /// The statement that reads one model's row (`$1` its key: an `i64` for an integer

@@ -31,6 +31,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backfill;
+pub mod connect;
 pub mod dialect;
 pub mod error;
 pub mod inbox;
@@ -39,6 +40,7 @@ pub mod model;
 pub mod session;
 pub mod sql;
 pub mod store;
+pub mod stored;
 pub mod transaction;
 pub mod wake;
 pub mod write;

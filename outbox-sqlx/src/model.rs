@@ -137,7 +137,7 @@ pub fn model_sql<D: Dialect>(write: Write, table: &ModelTable, rows: usize) -> S
 
 /// The statement that reads the table's columns, every one of them, as one row of `NULL`s:
 /// what [`check_model`] compares a model with (the row's columns carry their types).
-fn columns_sql(table: &ModelTable) -> String {
+pub fn columns_sql(table: &ModelTable) -> String {
     format!(
         "SELECT t.* FROM (SELECT 1) AS one LEFT JOIN {} AS t ON 1 = 0",
         quoted(table.table)
@@ -306,7 +306,7 @@ where
             .map_err(database::<D>(OPERATION))?;
     }
     // Not kept as a prepared statement: the table may change between two checks.
-    let row = sqlx::query(AssertSqlSafe(columns_sql(table)))
+    let row = sqlx::query(AssertSqlSafe(D::columns_sql(table)))
         .persistent(false)
         .fetch_one(runner.executor())
         .await;
@@ -444,7 +444,7 @@ where
                 _ => model.visit_values(&mut columns),
             }
         }
-        let sql = AssertSqlSafe(model_sql::<D>(write, &M::TABLE, chunk.len()));
+        let sql = AssertSqlSafe(D::model_sql(write, &M::TABLE, chunk.len()));
         let arguments = columns
             .into_arguments()
             .map_err(|error| on_table::<D>(write.operation())(sqlx::Error::Encode(error)))?;
@@ -452,7 +452,7 @@ where
             .execute(runner.executor())
             .await
             .map_err(on_table::<D>(write.operation()))?;
-        rows += D::rows_affected(&done);
+        rows += D::model_rows_written(write, chunk.len(), D::rows_affected(&done));
     }
     let ids = write_all::<D, _>(runner.executor(), &messages).await?;
     Ok(Written {

@@ -365,8 +365,18 @@ impl<D: Dialect> SqlxSession<D> {
             // A shard left empty keeps no state row, however its drain ended: the table holds
             // only shards with messages, leases or failures.
             Outcome::Drained | Outcome::Yielded | Outcome::Released => {
+                let empty = match D::SHARD_IS_EMPTY {
+                    None => true,
+                    Some(read) => {
+                        let row = shard_keyed::<D>(read, &lease.shard)
+                            .fetch_one(D::Database::on(conn))
+                            .await
+                            .map_err(database::<D>(OPERATION))?;
+                        get::<D::Database, bool>(&row, 0).map_err(database::<D>(OPERATION))?
+                    }
+                };
                 let delete = fenced::<D>(sql.delete_if_empty, lease);
-                if Self::execute(conn, delete, OPERATION).await? > 0 {
+                if empty && Self::execute(conn, delete, OPERATION).await? > 0 {
                     return Ok(1);
                 }
                 let release = if *outcome == Outcome::Released {

@@ -154,34 +154,47 @@ pub trait TestBackend: StoreBackend {
 }
 
 /// A replicated model the test kit writes: one that every backend built in writes.
-pub trait TestModel: ReplicatedModel + PgWritable + SqliteWritable {}
+pub trait TestModel: ReplicatedModel + PgWritable + MySqlWritable + SqliteWritable {}
 
-impl<M: ReplicatedModel + PgWritable + SqliteWritable> TestModel for M {}
+impl<M: ReplicatedModel + PgWritable + MySqlWritable + SqliteWritable> TestModel for M {}
 
-/// A model the PostgreSQL backend writes (any model, without the `postgres` feature).
-#[cfg(feature = "postgres")]
-pub trait PgWritable: outbox_sqlx::Writable<outbox_postgres::PgDialect> {}
+/// Declares `$name`: a model the backend of the feature `$feature` writes (any model, without
+/// the feature).
+macro_rules! writable_by {
+    ($name:ident, $feature:literal, $dialect:ty, $database:literal) => {
+        #[doc = concat!("A model the ", $database, " backend writes (any model, without the `",
+                            $feature, "` feature).")]
+        #[cfg(feature = $feature)]
+        pub trait $name: outbox_sqlx::Writable<$dialect> {}
 
-#[cfg(feature = "postgres")]
-impl<M: outbox_sqlx::Writable<outbox_postgres::PgDialect>> PgWritable for M {}
+        #[cfg(feature = $feature)]
+        impl<M: outbox_sqlx::Writable<$dialect>> $name for M {}
 
-/// A model the PostgreSQL backend writes (any model, without the `postgres` feature).
-#[cfg(not(feature = "postgres"))]
-pub trait PgWritable {}
+        #[doc = concat!("A model the ", $database, " backend writes (any model, without the `",
+                            $feature, "` feature).")]
+        #[cfg(not(feature = $feature))]
+        pub trait $name {}
 
-#[cfg(not(feature = "postgres"))]
-impl<M> PgWritable for M {}
+        #[cfg(not(feature = $feature))]
+        impl<M> $name for M {}
+    };
+}
 
-/// A model the SQLite backend writes (any model, without the `sqlite` feature).
-#[cfg(feature = "sqlite")]
-pub trait SqliteWritable: outbox_sqlx::Writable<outbox_sqlite::SqliteDialect> {}
-
-#[cfg(feature = "sqlite")]
-impl<M: outbox_sqlx::Writable<outbox_sqlite::SqliteDialect>> SqliteWritable for M {}
-
-/// A model the SQLite backend writes (any model, without the `sqlite` feature).
-#[cfg(not(feature = "sqlite"))]
-pub trait SqliteWritable {}
-
-#[cfg(not(feature = "sqlite"))]
-impl<M> SqliteWritable for M {}
+writable_by!(
+    PgWritable,
+    "postgres",
+    outbox_postgres::PgDialect,
+    "PostgreSQL"
+);
+writable_by!(
+    MySqlWritable,
+    "mysql",
+    outbox_mysql::MySqlDialect,
+    "MariaDB"
+);
+writable_by!(
+    SqliteWritable,
+    "sqlite",
+    outbox_sqlite::SqliteDialect,
+    "SQLite"
+);

@@ -88,6 +88,8 @@ pub mod faults;
 pub mod fixtures;
 pub mod inspect;
 pub mod memory;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod proxy;
@@ -96,7 +98,7 @@ pub mod runner;
 pub mod sink;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub mod sqlx;
 pub mod telemetry;
 

@@ -19,6 +19,12 @@ use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend, TestModel};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
+/// A test's statement `sql`, whose one parameter is written `$1`, in the dialect's own
+/// placeholder (`$1`, `?1`, `?`).
+fn with_placeholder<D: Dialect>(sql: &'static str) -> AssertSqlSafe<String> {
+    AssertSqlSafe(sql.replace("$1", &D::placeholder(1)))
+}
+
 /// Where a test database of a `sqlx` backend lives, and how it is made and removed: a
 /// database on a server ([`PgDatabase`](crate::postgres::PgDatabase)), a temporary file
 /// ([`SqliteFile`](crate::sqlite::SqliteFile)).
@@ -240,11 +246,13 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
         commit: bool,
     ) -> Result<Vec<MessageId>, Error> {
         let mut tx = self.begin().await;
-        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
-            .with(business_id)
-            .execute(Db::<P>::on(&mut tx))
-            .await
-            .expect("insert a business row");
+        sqlx::query(with_placeholder::<P::Dialect>(
+            "INSERT INTO business_rows (id) VALUES ($1)",
+        ))
+        .with(business_id)
+        .execute(Db::<P>::on(&mut tx))
+        .await
+        .expect("insert a business row");
         let mut ids = Vec::with_capacity(messages.len());
         for message in messages {
             ids.push(outbox_sqlx::write::<P::Dialect, _>(Db::<P>::on(&mut tx), message).await?);
@@ -333,20 +341,24 @@ impl<P: Provision> TestBackend for SqlxBackend<P> {
 
     async fn business_row_exists(&self, id: i64) -> bool {
         let mut conn = self.database.pool().acquire().await.expect("a connection");
-        let row = sqlx::query("SELECT count(*) FROM business_rows WHERE id = $1")
-            .with(id)
-            .fetch_one(Db::<P>::on(&mut conn))
-            .await
-            .expect("read business_rows");
+        let row = sqlx::query(with_placeholder::<P::Dialect>(
+            "SELECT count(*) FROM business_rows WHERE id = $1",
+        ))
+        .with(id)
+        .fetch_one(Db::<P>::on(&mut conn))
+        .await
+        .expect("read business_rows");
         get::<Db<P>, i64>(&row, 0).expect("a count") > 0
     }
 
     async fn insert_business_row_in(cx: &mut HandlerContext<'_>, id: i64) -> Result<(), BoxError> {
         let mut conn = Connection::<<Db<P> as Database>::Connection>::from_context(cx)?;
-        sqlx::query("INSERT INTO business_rows (id) VALUES ($1)")
-            .with(id)
-            .execute(Db::<P>::on(&mut conn))
-            .await?;
+        sqlx::query(with_placeholder::<P::Dialect>(
+            "INSERT INTO business_rows (id) VALUES ($1)",
+        ))
+        .with(id)
+        .execute(Db::<P>::on(&mut conn))
+        .await?;
         Ok(())
     }
 }

@@ -272,11 +272,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// An [`Error::InvalidDatabaseUrl`] for `url`, shown without its secrets ([`redact_url`]).
+    /// An [`Error::InvalidDatabaseUrl`] for `url`, shown without its secrets ([`redact_url`]);
+    /// the `reason` (often a driver's, quoting the value it could not read) without them
+    /// either.
     pub fn invalid_database_url(url: &str, reason: impl Into<String>) -> Self {
         Self::InvalidDatabaseUrl {
             url: redact_url(url),
-            reason: reason.into(),
+            reason: crate::secret::scrub(&reason.into(), url),
         }
     }
 

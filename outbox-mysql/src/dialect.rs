@@ -1,0 +1,456 @@
+//! MariaDB's dialect of the shared body: its SQL, its claims (`FOR UPDATE SKIP LOCKED` on the
+//! shard's state row, then the lease), its error codes. MariaDB has no notifications: relays
+//! poll.
+
+use outbox_core::columns::ModelRow;
+use outbox_core::replicated::ModelTable;
+use outbox_core::store::{
+    ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
+};
+use outbox_core::{Error, Id, Message, ShardKey};
+use outbox_sqlx::error::database;
+use outbox_sqlx::sql::Statement;
+use outbox_sqlx::stored::{shard_from_stored, stored_object, stored_shard};
+use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
+use sqlx::error::DatabaseError;
+use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult, MySqlRow, MySqlTypeInfo};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Row};
+
+use crate::admin::*;
+use crate::relay::*;
+
+/// MariaDB (10.6 and later), for the shared body of the `sqlx` backends.
+///
+/// The relay's transactions run at `READ COMMITTED` ([`Dialect::BEGIN`]): a claim locks only
+/// the state row it finds, never a gap of the index, and each statement reads what is
+/// committed when it runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MySqlDialect;
+
+/// The embedded migrations, in order.
+pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "outbox tables",
+    sql: include_str!("../migrations/0001_outbox.sql"),
+}];
+
+/// MariaDB's error numbers the outbox reads.
+mod code {
+    /// `ER_NO_SUCH_TABLE`.
+    pub(super) const NO_SUCH_TABLE: u16 = 1146;
+    /// `ER_BAD_FIELD_ERROR`: an unknown column.
+    pub(super) const BAD_FIELD: u16 = 1054;
+    /// `ER_UNKNOWN_SEQUENCES`: the lease tokens' sequence is missing.
+    pub(super) const UNKNOWN_SEQUENCE: u16 = 4091;
+    /// `ER_DUP_ENTRY`: another claim created the shard's state row first.
+    pub(super) const DUPLICATE: u16 = 1062;
+    /// `ER_LOCK_WAIT_TIMEOUT`: another transaction holds the row a claim would create.
+    pub(super) const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// `ER_BAD_DB_ERROR`: the database does not exist (yet).
+    pub(super) const BAD_DB: u16 = 1049;
+    /// `ER_CON_COUNT_ERROR`, `ER_SERVER_SHUTDOWN`, `ER_QUERY_INTERRUPTED`,
+    /// `ER_CONNECTION_KILLED`: the server is full or going away.
+    pub(super) const GOING_AWAY: [u16; 4] = [1040, 1053, 1317, 1927];
+}
+
+/// The error number of a MariaDB error.
+fn number(error: &dyn DatabaseError) -> Option<u16> {
+    error
+        .try_downcast_ref::<MySqlDatabaseError>()
+        .map(MySqlDatabaseError::number)
+}
+
+/// A claim's first step (`LOCK_STATE`): the state row's owner, whether its lease lapsed,
+/// whether the shard is due and free, a token, and the attempts; `None` if the row is absent
+/// or another transaction holds it.
+type Locked = (Option<String>, bool, bool, i64, i64);
+
+/// Claims `shard` on `tx` (a transaction at `READ COMMITTED`) if it is due and free: its lease.
+async fn claim_on(
+    tx: &mut MySqlConnection,
+    shard: &ShardKey,
+    options: &ClaimOptions,
+) -> Result<Option<Lease>, Error> {
+    let failed = || database::<MySqlDialect>("claiming a shard");
+    let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
+    let (identifier, destination) = stored_shard(shard);
+    let locked: Option<Locked> = sqlx::query_as(LOCK_STATE)
+        .bind(shard.scope.0)
+        .bind(identifier)
+        .bind(destination.clone())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let lease = |token: i64, attempts: i64, previous_owner: Option<String>| Lease {
+        shard: shard.clone(),
+        token,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        previous_owner,
+    };
+    match locked {
+        Some((_, _, false, _, _)) => Ok(None),
+        Some((owner, lapsed, true, token, attempts)) => {
+            sqlx::query(TAKE_LEASE)
+                .bind(&options.worker)
+                .bind(token)
+                .bind(lease_ms)
+                .bind(i32::from(lapsed))
+                .bind(shard.scope.0)
+                .bind(identifier)
+                .bind(destination)
+                .execute(&mut *tx)
+                .await
+                .map_err(failed())?;
+            let attempts = attempts + i64::from(lapsed);
+            Ok(Some(lease(token, attempts, owner.filter(|_| lapsed))))
+        }
+        None => {
+            let created = sqlx::query_as::<_, (i64, i64)>(CREATE_LEASE)
+                .bind(shard.scope.0)
+                .bind(identifier)
+                .bind(destination)
+                .bind(&options.worker)
+                .bind(lease_ms)
+                .fetch_optional(&mut *tx)
+                .await;
+            match created {
+                Ok(created) => Ok(created.map(|(token, attempts)| lease(token, attempts, None))),
+                // The row exists and another transaction holds it, or another claim created
+                // it first: the shard is another worker's.
+                Err(sqlx::Error::Database(error))
+                    if matches!(
+                        number(error.as_ref()),
+                        Some(code::DUPLICATE | code::LOCK_WAIT_TIMEOUT)
+                    ) =>
+                {
+                    Ok(None)
+                }
+                Err(error) => Err(failed()(error)),
+            }
+        }
+    }
+}
+
+impl Dialect for MySqlDialect {
+    type Database = MySql;
+    type Turn = ();
+    type Wakeups = NoWakeups;
+
+    const NAME: &'static str = "MariaDB";
+    const MIGRATIONS: &'static [EmbeddedMigration] = MIGRATIONS;
+    const MIGRATIONS_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS _outbox_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    success BOOLEAN NOT NULL,
+    checksum BLOB NOT NULL,
+    execution_time BIGINT NOT NULL
+);";
+    const BEGIN: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+    // An acknowledgement proves the lease and deletes in two statements: one transaction.
+    const WRITES_IN_TRANSACTION: bool = true;
+    const MAX_PARAMETERS: usize = 65535;
+    const SHARD_IS_EMPTY: Option<&'static str> = Some(SHARD_IS_EMPTY);
+    const OBJECT_COLUMNS: usize = 2;
+    const SQL: Statements = Statements {
+        insert_message: INSERT_MESSAGE,
+        insert_messages: INSERT_MESSAGES,
+        fetch: FETCH,
+        fetch_newest: FETCH_NEWEST,
+        ack: Ack::Separate {
+            lease: ACK_LEASE,
+            delete: ACK,
+        },
+        ack_and_release: None,
+        extend_lease: EXTEND_LEASE,
+        delete_if_empty: DELETE_IF_EMPTY,
+        release: RELEASE,
+        release_lease: RELEASE_LEASE,
+        fail: FAIL,
+        release_interrupted: RELEASE_INTERRUPTED,
+        table_exists: TABLE_EXISTS,
+        discover: DISCOVER,
+        unpark: UNPARK,
+        reschedule: RESCHEDULE,
+        pending_in_shard: PENDING_IN_SHARD,
+        pending_messages: PENDING_MESSAGES,
+        shard_states: SHARD_STATES,
+        dead_letter: DEAD_LETTER,
+        dead_letters: DEAD_LETTERS,
+        lock_dead_letters: LOCK_DEAD_LETTERS,
+        replay_dead_letters: REPLAY_DEAD_LETTERS,
+        purge_dead_letters: PURGE_DEAD_LETTERS,
+        purge_expired_dead_letters: PURGE_EXPIRED_DEAD_LETTERS,
+        pause: PAUSE,
+        resume: RESUME,
+        pauses: PAUSES,
+        compact_paused: COMPACT_PAUSED,
+        backfill: BACKFILL,
+        oldest_due_age: OLDEST_DUE_AGE,
+        is_paused: IS_PAUSED,
+        status: STATUS,
+        shards: SHARDS,
+        failing_shards: FAILING_SHARDS,
+        sampled_shards: SAMPLED_SHARDS,
+        shard: SHARD,
+        gauges: GAUGES,
+        set_aside: SET_ASIDE,
+        relays: RELAYS,
+        inbox: INBOX,
+        shard_messages: SHARD_MESSAGES,
+    };
+
+    fn classify(error: &dyn DatabaseError) -> Fault {
+        match number(error) {
+            Some(code::NO_SUCH_TABLE | code::BAD_FIELD | code::UNKNOWN_SEQUENCE) => {
+                Fault::SchemaMissing
+            }
+            Some(code::BAD_DB) => Fault::Unavailable,
+            Some(other) if code::GOING_AWAY.contains(&other) => Fault::Unavailable,
+            _ => Fault::Other,
+        }
+    }
+
+    fn is_missing_table(error: &dyn DatabaseError) -> bool {
+        number(error) == Some(code::NO_SUCH_TABLE)
+    }
+
+    fn binary_literal(hex: &str) -> String {
+        format!("X'{hex}'")
+    }
+
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn bind_shard<'q>(query: Statement<'q, MySql>, shard: &ShardKey) -> Statement<'q, MySql> {
+        let (identifier, destination) = stored_shard(shard);
+        query.bind(identifier).bind(destination)
+    }
+
+    fn decode_shard(row: &MySqlRow, index: usize) -> Result<ShardKey, sqlx::Error> {
+        shard_from_stored(
+            row.try_get(index)?,
+            row.try_get(index + 1)?,
+            row.try_get(index + 2)?,
+        )
+        .map_err(|detail| sqlx::Error::Decode(detail.into()))
+    }
+
+    fn bind_object<'q>(query: Statement<'q, MySql>, object: Id) -> Statement<'q, MySql> {
+        let (identifier, wide) = stored_object(object);
+        query.bind(identifier).bind(wide)
+    }
+
+    fn decode_object(row: &MySqlRow, index: usize) -> Result<Id, sqlx::Error> {
+        let wide: Vec<u8> = row.try_get(index + 1)?;
+        if wide.is_empty() {
+            return row.try_get(index).map(Id::integer);
+        }
+        outbox_sqlx::sql::wide_id(&wide)
+    }
+
+    fn bind_ids<'q>(query: Statement<'q, MySql>, ids: Vec<i64>) -> Statement<'q, MySql> {
+        query.bind(serde_json::Value::from(ids).to_string())
+    }
+
+    fn bind_categories<'q>(
+        query: Statement<'q, MySql>,
+        categories: Vec<i32>,
+    ) -> Statement<'q, MySql> {
+        query.bind(serde_json::Value::from(categories).to_string())
+    }
+
+    fn bind_groups<'q>(query: Statement<'q, MySql>, groups: &[GroupKey]) -> Statement<'q, MySql> {
+        let groups: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|group| {
+                let (object, wide) = stored_object(group.object_identifier);
+                serde_json::json!([group.category.0, object, hex(&wide)])
+            })
+            .collect();
+        query.bind(serde_json::Value::Array(groups).to_string())
+    }
+
+    fn bind_messages<'q>(
+        query: Statement<'q, MySql>,
+        messages: &[Message],
+    ) -> Statement<'q, MySql> {
+        let rows: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|message| {
+                let shard = message.shard();
+                let (identifier, destination) = stored_shard(shard);
+                let (object, wide) = stored_object(message.object_identifier());
+                serde_json::json!([
+                    shard.scope.0,
+                    identifier,
+                    destination,
+                    message.category().0,
+                    object,
+                    hex(&wide),
+                    message.payload_json(),
+                    message.metadata().to_json(),
+                ])
+            })
+            .collect();
+        query.bind(serde_json::Value::Array(rows).to_string())
+    }
+
+    fn decode_ids(row: &MySqlRow, index: usize) -> Result<Vec<i64>, Error> {
+        let json: String = row
+            .try_get(index)
+            .map_err(database::<Self>("reading a shard"))?;
+        serde_json::from_str(&json).map_err(|source| Error::Database {
+            operation: "reading a shard",
+            source: Box::new(source),
+        })
+    }
+
+    fn read_head(rows: Vec<MySqlRow>) -> Result<Vec<StoredMessage>, Error> {
+        rows.iter()
+            .map(outbox_sqlx::session::stored::<Self>)
+            .collect()
+    }
+
+    fn placeholder(_index: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn model_sql(write: Write, table: &ModelTable, rows: usize) -> String {
+        crate::model::model_sql(write, table, rows)
+    }
+
+    // An upsert that updates a row counts it twice (`CLIENT_FOUND_ROWS`): every model given
+    // to a save is written, inserted or updated.
+    fn model_rows_written(write: Write, given: usize, affected: u64) -> u64 {
+        match write {
+            Write::Save => u64::try_from(given).unwrap_or(u64::MAX),
+            _ => affected,
+        }
+    }
+
+    fn columns_sql(table: &ModelTable) -> String {
+        crate::model::columns_sql(table)
+    }
+
+    fn column_accepts(field: &MySqlTypeInfo, column: &MySqlTypeInfo, compatible: bool) -> bool {
+        crate::model::accepts(field, column, compatible)
+    }
+
+    fn load_model_sql(table: &ModelTable, _wide: bool) -> String {
+        crate::model::load_sql(table)
+    }
+
+    fn load_models_sql(table: &ModelTable, _wide: bool) -> String {
+        crate::model::load_many_sql(table)
+    }
+
+    fn bind_keys<'q>(query: Statement<'q, MySql>, keys: &[Id]) -> Statement<'q, MySql> {
+        let keys: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|key| match key.wide_bytes() {
+                Some(bytes) => hex(&bytes).into(),
+                None => key.as_integer().unwrap_or_default().into(),
+            })
+            .collect();
+        query.bind(serde_json::Value::Array(keys).to_string())
+    }
+
+    fn walk_model_sql(table: &ModelTable, after: Option<bool>) -> String {
+        crate::model::walk_sql(table, after.is_some())
+    }
+
+    fn read_model(row: &MySqlRow) -> Result<ModelRow, sqlx::Error> {
+        crate::model::read(row)
+    }
+
+    async fn take_turn(&self) {}
+
+    async fn claim(
+        &self,
+        pool: &MySqlPool,
+        shard: &ShardKey,
+        options: &ClaimOptions,
+    ) -> Result<Option<Claim<Self>>, Error> {
+        let failed = || database::<Self>("claiming a shard");
+        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+        let Some(lease) = claim_on(&mut tx, shard, options).await? else {
+            tx.rollback().await.map_err(failed())?;
+            return Ok(None);
+        };
+        // In transaction mode the session keeps the claiming transaction, and with it the
+        // state row's lock.
+        let claiming = match options.mode {
+            HandlerMode::Leased => {
+                tx.commit().await.map_err(failed())?;
+                None
+            }
+            HandlerMode::InTransaction => Some(Claiming { tx, turn: () }),
+        };
+        Ok(Some(Claim {
+            lease,
+            claiming,
+            head: None,
+        }))
+    }
+
+    async fn discover(
+        pool: &MySqlPool,
+        scope: i32,
+        cursor: &ShardKey,
+        limit: i32,
+    ) -> Result<Vec<(ShardKey, bool)>, Error> {
+        outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await
+    }
+
+    async fn ack_and_release_on(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &[outbox_sqlx::dialect::Finishing],
+    ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
+        // In the shards' key order, as every relay finishes them: two relays' batches never
+        // wait on each other's state rows in a cycle (InnoDB would end one as a deadlock).
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        order.sort_by_cached_key(|&at| {
+            let shard = &batch[at].0.shard;
+            (shard.scope.0, stored_shard(shard))
+        });
+        let mut finished: Vec<Option<outbox_sqlx::dialect::Finished>> =
+            (0..batch.len()).map(|_| None).collect();
+        for at in order {
+            let done = outbox_sqlx::session::ack_and_release_each::<Self>(
+                conn,
+                std::slice::from_ref(&batch[at]),
+            )
+            .await?;
+            finished[at] = done.into_iter().next();
+        }
+        Ok(finished.into_iter().flatten().collect())
+    }
+
+    async fn wakeups(_pool: &MySqlPool) -> Result<Option<NoWakeups>, Error> {
+        Ok(None)
+    }
+
+    fn database_key(pool: &MySqlPool) -> String {
+        let options = pool.connect_options();
+        format!(
+            "mysql://{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        )
+    }
+}
+
+/// Bytes as hex digits, as `UNHEX` reads them back.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, MySqlDialect> for &'c mut MySqlConnection {
+    fn target(self) -> outbox_sqlx::model::Target<'c, 'static, MySqlDialect> {
+        outbox_sqlx::model::Target::Connection(self)
+    }
+}

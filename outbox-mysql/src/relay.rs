@@ -1,0 +1,304 @@
+//! The relay's statements on MariaDB: writes, a claimed shard's reads, acknowledgements and
+//! releases, discovery.
+//!
+//! MariaDB takes positional `?` parameters only, and the shared body binds each statement's
+//! parameters once, in the order `outbox_sqlx::Statements` numbers them. A statement that needs
+//! a parameter twice, or out of order, takes them all at its start in a one-row derived table
+//! `p` (`(SELECT ? AS scope, ? AS identifier, …) AS p`), which MariaDB reads as constants.
+
+pub(crate) const INSERT_MESSAGE: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
+         payload, metadata) \
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+    RETURNING id";
+
+// One statement for any number of messages: the rows travel as one JSON array, each
+// `[scope, identifier, destination, category, object, object's wide bytes in hex, payload
+// text, metadata text or null]`, inserted in their order (so their ids ascend in it).
+pub(crate) const INSERT_MESSAGES: &str = "\
+    INSERT INTO outbox_messages \
+        (shard_scope, shard_identifier, destination, category, object_identifier, object_wide, \
+         payload, metadata) \
+    SELECT j.scope, j.identifier, j.destination, j.category, j.object, UNHEX(j.wide), \
+        j.payload, j.metadata \
+    FROM JSON_TABLE(?, '$[*]' COLUMNS ( \
+        n FOR ORDINALITY, \
+        scope SMALLINT PATH '$[0]', \
+        identifier BIGINT PATH '$[1]', \
+        destination VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[2]', \
+        category INT PATH '$[3]', \
+        object BIGINT PATH '$[4]', \
+        wide VARCHAR(32) CHARACTER SET ascii PATH '$[5]', \
+        payload LONGTEXT CHARACTER SET utf8mb4 PATH '$[6]', \
+        metadata LONGTEXT CHARACTER SET utf8mb4 PATH '$[7]' NULL ON EMPTY)) AS j \
+    ORDER BY j.n \
+    RETURNING id";
+
+pub(crate) const FETCH: &str = "\
+    SELECT id, category, shard_scope, object_identifier, object_wide, payload, \
+        created_at * 1000, metadata \
+    FROM outbox_messages \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? \
+    ORDER BY id LIMIT ?";
+
+// Each group's rows in `after < id <= up_to`: their ids, and the newest one whole. The groups
+// travel as one JSON array of `[category, object, object's wide bytes in hex]`.
+pub(crate) const FETCH_NEWEST: &str = "\
+    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, m.payload, \
+        m.created_at * 1000, m.metadata, t.ids \
+    FROM ( \
+        SELECT JSON_ARRAYAGG(x.id) AS ids, MAX(x.id) AS newest \
+        FROM (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS `groups`, \
+                ? AS after_id, ? AS up_to) AS p \
+            JOIN JSON_TABLE(p.`groups`, '$[*]' COLUMNS ( \
+                n FOR ORDINALITY, \
+                category INT PATH '$[0]', \
+                object BIGINT PATH '$[1]', \
+                wide VARCHAR(32) CHARACTER SET ascii PATH '$[2]')) AS g \
+            JOIN outbox_messages x \
+                ON x.shard_scope = p.scope AND x.shard_identifier = p.identifier \
+                AND x.destination = p.destination AND x.category = g.category \
+                AND x.object_identifier = g.object AND x.object_wide = UNHEX(g.wide) \
+                AND x.id > p.after_id AND x.id <= p.up_to \
+        GROUP BY g.n) AS t \
+    JOIN outbox_messages m ON m.id = t.newest";
+
+// An acknowledgement proves and extends the lease, and the head it moved past takes its
+// attempts with it.
+pub(crate) const ACK_LEASE: &str = concat!(
+    "UPDATE outbox_shards s JOIN ",
+    fenced_params!("ms"),
+    " ON ",
+    held_by_p!("s"),
+    " SET s.lease_expires_at = ",
+    now!(),
+    " + p.ms, s.attempts = 0, s.first_failed_at = NULL"
+);
+
+// Exactly the rows the relay read and delivered go, by id (one seek of the primary key each,
+// in the list's order: joined the other way, MariaDB would read every row of the shard): a
+// range of ids could hold a row that committed after the read.
+pub(crate) const ACK: &str = "\
+    DELETE m FROM (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS ids) AS p \
+        STRAIGHT_JOIN JSON_TABLE(p.ids, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
+        STRAIGHT_JOIN outbox_messages m ON m.id = j.id \
+    WHERE m.shard_scope = p.scope AND m.shard_identifier = p.identifier \
+        AND m.destination = p.destination";
+
+pub(crate) const EXTEND_LEASE: &str = concat!(
+    "UPDATE outbox_shards s JOIN ",
+    fenced_params!("ms"),
+    " ON ",
+    held_by_p!("s"),
+    " SET s.lease_expires_at = ",
+    now!(),
+    " + p.ms"
+);
+
+// Whether the shard has no message: a plain read, which takes no lock (see
+// `Dialect::SHARD_IS_EMPTY`).
+pub(crate) const SHARD_IS_EMPTY: &str = "\
+    SELECT NOT EXISTS (SELECT 1 FROM outbox_messages \
+        WHERE shard_scope = ? AND shard_identifier = ? AND destination = ?)";
+
+// Run only once `SHARD_IS_EMPTY` found the shard empty: InnoDB would lock the rows a subquery
+// of a `DELETE` reads, the first of them often another shard's.
+pub(crate) const DELETE_IF_EMPTY: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND lease_token = ?";
+
+pub(crate) const RELEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
+        first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND lease_token = ?";
+
+pub(crate) const RELEASE_LEASE: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND lease_token = ?";
+
+// A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
+// waits for no time and no message: its retry time is the end of year 9999 (ms) and its
+// watermark the highest id, until a relay that knows the category unparks it. (MariaDB
+// assigns a multi-table UPDATE's columns in no set order: no assignment reads a column
+// another one sets.)
+pub(crate) const FAIL: &str = concat!(
+    "UPDATE outbox_shards s JOIN ",
+    fenced_params!("attempts", "error", "retry_ms", "watermark", "parked"),
+    " ON ",
+    held_by_p!("s"),
+    " SET s.lease_owner = NULL, s.lease_expires_at = NULL, s.attempts = p.attempts, \
+        s.first_failed_at = CASE WHEN p.attempts <= 1 OR s.first_failed_at IS NULL THEN ",
+    now!(),
+    " ELSE s.first_failed_at END, \
+        s.last_error = p.error, \
+        s.retry_at = CASE WHEN p.parked IS NULL THEN ",
+    now!(),
+    " + p.retry_ms ELSE 253402300799000 END, \
+        s.watermark = CASE WHEN p.parked IS NULL THEN p.watermark \
+            ELSE 9223372036854775807 END, \
+        s.parked_category = p.parked"
+);
+
+// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+// its next claim counts as a takeover.
+pub(crate) const RELEASE_INTERRUPTED: &str = concat!(
+    "UPDATE outbox_shards SET lease_expires_at = ",
+    now!(),
+    " WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND lease_token = ?"
+);
+
+pub(crate) const TABLE_EXISTS: &str = "\
+    SELECT EXISTS (SELECT 1 FROM information_schema.TABLES \
+        WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?)";
+
+pub(crate) const UNPARK: &str = concat!(
+    "UPDATE outbox_shards SET parked_category = NULL, retry_at = ",
+    now!(),
+    " WHERE parked_category IN (SELECT c FROM JSON_TABLE(?, '$[*]' COLUMNS (c INT PATH '$')) \
+        AS j) AND retry_at > ",
+    now!()
+);
+
+pub(crate) const RESCHEDULE: &str = concat!(
+    "UPDATE outbox_shards SET retry_at = ",
+    now!(),
+    " WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND retry_at > ",
+    now!()
+);
+
+pub(crate) const PENDING_IN_SHARD: &str = "\
+    SELECT COUNT(*) FROM outbox_messages \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? AND id <= ?";
+
+/// Whether the shard of state row `s` is due: no live lease on it, and not backing off or
+/// with a message newer than its failure (its newest id past the watermark: one index entry).
+/// `s` may be the NULL side of an outer join: a shard with no state row is due.
+macro_rules! due {
+    ($s:literal) => {
+        concat!(
+            "(",
+            $s,
+            ".shard_scope IS NULL OR ((",
+            $s,
+            ".lease_expires_at IS NULL OR ",
+            $s,
+            ".lease_expires_at <= ",
+            now!(),
+            ") AND (",
+            $s,
+            ".retry_at IS NULL OR ",
+            $s,
+            ".retry_at <= ",
+            now!(),
+            " OR ",
+            newest_of!($s),
+            " > ",
+            $s,
+            ".watermark)))"
+        )
+    };
+}
+
+// The first row of the shard after shard `k` in key order: in the same shard identifier (a
+// later destination), else a later shard identifier in the same scope, else a later scope.
+// Each is one descent of the shard index, so discovery reads one row per shard with pending
+// rows, never every row.
+macro_rules! next_shard {
+    () => {
+        "COALESCE( \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
+                AND x.destination > k.destination \
+             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x \
+             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
+             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1), \
+            (SELECT x.id FROM outbox_messages x WHERE x.shard_scope > k.shard_scope \
+             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1))"
+    };
+}
+
+// Discovery: `$1` the scope of the cursor, `$2`, `$3` its shard identifier and destination,
+// `$4` the limit. A skip-scan from the cursor: the first shard after it, then each next one
+// (one index descent each). The parameters are constants to the optimizer (`param!`), so that
+// the first shard is one descent too.
+pub(crate) const DISCOVER: &str = concat!(
+    "WITH RECURSIVE p AS (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS lim), \
+     walk (shard_scope, shard_identifier, destination, n) AS ( \
+        SELECT * FROM ( \
+            SELECT m.shard_scope, m.shard_identifier, m.destination, 1 AS n \
+            FROM outbox_messages m \
+            WHERE m.shard_scope > ",
+    param!("scope"),
+    " OR (m.shard_scope = ",
+    param!("scope"),
+    " AND (m.shard_identifier > ",
+    param!("identifier"),
+    " OR (m.shard_identifier = ",
+    param!("identifier"),
+    " AND m.destination > ",
+    param!("destination"),
+    "))) \
+            ORDER BY m.shard_scope, m.shard_identifier, m.destination LIMIT 1) AS first \
+        UNION ALL \
+        SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
+        FROM walk k JOIN outbox_messages m ON m.id = ",
+    next_shard!(),
+    " WHERE k.n < ",
+    param!("lim"),
+    ") \
+    SELECT k.shard_scope, k.shard_identifier, k.destination, ",
+    due!("s"),
+    " AND NOT ",
+    outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
+    " AS due \
+    FROM walk k LEFT JOIN outbox_shards s \
+        ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
+        AND s.destination = k.destination \
+    ORDER BY k.n"
+);
+
+// A claim, first step: the shard's state row, locked unless another transaction holds it
+// (then no row: a claim never waits): its lease's owner, whether that lease lapsed without a
+// release, whether the shard is due and free, a fencing token, and its attempts. `$1..$3` the
+// shard.
+pub(crate) const LOCK_STATE: &str = concat!(
+    "SELECT s.lease_owner, s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
+    now!(),
+    " AS lapsed, ",
+    due!("s"),
+    " AND NOT ",
+    outbox_sqlx::paused!("s.shard_scope", "s.shard_identifier", "s.destination"),
+    " AS due, NEXTVAL(outbox_lease_tokens) AS token, s.attempts \
+    FROM outbox_shards s \
+    WHERE s.shard_scope = ? AND s.shard_identifier = ? AND s.destination = ? \
+    FOR UPDATE SKIP LOCKED"
+);
+
+// A claim of a shard whose state row is locked and due: `$1` the worker, `$2` the token,
+// `$3` the lease in milliseconds, `$4` 1 if a lapsed lease is taken over (an attempt more at
+// the head), `$5..$7` the shard.
+pub(crate) const TAKE_LEASE: &str = concat!(
+    "UPDATE outbox_shards SET lease_owner = ?, lease_token = ?, lease_expires_at = ",
+    now!(),
+    " + ?, attempts = attempts + ? \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ?"
+);
+
+// A claim of a shard with no state row: the row, with the lease, unless a pause holds the
+// shard. Run with no wait for locks: a row another transaction is inserting or holds is
+// another worker's claim. `$1..$3` the shard, `$4` the worker, `$5` the lease in milliseconds.
+// (The parameters are `q`: `paused!` names the pauses `p`.)
+pub(crate) const CREATE_LEASE: &str = concat!(
+    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+    INSERT INTO outbox_shards \
+        (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
+    SELECT q.scope, q.identifier, q.destination, q.worker, NEXTVAL(outbox_lease_tokens), ",
+    now!(),
+    " + q.ms \
+    FROM (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS worker, ? AS ms) AS q \
+    WHERE NOT ",
+    outbox_sqlx::paused!("q.scope", "q.identifier", "q.destination"),
+    " RETURNING lease_token, attempts"
+);

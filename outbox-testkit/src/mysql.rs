@@ -1,0 +1,175 @@
+//! Fresh MariaDB databases for tests, and the MariaDB [`TestBackend`](crate::TestBackend).
+//!
+//! The server is found through `MYSQL_URL` (a `mysql://` URL), else the local service at
+//! `mysql://root@127.0.0.1:3306`. If none answers, the test fails with a message saying how to
+//! provide one: MariaDB tests never silently skip.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use outbox_core::{Error, ModelBatch};
+use outbox_mysql::MySqlDialect;
+use outbox_sqlx::model::Written;
+use outbox_sqlx::{Dialect, Write};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool, Transaction};
+
+use crate::backend::TestModel;
+use crate::sqlx::{Provision, SqlxBackend, SqlxTestDatabase};
+
+/// The server used when `MYSQL_URL` names none.
+pub const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306";
+
+/// The URL of the server tests create their databases on.
+pub fn server_url() -> String {
+    std::env::var("MYSQL_URL")
+        .ok()
+        .filter(|url| url.starts_with("mysql://") || url.starts_with("mariadb://"))
+        .map(|url| url.replacen("mariadb://", "mysql://", 1))
+        .unwrap_or_else(|| DEFAULT_URL.to_owned())
+}
+
+fn server_options() -> MySqlConnectOptions {
+    let url = server_url();
+    url.parse().unwrap_or_else(|error| {
+        panic!(
+            "MYSQL_URL `{}` is not a MariaDB URL: {error}",
+            outbox_core::redact_url(&url)
+        )
+    })
+}
+
+async fn connect_server() -> MySqlConnection {
+    let url = outbox_core::redact_url(&server_url());
+    MySqlConnection::connect_with(&server_options())
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "MariaDB tests need a server, and none answered at {url}: {error}\n\
+                 Set MYSQL_URL=mysql://user:password@host:port to use another server, or start \
+                 the local one (`service mariadb start`)."
+            )
+        })
+}
+
+/// A database on the MariaDB server, created for one test and dropped with the test database
+/// that holds it.
+#[derive(Debug)]
+pub struct MySqlDatabase {
+    name: String,
+}
+
+/// A database created for one test and dropped when this value is dropped.
+pub type MySqlTestDatabase = SqlxTestDatabase<MySqlDatabase>;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Provision for MySqlDatabase {
+    type Dialect = MySqlDialect;
+
+    async fn provision() -> (Self, MySqlPool) {
+        let name = format!(
+            "outbox_test_{}_{}_{:08x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let mut server = connect_server().await;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE DATABASE `{name}` CHARACTER SET utf8mb4"
+        )))
+        .execute(&mut server)
+        .await
+        .unwrap_or_else(|error| panic!("cannot create test database {name}: {error}"));
+        let _ = server.close().await;
+        let database = Self { name };
+        let pool = database.connect().await;
+        (database, pool)
+    }
+
+    async fn connect(&self) -> MySqlPool {
+        MySqlPoolOptions::new()
+            .max_connections(20)
+            .connect_with(server_options().database(&self.name))
+            .await
+            .unwrap_or_else(|error| {
+                panic!("cannot connect to test database {}: {error}", self.name)
+            })
+    }
+
+    const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]) = (
+        &[
+            "CREATE TRIGGER refuse_backfill_progress BEFORE UPDATE ON outbox_backfills \
+           FOR EACH ROW BEGIN \
+             IF NEW.rows_walked <> OLD.rows_walked OR NEW.done_version <> OLD.done_version THEN \
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the test refuses to move the watermark'; \
+             END IF; \
+           END",
+        ],
+        &["DROP TRIGGER refuse_backfill_progress"],
+    );
+
+    fn apply<'t, M: TestModel>(
+        tx: &'t mut Transaction<'_, <Self::Dialect as Dialect>::Database>,
+        write: Write,
+        batch: &'t ModelBatch<'_, M>,
+    ) -> impl Future<Output = Result<Written, Error>> + Send + 't {
+        outbox_sqlx::model::apply::<MySqlDialect, M, _>(tx, write, batch)
+    }
+}
+
+impl SqlxTestDatabase<MySqlDatabase> {
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.place().name
+    }
+
+    /// A `mysql://` URL of the database (the server's URL with this database's name).
+    pub fn url(&self) -> String {
+        format!("{}/{}", server_url().trim_end_matches('/'), self.name())
+    }
+
+    /// Options to connect to the database.
+    pub fn connect_options(&self) -> MySqlConnectOptions {
+        server_options().database(self.name())
+    }
+}
+
+impl Drop for MySqlDatabase {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        // As PostgreSQL's: a thread and a runtime of its own. Dropping the database waits for
+        // the metadata locks of open transactions on its tables: the test's own connections
+        // are killed first.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for dropping the test database");
+            runtime.block_on(async move {
+                if let Ok(mut server) = MySqlConnection::connect_with(&server_options()).await {
+                    let ids: Vec<u64> = sqlx::query_scalar(
+                        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?",
+                    )
+                    .bind(&name)
+                    .fetch_all(&mut server)
+                    .await
+                    .unwrap_or_default();
+                    for id in ids {
+                        let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL {id}")))
+                            .execute(&mut server)
+                            .await;
+                    }
+                    let _ =
+                        sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`")))
+                            .execute(&mut server)
+                            .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// The MariaDB backend under test: a fresh database and its store.
+pub type MySqlBackend = SqlxBackend<MySqlDatabase>;
