@@ -1,6 +1,6 @@
 //! # outbox
 //!
-//! The transactional outbox for Rust services on PostgreSQL and SQLite. A service writes an
+//! The transactional outbox for Rust services on PostgreSQL, MariaDB and SQLite. A service writes an
 //! outbox [`Message`] in the same `sqlx` transaction as the data change that caused it; after
 //! commit, a [`Relay`] delivers it to the [`Handler`](handler::Handler) of its [`Category`] — sharded, in order
 //! within a shard, coalesced to the newest payload of each group, retried with backoff until it
@@ -12,6 +12,7 @@
 //! | feature | what it adds |
 //! | --- | --- |
 //! | `postgres` | `outbox::postgres`: the PostgreSQL store, writes and migrations |
+//! | `mysql` | `outbox::mysql`: the MariaDB store, writes and migrations |
 //! | `sqlite` | `outbox::sqlite`: the SQLite store (bundled SQLite) |
 //! | `nats`, `kafka`, `rabbitmq`, `redis` | `outbox::nats`, `outbox::kafka`, `outbox::rabbitmq`, `outbox::redis`: sinks publishing each delivery to a broker |
 //! | `cli` | `outbox::cli`: the `outbox` command, to build into a service's own binary |
@@ -19,7 +20,7 @@
 //! | `testkit` | `outbox::testkit`: a fresh database per test, the test runner, fault injection |
 //! | `uuid` | `uuid::Uuid` as an identifier |
 //! | `opentelemetry` | the writer's trace context carried to the delivery's span |
-//! | `tls-rustls`, `tls-native-tls` | TLS to PostgreSQL |
+//! | `tls-rustls`, `tls-native-tls` | TLS to PostgreSQL and MariaDB |
 //!
 //! ```toml
 //! [dependencies]
@@ -76,6 +77,10 @@ pub use outbox_core::*;
 #[cfg(feature = "postgres")]
 #[doc(inline)]
 pub use outbox_postgres as postgres;
+
+#[cfg(feature = "mysql")]
+#[doc(inline)]
+pub use outbox_mysql as mysql;
 
 #[cfg(feature = "sqlite")]
 #[doc(inline)]

@@ -159,19 +159,17 @@ pub trait TestModel: ReplicatedModel + PgWritable + MySqlWritable + SqliteWritab
 impl<M: ReplicatedModel + PgWritable + MySqlWritable + SqliteWritable> TestModel for M {}
 
 /// Declares `$name`: a model the backend of the feature `$feature` writes (any model, without
-/// the feature).
+/// the feature), documented as `$doc`.
 macro_rules! writable_by {
-    ($name:ident, $feature:literal, $dialect:ty, $database:literal) => {
-        #[doc = concat!("A model the ", $database, " backend writes (any model, without the `",
-                            $feature, "` feature).")]
+    ($name:ident, $feature:literal, $dialect:ty, $doc:literal) => {
+        #[doc = $doc]
         #[cfg(feature = $feature)]
         pub trait $name: outbox_sqlx::Writable<$dialect> {}
 
         #[cfg(feature = $feature)]
         impl<M: outbox_sqlx::Writable<$dialect>> $name for M {}
 
-        #[doc = concat!("A model the ", $database, " backend writes (any model, without the `",
-                            $feature, "` feature).")]
+        #[doc = $doc]
         #[cfg(not(feature = $feature))]
         pub trait $name {}
 
@@ -184,17 +182,17 @@ writable_by!(
     PgWritable,
     "postgres",
     outbox_postgres::PgDialect,
-    "PostgreSQL"
+    "A model the PostgreSQL backend writes (any model, without the `postgres` feature)."
 );
 writable_by!(
     MySqlWritable,
     "mysql",
     outbox_mysql::MySqlDialect,
-    "MariaDB"
+    "A model the MariaDB backend writes (any model, without the `mysql` feature)."
 );
 writable_by!(
     SqliteWritable,
     "sqlite",
     outbox_sqlite::SqliteDialect,
-    "SQLite"
+    "A model the SQLite backend writes (any model, without the `sqlite` feature)."
 );
