@@ -16,18 +16,12 @@ use crate::dialect::MySqlDialect;
 /// statements set what they need (their transactions' isolation) themselves.
 pub async fn connect(url: &str) -> Result<MySqlPool, Error> {
     outbox_sqlx::connect::check_scheme(url, "MariaDB", &["mysql", "mariadb"])?;
-    if let Some(secret) = outbox_core::admin::secret_parameters(url)
-        .into_iter()
-        .next()
-    {
-        return Err(Error::invalid_database_url(
-            url,
-            format!(
-                "the parameter `{secret}` is not one the driver reads (a password goes in the \
-                 user-info: `mysql://user:password@host/database`): remove it"
-            ),
-        ));
-    }
+    // sqlx reads a password in the user-info only, and ignores any parameter it does not know.
+    outbox_sqlx::connect::refuse_unread_secrets(
+        url,
+        &[],
+        "in the user-info: `mysql://user:password@host/database`",
+    )?;
     // sqlx reads `mysql://` only.
     let url_for_driver = match url.split_once(':') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => format!("mysql:{rest}"),

@@ -18,18 +18,11 @@ use crate::dialect::PgDialect;
 pub async fn connect(url: &str) -> Result<PgPool, Error> {
     outbox_sqlx::connect::check_scheme(url, "PostgreSQL", &["postgres", "postgresql"])?;
     // sqlx reads `password` and logs any parameter it does not know, value and all.
-    if let Some(unread) = outbox_core::admin::secret_parameters(url)
-        .into_iter()
-        .find(|key| key != "password")
-    {
-        return Err(Error::invalid_database_url(
-            url,
-            format!(
-                "the parameter `{unread}` is not one the driver reads (a password goes in the \
-                 user-info or as `password=`): remove it"
-            ),
-        ));
-    }
+    outbox_sqlx::connect::refuse_unread_secrets(
+        url,
+        &["password"],
+        "in the user-info or as `password=`",
+    )?;
     let options: PgConnectOptions = url
         .parse()
         .map_err(|error: sqlx::Error| Error::invalid_database_url(url, error.to_string()))?;

@@ -72,6 +72,25 @@ pub fn check_scheme(url: &str, name: &str, schemes: &[&str]) -> Result<(), Error
     }
 }
 
+/// Refuses a URL with a secret query parameter (`password`, `sslpassword`, `…token`…) that the
+/// driver does not read (`read`: those it does): a driver logs a parameter it does not know,
+/// value and all, or ignores it. `hint` says where a password goes instead.
+pub fn refuse_unread_secrets(url: &str, read: &[&str], hint: &str) -> Result<(), Error> {
+    match outbox_core::admin::secret_parameters(url)
+        .into_iter()
+        .find(|key| !read.contains(&key.as_str()))
+    {
+        Some(unread) => Err(Error::invalid_database_url(
+            url,
+            format!(
+                "the parameter `{unread}` is not one the driver reads (a password goes {hint}): \
+                 remove it"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A pool of [`POOL_SIZE`] connections on the server `options` name, after one direct
 /// connection has answered within [`CONNECT_TIMEOUT`] (a pool would retry a refused
 /// connection until its timeout and then report only the timeout, not why). `operation`

@@ -6,7 +6,7 @@ use outbox_core::{Id, ShardKey};
 
 /// What starts a wide shard's stored destination: a control character, which no
 /// [`Destination`](outbox_core::Destination) holds.
-const WIDE: char = '\u{1}';
+pub const WIDE: char = '\u{1}';
 
 /// A shard's identifier and destination as `outbox_messages` and `outbox_shards` store them.
 /// An integer shard's are its own: the integer, and the destination ('' for a local outbox).

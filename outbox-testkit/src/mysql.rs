@@ -5,7 +5,6 @@
 //! provide one: MariaDB tests never silently skip.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use outbox_core::{Error, ModelBatch};
 use outbox_mysql::MySqlDialect;
@@ -62,18 +61,11 @@ pub struct MySqlDatabase {
 /// A database created for one test and dropped when this value is dropped.
 pub type MySqlTestDatabase = SqlxTestDatabase<MySqlDatabase>;
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl Provision for MySqlDatabase {
     type Dialect = MySqlDialect;
 
     async fn provision() -> (Self, MySqlPool) {
-        let name = format!(
-            "outbox_test_{}_{}_{:08x}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            rand::random::<u32>()
-        );
+        let name = crate::sqlx::test_database_name();
         let mut server = connect_server().await;
         sqlx::raw_sql(AssertSqlSafe(format!(
             "CREATE DATABASE `{name}` CHARACTER SET utf8mb4"

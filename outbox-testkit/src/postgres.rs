@@ -4,8 +4,6 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`. If none answers, the test fails with a
 //! message saying how to provide one: PostgreSQL tests never silently skip.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use outbox_postgres::PgDialect;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
@@ -65,18 +63,11 @@ pub struct PgDatabase {
 /// A database created for one test and dropped when this value is dropped.
 pub type PgTestDatabase = SqlxTestDatabase<PgDatabase>;
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl Provision for PgDatabase {
     type Dialect = PgDialect;
 
     async fn provision() -> (Self, PgPool) {
-        let name = format!(
-            "outbox_test_{}_{}_{:08x}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            rand::random::<u32>()
-        );
+        let name = crate::sqlx::test_database_name();
         let mut server = connect_server().await;
         sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .execute(&mut server)

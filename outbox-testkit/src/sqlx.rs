@@ -19,6 +19,20 @@ use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend, TestModel};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
+/// A name for a test's database on a shared server, unique across the processes and tests
+/// that run at once: `outbox_test_{process}_{counter}_{random}`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn test_database_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "outbox_test_{}_{}_{:08x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        rand::random::<u32>()
+    )
+}
+
 /// A test's statement `sql`, whose one parameter is written `$1`, in the dialect's own
 /// placeholder (`$1`, `?1`, `?`).
 fn with_placeholder<D: Dialect>(sql: &'static str) -> AssertSqlSafe<String> {
