@@ -1,7 +1,7 @@
 //! # outbox-rs-cli
 //!
-//! The `outbox` command: what an operator does to an outbox on PostgreSQL or SQLite without
-//! writing code. See the queue, the shards that fail and why, the dead letters; reschedule a
+//! The `outbox` command: what an operator does to an outbox on PostgreSQL, MariaDB or SQLite
+//! without writing code. See the queue, the shards that fail and why, the dead letters; reschedule a
 //! shard; pause and resume a shard, a category or a scope; replay or purge dead letters; start,
 //! pause and follow the backfills of replicated models; apply the migrations or print their
 //! SQL.
@@ -27,7 +27,7 @@
 //! The command names no database. It opens a URL through the backend registered for its
 //! scheme ([`outbox_core::admin::Backend`]), and works on it through the operations every
 //! backend's store has. The installed binary links PostgreSQL (`postgres://`,
-//! `postgresql://`) and SQLite (`sqlite:`). Built into a service's binary, it opens the
+//! `postgresql://`), MariaDB (`mysql://`, `mariadb://`) and SQLite (`sqlite:`). Built into a service's binary, it opens the
 //! databases of the backends the service links. A backend of your own registers its scheme
 //! and opens its URLs with every verb, without a change here.
 //!
@@ -78,13 +78,14 @@ use crate::output::Printer;
 #[command(
     name = "outbox",
     version,
-    about = "Inspect and operate a transactional outbox on PostgreSQL or SQLite",
+    about = "Inspect and operate a transactional outbox on PostgreSQL, MariaDB or SQLite",
     after_help = "Exit codes: 0 done; 1 the database failed; 2 wrong command line; 3 refused, \
                   nothing changed.\nShards are written SCOPE:IDENTIFIER[:DESTINATION], scopes \
                   and categories by name (where this binary knows them) or number."
 )]
 pub struct Cli {
-    /// The database: `postgres://…` or `sqlite:PATH` (before or after the command).
+    /// The database: `postgres://…`, `mysql://…` or `sqlite:PATH` (before or after the
+    /// command).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     pub database_url: Option<String>,
     /// Print JSON instead of tables.
@@ -501,8 +502,8 @@ pub async fn run(cli: Cli, catalog: &Catalog, out: &mut dyn Write) -> Result<(),
     let printer = Printer::new(catalog, cli.json);
     let url = cli.database_url.as_deref().ok_or_else(|| {
         CliError::Usage(
-            "which database? give --database-url postgres://… or sqlite:PATH, or set \
-             DATABASE_URL"
+            "which database? give --database-url postgres://…, mysql://… or sqlite:PATH, or \
+             set DATABASE_URL"
                 .to_owned(),
         )
     })?;

@@ -912,16 +912,18 @@ fn bad_input_is_one_line_and_a_testable_exit_code() {
         .expect("run outbox");
     assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
 
-    let mysql = outbox("mysql://app:secret@db/app", &["migrate"]);
-    assert_eq!(mysql.status.code(), Some(1));
+    let oracle = outbox("oracle://app:secret@db/app", &["migrate"]);
+    assert_eq!(oracle.status.code(), Some(1));
     assert!(
-        stderr(&mysql)
-            .contains("expected a URL starting with `postgres:`, `postgresql:`, `sqlite:`"),
+        stderr(&oracle).contains(
+            "expected a URL starting with `mariadb:`, `mysql:`, `postgres:`, `postgresql:`, \
+             `sqlite:`"
+        ),
         "{}",
-        stderr(&mysql)
+        stderr(&oracle)
     );
     assert!(
-        !stderr(&mysql).contains("secret"),
+        !stderr(&oracle).contains("secret"),
         "the URL's password is not shown"
     );
 }
