@@ -13,7 +13,7 @@ use outbox_core::{Error, Id, Message, ShardKey};
 use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
-use crate::model::Write;
+use crate::model_sql::Write;
 use crate::sql::{Sql, Statement};
 
 /// How a driver error reads, for the outbox's typed errors.
@@ -611,10 +611,10 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     }
 
     /// The statement for `write` of `rows` of `table`'s models, each model's columns its
-    /// parameters in row order (see [`crate::model::model_sql`], the default: standard SQL with
+    /// parameters in row order (see [`crate::model_sql::model_sql`], the default: standard SQL with
     /// double-quoted identifiers, `ON CONFLICT` and `UPDATE … FROM`).
     fn model_sql(write: Write, table: &ModelTable, rows: usize) -> String {
-        crate::model::model_sql::<Self>(write, table, rows)
+        crate::model_sql::model_sql(write, table, rows, Self::placeholder)
     }
 
     /// The rows a statement of [`Dialect::model_sql`] for `write` of `given` models wrote, by
@@ -626,9 +626,9 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     }
 
     /// The statement that reads `table`'s columns, every one of them, as one row of `NULL`s
-    /// (see [`crate::model::columns_sql`], the default).
+    /// (see [`crate::model_sql::columns_sql`], the default).
     fn columns_sql(table: &ModelTable) -> String {
-        crate::model::columns_sql(table)
+        crate::model_sql::columns_sql(table)
     }
 
     /// The statement that reads one model's row (`$1` its key: an `i64` for an integer

@@ -37,6 +37,7 @@ pub mod error;
 pub mod inbox;
 pub mod migrate;
 pub mod model;
+pub mod model_sql;
 pub mod session;
 pub mod sql;
 pub mod store;

@@ -6,7 +6,7 @@ use outbox_core::{ModelBatch, ReplicatedModel};
 use outbox_core::replicated::ModelTable;
 use outbox_postgres::PgDialect;
 use outbox_sqlite::SqliteDialect;
-use outbox_sqlx::model::{apply, check_pooled, model_sql};
+use outbox_sqlx::model::{apply, check_pooled};
 use outbox_sqlx::sql::{Executes, get};
 use outbox_sqlx::{Dialect, Writable, Write};
 use outbox_testkit::counting::CountingExecutor;
@@ -122,20 +122,20 @@ const TABLE: ModelTable = ModelTable {
 #[test]
 fn postgres_statements_quote_identifiers_and_bind_each_column() {
     assert_eq!(
-        model_sql::<PgDialect>(Write::Save, &TABLE, 2),
+        PgDialect::model_sql(Write::Save, &TABLE, 2),
         "INSERT INTO \"app\".\"projects\" (\"id\", \"organization_id\", \"name\") \
          VALUES ($1, $2, $3), ($4, $5, $6) \
          ON CONFLICT (\"id\") DO UPDATE SET \"organization_id\" = EXCLUDED.\"organization_id\", \
          \"name\" = EXCLUDED.\"name\""
     );
     assert_eq!(
-        model_sql::<PgDialect>(Write::Update, &TABLE, 1),
+        PgDialect::model_sql(Write::Update, &TABLE, 1),
         "WITH s (\"id\", \"organization_id\", \"name\") AS (VALUES ($1, $2, $3)) \
          UPDATE \"app\".\"projects\" SET \"organization_id\" = s.\"organization_id\", \
          \"name\" = s.\"name\" FROM s WHERE \"app\".\"projects\".\"id\" = s.\"id\""
     );
     assert_eq!(
-        model_sql::<PgDialect>(Write::Delete, &TABLE, 2),
+        PgDialect::model_sql(Write::Delete, &TABLE, 2),
         "DELETE FROM \"app\".\"projects\" WHERE \"id\" IN ($1, $2)"
     );
     assert_eq!(
@@ -154,12 +154,12 @@ fn postgres_statements_quote_identifiers_and_bind_each_column() {
 #[test]
 fn sqlite_statements_quote_identifiers_and_bind_each_column() {
     assert_eq!(
-        model_sql::<SqliteDialect>(Write::Insert, &TABLE, 2),
+        SqliteDialect::model_sql(Write::Insert, &TABLE, 2),
         "INSERT INTO \"app\".\"projects\" (\"id\", \"organization_id\", \"name\") \
          VALUES (?1, ?2, ?3), (?4, ?5, ?6)"
     );
     assert_eq!(
-        model_sql::<SqliteDialect>(Write::Delete, &TABLE, 2),
+        SqliteDialect::model_sql(Write::Delete, &TABLE, 2),
         "DELETE FROM \"app\".\"projects\" WHERE \"id\" IN (?1, ?2)"
     );
     assert_eq!(
@@ -178,11 +178,11 @@ fn a_key_only_table_updates_its_key() {
         ..TABLE
     };
     assert!(
-        model_sql::<SqliteDialect>(Write::Save, &table, 1)
+        SqliteDialect::model_sql(Write::Save, &table, 1)
             .ends_with("DO UPDATE SET \"id\" = EXCLUDED.\"id\"")
     );
     assert!(
-        model_sql::<PgDialect>(Write::Save, &table, 1)
+        PgDialect::model_sql(Write::Save, &table, 1)
             .ends_with("DO UPDATE SET \"id\" = EXCLUDED.\"id\"")
     );
 }

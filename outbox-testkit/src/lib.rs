@@ -79,6 +79,8 @@
 pub mod backend;
 #[cfg(feature = "sqlite")]
 pub mod brokers;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod commit_order;
 pub mod conformance;
 #[cfg(feature = "sqlite")]
 pub mod consumers;

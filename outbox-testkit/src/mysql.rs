@@ -89,6 +89,12 @@ impl Provision for MySqlDatabase {
             })
     }
 
+    const LOCK_WAITS: Option<(&'static str, &'static str)> = Some((
+        "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+        "SELECT EXISTS (SELECT 1 FROM information_schema.INNODB_TRX \
+         WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT')",
+    ));
+
     const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]) = (
         &[
             "CREATE TRIGGER refuse_backfill_progress BEFORE UPDATE ON outbox_backfills \

@@ -89,6 +89,12 @@ impl Provision for PgDatabase {
             })
     }
 
+    const LOCK_WAITS: Option<(&'static str, &'static str)> = Some((
+        "SELECT pg_backend_pid()::bigint",
+        "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity \
+         WHERE pid::bigint = $1",
+    ));
+
     const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]) = (
         &[
             "CREATE FUNCTION refuse_backfill_progress() RETURNS trigger LANGUAGE plpgsql AS \

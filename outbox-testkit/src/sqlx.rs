@@ -52,6 +52,13 @@ pub trait Provision: std::fmt::Debug + Send + Sync + Sized + 'static {
     /// A new pool on the database.
     fn connect(&self) -> impl Future<Output = Pool<<Self::Dialect as Dialect>::Database>> + Send;
 
+    /// For tests that step two connections through a lock wait
+    /// ([`commit_order`](crate::commit_order)): a statement returning the server's id of the
+    /// connection it runs on (`i64`), and one returning whether the connection of id `$1`
+    /// (`i64`) waits for a lock (a boolean). `None` where one connection writes at a time
+    /// (SQLite).
+    const LOCK_WAITS: Option<(&'static str, &'static str)> = None;
+
     /// The statements that make the database refuse to move a backfill's watermark forward
     /// (see [`TestBackend::refuse_backfill_progress`]), and those that undo them.
     const REFUSE_BACKFILL_PROGRESS: (&'static [&'static str], &'static [&'static str]);
