@@ -5,7 +5,6 @@
 //! inside the delivery until told to go on, a connection observed waiting on a row lock), never
 //! with sleeps. [`commit_order_tests!`](crate::commit_order_tests) runs them on a backend.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -360,16 +359,6 @@ where
     assert!(pending_ids(&store).await.is_empty());
 }
 
-/// Runs one of this module's tests on a runtime of two worker threads.
-pub fn run(test: impl Future<Output = ()>) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(test);
-}
-
 /// The commit-order tests ([`commit_order`](crate::commit_order)) as `#[test]`s, on the server
 /// backend of a [`Provision`] whose [`Provision::LOCK_WAITS`] is given:
 /// `outbox_testkit::commit_order_tests!(outbox_testkit::postgres::PgDatabase);`.
@@ -386,7 +375,7 @@ macro_rules! commit_order_tests {
         $(
             #[test]
             fn $name() {
-                $crate::commit_order::run($crate::commit_order::$name::<$provision>());
+                $crate::conformance::run($crate::commit_order::$name::<$provision>());
             }
         )+
     };
