@@ -372,6 +372,29 @@ pub(crate) const GAUGES: &str = concat!(
     GROUP BY p.lim"
 );
 
+/// The end of a listing whose CTE `k` is being written, over messages `m`: each shard's
+/// messages grouped, a shard kept only if it holds a message of `p.category` (any, if NULL),
+/// then the view of those shards, ranked, its first `p.lim` (`SHARDS`, `FAILING_SHARDS`).
+macro_rules! grouped_listing {
+    () => {
+        concat!(
+            " GROUP BY m.shard_scope, m.shard_identifier, m.destination HAVING ",
+            param!("category"),
+            " IS NULL OR SUM(m.category = ",
+            param!("category"),
+            ") > 0), ",
+            shard_view!(),
+            ", ",
+            listed!(),
+            " SELECT ",
+            listed_columns!(),
+            " FROM d WHERE d.rn <= ",
+            param!("lim"),
+            " ORDER BY d.rn"
+        )
+    };
+}
+
 // Every shard with pending messages (of the scope `$3`, holding a message of category `$4`),
 // counted by grouping: run only below the exact limit.
 pub(crate) const SHARDS: &str = concat!(
@@ -383,20 +406,7 @@ pub(crate) const SHARDS: &str = concat!(
     param!("scope"),
     " IS NULL OR m.shard_scope = ",
     param!("scope"),
-    " GROUP BY m.shard_scope, m.shard_identifier, m.destination \
-        HAVING ",
-    param!("category"),
-    " IS NULL OR SUM(m.category = ",
-    param!("category"),
-    ") > 0), ",
-    shard_view!(),
-    ", ",
-    listed!(),
-    " SELECT ",
-    listed_columns!(),
-    " FROM d WHERE d.rn <= ",
-    param!("lim"),
-    " ORDER BY d.rn"
+    grouped_listing!()
 );
 
 // The failing or parked shards: their messages only, found from their state rows.
@@ -416,21 +426,8 @@ pub(crate) const FAILING_SHARDS: &str = concat!(
     param!("scope"),
     " IS NULL OR f.shard_scope = ",
     param!("scope"),
-    ") \
-        GROUP BY m.shard_scope, m.shard_identifier, m.destination \
-        HAVING ",
-    param!("category"),
-    " IS NULL OR SUM(m.category = ",
-    param!("category"),
-    ") > 0), ",
-    shard_view!(),
-    ", ",
-    listed!(),
-    " SELECT ",
-    listed_columns!(),
-    " FROM d WHERE d.rn <= ",
-    param!("lim"),
-    " ORDER BY d.rn"
+    ")",
+    grouped_listing!()
 );
 
 // The shards of a large backlog ranked from a sample, as PostgreSQL's: windows of `$6` ids
