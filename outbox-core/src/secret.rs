@@ -118,27 +118,10 @@ pub(crate) fn scrub(text: &str, url: &str) -> String {
 }
 
 /// `text` with its percent-escapes decoded, if they decode to UTF-8.
-fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        let escaped = (bytes[at] == b'%')
-            .then(|| text.get(at + 1..at + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                decoded.push(byte);
-                at += 3;
-            }
-            None => {
-                decoded.push(bytes[at]);
-                at += 1;
-            }
-        }
-    }
-    String::from_utf8(decoded)
+fn percent_decode(text: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Whether a query parameter holds a secret: a password of any kind, a token, a secret.
