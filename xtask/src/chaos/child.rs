@@ -106,12 +106,12 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
     let shutdown = async move {
         terminate.recv().await;
     };
-    match args.backend {
-        Backend::Postgres => {
-            // The server may be restarting right now: try for a while.
+    // The server may be restarting right now: try for a while.
+    macro_rules! connect_retrying {
+        ($connect:path) => {{
             let started = Instant::now();
-            let pool = loop {
-                match outbox_postgres::connect(&args.database).await {
+            loop {
+                match $connect(&args.database).await {
                     Ok(pool) => break pool,
                     Err(error) if started.elapsed() < Duration::from_secs(60) => {
                         eprintln!("relay {}: connecting: {error}; retrying", args.worker);
@@ -119,9 +119,24 @@ pub(crate) async fn relay(args: RelayArgs) -> Result<String, String> {
                     }
                     Err(error) => return Err(format!("connecting: {error}")),
                 }
-            };
+            }
+        }};
+    }
+    match args.backend {
+        Backend::Postgres => {
+            let pool = connect_retrying!(outbox_postgres::connect);
             run(
                 outbox_postgres::PgStore::new(pool),
+                registry,
+                built(config)?,
+                shutdown,
+            )
+            .await
+        }
+        Backend::Mariadb => {
+            let pool = connect_retrying!(outbox_mysql::connect);
+            run(
+                outbox_mysql::MySqlStore::new(pool),
                 registry,
                 built(config)?,
                 shutdown,
@@ -413,6 +428,7 @@ pub(crate) fn relays(
     let backend = match backend {
         Backend::Postgres => "postgres",
         Backend::Sqlite => "sqlite",
+        Backend::Mariadb => "mariadb",
     };
     let database = database.to_owned();
     let logs = records.clone();

@@ -170,7 +170,7 @@ fn binaries() -> Result<PathBuf, String> {
 }
 
 /// Whether this process runs as root.
-fn is_root() -> bool {
+pub(super) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
@@ -183,7 +183,7 @@ fn is_root() -> bool {
 }
 
 /// A TCP port of 127.0.0.1 free right now.
-fn free_port() -> Result<u16, String> {
+pub(super) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|error| format!("cannot find a free port: {error}"))?;
     listener
@@ -193,7 +193,7 @@ fn free_port() -> Result<u16, String> {
 }
 
 /// Runs a command to completion; its output is the error if it fails.
-fn run(command: &mut Command) -> Result<(), String> {
+pub(super) fn run(command: &mut Command) -> Result<(), String> {
     let output = command
         .output()
         .map_err(|error| format!("cannot run {command:?}: {error}"))?;

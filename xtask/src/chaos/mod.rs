@@ -1,14 +1,15 @@
 //! `cargo xtask chaos`: proves "nothing lost" under faults. Relays run as child processes
 //! (this binary, a hidden subcommand) and are killed with SIGKILL at random points of a drain;
-//! two run at once; on PostgreSQL the server (a private one, started in a temporary
-//! directory) is restarted mid-drain; coalescing writers race the relays; SQLite runs the same
-//! under kills. Handlers record every delivery durably, and the records are checked for
+//! two run at once; on PostgreSQL and MariaDB the server (a private one, started in a
+//! temporary directory) is restarted mid-drain; coalescing writers race the relays; SQLite
+//! runs the same under kills. Handlers record every delivery durably, and the records are checked for
 //! losses, duplicates, per-shard order and overlapping holders.
 
 mod check;
 mod child;
 mod cluster;
 mod inbox;
+mod mariadb;
 mod report;
 mod workload;
 
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use self::check::{Faults, Figures};
 pub(crate) use self::child::{RelayArgs, relay};
 use self::cluster::Cluster;
+use self::mariadb::MariaDb;
 pub(crate) use self::inbox::{InboxChildArgs, consumer as inbox_consumer, relay as inbox_relay};
 use self::workload::{Db, Plan};
 
@@ -35,7 +37,9 @@ pub(crate) enum Backends {
     Postgres,
     /// SQLite (a file in a temporary directory).
     Sqlite,
-    /// Both.
+    /// MariaDB (a private server the command starts).
+    Mariadb,
+    /// All three.
     All,
 }
 
@@ -46,6 +50,8 @@ pub(crate) enum Backend {
     Postgres,
     /// SQLite.
     Sqlite,
+    /// MariaDB.
+    Mariadb,
 }
 
 impl Backend {
@@ -53,6 +59,30 @@ impl Backend {
         match self {
             Self::Postgres => "PostgreSQL",
             Self::Sqlite => "SQLite",
+            Self::Mariadb => "MariaDB",
+        }
+    }
+}
+
+/// A private database server of the run, restarted as a fault.
+enum Server {
+    Postgres(Cluster),
+    MariaDb(MariaDb),
+}
+
+impl Server {
+    fn url(&self) -> String {
+        match self {
+            Self::Postgres(cluster) => cluster.url(),
+            Self::MariaDb(server) => server.url(),
+        }
+    }
+
+    /// Restarts it, killed as in a crash when `immediate`; returns how long it was away.
+    fn restart(&self, immediate: bool) -> Result<Duration, String> {
+        match self {
+            Self::Postgres(cluster) => cluster.restart(immediate),
+            Self::MariaDb(server) => server.restart(immediate),
         }
     }
 }
@@ -103,7 +133,7 @@ pub(crate) struct ChaosArgs {
     /// another relay may take the shard over while the handler still runs.
     #[arg(long, default_value_t = 0)]
     stall_every: u32,
-    /// PostgreSQL server restarts per run (default: 3, or 1 with `--short`).
+    /// Server restarts per run (PostgreSQL and MariaDB) (default: 3, or 1 with `--short`).
     #[arg(long)]
     restarts: Option<u32>,
     /// A small run for CI: 5,000 messages over 200 shards per database, a few kills and one
@@ -288,7 +318,8 @@ pub(crate) async fn chaos(args: ChaosArgs) -> Result<bool, String> {
     let backends: &[Backend] = match args.backend {
         Backends::Postgres => &[Backend::Postgres],
         Backends::Sqlite => &[Backend::Sqlite],
-        Backends::All => &[Backend::Postgres, Backend::Sqlite],
+        Backends::Mariadb => &[Backend::Mariadb],
+        Backends::All => &[Backend::Postgres, Backend::Sqlite, Backend::Mariadb],
     };
     eprintln!(
         "chaos: seed {seed} (replay with --seed {seed}{})",
@@ -344,14 +375,16 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
     let records = work.path().join("records");
     std::fs::create_dir(&records)
         .map_err(|error| format!("cannot create {}: {error}", records.display()))?;
-    let (cluster, database) = match backend {
-        Backend::Postgres => {
-            let cluster = Cluster::start()?;
-            let url = cluster.url();
-            (Some(Arc::new(cluster)), url)
-        }
-        Backend::Sqlite => (None, work.path().join("chaos.db").display().to_string()),
+    let server = match backend {
+        Backend::Postgres => Some(Server::Postgres(Cluster::start()?)),
+        Backend::Mariadb => Some(Server::MariaDb(MariaDb::start()?)),
+        Backend::Sqlite => None,
     };
+    let database = server.as_ref().map_or_else(
+        || work.path().join("chaos.db").display().to_string(),
+        Server::url,
+    );
+    let cluster = server.map(Arc::new);
     let db = Db::open(backend, &database).await?;
     db.prepare().await?;
 

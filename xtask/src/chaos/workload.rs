@@ -11,8 +11,9 @@ use outbox_core::Message;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use tokio::task::JoinSet;
 
 use super::check::{CoalescedRow, Written};
@@ -29,6 +30,8 @@ pub(crate) enum Db {
     Pg(PgPool),
     /// SQLite.
     Sqlite(SqlitePool),
+    /// MariaDB.
+    My(MySqlPool),
 }
 
 fn failed<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
@@ -50,6 +53,14 @@ impl Db {
                 outbox_sqlite::connect(std::path::Path::new(database))
                     .await
                     .map_err(failed("opening the SQLite database"))?,
+            ),
+            Backend::Mariadb => Self::My(
+                MySqlPoolOptions::new()
+                    .max_connections(10)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect(database)
+                    .await
+                    .map_err(failed("connecting to the private server"))?,
             ),
         })
     }
@@ -73,6 +84,12 @@ impl Db {
                     .map_err(failed("migrating"))?;
                 sqlx::raw_sql(TABLES).execute(pool).await.map(drop)
             }
+            Self::My(pool) => {
+                outbox_mysql::migrate(pool)
+                    .await
+                    .map_err(failed("migrating"))?;
+                sqlx::raw_sql(TABLES).execute(pool).await.map(drop)
+            }
         }
         .map_err(failed("creating the writers' tables"))
     }
@@ -84,36 +101,37 @@ impl Db {
         batch: u32,
         messages: &[Message],
     ) -> Result<(), String> {
+        macro_rules! write_batch {
+            ($begin:expr, $write_all:path, $insert:literal) => {{
+                let mut tx = $begin.await.map_err(failed("begin"))?;
+                $write_all(&mut *tx, messages)
+                    .await
+                    .map_err(failed("write_all"))?;
+                sqlx::query($insert)
+                    .bind(writer as i32)
+                    .bind(batch as i32)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("insert"))?;
+                tx.commit().await.map_err(failed("commit"))
+            }};
+        }
         match self {
-            Self::Pg(pool) => {
-                let mut tx = pool.begin().await.map_err(failed("begin"))?;
-                outbox_postgres::write_all(&mut *tx, messages)
-                    .await
-                    .map_err(failed("write_all"))?;
-                sqlx::query("INSERT INTO chaos_batches (writer, batch) VALUES ($1, $2)")
-                    .bind(writer as i32)
-                    .bind(batch as i32)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(failed("insert"))?;
-                tx.commit().await.map_err(failed("commit"))
-            }
-            Self::Sqlite(pool) => {
-                let mut tx = pool
-                    .begin_with("BEGIN IMMEDIATE")
-                    .await
-                    .map_err(failed("begin"))?;
-                outbox_sqlite::write_all(&mut *tx, messages)
-                    .await
-                    .map_err(failed("write_all"))?;
-                sqlx::query("INSERT INTO chaos_batches (writer, batch) VALUES (?1, ?2)")
-                    .bind(writer as i32)
-                    .bind(batch as i32)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(failed("insert"))?;
-                tx.commit().await.map_err(failed("commit"))
-            }
+            Self::Pg(pool) => write_batch!(
+                pool.begin(),
+                outbox_postgres::write_all,
+                "INSERT INTO chaos_batches (writer, batch) VALUES ($1, $2)"
+            ),
+            Self::Sqlite(pool) => write_batch!(
+                pool.begin_with("BEGIN IMMEDIATE"),
+                outbox_sqlite::write_all,
+                "INSERT INTO chaos_batches (writer, batch) VALUES (?1, ?2)"
+            ),
+            Self::My(pool) => write_batch!(
+                pool.begin(),
+                outbox_mysql::write_all,
+                "INSERT INTO chaos_batches (writer, batch) VALUES (?, ?)"
+            ),
         }
     }
 
@@ -132,6 +150,15 @@ impl Db {
             Self::Sqlite(pool) => {
                 sqlx::query_scalar(
                     "SELECT count(*) FROM chaos_batches WHERE writer = ?1 AND batch = ?2",
+                )
+                .bind(writer as i32)
+                .bind(batch as i32)
+                .fetch_one(pool)
+                .await
+            }
+            Self::My(pool) => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM chaos_batches WHERE writer = ? AND batch = ?",
                 )
                 .bind(writer as i32)
                 .bind(batch as i32)
@@ -215,6 +242,11 @@ impl Db {
                 outbox_sqlite::write,
                 "INSERT INTO chaos_coalesced (message_id, grp) VALUES (?1, ?2)"
             ),
+            Self::My(pool) => write_updates!(
+                pool.begin(),
+                outbox_mysql::write,
+                "INSERT INTO chaos_coalesced (message_id, grp) VALUES (?, ?)"
+            ),
         }
     }
 
@@ -224,6 +256,7 @@ impl Db {
         match self {
             Self::Pg(pool) => sqlx::query_scalar(COUNT).fetch_one(pool).await,
             Self::Sqlite(pool) => sqlx::query_scalar(COUNT).fetch_one(pool).await,
+            Self::My(pool) => sqlx::query_scalar(COUNT).fetch_one(pool).await,
         }
         .map_err(failed("counting the outbox"))
     }
@@ -248,6 +281,10 @@ impl Db {
                 sqlx::query_scalar(ROWS).fetch_all(pool).await,
             ),
             Self::Sqlite(pool) => (
+                sqlx::query_as(BATCHES).fetch_all(pool).await,
+                sqlx::query_scalar(ROWS).fetch_all(pool).await,
+            ),
+            Self::My(pool) => (
                 sqlx::query_as(BATCHES).fetch_all(pool).await,
                 sqlx::query_scalar(ROWS).fetch_all(pool).await,
             ),
@@ -282,6 +319,7 @@ impl Db {
         match self {
             Self::Pg(pool) => pool.close().await,
             Self::Sqlite(pool) => pool.close().await,
+            Self::My(pool) => pool.close().await,
         }
     }
 }
