@@ -19,7 +19,7 @@ use super::cpu::{CpuClock, CpuPerMessage};
 use super::report::{Row, Target};
 use super::setup::{Server, SqliteDatabase, Transferred, failed};
 
-const PAYLOAD: &str = r#"{"account":1,"amount":1}"#;
+pub(super) const PAYLOAD: &str = r#"{"account":1,"amount":1}"#;
 
 /// A relay whose handler counts its calls and does nothing else.
 pub(crate) fn counting_relay<S: Store>(
@@ -337,7 +337,7 @@ pub(crate) async fn coalescing(args: &BenchArgs, server: &Server) -> Result<Vec<
     Ok(rows)
 }
 
-fn check(found: u64, expected: u64, what: &str) -> Result<(), String> {
+pub(super) fn check(found: u64, expected: u64, what: &str) -> Result<(), String> {
     if found == expected {
         Ok(())
     } else {

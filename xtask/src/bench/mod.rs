@@ -12,6 +12,7 @@ mod gauges;
 mod horizon;
 mod inbox;
 mod latency;
+mod mariadb;
 mod memory;
 mod models;
 mod report;
@@ -40,6 +41,14 @@ pub(crate) struct BenchArgs {
         hide_env_values = true
     )]
     database_url: String,
+    /// The MariaDB (or MySQL) server of scenario 16 (its databases are dropped afterwards).
+    #[arg(
+        long,
+        env = "MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306",
+        hide_env_values = true
+    )]
+    mysql_url: String,
     /// Scales every scenario's size (1.0: the full sizes; 0.01 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
@@ -48,7 +57,7 @@ pub(crate) struct BenchArgs {
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
     /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon, console, inbox).
+    /// horizon, console, inbox, mariadb).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -77,7 +86,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 15] = [
+    let scenarios: [(&str, Scenario); 16] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -93,6 +102,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("horizon", |a, s| Box::pin(horizon::run(a, s))),
         ("console", |a, s| Box::pin(console::run(a, s))),
         ("inbox", |a, s| Box::pin(inbox::run(a, s))),
+        ("mariadb", |a, _| Box::pin(mariadb::run(a))),
     ];
     for (name, scenario) in scenarios {
         if !args.runs(name) {

@@ -13,7 +13,7 @@ use super::BenchArgs;
 use super::report::{Row, Target};
 use super::setup::{Server, SqliteDatabase, Transfer, Transferred, failed};
 
-const ACCOUNTS: i64 = 10_000;
+pub(super) const ACCOUNTS: i64 = 10_000;
 const UPDATE_PG: &str = "UPDATE accounts SET balance = balance + 1 WHERE id = $1";
 const UPDATE_SQLITE: &str = "UPDATE accounts SET balance = balance + 1 WHERE id = ?1";
 const INSERT_PG: &str = "INSERT INTO outbox_messages \
@@ -35,7 +35,7 @@ pub(super) enum Side {
     Baseline,
 }
 
-fn transfer(account: i64) -> Transfer {
+pub(super) fn transfer(account: i64) -> Transfer {
     Transfer { account, amount: 1 }
 }
 
@@ -133,14 +133,15 @@ pub(super) async fn accounts_pg(pool: &PgPool) -> Result<(), String> {
 
 /// Runs `workers` tasks at once, each making `each` calls of `transaction(pool, worker, i)`
 /// one after another; the time until all are done.
-pub(super) async fn concurrently<F, Fut>(
-    pool: &PgPool,
+pub(super) async fn concurrently<P, F, Fut>(
+    pool: &P,
     workers: u64,
     each: u64,
     transaction: F,
 ) -> Result<Duration, String>
 where
-    F: Fn(PgPool, u64, u64) -> Fut + Clone + Send + 'static,
+    P: Clone + Send + 'static,
+    F: Fn(P, u64, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
 {
     let started = Instant::now();

@@ -94,7 +94,9 @@ impl MariaDb {
         ]
     }
 
-    /// Starts `mariadbd` and waits until it answers.
+    /// Starts `mariadbd` and waits until it answers: a blocking wait, as `pg_ctl start -w`'s
+    /// (the run restarts servers on a blocking thread).
+    #[allow(clippy::disallowed_methods)]
     fn launch(&self) -> Result<(), String> {
         let dir = self.dir.path();
         let mut command = Command::new("mariadbd");
@@ -153,8 +155,7 @@ impl MariaDb {
 
     /// Stops the server: SIGKILL when `immediate`, else SIGTERM, and waits for its exit.
     fn stop(&self, immediate: bool) -> Result<(), String> {
-        let Some(mut child) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take()
-        else {
+        let Some(mut child) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return Ok(());
         };
         let signal = if immediate { "-KILL" } else { "-TERM" };

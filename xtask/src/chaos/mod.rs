@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use self::check::{Faults, Figures};
 pub(crate) use self::child::{RelayArgs, relay};
 use self::cluster::Cluster;
-use self::mariadb::MariaDb;
 pub(crate) use self::inbox::{InboxChildArgs, consumer as inbox_consumer, relay as inbox_relay};
+use self::mariadb::MariaDb;
 use self::workload::{Db, Plan};
 
 /// Which databases a chaos run covers.

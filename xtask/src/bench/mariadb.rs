@@ -1,0 +1,446 @@
+//! Scenario 16: MariaDB. The write path (a business UPDATE plus one outbox write at 1, 16 and
+//! 64 writers, against the same UPDATE + INSERT by hand) and the drain with a no-op handler,
+//! dense (100 messages per shard) and sparse (one per shard), against the same-guarantee
+//! loops written in plain SQL for MariaDB: each leases rows in a committed statement, reads
+//! their ids and payloads, delivers them outside that transaction and deletes them by id.
+//!
+//! Each run has a database of its own on the server of `--mysql-url` (dropped at the end).
+//! Its connections run at `READ COMMITTED`, as the relay's transactions and the engine's
+//! writes do ([`outbox_mysql::MySqlDialect`]'s `BEGIN`), so that both sides of a comparison
+//! lock alike.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Message, Payload, RelayConfig};
+use outbox_mysql::MySqlStore;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool, Row as _};
+
+use super::BenchArgs;
+use super::baselines::read;
+use super::drain::{PAYLOAD, check, counting_relay};
+use super::report::{Row, Target};
+use super::setup::{Transferred, failed};
+use super::write::{ACCOUNTS, Side, compare, concurrently, transfer};
+
+/// The server clock in milliseconds, as the relay's statements and the schema read it.
+const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000 AS SIGNED)";
+
+/// The MariaDB server the scenario's databases are created on.
+pub(crate) struct MariaDbServer {
+    options: MySqlConnectOptions,
+}
+
+impl MariaDbServer {
+    async fn new(url: &str) -> Result<Self, String> {
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(failed("the MariaDB URL is not a mysql:// URL"))?;
+        let connection = MySqlConnection::connect_with(&options)
+            .await
+            .map_err(|error| {
+                format!(
+                    "no MariaDB server answers at {}: {error}",
+                    outbox_core::redact_url(url)
+                )
+            })?;
+        connection.close().await.ok();
+        Ok(Self { options })
+    }
+
+    /// A fresh, migrated database with a pool of `connections`.
+    async fn database(&self, connections: u32) -> Result<MariaDbDatabase, String> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "outbox_bench_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = MySqlConnection::connect_with(&self.options)
+            .await
+            .map_err(failed("connecting to the server"))?;
+        admin
+            .execute(AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .await
+            .map_err(failed("creating a benchmark database"))?;
+        admin.close().await.ok();
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections)
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    connection
+                        .execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_with(self.options.clone().database(&name))
+            .await
+            .map_err(failed("connecting to the benchmark database"))?;
+        outbox_mysql::migrate(&pool)
+            .await
+            .map_err(failed("migrating the benchmark database"))?;
+        Ok(MariaDbDatabase {
+            name,
+            server: self.options.clone(),
+            pool,
+        })
+    }
+}
+
+/// A benchmark database on the MariaDB server.
+struct MariaDbDatabase {
+    name: String,
+    server: MySqlConnectOptions,
+    pool: MySqlPool,
+}
+
+impl MariaDbDatabase {
+    async fn drop_database(self) -> Result<(), String> {
+        self.pool.close().await;
+        let mut admin = MySqlConnection::connect_with(&self.server)
+            .await
+            .map_err(failed("connecting to the server"))?;
+        admin
+            .execute(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{}`",
+                self.name
+            )))
+            .await
+            .map_err(failed("dropping a benchmark database"))?;
+        admin.close().await.ok();
+        Ok(())
+    }
+}
+
+/// Scenario 16: the write path, then the dense and the sparse drain.
+pub(crate) async fn run(args: &BenchArgs) -> Result<Vec<Row>, String> {
+    let server = MariaDbServer::new(&args.mysql_url).await?;
+    let mut rows = write(args, &server).await?;
+    let dense = (args.sized(200_000, 4_000), args.sized(2_000, 40));
+    let sparse = args.sized(50_000, 2_000);
+    for (messages, shards, shape) in [
+        (dense.0, dense.1, "no coalescing"),
+        (sparse, sparse, "sparse, one message per shard"),
+    ] {
+        rows.extend(drain(&server, messages, shards, shape).await?);
+    }
+    Ok(rows)
+}
+
+/// 1, 16 and 64 connections writing at once: the engine through an `OutboxTransaction`
+/// against the same UPDATE + INSERT by hand.
+async fn write(args: &BenchArgs, server: &MariaDbServer) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    for (workers, full) in [(1u64, 5_000), (16, 20_000), (64, 20_000)] {
+        let database = server.database(workers as u32 + 2).await?;
+        let pool = database.pool.clone();
+        sqlx::raw_sql(
+            "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL); \
+             INSERT INTO accounts SELECT seq, 0 FROM seq_1_to_10000",
+        )
+        .execute(&pool)
+        .await
+        .map_err(failed("creating the accounts"))?;
+        let transactions = args.sized(full, 400).div_ceil(workers) * workers;
+        let (engine, baseline) = compare(transactions, |side| {
+            one_message(pool.clone(), side, workers, transactions / workers)
+        })
+        .await?;
+        database.drop_database().await?;
+        rows.push(Row::compared(
+            &format!("16. MariaDB write: UPDATE + 1 outbox, {workers} writers"),
+            "transactions/s",
+            engine,
+            baseline,
+            Target::Ratio(0.95),
+        ));
+    }
+    Ok(rows)
+}
+
+async fn one_message(
+    pool: MySqlPool,
+    side: Side,
+    workers: u64,
+    each: u64,
+) -> Result<Duration, String> {
+    sqlx::query("TRUNCATE TABLE outbox_messages")
+        .execute(&pool)
+        .await
+        .map_err(failed("emptying the outbox"))?;
+    concurrently(&pool, workers, each, move |pool, worker, i| async move {
+        let account = ((worker * each + i) as i64 % ACCOUNTS) + 1;
+        let update = sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = ?");
+        match side {
+            Side::Engine => {
+                let mut tx = outbox_mysql::begin(&pool).await.map_err(failed("begin"))?;
+                update
+                    .bind(account)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("update"))?;
+                let message = Message::new::<Transferred>(account, account, &transfer(account))
+                    .map_err(failed("message"))?;
+                tx.write(&message).await.map_err(failed("write"))?;
+                tx.commit().await.map_err(failed("commit"))?;
+            }
+            Side::Baseline => {
+                let mut tx = pool.begin().await.map_err(failed("begin"))?;
+                update
+                    .bind(account)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed("update"))?;
+                let payload = transfer(account)
+                    .to_json_string()
+                    .map_err(failed("payload"))?;
+                sqlx::query(
+                    "INSERT INTO outbox_messages (shard_scope, shard_identifier, destination, \
+                     category, object_identifier, payload) VALUES (?, ?, ?, ?, ?, ?)",
+                )
+                .bind(1i16)
+                .bind(account)
+                .bind("")
+                .bind(1i32)
+                .bind(account)
+                .bind(payload)
+                .execute(&mut *tx)
+                .await
+                .map_err(failed("insert"))?;
+                tx.commit().await.map_err(failed("commit"))?;
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// A same-guarantee loop in plain SQL for MariaDB.
+#[derive(Debug, Clone, Copy)]
+enum Loop {
+    /// In one transaction: `SELECT id, payload … ORDER BY id LIMIT batch FOR UPDATE SKIP
+    /// LOCKED` of the unleased rows, an UPDATE that leases them, the commit; then the delivery
+    /// and a DELETE by id.
+    SkipLocked { batch: i64 },
+    /// One autocommitted `UPDATE … ORDER BY id LIMIT batch` that leases the unleased rows with
+    /// the connection's token, a SELECT of the token's rows (an index on the token), then the
+    /// delivery and a DELETE by id.
+    Token { batch: i64 },
+}
+
+impl Loop {
+    const ALL: [Self; 4] = [
+        Self::SkipLocked { batch: 100 },
+        Self::SkipLocked { batch: 1_000 },
+        Self::Token { batch: 100 },
+        Self::Token { batch: 1_000 },
+    ];
+
+    fn describe(self) -> String {
+        match self {
+            Self::SkipLocked { batch } => format!(
+                "same-guarantee loop (SELECT {batch} FOR UPDATE SKIP LOCKED, lease, commit, \
+                 deliver, delete by id)"
+            ),
+            Self::Token { batch } => format!(
+                "same-guarantee loop (UPDATE … LIMIT {batch} with a token, read the token's \
+                 rows, deliver, delete by id)"
+            ),
+        }
+    }
+}
+
+/// The relay twice, then each loop over 1, 2 and 4 connections, each on freshly seeded rows.
+async fn drain(
+    server: &MariaDbServer,
+    messages: u64,
+    shards: u64,
+    shape: &str,
+) -> Result<Vec<Row>, String> {
+    let database = server.database(20).await?;
+    let pool = &database.pool;
+    let mut relay = 0.0f64;
+    for _ in 0..2 {
+        seed(pool, messages, shards).await?;
+        let (relay_run, calls) =
+            counting_relay(MySqlStore::new(pool.clone()), RelayConfig::default());
+        let started = Instant::now();
+        let report = relay_run
+            .drain()
+            .await
+            .map_err(failed("draining with the relay"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        if !report.is_clean() {
+            return Err(format!("the relay's drain was not clean: {report:?}"));
+        }
+        check(report.rows_acknowledged, messages, "rows drained")?;
+        check(calls.load(Ordering::Relaxed), messages, "handler calls")?;
+        relay = relay.max(messages as f64 / seconds);
+    }
+    sqlx::raw_sql(
+        "ALTER TABLE outbox_messages ADD COLUMN leased_until BIGINT NULL, \
+             ADD COLUMN lease_token BIGINT NULL, ADD KEY bench_lease_token (lease_token)",
+    )
+    .execute(pool)
+    .await
+    .map_err(failed("adding the loops' lease columns"))?;
+    let mut loops = Vec::new();
+    for which in Loop::ALL {
+        for connections in [1u64, 2, 4] {
+            seed(pool, messages, shards).await?;
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for worker in 0..connections {
+                let pool = pool.clone();
+                tasks.spawn(async move {
+                    match which {
+                        Loop::SkipLocked { batch } => skip_locked(&pool, batch).await,
+                        Loop::Token { batch } => token(&pool, worker, batch).await,
+                    }
+                });
+            }
+            let mut rows = 0;
+            while let Some(done) = tasks.join_next().await {
+                rows += done.map_err(failed("a loop's worker"))??;
+            }
+            check(rows, messages, &which.describe())?;
+            loops.push((
+                which,
+                connections,
+                rows as f64 / started.elapsed().as_secs_f64(),
+            ));
+        }
+    }
+    database.drop_database().await?;
+    let (best, connections, bar) = loops
+        .iter()
+        .copied()
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .ok_or("no loop ran")?;
+    let scenario = format!("16. MariaDB drain, {shape}: {messages} messages, {shards} shards");
+    let mut rows = vec![Row::compared(
+        &format!(
+            "{scenario}, vs the best same-guarantee loop ({}, {connections} conn.)",
+            best.describe()
+        ),
+        "messages/s",
+        relay,
+        bar,
+        Target::Ratio(0.8),
+    )];
+    rows.extend(loops.into_iter().map(|(which, connections, rate)| {
+        Row::measured(
+            &format!(
+                "16. baseline ({shape}): {}, {connections} connection(s)",
+                which.describe()
+            ),
+            "rows/s",
+            rate,
+            Target::None,
+        )
+    }));
+    Ok(rows)
+}
+
+/// Seeds `messages` rows over `shards` shards, every row its own object, and refreshes the
+/// table's statistics.
+async fn seed(pool: &MySqlPool, messages: u64, shards: u64) -> Result<(), String> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO outbox_messages \
+            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+         SELECT 1, seq % {shards}, '', 1, seq, '{PAYLOAD}' FROM seq_0_to_{}",
+        messages - 1
+    )))
+    .execute(pool)
+    .await
+    .map_err(failed("seeding the outbox"))?;
+    sqlx::query("ANALYZE TABLE outbox_messages")
+        .execute(pool)
+        .await
+        .map_err(failed("analysing the outbox"))?;
+    Ok(())
+}
+
+/// The ids of what a loop leased, as the literal list its statements take.
+fn id_list(leased: &[sqlx::mysql::MySqlRow]) -> (String, i64) {
+    let ids: Vec<i64> = leased.iter().map(|row| row.get(0)).collect();
+    let high = ids.iter().copied().max().unwrap_or(i64::MIN);
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    (list.join(","), high)
+}
+
+/// [`Loop::SkipLocked`] on one connection. It goes on from the highest id it leased, as
+/// PostgreSQL's loop does.
+async fn skip_locked(pool: &MySqlPool, batch: i64) -> Result<u64, String> {
+    let mut rows = 0;
+    let mut after = i64::MIN;
+    loop {
+        let mut tx = pool.begin().await.map_err(failed("begin"))?;
+        let leased = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, payload FROM outbox_messages \
+             WHERE id > ? AND (leased_until IS NULL OR leased_until < {NOW_MS}) \
+             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+        )))
+        .bind(after)
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(failed("the loop's lease"))?;
+        if leased.is_empty() {
+            tx.commit().await.map_err(failed("commit"))?;
+            return Ok(rows);
+        }
+        let (ids, high) = id_list(&leased);
+        after = high;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000 WHERE id IN ({ids})"
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("the loop's lease"))?;
+        tx.commit().await.map_err(failed("commit"))?;
+        rows += read(&leased)?;
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM outbox_messages WHERE id IN ({ids})"
+        )))
+        .execute(pool)
+        .await
+        .map_err(failed("the loop's delete"))?;
+    }
+}
+
+/// [`Loop::Token`] on one connection: each lease takes a token of its own.
+async fn token(pool: &MySqlPool, worker: u64, batch: i64) -> Result<u64, String> {
+    let mut rows = 0;
+    for round in 1_i64.. {
+        let token = ((worker as i64) << 40) | round;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000, lease_token = ? \
+             WHERE leased_until IS NULL OR leased_until < {NOW_MS} ORDER BY id LIMIT ?"
+        )))
+        .bind(token)
+        .bind(batch)
+        .execute(pool)
+        .await
+        .map_err(failed("the loop's lease"))?;
+        let leased = sqlx::query("SELECT id, payload FROM outbox_messages WHERE lease_token = ?")
+            .bind(token)
+            .fetch_all(pool)
+            .await
+            .map_err(failed("the loop's read"))?;
+        if leased.is_empty() {
+            break;
+        }
+        rows += read(&leased)?;
+        let (ids, _) = id_list(&leased);
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM outbox_messages WHERE id IN ({ids})"
+        )))
+        .execute(pool)
+        .await
+        .map_err(failed("the loop's delete"))?;
+    }
+    Ok(rows)
+}
