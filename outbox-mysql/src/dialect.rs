@@ -131,6 +131,124 @@ async fn claim_on(
     }
 }
 
+/// A row of `LOCK_STATES`: the key's place in the list (from 1), then [`Locked`]'s columns.
+type LockedAt = (i64, Option<String>, bool, bool, i64, i64);
+
+/// The keys of `shards` as the JSON array the batched claim's statements take, each
+/// `[scope, identifier, destination]` followed by `extra(i)`'s values.
+fn shard_list(shards: &[&ShardKey], extra: impl Fn(usize) -> Vec<serde_json::Value>) -> String {
+    let keys: Vec<serde_json::Value> = shards
+        .iter()
+        .enumerate()
+        .map(|(at, shard)| {
+            let (identifier, destination) = stored_shard(shard);
+            let mut key = vec![shard.scope.0.into(), identifier.into(), destination.into()];
+            key.extend(extra(at));
+            serde_json::Value::Array(key)
+        })
+        .collect();
+    serde_json::Value::Array(keys).to_string()
+}
+
+/// Claims those of `shards` that are due and free on `tx` (a transaction at `READ
+/// COMMITTED`), in three statements however many they are: the state rows locked
+/// (`LOCK_STATES`, skipping those another transaction holds), the leases of the due ones
+/// (`TAKE_LEASES`), the rows of the shards that had none (`CREATE_LEASES`). If another
+/// transaction is creating one of those rows, the last step is taken shard by shard
+/// (`claim_on`), so that each such shard alone is left to the other claim.
+async fn claim_all_on(
+    tx: &mut MySqlConnection,
+    shards: &[ShardKey],
+    options: &ClaimOptions,
+) -> Result<Vec<Lease>, Error> {
+    let failed = || database::<MySqlDialect>("claiming shards");
+    let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
+    // A shard asked for twice is claimed once.
+    let mut seen = std::collections::HashSet::new();
+    let shards: Vec<&ShardKey> = shards.iter().filter(|shard| seen.insert(*shard)).collect();
+    let locked: Vec<LockedAt> = sqlx::query_as(LOCK_STATES)
+        .bind(shard_list(&shards, |_| Vec::new()))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(failed())?;
+    let mut has_row = vec![false; shards.len()];
+    let mut leases = Vec::new();
+    let mut taken: Vec<(&ShardKey, i64, bool)> = Vec::new();
+    for (n, owner, lapsed, due, token, attempts) in locked {
+        let Some(at) = usize::try_from(n - 1).ok().filter(|&at| at < shards.len()) else {
+            continue;
+        };
+        has_row[at] = true;
+        if !due {
+            continue;
+        }
+        let shard = shards[at];
+        taken.push((shard, token, lapsed));
+        leases.push(Lease {
+            shard: shard.clone(),
+            token,
+            attempts: u32::try_from(attempts + i64::from(lapsed)).unwrap_or(u32::MAX),
+            previous_owner: owner.filter(|_| lapsed),
+        });
+    }
+    if !taken.is_empty() {
+        let keys: Vec<&ShardKey> = taken.iter().map(|(shard, ..)| *shard).collect();
+        let list = shard_list(&keys, |at| {
+            vec![taken[at].1.into(), i32::from(taken[at].2).into()]
+        });
+        sqlx::query(TAKE_LEASES)
+            .bind(list)
+            .bind(&options.worker)
+            .bind(lease_ms)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed())?;
+    }
+    let missing: Vec<&ShardKey> = shards
+        .iter()
+        .zip(&has_row)
+        .filter(|(_, has_row)| !**has_row)
+        .map(|(shard, _)| *shard)
+        .collect();
+    if missing.is_empty() {
+        return Ok(leases);
+    }
+    let created = sqlx::query_as::<_, (i16, i64, String, i64, i64)>(CREATE_LEASES)
+        .bind(shard_list(&missing, |_| Vec::new()))
+        .bind(&options.worker)
+        .bind(lease_ms)
+        .fetch_all(&mut *tx)
+        .await;
+    match created {
+        Ok(created) => {
+            for (scope, identifier, destination, token, attempts) in created {
+                let shard = shard_from_stored(scope, identifier, destination)
+                    .map_err(|detail| failed()(sqlx::Error::Decode(detail.into())))?;
+                leases.push(Lease {
+                    shard,
+                    token,
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    previous_owner: None,
+                });
+            }
+        }
+        // Another claim is creating (or created) one of the rows: the statement changed
+        // nothing; each shard in turn.
+        Err(sqlx::Error::Database(error))
+            if matches!(
+                number(error.as_ref()),
+                Some(code::DUPLICATE | code::LOCK_WAIT_TIMEOUT)
+            ) =>
+        {
+            for shard in missing {
+                leases.extend(claim_on(tx, shard, options).await?);
+            }
+        }
+        Err(error) => return Err(failed()(error)),
+    }
+    Ok(leases)
+}
+
 impl Dialect for MySqlDialect {
     type Database = MySql;
     type Turn = ();
@@ -393,6 +511,31 @@ impl Dialect for MySqlDialect {
             claiming,
             head: None,
         }))
+    }
+
+    async fn claim_many(
+        &self,
+        pool: &MySqlPool,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+        _first_read: usize,
+    ) -> Result<Vec<Claim<Self>>, Error> {
+        // A claiming transaction kept for the handlers holds one shard.
+        if shards.len() < 2 || options.mode == HandlerMode::InTransaction {
+            return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
+        }
+        let failed = || database::<Self>("claiming shards");
+        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+        let leases = claim_all_on(&mut tx, shards, options).await?;
+        tx.commit().await.map_err(failed())?;
+        Ok(leases
+            .into_iter()
+            .map(|lease| Claim {
+                lease,
+                claiming: None,
+                head: None,
+            })
+            .collect())
     }
 
     async fn discover(

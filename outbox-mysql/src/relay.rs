@@ -276,6 +276,81 @@ pub(crate) const LOCK_STATE: &str = concat!(
     FOR UPDATE SKIP LOCKED"
 );
 
+/// A list parameter of shard keys (a JSON array of `[scope, identifier, destination]`, extra
+/// columns after them as given) as a table `k`, with each key's place `n` (from 1).
+macro_rules! json_shards {
+    ($($extra:literal),*) => {
+        concat!(
+            "JSON_TABLE(?, '$[*]' COLUMNS (n FOR ORDINALITY, scope SMALLINT PATH '$[0]', \
+             identifier BIGINT PATH '$[1]', \
+             destination VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[2]'"
+            $(, ", ", $extra)*,
+            ")) AS k"
+        )
+    };
+}
+
+// A claim of many shards, first step: `LOCK_STATE` for each of the shards of `$1` (a JSON
+// array of keys), each row led by its key's place `n`. A shard with no state row, or one
+// another transaction holds, has no row. The keys drive the join: each state row is one
+// primary-key lookup (as in `TAKE_LEASES`).
+pub(crate) const LOCK_STATES: &str = concat!(
+    "SELECT k.n, s.lease_owner, s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
+    now!(),
+    " AS lapsed, ",
+    due!("s"),
+    " AND NOT ",
+    outbox_sqlx::paused!("s.shard_scope", "s.shard_identifier", "s.destination"),
+    " AS due, NEXTVAL(outbox_lease_tokens) AS token, s.attempts \
+    FROM ",
+    json_shards!(),
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+        AND s.destination = k.destination \
+    FOR UPDATE SKIP LOCKED"
+);
+
+// A claim of many shards, the leases of the state rows `LOCK_STATES` locked and found due:
+// `$1` a JSON array of `[scope, identifier, destination, token, 1 if a lapsed lease is
+// taken over]`, `$2` the worker, `$3` the lease in milliseconds.
+// The keys drive the join, each state row one primary-key lookup (`STRAIGHT_JOIN`, `FORCE
+// INDEX`): on a small table MariaDB would rather scan the state rows, and wait on the lock of
+// every row it reads, another claim's too.
+pub(crate) const TAKE_LEASES: &str = concat!(
+    "UPDATE ",
+    json_shards!("token BIGINT PATH '$[3]'", "lapsed INT PATH '$[4]'"),
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+        AND s.destination = k.destination \
+    SET s.lease_owner = ?, s.lease_token = k.token, s.lease_expires_at = ",
+    now!(),
+    " + ?, s.attempts = s.attempts + k.lapsed"
+);
+
+// A claim of many shards, the state rows of those of `$1` (a JSON array of keys) that had
+// none, with their leases (`$2` the worker, `$3` the lease in milliseconds), but of no shard
+// a pause holds: `CREATE_LEASE` for each. At `READ COMMITTED`, an `INSERT … SELECT` reads
+// `outbox_shards` without locking it: a committed row is left out, and a row another
+// transaction is creating makes the statement fail with no wait (a duplicate key or a lock
+// wait), as `CREATE_LEASE` does; the claim then creates the rows one by one.
+pub(crate) const CREATE_LEASES: &str = concat!(
+    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+    INSERT INTO outbox_shards \
+        (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
+    SELECT k.scope, k.identifier, k.destination, q.worker, NEXTVAL(outbox_lease_tokens), ",
+    now!(),
+    " + q.ms \
+    FROM ",
+    json_shards!(),
+    " JOIN (SELECT ? AS worker, ? AS ms) AS q \
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_shards s \
+            WHERE s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+            AND s.destination = k.destination) \
+        AND NOT ",
+    outbox_sqlx::paused!("k.scope", "k.identifier", "k.destination"),
+    " ORDER BY k.n \
+    RETURNING shard_scope, shard_identifier, destination, lease_token, attempts"
+);
+
 // A claim of a shard whose state row is locked and due: `$1` the worker, `$2` the token,
 // `$3` the lease in milliseconds, `$4` 1 if a lapsed lease is taken over (an attempt more at
 // the head), `$5..$7` the shard.

@@ -1,0 +1,166 @@
+//! MariaDB's claim of many shards at once (`Store::claim_many`: three statements however many
+//! shards), stepped against another transaction: a state row that transaction holds, or is
+//! creating, leaves that shard to it, the others are claimed, and nothing waits for a lock.
+
+use std::time::Duration;
+
+use outbox_core::store::{ClaimOptions, HandlerMode, ShardSession, Store};
+use outbox_core::{ScopeId, ShardKey};
+use outbox_mysql::MySqlStore;
+use outbox_testkit::mysql::MySqlTestDatabase;
+use sqlx::{Connection, MySqlConnection};
+
+fn shard(identifier: i64) -> ShardKey {
+    ShardKey::local(ScopeId(1), identifier)
+}
+
+fn options() -> ClaimOptions {
+    ClaimOptions {
+        worker: "batch".to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    }
+}
+
+/// The identifiers of the shards `store` claims of 1 to 6: at once, or the test fails (a
+/// claim that waited for the other transaction's lock would wait 50 s).
+async fn claimed(store: &MySqlStore) -> Vec<i64> {
+    let wanted: Vec<ShardKey> = (1..=6).map(shard).collect();
+    let sessions = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim_many(&wanted, &options(), 10),
+    )
+    .await
+    .expect("a claim never waits for another transaction's lock")
+    .expect("claim");
+    let mut claimed: Vec<i64> = sessions
+        .iter()
+        .map(|session| {
+            let identifier = session.lease().shard.shard_identifier;
+            identifier.as_integer().expect("an integer shard")
+        })
+        .collect();
+    claimed.sort_unstable();
+    claimed
+}
+
+#[tokio::test]
+async fn rows_another_transaction_holds_or_creates_leave_only_those_shards_to_it() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = outbox_mysql::connect(&database.url())
+        .await
+        .expect("connect");
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_6",
+    )
+    .execute(&pool)
+    .await
+    .expect("a message in each of shards 1 to 6");
+    // Shards 1 and 2 have state rows (as after a failure that has since expired).
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, attempts) \
+         VALUES (1, 1, '', 2), (1, 2, '', 0)",
+    )
+    .execute(&pool)
+    .await
+    .expect("state rows");
+
+    // The other transaction locks shard 2's row and is creating shard 4's.
+    let mut other = MySqlConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+         SELECT 1 FROM outbox_shards WHERE shard_scope = 1 AND shard_identifier = 2 \
+             AND destination = '' FOR UPDATE; \
+         INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
+             VALUES (1, 4, '')",
+    )
+    .execute(&mut other)
+    .await
+    .expect("the other transaction's locks");
+
+    let store = MySqlStore::new(pool.clone());
+    assert_eq!(
+        claimed(&store).await,
+        [1, 3, 5, 6],
+        "each shard but those the other transaction holds"
+    );
+    let attempts: i64 = sqlx::query_scalar(
+        "SELECT attempts FROM outbox_shards WHERE shard_scope = 1 AND shard_identifier = 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("shard 1's state");
+    assert_eq!(attempts, 2, "a claim of a free shard counts no attempt");
+
+    // Once the other transaction ends, its shards are free and the others held.
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("rollback");
+    assert_eq!(claimed(&store).await, [2, 4]);
+}
+
+#[tokio::test]
+async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = outbox_mysql::connect(&database.url())
+        .await
+        .expect("connect");
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_6",
+    )
+    .execute(&pool)
+    .await
+    .expect("a message in each of shards 1 to 6");
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
+         VALUES (1, 1, ''), (1, 3, '')",
+    )
+    .execute(&pool)
+    .await
+    .expect("state rows");
+    let store = MySqlStore::new(pool.clone());
+    // Shard 5 asked for twice.
+    let wanted: Vec<ShardKey> = [1, 2, 3, 4, 5, 6, 5].into_iter().map(shard).collect();
+    let sessions = store
+        .claim_many(&wanted, &options(), 10)
+        .await
+        .expect("claim");
+    let mut tokens: Vec<(ShardKey, i64)> = sessions
+        .iter()
+        .map(|session| (session.lease().shard.clone(), session.lease().token))
+        .collect();
+    tokens.sort();
+    assert_eq!(tokens.len(), 6, "{tokens:?}");
+    for (shard, token) in &tokens {
+        let identifier = shard
+            .shard_identifier
+            .as_integer()
+            .expect("an integer shard");
+        let stored: (i64, String) = sqlx::query_as(
+            "SELECT lease_token, lease_owner FROM outbox_shards \
+             WHERE shard_scope = 1 AND shard_identifier = ? AND destination = ''",
+        )
+        .bind(identifier)
+        .fetch_one(&pool)
+        .await
+        .expect("the claimed shard's state row");
+        assert_eq!(stored, (*token, "batch".to_owned()), "shard {identifier}");
+    }
+    let mut distinct: Vec<i64> = tokens.iter().map(|(_, token)| *token).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "one token per shard: {tokens:?}");
+    assert!(
+        store
+            .claim_many(&wanted, &options(), 10)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "a held shard is not claimed again"
+    );
+}
