@@ -8,13 +8,15 @@ use outbox_core::store::{
     ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease, NoWakeups, StoredMessage,
 };
 use outbox_core::{Error, Id, Message, ShardKey};
+use outbox_sqlx::dialect::{Finished, Finishing};
 use outbox_sqlx::error::database;
 use outbox_sqlx::sql::Statement;
 use outbox_sqlx::stored::{shard_from_stored, stored_object, stored_shard};
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
 use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult, MySqlRow, MySqlTypeInfo};
-use sqlx::{MySql, MySqlConnection, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row};
+use std::collections::HashMap;
 
 use crate::admin::*;
 use crate::relay::*;
@@ -247,6 +249,117 @@ async fn claim_all_on(
         Err(error) => return Err(failed()(error)),
     }
     Ok(leases)
+}
+
+/// Acknowledges and releases the drained shards of `batch` on `conn` (a transaction the
+/// caller commits), in four or five statements however many they are: the state rows whose
+/// lease still holds locked in key order (`LOCK_HELD`), their shards' acknowledged rows
+/// deleted by id, then of those shards the empty ones' state rows deleted (`DELETE_EMPTY`,
+/// after the plain read `NOT_EMPTY`: see `SHARD_IS_EMPTY`) and the others released
+/// (`RELEASE_ALL`). A shard whose lease was lost changes nothing.
+async fn finish_all_on(
+    conn: &mut MySqlConnection,
+    batch: &[Finishing],
+) -> Result<Vec<Finished>, Error> {
+    let failed = || database::<MySqlDialect>("acknowledging and releasing drained shards");
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by_cached_key(|&at| {
+        let shard = &batch[at].0.shard;
+        (shard.scope.0, stored_shard(shard))
+    });
+    let keys_and_tokens = |places: &[usize]| {
+        let shards: Vec<&ShardKey> = places.iter().map(|&at| &batch[at].0.shard).collect();
+        shard_list(&shards, |i| vec![batch[places[i]].0.token.into()])
+    };
+    let locked: Vec<i64> = sqlx::query_scalar(LOCK_HELD)
+        .bind(keys_and_tokens(&order))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(failed())?;
+    let mut is_held = vec![false; batch.len()];
+    for n in locked {
+        if let Some(&at) = usize::try_from(n - 1)
+            .ok()
+            .and_then(|place| order.get(place))
+        {
+            is_held[at] = true;
+        }
+    }
+    // The shards whose lease holds, in key order.
+    let held: Vec<usize> = order.iter().copied().filter(|&at| is_held[at]).collect();
+    let mut deleted = vec![0u64; batch.len()];
+    let owners: HashMap<i64, usize> = held
+        .iter()
+        .flat_map(|&at| {
+            batch[at]
+                .2
+                .iter()
+                .flat_map(move |ack| ack.ids.iter().map(move |id| (id.0, at)))
+        })
+        .collect();
+    if !owners.is_empty() {
+        // Exactly the ids read and delivered: a literal list, one seek of the primary key
+        // each, and what went with them.
+        let ids: Vec<String> = owners.keys().map(i64::to_string).collect();
+        let gone = sqlx::raw_sql(AssertSqlSafe(format!(
+            "DELETE FROM outbox_messages WHERE id IN ({}) RETURNING id",
+            ids.join(",")
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(failed())?;
+        for row in gone {
+            let id: i64 = row.try_get(0).map_err(failed())?;
+            if let Some(&at) = owners.get(&id) {
+                deleted[at] += 1;
+            }
+        }
+    }
+    if !held.is_empty() {
+        let shards: Vec<&ShardKey> = held.iter().map(|&at| &batch[at].0.shard).collect();
+        let still: Vec<i64> = sqlx::query_scalar(NOT_EMPTY)
+            .bind(shard_list(&shards, |_| Vec::new()))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(failed())?;
+        let mut has_rows = vec![false; held.len()];
+        for n in still {
+            if let Some(flag) = usize::try_from(n - 1)
+                .ok()
+                .and_then(|at| has_rows.get_mut(at))
+            {
+                *flag = true;
+            }
+        }
+        let (empty, busy): (Vec<_>, Vec<_>) = held
+            .iter()
+            .zip(&has_rows)
+            .partition(|(_, has_rows)| !**has_rows);
+        for (sql, places) in [(DELETE_EMPTY, empty), (RELEASE_ALL, busy)] {
+            let places: Vec<usize> = places.into_iter().map(|(&at, _)| at).collect();
+            if !places.is_empty() {
+                sqlx::query(sql)
+                    .bind(keys_and_tokens(&places))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(failed())?;
+            }
+        }
+    }
+    Ok(batch
+        .iter()
+        .enumerate()
+        .map(|(at, (lease, ..))| {
+            if is_held[at] {
+                Ok((deleted[at], true))
+            } else {
+                Err(Error::LeaseLost {
+                    shard: lease.shard.clone(),
+                    token: lease.token,
+                })
+            }
+        })
+        .collect())
 }
 
 impl Dialect for MySqlDialect {
@@ -550,26 +663,12 @@ impl Dialect for MySqlDialect {
     async fn ack_and_release_on(
         &self,
         conn: &mut MySqlConnection,
-        batch: &[outbox_sqlx::dialect::Finishing],
-    ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
-        // In the shards' key order, as every relay finishes them: two relays' batches never
-        // wait on each other's state rows in a cycle (InnoDB would end one as a deadlock).
-        let mut order: Vec<usize> = (0..batch.len()).collect();
-        order.sort_by_cached_key(|&at| {
-            let shard = &batch[at].0.shard;
-            (shard.scope.0, stored_shard(shard))
-        });
-        let mut finished: Vec<Option<outbox_sqlx::dialect::Finished>> =
-            (0..batch.len()).map(|_| None).collect();
-        for at in order {
-            let done = outbox_sqlx::session::ack_and_release_each::<Self>(
-                conn,
-                std::slice::from_ref(&batch[at]),
-            )
-            .await?;
-            finished[at] = done.into_iter().next();
+        batch: &[Finishing],
+    ) -> Result<Vec<Finished>, Error> {
+        if batch.len() > 1 {
+            return finish_all_on(conn, batch).await;
         }
-        Ok(finished.into_iter().flatten().collect())
+        outbox_sqlx::session::ack_and_release_each::<Self>(conn, batch).await
     }
 
     async fn wakeups(_pool: &MySqlPool) -> Result<Option<NoWakeups>, Error> {

@@ -351,6 +351,51 @@ pub(crate) const CREATE_LEASES: &str = concat!(
     RETURNING shard_scope, shard_identifier, destination, lease_token, attempts"
 );
 
+// A finish of many drained shards, first step: the state rows of those of `$1` (a JSON array
+// of `[scope, identifier, destination, token]`, in key order) whose lease the token still
+// holds, locked in that order (so that two relays' finishes never wait on each other in a
+// cycle), each row the key's place `n`.
+pub(crate) const LOCK_HELD: &str = concat!(
+    "SELECT k.n FROM ",
+    json_shards!("token BIGINT PATH '$[3]'"),
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+        AND s.destination = k.destination AND s.lease_token = k.token \
+    FOR UPDATE"
+);
+
+// The places `n` of the shards of `$1` (a JSON array of keys) that still have messages: a
+// plain read, one index entry each (see `SHARD_IS_EMPTY`).
+pub(crate) const NOT_EMPTY: &str = concat!(
+    "SELECT k.n FROM ",
+    json_shards!(),
+    " WHERE EXISTS (SELECT 1 FROM outbox_messages m \
+        WHERE m.shard_scope = k.scope AND m.shard_identifier = k.identifier \
+        AND m.destination = k.destination)"
+);
+
+// The state rows of the drained, empty shards of `$1` (keys and tokens, as `LOCK_HELD`).
+pub(crate) const DELETE_EMPTY: &str = concat!(
+    "DELETE s FROM ",
+    json_shards!("token BIGINT PATH '$[3]'"),
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+        AND s.destination = k.destination AND s.lease_token = k.token"
+);
+
+// `RELEASE` of each drained shard of `$1` that still has messages (keys and tokens, as
+// `LOCK_HELD`).
+pub(crate) const RELEASE_ALL: &str = concat!(
+    "UPDATE ",
+    json_shards!("token BIGINT PATH '$[3]'"),
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+        AND s.destination = k.destination AND s.lease_token = k.token \
+    SET s.lease_owner = NULL, s.lease_expires_at = NULL, s.attempts = 0, \
+        s.first_failed_at = NULL, s.last_error = NULL, s.retry_at = NULL, \
+        s.parked_category = NULL"
+);
+
 // A claim of a shard whose state row is locked and due: `$1` the worker, `$2` the token,
 // `$3` the lease in milliseconds, `$4` 1 if a lapsed lease is taken over (an attempt more at
 // the head), `$5..$7` the shard.

@@ -1,10 +1,16 @@
-//! MariaDB's claim of many shards at once (`Store::claim_many`: three statements however many
-//! shards), stepped against another transaction: a state row that transaction holds, or is
-//! creating, leaves that shard to it, the others are claimed, and nothing waits for a lock.
+//! MariaDB's statements on many shards at once. The claim (`Store::claim_many`: three
+//! statements however many shards), stepped against another transaction: a state row that
+//! transaction holds, or is creating, leaves that shard to it, the others are claimed, and
+//! nothing waits for a lock. The finish of drained shards (`Store::ack_and_finish_many`: four
+//! or five statements): an empty shard's state row goes, a shard with a message committed
+//! after its read keeps its row, released.
 
 use std::time::Duration;
 
-use outbox_core::store::{ClaimOptions, HandlerMode, ShardSession, Store};
+use outbox_core::store::{
+    Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession, Store,
+};
+use outbox_core::{CategoryId, Id};
 use outbox_core::{ScopeId, ShardKey};
 use outbox_mysql::MySqlStore;
 use outbox_testkit::mysql::MySqlTestDatabase;
@@ -163,4 +169,77 @@ async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
             .is_empty(),
         "a held shard is not claimed again"
     );
+}
+
+#[tokio::test]
+async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messages() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = outbox_mysql::connect(&database.url())
+        .await
+        .expect("connect");
+    let insert = "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_3";
+    sqlx::query(insert)
+        .execute(&pool)
+        .await
+        .expect("a message in each of shards 1 to 3");
+    let store = MySqlStore::new(pool.clone());
+    let wanted: Vec<ShardKey> = (1..=3).map(shard).collect();
+    let mut finishing = Vec::new();
+    for mut session in store
+        .claim_many(&wanted, &options(), 10)
+        .await
+        .expect("claim")
+    {
+        let head = session.fetch(10).await.expect("fetch");
+        let acks: Vec<Acknowledgement> = head
+            .iter()
+            .map(|message| Acknowledgement {
+                group: GroupKey {
+                    category: CategoryId(1),
+                    object_identifier: message.object_identifier,
+                },
+                ids: vec![message.id],
+            })
+            .collect();
+        assert_eq!(acks.len(), 1);
+        finishing.push((session, acks));
+    }
+    assert_eq!(finishing.len(), 3);
+    // Shard 2 gets a message after its read.
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) VALUES (1, 2, 1, 99, '{}')",
+    )
+    .execute(&pool)
+    .await
+    .expect("a new message");
+    let results = store.ack_and_finish_many(finishing).await;
+    for result in &results {
+        assert!(matches!(result, Ok((1, true))), "{results:?}");
+    }
+    let states: Vec<(i64, Option<String>, i64)> = sqlx::query_as(
+        "SELECT shard_identifier, lease_owner, attempts FROM outbox_shards ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the state rows");
+    assert_eq!(
+        states,
+        [(2, None, 0)],
+        "only shard 2 keeps its state row, released"
+    );
+    let pending: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT shard_identifier, object_identifier FROM outbox_messages")
+            .fetch_all(&pool)
+            .await
+            .expect("the outbox");
+    assert_eq!(pending, [(2, 99)]);
+    let mut again = store
+        .claim(&shard(2), &options())
+        .await
+        .expect("claim")
+        .expect("shard 2 is due again");
+    let head = again.fetch(10).await.expect("fetch");
+    assert_eq!(head[0].object_identifier, Id::integer(99));
 }
