@@ -657,7 +657,27 @@ impl Dialect for MySqlDialect {
         cursor: &ShardKey,
         limit: i32,
     ) -> Result<Vec<(ShardKey, bool)>, Error> {
-        outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await
+        const OPERATION: &str = "discovering due shards";
+        let (identifier, destination) = stored_shard(cursor);
+        let rows: Vec<(i16, i64, String, bool)> = sqlx::query_as(DISCOVER)
+            .bind(scope)
+            .bind(scope)
+            .bind(identifier)
+            .bind(identifier)
+            .bind(destination)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        rows.into_iter()
+            .map(|(scope, identifier, destination, due)| {
+                shard_from_stored(scope, identifier, destination)
+                    .map(|shard| (shard, due))
+                    .map_err(|detail| {
+                        database::<Self>(OPERATION)(sqlx::Error::Decode(detail.into()))
+                    })
+            })
+            .collect()
     }
 
     async fn ack_and_release_on(

@@ -200,63 +200,30 @@ macro_rules! due {
     };
 }
 
-// The first row of the shard after shard `k` in key order: in the same shard identifier (a
-// later destination), else a later shard identifier in the same scope, else a later scope.
-// Each is one descent of the shard index, so discovery reads one row per shard with pending
-// rows, never every row.
-macro_rules! next_shard {
-    () => {
-        "COALESCE( \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier = k.shard_identifier \
-                AND x.destination > k.destination \
-             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1), \
-            (SELECT x.id FROM outbox_messages x \
-             WHERE x.shard_scope = k.shard_scope AND x.shard_identifier > k.shard_identifier \
-             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1), \
-            (SELECT x.id FROM outbox_messages x WHERE x.shard_scope > k.shard_scope \
-             ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1))"
-    };
-}
-
-// Discovery: `$1` the scope of the cursor, `$2`, `$3` its shard identifier and destination,
-// `$4` the limit. A skip-scan from the cursor: the first shard after it, then each next one
-// (one index descent each). The parameters are constants to the optimizer (`param!`), so that
-// the first shard is one descent too.
+// Discovery: the first `$6` shards after the cursor, each with whether it is due. The cursor
+// is bound as the comparison needs it, each value where it is read (`MySqlDialect::discover`):
+// `$1` its scope, `$2` the scope again, `$3` its shard identifier, `$4` the identifier again,
+// `$5` its destination. Bound values are constants to the optimizer, so the cursor is a range
+// of the shard index, and MariaDB reads the shards after it by a loose index scan (one
+// descent per shard) where shards hold many rows, or reads their few rows in order where they
+// hold few. (A skip-scan by a recursive CTE does not serve: its step, a correlated subquery,
+// cannot seek a range, and read the index from the start of the scope at every shard.)
 pub(crate) const DISCOVER: &str = concat!(
-    "WITH RECURSIVE p AS (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS lim), \
-     walk (shard_scope, shard_identifier, destination, n) AS ( \
-        SELECT * FROM ( \
-            SELECT m.shard_scope, m.shard_identifier, m.destination, 1 AS n \
-            FROM outbox_messages m \
-            WHERE m.shard_scope > ",
-    param!("scope"),
-    " OR (m.shard_scope = ",
-    param!("scope"),
-    " AND (m.shard_identifier > ",
-    param!("identifier"),
-    " OR (m.shard_identifier = ",
-    param!("identifier"),
-    " AND m.destination > ",
-    param!("destination"),
-    "))) \
-            ORDER BY m.shard_scope, m.shard_identifier, m.destination LIMIT 1) AS first \
-        UNION ALL \
-        SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
-        FROM walk k JOIN outbox_messages m ON m.id = ",
-    next_shard!(),
-    " WHERE k.n < ",
-    param!("lim"),
-    ") \
-    SELECT k.shard_scope, k.shard_identifier, k.destination, ",
+    "SELECT k.shard_scope, k.shard_identifier, k.destination, ",
     due!("s"),
     " AND NOT ",
     outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
     " AS due \
-    FROM walk k LEFT JOIN outbox_shards s \
+    FROM (SELECT m.shard_scope, m.shard_identifier, m.destination \
+        FROM outbox_messages m \
+        WHERE m.shard_scope > ? OR (m.shard_scope = ? AND (m.shard_identifier > ? \
+            OR (m.shard_identifier = ? AND m.destination > ?))) \
+        GROUP BY m.shard_scope, m.shard_identifier, m.destination \
+        ORDER BY m.shard_scope, m.shard_identifier, m.destination LIMIT ?) AS k \
+    LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
-    ORDER BY k.n"
+    ORDER BY k.shard_scope, k.shard_identifier, k.destination"
 );
 
 // A claim, first step: the shard's state row, locked unless another transaction holds it

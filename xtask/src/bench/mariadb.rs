@@ -416,15 +416,23 @@ async fn token(pool: &MySqlPool, worker: u64, batch: i64) -> Result<u64, String>
     let mut rows = 0;
     for round in 1_i64.. {
         let token = ((worker as i64) << 40) | round;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000, lease_token = ? \
-             WHERE leased_until IS NULL OR leased_until < {NOW_MS} ORDER BY id LIMIT ?"
-        )))
-        .bind(token)
-        .bind(batch)
-        .execute(pool)
-        .await
-        .map_err(failed("the loop's lease"))?;
+        // Two connections' leases can deadlock (each waits for rows the other locked as it
+        // walked the index): InnoDB ends one, and the loop tries again.
+        loop {
+            let leased = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000, lease_token = ? \
+                 WHERE leased_until IS NULL OR leased_until < {NOW_MS} ORDER BY id LIMIT ?"
+            )))
+            .bind(token)
+            .bind(batch)
+            .execute(pool)
+            .await;
+            match leased {
+                Ok(_) => break,
+                Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("40001") => {}
+                Err(error) => return Err(failed("the loop's lease")(error)),
+            }
+        }
         let leased = sqlx::query("SELECT id, payload FROM outbox_messages WHERE lease_token = ?")
             .bind(token)
             .fetch_all(pool)
