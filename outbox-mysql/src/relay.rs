@@ -318,18 +318,25 @@ pub(crate) const CREATE_LEASES: &str = concat!(
     RETURNING shard_scope, shard_identifier, destination, lease_token, attempts"
 );
 
+/// The held state rows `s` of the shards of a JSON list parameter of `[scope, identifier,
+/// destination, token]` (`k`, from `json_shards!`): the keys drive the join, each row one
+/// primary-key lookup.
+macro_rules! held_shards {
+    () => {
+        concat!(
+            json_shards!("token BIGINT PATH '$[3]'"),
+            " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+            ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+            AND s.destination = k.destination AND s.lease_token = k.token "
+        )
+    };
+}
+
 // A finish of many drained shards, first step: the state rows of those of `$1` (a JSON array
 // of `[scope, identifier, destination, token]`, in key order) whose lease the token still
 // holds, locked in that order (so that two relays' finishes never wait on each other in a
 // cycle), each row the key's place `n`.
-pub(crate) const LOCK_HELD: &str = concat!(
-    "SELECT k.n FROM ",
-    json_shards!("token BIGINT PATH '$[3]'"),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-        AND s.destination = k.destination AND s.lease_token = k.token \
-    FOR UPDATE"
-);
+pub(crate) const LOCK_HELD: &str = concat!("SELECT k.n FROM ", held_shards!(), "FOR UPDATE");
 
 // The places `n` of the shards of `$1` (a JSON array of keys) that still have messages: a
 // plain read, one index entry each (see `SHARD_IS_EMPTY`).
@@ -342,23 +349,14 @@ pub(crate) const NOT_EMPTY: &str = concat!(
 );
 
 // The state rows of the drained, empty shards of `$1` (keys and tokens, as `LOCK_HELD`).
-pub(crate) const DELETE_EMPTY: &str = concat!(
-    "DELETE s FROM ",
-    json_shards!("token BIGINT PATH '$[3]'"),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-        AND s.destination = k.destination AND s.lease_token = k.token"
-);
+pub(crate) const DELETE_EMPTY: &str = concat!("DELETE s FROM ", held_shards!());
 
 // `RELEASE` of each drained shard of `$1` that still has messages (keys and tokens, as
 // `LOCK_HELD`).
 pub(crate) const RELEASE_ALL: &str = concat!(
     "UPDATE ",
-    json_shards!("token BIGINT PATH '$[3]'"),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-        AND s.destination = k.destination AND s.lease_token = k.token \
-    SET s.lease_owner = NULL, s.lease_expires_at = NULL, s.attempts = 0, \
+    held_shards!(),
+    "SET s.lease_owner = NULL, s.lease_expires_at = NULL, s.attempts = 0, \
         s.first_failed_at = NULL, s.last_error = NULL, s.retry_at = NULL, \
         s.parked_category = NULL"
 );

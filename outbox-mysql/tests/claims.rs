@@ -14,7 +14,7 @@ use outbox_core::{CategoryId, Id};
 use outbox_core::{ScopeId, ShardKey};
 use outbox_mysql::MySqlStore;
 use outbox_testkit::mysql::MySqlTestDatabase;
-use sqlx::{Connection, MySqlConnection};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 
 fn shard(identifier: i64) -> ShardKey {
     ShardKey::local(ScopeId(1), identifier)
@@ -50,19 +50,25 @@ async fn claimed(store: &MySqlStore) -> Vec<i64> {
     claimed
 }
 
-#[tokio::test]
-async fn rows_another_transaction_holds_or_creates_leave_only_those_shards_to_it() {
+/// A migrated database with a message in each of shards 1 to `shards`, and a pool on it.
+async fn with_messages(shards: u32) -> (MySqlTestDatabase, MySqlPool) {
     let database = MySqlTestDatabase::migrated().await;
     let pool = outbox_mysql::connect(&database.url())
         .await
         .expect("connect");
-    sqlx::query(
+    sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
-         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_6",
-    )
+         object_identifier, payload) SELECT 1, seq, 1, seq, '{{}}' FROM seq_1_to_{shards}"
+    )))
     .execute(&pool)
     .await
-    .expect("a message in each of shards 1 to 6");
+    .expect("a message in each shard");
+    (database, pool)
+}
+
+#[tokio::test]
+async fn rows_another_transaction_holds_or_creates_leave_only_those_shards_to_it() {
+    let (database, pool) = with_messages(6).await;
     // Shards 1 and 2 have state rows (as after a failure that has since expired).
     sqlx::query(
         "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, attempts) \
@@ -111,17 +117,7 @@ async fn rows_another_transaction_holds_or_creates_leave_only_those_shards_to_it
 
 #[tokio::test]
 async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
-    let database = MySqlTestDatabase::migrated().await;
-    let pool = outbox_mysql::connect(&database.url())
-        .await
-        .expect("connect");
-    sqlx::query(
-        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
-         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_6",
-    )
-    .execute(&pool)
-    .await
-    .expect("a message in each of shards 1 to 6");
+    let (_database, pool) = with_messages(6).await;
     sqlx::query(
         "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
          VALUES (1, 1, ''), (1, 3, '')",
@@ -173,16 +169,7 @@ async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
 
 #[tokio::test]
 async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messages() {
-    let database = MySqlTestDatabase::migrated().await;
-    let pool = outbox_mysql::connect(&database.url())
-        .await
-        .expect("connect");
-    let insert = "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
-         object_identifier, payload) SELECT 1, seq, 1, seq, '{}' FROM seq_1_to_3";
-    sqlx::query(insert)
-        .execute(&pool)
-        .await
-        .expect("a message in each of shards 1 to 3");
+    let (_database, pool) = with_messages(3).await;
     let store = MySqlStore::new(pool.clone());
     let wanted: Vec<ShardKey> = (1..=3).map(shard).collect();
     let mut finishing = Vec::new();

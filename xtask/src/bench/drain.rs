@@ -69,7 +69,13 @@ pub(crate) async fn seed_pg(
 
 /// Drains with the relay: `(rows, handler calls, seconds)`.
 pub(super) async fn relay_pg(pool: &PgPool) -> Result<(u64, u64, f64), String> {
-    let (relay, calls) = counting_relay(PgStore::new(pool.clone()), RelayConfig::default());
+    relay_drain(PgStore::new(pool.clone())).await
+}
+
+/// Drains `store` with a counting relay: `(rows, handler calls, seconds)`; an error unless the
+/// drain was clean.
+pub(super) async fn relay_drain<S: Store>(store: S) -> Result<(u64, u64, f64), String> {
+    let (relay, calls) = counting_relay(store, RelayConfig::default());
     let started = Instant::now();
     let report = relay
         .drain()

@@ -12,14 +12,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_core::{Message, Payload, RelayConfig};
+use outbox_core::{Message, Payload};
 use outbox_mysql::MySqlStore;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool, Row as _};
 
 use super::BenchArgs;
 use super::baselines::read;
-use super::drain::{PAYLOAD, check, counting_relay};
+use super::drain::{PAYLOAD, check, relay_drain};
 use super::report::{Row, Target};
 use super::setup::{Transferred, failed};
 use super::write::{ACCOUNTS, Side, compare, concurrently, transfer};
@@ -264,19 +264,9 @@ async fn drain(
     let mut relay = 0.0f64;
     for _ in 0..2 {
         seed(pool, messages, shards).await?;
-        let (relay_run, calls) =
-            counting_relay(MySqlStore::new(pool.clone()), RelayConfig::default());
-        let started = Instant::now();
-        let report = relay_run
-            .drain()
-            .await
-            .map_err(failed("draining with the relay"))?;
-        let seconds = started.elapsed().as_secs_f64();
-        if !report.is_clean() {
-            return Err(format!("the relay's drain was not clean: {report:?}"));
-        }
-        check(report.rows_acknowledged, messages, "rows drained")?;
-        check(calls.load(Ordering::Relaxed), messages, "handler calls")?;
+        let (rows, calls, seconds) = relay_drain(MySqlStore::new(pool.clone())).await?;
+        check(rows, messages, "rows drained")?;
+        check(calls, messages, "handler calls")?;
         relay = relay.max(messages as f64 / seconds);
     }
     sqlx::raw_sql(
