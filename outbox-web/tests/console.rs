@@ -12,6 +12,7 @@ use outbox_core::{Category, MessageId, ScopeId};
 use outbox_testkit::StoreBackend;
 use outbox_testkit::fixtures::{OrgUpdate, ProjectUpdate, Recorder, note, org_shard};
 use outbox_testkit::memory::MemoryBackend;
+use outbox_testkit::mysql::MySqlBackend;
 use outbox_testkit::postgres::PgBackend;
 use outbox_testkit::sqlite::SqliteBackend;
 use outbox_web::ConsoleOptions;
@@ -640,6 +641,10 @@ impl Dialected for PgBackend {
     type Dialect = outbox_postgres::PgDialect;
 }
 
+impl Dialected for MySqlBackend {
+    type Dialect = outbox_mysql::MySqlDialect;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_large_backlog_is_estimated() {
     a_large_backlog_is_estimated::<SqliteBackend>().await;
@@ -648,6 +653,11 @@ async fn sqlite_a_large_backlog_is_estimated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_large_backlog_is_estimated() {
     a_large_backlog_is_estimated::<PgBackend>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_large_backlog_is_estimated() {
+    a_large_backlog_is_estimated::<MySqlBackend>().await;
 }
 
 macro_rules! on_every_backend {
@@ -663,6 +673,10 @@ macro_rules! on_every_backend {
         mod postgres {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $test() { super::$test::<super::PgBackend>().await; })*
+        }
+        mod mariadb {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test::<super::MySqlBackend>().await; })*
         }
     };
 }
