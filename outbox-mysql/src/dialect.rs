@@ -16,7 +16,7 @@ use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
 use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult, MySqlRow, MySqlTypeInfo};
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::admin::*;
 use crate::relay::*;
@@ -62,80 +62,6 @@ fn number(error: &dyn DatabaseError) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
-/// A claim's first step (`LOCK_STATE`): the state row's owner, whether its lease lapsed,
-/// whether the shard is due and free, a token, and the attempts; `None` if the row is absent
-/// or another transaction holds it.
-type Locked = (Option<String>, bool, bool, i64, i64);
-
-/// Claims `shard` on `tx` (a transaction at `READ COMMITTED`) if it is due and free: its lease.
-async fn claim_on(
-    tx: &mut MySqlConnection,
-    shard: &ShardKey,
-    options: &ClaimOptions,
-) -> Result<Option<Lease>, Error> {
-    let failed = || database::<MySqlDialect>("claiming a shard");
-    let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
-    let (identifier, destination) = stored_shard(shard);
-    let locked: Option<Locked> = sqlx::query_as(LOCK_STATE)
-        .bind(shard.scope.0)
-        .bind(identifier)
-        .bind(destination.clone())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(failed())?;
-    let lease = |token: i64, attempts: i64, previous_owner: Option<String>| Lease {
-        shard: shard.clone(),
-        token,
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        previous_owner,
-    };
-    match locked {
-        Some((_, _, false, _, _)) => Ok(None),
-        Some((owner, lapsed, true, token, attempts)) => {
-            sqlx::query(TAKE_LEASE)
-                .bind(&options.worker)
-                .bind(token)
-                .bind(lease_ms)
-                .bind(i32::from(lapsed))
-                .bind(shard.scope.0)
-                .bind(identifier)
-                .bind(destination)
-                .execute(&mut *tx)
-                .await
-                .map_err(failed())?;
-            let attempts = attempts + i64::from(lapsed);
-            Ok(Some(lease(token, attempts, owner.filter(|_| lapsed))))
-        }
-        None => {
-            let created = sqlx::query_as::<_, (i64, i64)>(CREATE_LEASE)
-                .bind(shard.scope.0)
-                .bind(identifier)
-                .bind(destination)
-                .bind(&options.worker)
-                .bind(lease_ms)
-                .fetch_optional(&mut *tx)
-                .await;
-            match created {
-                Ok(created) => Ok(created.map(|(token, attempts)| lease(token, attempts, None))),
-                // The row exists and another transaction holds it, or another claim created
-                // it first: the shard is another worker's.
-                Err(sqlx::Error::Database(error))
-                    if matches!(
-                        number(error.as_ref()),
-                        Some(code::DUPLICATE | code::LOCK_WAIT_TIMEOUT)
-                    ) =>
-                {
-                    Ok(None)
-                }
-                Err(error) => Err(failed()(error)),
-            }
-        }
-    }
-}
-
-/// A row of `LOCK_STATES`: the key's place in the list (from 1), then [`Locked`]'s columns.
-type LockedAt = (i64, Option<String>, bool, bool, i64, i64);
-
 /// The keys of `shards` as the JSON array the batched claim's statements take, each
 /// `[scope, identifier, destination]` followed by `extra(i)`'s values.
 fn shard_list(shards: &[&ShardKey], extra: impl Fn(usize) -> Vec<serde_json::Value>) -> String {
@@ -152,103 +78,141 @@ fn shard_list(shards: &[&ShardKey], extra: impl Fn(usize) -> Vec<serde_json::Val
     serde_json::Value::Array(keys).to_string()
 }
 
+/// The lease of `options` in milliseconds, as the claim statements take it.
+fn lease_ms(options: &ClaimOptions) -> i64 {
+    i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A row of `LOCK_STATES`: the key's place in the list (from 1), the state row's lease
+/// owner, whether its lease lapsed, whether the shard is due and free, a token, the attempts.
+type Locked = (i64, Option<String>, bool, bool, i64, i64);
+
 /// Claims those of `shards` that are due and free on `tx` (a transaction at `READ
 /// COMMITTED`), in three statements however many they are: the state rows locked
 /// (`LOCK_STATES`, skipping those another transaction holds), the leases of the due ones
 /// (`TAKE_LEASES`), the rows of the shards that had none (`CREATE_LEASES`). If another
-/// transaction is creating one of those rows, the last step is taken shard by shard
-/// (`claim_on`), so that each such shard alone is left to the other claim.
-async fn claim_all_on(
+/// transaction is creating one of those rows, those shards are taken one at a time, so that
+/// that shard alone is left to the other claim. A shard asked for twice is claimed once.
+async fn claim_on(
     tx: &mut MySqlConnection,
     shards: &[ShardKey],
     options: &ClaimOptions,
 ) -> Result<Vec<Lease>, Error> {
-    let failed = || database::<MySqlDialect>("claiming shards");
-    let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
-    // A shard asked for twice is claimed once.
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let shards: Vec<&ShardKey> = shards.iter().filter(|shard| seen.insert(*shard)).collect();
-    let locked: Vec<LockedAt> = sqlx::query_as(LOCK_STATES)
-        .bind(shard_list(&shards, |_| Vec::new()))
+    let (mut leases, missing) = lock_and_lease(tx, &shards, options).await?;
+    match create_leases(tx, &missing, options).await? {
+        Some(created) => leases.extend(created),
+        None => {
+            for shard in missing {
+                let (taken, missing) = lock_and_lease(tx, &[shard], options).await?;
+                leases.extend(taken);
+                leases.extend(
+                    create_leases(tx, &missing, options)
+                        .await?
+                        .unwrap_or_default(),
+                );
+            }
+        }
+    }
+    Ok(leases)
+}
+
+/// A claim's first two steps (`LOCK_STATES`, `TAKE_LEASES`): the leases of those of `shards`
+/// whose state row it locked and found due, and the shards with no state row.
+async fn lock_and_lease<'s>(
+    tx: &mut MySqlConnection,
+    shards: &[&'s ShardKey],
+    options: &ClaimOptions,
+) -> Result<(Vec<Lease>, Vec<&'s ShardKey>), Error> {
+    let failed = || database::<MySqlDialect>("claiming shards");
+    let locked: Vec<Locked> = sqlx::query_as(LOCK_STATES)
+        .bind(shard_list(shards, |_| Vec::new()))
         .fetch_all(&mut *tx)
         .await
         .map_err(failed())?;
     let mut has_row = vec![false; shards.len()];
     let mut leases = Vec::new();
-    let mut taken: Vec<(&ShardKey, i64, bool)> = Vec::new();
+    let mut lapsed_at = Vec::new();
     for (n, owner, lapsed, due, token, attempts) in locked {
         let Some(at) = usize::try_from(n - 1).ok().filter(|&at| at < shards.len()) else {
             continue;
         };
         has_row[at] = true;
-        if !due {
-            continue;
+        if due {
+            lapsed_at.push(lapsed);
+            leases.push(Lease {
+                shard: shards[at].clone(),
+                token,
+                attempts: u32::try_from(attempts + i64::from(lapsed)).unwrap_or(u32::MAX),
+                previous_owner: owner.filter(|_| lapsed),
+            });
         }
-        let shard = shards[at];
-        taken.push((shard, token, lapsed));
-        leases.push(Lease {
-            shard: shard.clone(),
-            token,
-            attempts: u32::try_from(attempts + i64::from(lapsed)).unwrap_or(u32::MAX),
-            previous_owner: owner.filter(|_| lapsed),
-        });
     }
-    if !taken.is_empty() {
-        let keys: Vec<&ShardKey> = taken.iter().map(|(shard, ..)| *shard).collect();
+    if !leases.is_empty() {
+        let keys: Vec<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
         let list = shard_list(&keys, |at| {
-            vec![taken[at].1.into(), i32::from(taken[at].2).into()]
+            vec![leases[at].token.into(), i32::from(lapsed_at[at]).into()]
         });
         sqlx::query(TAKE_LEASES)
             .bind(list)
             .bind(&options.worker)
-            .bind(lease_ms)
+            .bind(lease_ms(options))
             .execute(&mut *tx)
             .await
             .map_err(failed())?;
     }
-    let missing: Vec<&ShardKey> = shards
+    let missing = shards
         .iter()
-        .zip(&has_row)
-        .filter(|(_, has_row)| !**has_row)
-        .map(|(shard, _)| *shard)
+        .zip(has_row)
+        .filter_map(|(shard, has_row)| (!has_row).then_some(*shard))
         .collect();
-    if missing.is_empty() {
-        return Ok(leases);
+    Ok((leases, missing))
+}
+
+/// A claim's last step (`CREATE_LEASES`): the state rows of `shards`, which had none, with
+/// their leases (none for a paused shard); `None` if another transaction is creating one of
+/// them (the statement changed nothing).
+async fn create_leases(
+    tx: &mut MySqlConnection,
+    shards: &[&ShardKey],
+    options: &ClaimOptions,
+) -> Result<Option<Vec<Lease>>, Error> {
+    let failed = || database::<MySqlDialect>("claiming shards");
+    if shards.is_empty() {
+        return Ok(Some(Vec::new()));
     }
-    let created = sqlx::query_as::<_, (i16, i64, String, i64, i64)>(CREATE_LEASES)
-        .bind(shard_list(&missing, |_| Vec::new()))
+    let created = sqlx::query(CREATE_LEASES)
+        .bind(shard_list(shards, |_| Vec::new()))
         .bind(&options.worker)
-        .bind(lease_ms)
+        .bind(lease_ms(options))
         .fetch_all(&mut *tx)
         .await;
     match created {
-        Ok(created) => {
-            for (scope, identifier, destination, token, attempts) in created {
-                let shard = shard_from_stored(scope, identifier, destination)
-                    .map_err(|detail| failed()(sqlx::Error::Decode(detail.into())))?;
-                leases.push(Lease {
-                    shard,
-                    token,
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        Ok(rows) => rows
+            .iter()
+            .map(|row| {
+                Ok(Lease {
+                    shard: MySqlDialect::decode_shard(row, 0)?,
+                    token: row.try_get(3)?,
+                    attempts: u32::try_from(row.try_get::<i64, _>(4)?).unwrap_or(u32::MAX),
                     previous_owner: None,
-                });
-            }
-        }
-        // Another claim is creating (or created) one of the rows: the statement changed
-        // nothing; each shard in turn.
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map(Some)
+            .map_err(failed()),
+        // The row exists and another transaction holds it, or another claim created it first.
         Err(sqlx::Error::Database(error))
             if matches!(
                 number(error.as_ref()),
                 Some(code::DUPLICATE | code::LOCK_WAIT_TIMEOUT)
             ) =>
         {
-            for shard in missing {
-                leases.extend(claim_on(tx, shard, options).await?);
-            }
+            Ok(None)
         }
-        Err(error) => return Err(failed()(error)),
+        Err(error) => Err(failed()(error)),
     }
-    Ok(leases)
 }
 
 /// Acknowledges and releases the drained shards of `batch` on `conn` (a transaction the
@@ -606,7 +570,10 @@ impl Dialect for MySqlDialect {
     ) -> Result<Option<Claim<Self>>, Error> {
         let failed = || database::<Self>("claiming a shard");
         let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
-        let Some(lease) = claim_on(&mut tx, shard, options).await? else {
+        let Some(lease) = claim_on(&mut tx, std::slice::from_ref(shard), options)
+            .await?
+            .pop()
+        else {
             tx.rollback().await.map_err(failed())?;
             return Ok(None);
         };
@@ -634,12 +601,12 @@ impl Dialect for MySqlDialect {
         _first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
         // A claiming transaction kept for the handlers holds one shard.
-        if shards.len() < 2 || options.mode == HandlerMode::InTransaction {
+        if options.mode == HandlerMode::InTransaction {
             return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
         }
         let failed = || database::<Self>("claiming shards");
         let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
-        let leases = claim_all_on(&mut tx, shards, options).await?;
+        let leases = claim_on(&mut tx, shards, options).await?;
         tx.commit().await.map_err(failed())?;
         Ok(leases
             .into_iter()
@@ -659,7 +626,7 @@ impl Dialect for MySqlDialect {
     ) -> Result<Vec<(ShardKey, bool)>, Error> {
         const OPERATION: &str = "discovering due shards";
         let (identifier, destination) = stored_shard(cursor);
-        let rows: Vec<(i16, i64, String, bool)> = sqlx::query_as(DISCOVER)
+        let rows = sqlx::query(DISCOVER)
             .bind(scope)
             .bind(scope)
             .bind(identifier)
@@ -669,15 +636,10 @@ impl Dialect for MySqlDialect {
             .fetch_all(pool)
             .await
             .map_err(database::<Self>(OPERATION))?;
-        rows.into_iter()
-            .map(|(scope, identifier, destination, due)| {
-                shard_from_stored(scope, identifier, destination)
-                    .map(|shard| (shard, due))
-                    .map_err(|detail| {
-                        database::<Self>(OPERATION)(sqlx::Error::Decode(detail.into()))
-                    })
-            })
-            .collect()
+        rows.iter()
+            .map(|row| Ok((Self::decode_shard(row, 0)?, row.try_get(3)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(database::<Self>(OPERATION))
     }
 
     async fn ack_and_release_on(

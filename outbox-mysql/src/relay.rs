@@ -226,23 +226,6 @@ pub(crate) const DISCOVER: &str = concat!(
     ORDER BY k.shard_scope, k.shard_identifier, k.destination"
 );
 
-// A claim, first step: the shard's state row, locked unless another transaction holds it
-// (then no row: a claim never waits): its lease's owner, whether that lease lapsed without a
-// release, whether the shard is due and free, a fencing token, and its attempts. `$1..$3` the
-// shard.
-pub(crate) const LOCK_STATE: &str = concat!(
-    "SELECT s.lease_owner, s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
-    now!(),
-    " AS lapsed, ",
-    due!("s"),
-    " AND NOT ",
-    outbox_sqlx::paused!("s.shard_scope", "s.shard_identifier", "s.destination"),
-    " AS due, NEXTVAL(outbox_lease_tokens) AS token, s.attempts \
-    FROM outbox_shards s \
-    WHERE s.shard_scope = ? AND s.shard_identifier = ? AND s.destination = ? \
-    FOR UPDATE SKIP LOCKED"
-);
-
 /// A list parameter of shard keys (a JSON array of `[scope, identifier, destination]`, extra
 /// columns after them as given) as a table `k`, with each key's place `n` (from 1).
 macro_rules! json_shards {
@@ -257,10 +240,12 @@ macro_rules! json_shards {
     };
 }
 
-// A claim of many shards, first step: `LOCK_STATE` for each of the shards of `$1` (a JSON
-// array of keys), each row led by its key's place `n`. A shard with no state row, or one
-// another transaction holds, has no row. The keys drive the join: each state row is one
-// primary-key lookup (as in `TAKE_LEASES`).
+// A claim, first step: the state rows of the shards of `$1` (a JSON array of keys), each
+// locked unless another transaction holds it (then no row: a claim never waits), each row led
+// by its key's place `n`: its lease's owner, whether that lease lapsed without a release,
+// whether the shard is due and free, a fencing token, and its attempts. A shard with no state
+// row has no row either. The keys drive the join: each state row is one primary-key lookup
+// (as in `TAKE_LEASES`).
 pub(crate) const LOCK_STATES: &str = concat!(
     "SELECT k.n, s.lease_owner, s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
     now!(),
@@ -277,28 +262,30 @@ pub(crate) const LOCK_STATES: &str = concat!(
     FOR UPDATE SKIP LOCKED"
 );
 
-// A claim of many shards, the leases of the state rows `LOCK_STATES` locked and found due:
-// `$1` a JSON array of `[scope, identifier, destination, token, 1 if a lapsed lease is
-// taken over]`, `$2` the worker, `$3` the lease in milliseconds.
+// A claim, the leases of the state rows `LOCK_STATES` locked and found due: `$1` a JSON array
+// of `[scope, identifier, destination, token, 1 if a lapsed lease is taken over (an attempt
+// more at the head)]`, `$2` the worker, `$3` the lease in milliseconds.
 // The keys drive the join, each state row one primary-key lookup (`STRAIGHT_JOIN`, `FORCE
 // INDEX`): on a small table MariaDB would rather scan the state rows, and wait on the lock of
 // every row it reads, another claim's too.
 pub(crate) const TAKE_LEASES: &str = concat!(
     "UPDATE ",
     json_shards!("token BIGINT PATH '$[3]'", "lapsed INT PATH '$[4]'"),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
+        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
         AND s.destination = k.destination \
     SET s.lease_owner = ?, s.lease_token = k.token, s.lease_expires_at = ",
     now!(),
     " + ?, s.attempts = s.attempts + k.lapsed"
 );
 
-// A claim of many shards, the state rows of those of `$1` (a JSON array of keys) that had
-// none, with their leases (`$2` the worker, `$3` the lease in milliseconds), but of no shard
-// a pause holds: `CREATE_LEASE` for each. At `READ COMMITTED`, an `INSERT … SELECT` reads
-// `outbox_shards` without locking it: a committed row is left out, and a row another
-// transaction is creating makes the statement fail with no wait (a duplicate key or a lock
-// wait), as `CREATE_LEASE` does; the claim then creates the rows one by one.
+// A claim, the state rows of the shards of `$1` (a JSON array of keys) that had none, with
+// their leases (`$2` the worker, `$3` the lease in milliseconds), but of no shard a pause
+// holds. Run with no wait for locks: at `READ COMMITTED`, an `INSERT … SELECT` reads
+// `outbox_shards` without locking it, so a committed row is left out, and a row another
+// transaction is creating makes the statement fail at once (a duplicate key or a lock wait),
+// changing nothing; the claim then takes the shards one by one, and that shard is another
+// worker's. (The parameters are `q`: `paused!` names the pauses `p`.)
 pub(crate) const CREATE_LEASES: &str = concat!(
     "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
     INSERT INTO outbox_shards \
@@ -359,31 +346,4 @@ pub(crate) const RELEASE_ALL: &str = concat!(
     "SET s.lease_owner = NULL, s.lease_expires_at = NULL, s.attempts = 0, \
         s.first_failed_at = NULL, s.last_error = NULL, s.retry_at = NULL, \
         s.parked_category = NULL"
-);
-
-// A claim of a shard whose state row is locked and due: `$1` the worker, `$2` the token,
-// `$3` the lease in milliseconds, `$4` 1 if a lapsed lease is taken over (an attempt more at
-// the head), `$5..$7` the shard.
-pub(crate) const TAKE_LEASE: &str = concat!(
-    "UPDATE outbox_shards SET lease_owner = ?, lease_token = ?, lease_expires_at = ",
-    now!(),
-    " + ?, attempts = attempts + ? \
-    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ?"
-);
-
-// A claim of a shard with no state row: the row, with the lease, unless a pause holds the
-// shard. Run with no wait for locks: a row another transaction is inserting or holds is
-// another worker's claim. `$1..$3` the shard, `$4` the worker, `$5` the lease in milliseconds.
-// (The parameters are `q`: `paused!` names the pauses `p`.)
-pub(crate) const CREATE_LEASE: &str = concat!(
-    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-    INSERT INTO outbox_shards \
-        (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
-    SELECT q.scope, q.identifier, q.destination, q.worker, NEXTVAL(outbox_lease_tokens), ",
-    now!(),
-    " + q.ms \
-    FROM (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS worker, ? AS ms) AS q \
-    WHERE NOT ",
-    outbox_sqlx::paused!("q.scope", "q.identifier", "q.destination"),
-    " RETURNING lease_token, attempts"
 );
