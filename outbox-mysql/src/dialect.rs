@@ -647,10 +647,7 @@ impl Dialect for MySqlDialect {
         conn: &mut MySqlConnection,
         batch: &[Finishing],
     ) -> Result<Vec<Finished>, Error> {
-        if batch.len() > 1 {
-            return finish_all_on(conn, batch).await;
-        }
-        outbox_sqlx::session::ack_and_release_each::<Self>(conn, batch).await
+        finish_all_on(conn, batch).await
     }
 
     async fn wakeups(_pool: &MySqlPool) -> Result<Option<NoWakeups>, Error> {
