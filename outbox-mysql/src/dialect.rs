@@ -83,6 +83,12 @@ fn lease_ms(options: &ClaimOptions) -> i64 {
     i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The index in a list of `len` of the place `n` (from 1) that a statement over a JSON list
+/// (`k.n`) answers with; `None` if it is not one of them.
+fn place(n: i64, len: usize) -> Option<usize> {
+    usize::try_from(n - 1).ok().filter(|&at| at < len)
+}
+
 /// A row of `LOCK_STATES`: the key's place in the list (from 1), the state row's lease
 /// owner, whether its lease lapsed, whether the shard is due and free, a token, the attempts.
 type Locked = (i64, Option<String>, bool, bool, i64, i64);
@@ -135,7 +141,7 @@ async fn lock_and_lease<'s>(
     let mut leases = Vec::new();
     let mut lapsed_at = Vec::new();
     for (n, owner, lapsed, due, token, attempts) in locked {
-        let Some(at) = usize::try_from(n - 1).ok().filter(|&at| at < shards.len()) else {
+        let Some(at) = place(n, shards.len()) else {
             continue;
         };
         has_row[at] = true;
@@ -242,10 +248,7 @@ async fn finish_all_on(
         .map_err(failed())?;
     let mut is_held = vec![false; batch.len()];
     for n in locked {
-        if let Some(&at) = usize::try_from(n - 1)
-            .ok()
-            .and_then(|place| order.get(place))
-        {
+        if let Some(at) = place(n, order.len()).map(|place| order[place]) {
             is_held[at] = true;
         }
     }
@@ -288,11 +291,8 @@ async fn finish_all_on(
             .map_err(failed())?;
         let mut has_rows = vec![false; held.len()];
         for n in still {
-            if let Some(flag) = usize::try_from(n - 1)
-                .ok()
-                .and_then(|at| has_rows.get_mut(at))
-            {
-                *flag = true;
+            if let Some(at) = place(n, has_rows.len()) {
+                has_rows[at] = true;
             }
         }
         let (empty, busy): (Vec<_>, Vec<_>) = held
