@@ -15,7 +15,7 @@ use outbox_sqlx::stored::{shard_from_stored, stored_object, stored_shard};
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
 use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult, MySqlRow, MySqlTypeInfo};
-use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, Connection, MySql, MySqlConnection, MySqlPool, Row};
 use std::collections::{HashMap, HashSet};
 
 use crate::admin::*;
@@ -219,6 +219,69 @@ async fn create_leases(
         }
         Err(error) => Err(failed()(error)),
     }
+}
+
+/// The most claimed shards whose heads one statement reads (`HEAD` branches).
+const HEADS_PER_STATEMENT: usize = 256;
+
+/// The first `first_read` rows of each claimed shard of `leases` (their heads, as
+/// [`Claim::head`] holds them), in a few statements however many they are: each a `UNION ALL`
+/// of one `HEAD` per shard, an index read of that shard alone (a join would read all of a
+/// busy shard's rows), with the count of branches padded to a power of two by branches that
+/// read nothing, so that a handful of statement texts serve every batch. A shard whose rows
+/// do not decode has no head: its session's first fetch reads it again, and meets the row
+/// where the relay handles it.
+async fn read_heads(
+    conn: &mut MySqlConnection,
+    leases: &[Lease],
+    first_read: usize,
+) -> Result<Vec<Option<(Vec<StoredMessage>, usize)>>, Error> {
+    let failed = || database::<MySqlDialect>("reading the heads of claimed shards");
+    let mut heads: Vec<Option<(Vec<StoredMessage>, usize)>> = leases
+        .iter()
+        .map(|_| (first_read > 0).then(|| (Vec::new(), first_read)))
+        .collect();
+    if first_read == 0 {
+        return Ok(heads);
+    }
+    let limit = i64::try_from(first_read).unwrap_or(i64::MAX);
+    for (chunk, batch) in leases.chunks(HEADS_PER_STATEMENT).enumerate() {
+        let branches = batch.len().next_power_of_two();
+        let sql = vec![HEAD; branches].join(" UNION ALL ");
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for at in 0..branches {
+            query = match batch.get(at) {
+                Some(lease) => {
+                    let (identifier, destination) = stored_shard(&lease.shard);
+                    query
+                        .bind(i64::try_from(chunk * HEADS_PER_STATEMENT + at).unwrap_or(-1))
+                        .bind(lease.shard.scope.0)
+                        .bind(identifier)
+                        .bind(destination)
+                        .bind(limit)
+                }
+                // A branch that reads nothing: no scope is NULL, and it takes no row.
+                None => query
+                    .bind(-1_i64)
+                    .bind(None::<i16>)
+                    .bind(None::<i64>)
+                    .bind(None::<String>)
+                    .bind(0_i64),
+            };
+        }
+        let rows = query.fetch_all(&mut *conn).await.map_err(failed())?;
+        for row in &rows {
+            let at: i64 = row.try_get(HEAD_PLACE).map_err(failed())?;
+            let Some(head) = usize::try_from(at).ok().and_then(|at| heads.get_mut(at)) else {
+                continue;
+            };
+            match (outbox_sqlx::session::stored::<MySqlDialect>(row), &mut *head) {
+                (Ok(message), Some((messages, _))) => messages.push(message),
+                _ => *head = None,
+            }
+        }
+    }
+    Ok(heads)
 }
 
 /// Acknowledges and releases the drained shards of `batch` on `conn` (a transaction the
@@ -598,22 +661,26 @@ impl Dialect for MySqlDialect {
         pool: &MySqlPool,
         shards: &[ShardKey],
         options: &ClaimOptions,
-        _first_read: usize,
+        first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
         // A claiming transaction kept for the handlers holds one shard.
         if options.mode == HandlerMode::InTransaction {
             return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
         }
         let failed = || database::<Self>("claiming shards");
-        let mut tx = pool.begin_with(Self::BEGIN).await.map_err(failed())?;
+        let mut conn = pool.acquire().await.map_err(failed())?;
+        let mut tx = conn.begin_with(Self::BEGIN).await.map_err(failed())?;
         let leases = claim_on(&mut tx, shards, options).await?;
         tx.commit().await.map_err(failed())?;
+        // The heads are read once the leases are committed, on the same connection.
+        let mut heads = read_heads(&mut conn, &leases, first_read).await?;
         Ok(leases
             .into_iter()
-            .map(|lease| Claim {
+            .zip(heads.drain(..))
+            .map(|(lease, head)| Claim {
                 lease,
                 claiming: None,
-                head: None,
+                head,
             })
             .collect())
     }

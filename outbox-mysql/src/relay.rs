@@ -42,6 +42,19 @@ pub(crate) const FETCH: &str = "\
     WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? \
     ORDER BY id LIMIT ?";
 
+// A claimed shard's head (`read_heads`), one branch of a `UNION ALL`: `$1` the shard's place
+// in the claim, `$2`..`$4` its key, `$5` how many rows; the rows as `FETCH` reads them, then
+// the place (column `HEAD_PLACE`).
+pub(crate) const HEAD: &str = "\
+    (SELECT id, category, shard_scope, object_identifier, object_wide, payload, \
+        created_at * 1000, metadata, ? AS place \
+    FROM outbox_messages \
+    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? \
+    ORDER BY id LIMIT ?)";
+
+/// The column of `HEAD` that holds the shard's place in the claim.
+pub(crate) const HEAD_PLACE: usize = 8;
+
 // Each group's rows in `after < id <= up_to`: their ids, and the newest one whole. The groups
 // travel as one JSON array of `[category, object, object's wide bytes in hex]`.
 pub(crate) const FETCH_NEWEST: &str = "\
