@@ -221,67 +221,58 @@ async fn create_leases(
     }
 }
 
-/// The most claimed shards whose heads one statement reads (`HEAD` branches).
-const HEADS_PER_STATEMENT: usize = 256;
-
-/// The first `first_read` rows of each claimed shard of `leases` (their heads, as
-/// [`Claim::head`] holds them), in a few statements however many they are: each a `UNION ALL`
-/// of one `HEAD` per shard, an index read of that shard alone (a join would read all of a
-/// busy shard's rows), with the count of branches padded to a power of two by branches that
-/// read nothing, so that a handful of statement texts serve every batch. A shard whose rows
-/// do not decode has no head: its session's first fetch reads it again, and meets the row
-/// where the relay handles it.
+/// The rows of each claimed shard of `leases` that has at most `first_read` (its head, as
+/// [`Claim::head`] holds it), in one statement however many they are (`HEADS`). A shard with
+/// more rows has no head: its session's first fetch reads it, and that read is one of many
+/// that drain it. Nor has a shard whose rows do not decode: its session's first fetch reads
+/// it again, and meets the row where the relay handles it.
 async fn read_heads(
     conn: &mut MySqlConnection,
     leases: &[Lease],
     first_read: usize,
 ) -> Result<Vec<Option<(Vec<StoredMessage>, usize)>>, Error> {
     let failed = || database::<MySqlDialect>("reading the heads of claimed shards");
-    let mut heads: Vec<Option<(Vec<StoredMessage>, usize)>> = leases
-        .iter()
-        .map(|_| (first_read > 0).then(|| (Vec::new(), first_read)))
-        .collect();
-    if first_read == 0 {
-        return Ok(heads);
+    if first_read == 0 || leases.is_empty() {
+        return Ok(leases.iter().map(|_| None).collect());
     }
-    let limit = i64::try_from(first_read).unwrap_or(i64::MAX);
-    for (chunk, batch) in leases.chunks(HEADS_PER_STATEMENT).enumerate() {
-        let branches = batch.len().next_power_of_two();
-        let sql = vec![HEAD; branches].join(" UNION ALL ");
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for at in 0..branches {
-            query = match batch.get(at) {
-                Some(lease) => {
-                    let (identifier, destination) = stored_shard(&lease.shard);
-                    query
-                        .bind(i64::try_from(chunk * HEADS_PER_STATEMENT + at).unwrap_or(-1))
-                        .bind(lease.shard.scope.0)
-                        .bind(identifier)
-                        .bind(destination)
-                        .bind(limit)
-                }
-                // A branch that reads nothing: no scope is NULL, and it takes no row.
-                None => query
-                    .bind(-1_i64)
-                    .bind(None::<i16>)
-                    .bind(None::<i64>)
-                    .bind(None::<String>)
-                    .bind(0_i64),
-            };
+    let keys: Vec<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
+    let rows = sqlx::query(HEADS)
+        .bind(shard_list(&keys, |_| Vec::new()))
+        .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(failed())?;
+    // No row: a shard with more rows than `first_read`. A row with no message: an empty
+    // shard.
+    let mut heads: Vec<Option<Vec<StoredMessage>>> = vec![None; leases.len()];
+    let mut undecodable = vec![false; leases.len()];
+    for row in &rows {
+        let Some(at) = place(row.try_get(HEADS_PLACE).map_err(failed())?, leases.len()) else {
+            continue;
+        };
+        let head = heads[at].get_or_insert_with(Vec::new);
+        if row
+            .try_get::<Option<i64>, _>(0)
+            .map_err(failed())?
+            .is_none()
+        {
+            continue;
         }
-        let rows = query.fetch_all(&mut *conn).await.map_err(failed())?;
-        for row in &rows {
-            let at: i64 = row.try_get(HEAD_PLACE).map_err(failed())?;
-            let Some(head) = usize::try_from(at).ok().and_then(|at| heads.get_mut(at)) else {
-                continue;
-            };
-            match (outbox_sqlx::session::stored::<MySqlDialect>(row), &mut *head) {
-                (Ok(message), Some((messages, _))) => messages.push(message),
-                _ => *head = None,
-            }
+        match outbox_sqlx::session::stored::<MySqlDialect>(row) {
+            Ok(message) => head.push(message),
+            Err(_) => undecodable[at] = true,
         }
     }
-    Ok(heads)
+    Ok(heads
+        .into_iter()
+        .zip(undecodable)
+        .map(|(head, undecodable)| {
+            let mut head = head.filter(|_| !undecodable)?;
+            head.sort_by_key(|message| message.id);
+            head.truncate(first_read);
+            Some((head, first_read))
+        })
+        .collect())
 }
 
 /// Acknowledges and releases the drained shards of `batch` on `conn` (a transaction the

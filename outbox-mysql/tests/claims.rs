@@ -1,7 +1,8 @@
 //! MariaDB's statements on many shards at once. The claim (`Store::claim_many`: three
 //! statements however many shards), stepped against another transaction: a state row that
 //! transaction holds, or is creating, leaves that shard to it, the others are claimed, and
-//! nothing waits for a lock. The finish of drained shards (`Store::ack_and_finish_many`: four
+//! nothing waits for a lock. The heads the claim reads with it: those of small shards,
+//! never a busy shard's rows whole. The finish of drained shards (`Store::ack_and_finish_many`: four
 //! or five statements): an empty shard's state row goes, a shard with a message committed
 //! after its read keeps its row, released.
 
@@ -229,4 +230,82 @@ async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messa
         .expect("shard 2 is due again");
     let head = again.fetch(10).await.expect("fetch");
     assert_eq!(head[0].object_identifier, Id::integer(99));
+}
+
+/// The messages of `shard` (1 to 4) a claim's session reads first, and the index entries the
+/// claim read: shard 1 holds one message, shard 2 three, shard 3 none, shard 4 5,000. Each
+/// claimed shard gets a message more once the claim is done; a session answering from the
+/// head its claim read does not see it.
+#[tokio::test]
+async fn claims_read_the_heads_of_small_shards_and_leave_a_busy_shard_unread() {
+    let database = MySqlTestDatabase::migrated().await;
+    // One connection: the session's counters are the claim's.
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&database.url())
+        .await
+        .expect("connect");
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) \
+         SELECT 1, CASE WHEN seq = 1 THEN 1 WHEN seq <= 4 THEN 2 ELSE 4 END, 1, seq, \
+         CONCAT('{\"n\": ', seq, '}') FROM seq_1_to_5004",
+    )
+    .execute(&pool)
+    .await
+    .expect("seed");
+    let store = MySqlStore::new(pool.clone());
+    sqlx::query("FLUSH STATUS")
+        .execute(&pool)
+        .await
+        .expect("reset the counters");
+    let wanted: Vec<ShardKey> = (1..=4).map(shard).collect();
+    let mut sessions = store
+        .claim_many(&wanted, &options(), 10)
+        .await
+        .expect("claim");
+    let counters: Vec<(String, String)> = sqlx::query_as(
+        "SHOW SESSION STATUS WHERE Variable_name IN \
+         ('Handler_read_key', 'Handler_read_next', 'Handler_read_rnd_next', 'Handler_read_first')",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the counters");
+    let reads: i64 = counters
+        .iter()
+        .map(|(_, value)| value.parse::<i64>().expect("a count"))
+        .sum();
+    assert!(
+        reads < 1_000,
+        "the claim read {reads} entries: it read the busy shard whole"
+    );
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, seq, 1, 0, '{}' FROM seq_1_to_4",
+    )
+    .execute(&pool)
+    .await
+    .expect("a message more in each shard");
+    sessions.sort_by_key(|session| session.lease().shard.clone());
+    assert_eq!(sessions.len(), 4, "every shard is claimed");
+    let mut first_reads = Vec::new();
+    for session in &mut sessions {
+        let read = session.fetch(10).await.expect("fetch");
+        let payloads: Vec<String> = read
+            .iter()
+            .map(|message| message.payload.replace(' ', ""))
+            .collect();
+        first_reads.push(payloads);
+    }
+    let numbered = |numbers: std::ops::RangeInclusive<i64>| -> Vec<String> {
+        numbers.map(|n| format!("{{\"n\":{n}}}")).collect()
+    };
+    assert_eq!(first_reads[0], numbered(1..=1), "shard 1: its head");
+    assert_eq!(first_reads[1], numbered(2..=4), "shard 2: its head");
+    assert!(first_reads[2].is_empty(), "shard 3: its empty head");
+    assert_eq!(
+        first_reads[3],
+        numbered(5..=14),
+        "shard 4: its own first read"
+    );
 }

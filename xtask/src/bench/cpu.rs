@@ -1,5 +1,6 @@
 //! The processor time a measured run costs: this process's (the relay, or a baseline's
-//! client) and the local PostgreSQL server's processes', read from `/proc` around the run.
+//! client) and the local database server's processes' (PostgreSQL's, or MariaDB's), read
+//! from `/proc` around the run.
 //! Divided by the messages drained, it says what a message costs on each side of the
 //! connection, a figure that moves less between runs and machines than a rate does (a rate
 //! also counts the time neither side works: round trips, waits for the disk).
@@ -13,14 +14,44 @@
 
 use std::time::Duration;
 
+use super::report::{Row, Target};
+
 /// Linux's `USER_HZ`: the unit of `/proc/<pid>/stat`'s times.
 const TICKS_PER_SECOND: u64 = 100;
+
+/// Rows of the processor time per message of each of `measured` (what ran, what it cost), in
+/// this process and in the processes of `server` (the server's name, as the rows say it).
+pub(crate) fn cpu_rows(
+    number: &str,
+    server: &str,
+    measured: Vec<(String, CpuPerMessage)>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (what, cpu) in measured {
+        for (side, micros) in [
+            ("in its own process".to_owned(), cpu.process),
+            (format!("in {server}'s processes"), cpu.server),
+        ] {
+            if let Some(micros) = micros {
+                rows.push(Row::measured(
+                    &format!("{number} processor time per message, {what}: {side}"),
+                    "µs",
+                    micros,
+                    Target::None,
+                ));
+            }
+        }
+    }
+    rows
+}
 
 /// The processor time of this process and of the server's processes at one moment.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CpuClock {
     process: Option<Duration>,
     server: Option<Duration>,
+    /// The name of the server's processes (`comm`).
+    server_name: &'static str,
 }
 
 /// What a run cost, per message: microseconds of processor time.
@@ -28,22 +59,29 @@ pub(crate) struct CpuClock {
 pub(crate) struct CpuPerMessage {
     /// In this process.
     pub(crate) process: Option<f64>,
-    /// In the local PostgreSQL server's processes.
+    /// In the local database server's processes.
     pub(crate) server: Option<f64>,
 }
 
 impl CpuClock {
-    /// Reads both clocks now.
+    /// Reads both clocks now, the server's that of the local PostgreSQL.
     pub(crate) fn start() -> Self {
+        Self::start_on("postgres")
+    }
+
+    /// Reads both clocks now, the server's that of the processes named `server_name`
+    /// (`postgres`, `mariadbd`).
+    pub(crate) fn start_on(server_name: &'static str) -> Self {
         Self {
             process: process_time("self"),
-            server: server_time(),
+            server: server_time(server_name),
+            server_name,
         }
     }
 
     /// What was spent since [`CpuClock::start`], per message of `messages`.
     pub(crate) fn per_message(&self, messages: u64) -> CpuPerMessage {
-        let now = Self::start();
+        let now = Self::start_on(self.server_name);
         let per = |before: Option<Duration>, after: Option<Duration>| {
             let spent = after?.checked_sub(before?)?;
             (messages > 0).then(|| spent.as_secs_f64() * 1e6 / messages as f64)
@@ -68,8 +106,8 @@ fn process_time(pid: &str) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 1_000 / TICKS_PER_SECOND))
 }
 
-/// The processor time of every process named `postgres`; `None` if there is none.
-fn server_time() -> Option<Duration> {
+/// The processor time of every process named `server_name`; `None` if there is none.
+fn server_time(server_name: &str) -> Option<Duration> {
     let mut total = Duration::ZERO;
     let mut found = false;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -81,7 +119,7 @@ fn server_time() -> Option<Duration> {
             continue;
         };
         let is_server = std::fs::read_to_string(entry.path().join("comm"))
-            .is_ok_and(|command| command.trim_end() == "postgres");
+            .is_ok_and(|command| command.trim_end() == server_name);
         if let Some(time) = is_server.then(|| process_time(pid)).flatten() {
             total += time;
             found = true;

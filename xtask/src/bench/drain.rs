@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _, SqlitePool};
 
 use super::BenchArgs;
 use super::baselines::{self, Strategy};
-use super::cpu::{CpuClock, CpuPerMessage};
+use super::cpu::{CpuClock, CpuPerMessage, cpu_rows};
 use super::report::{Row, Target};
 use super::setup::{Server, SqliteDatabase, Transferred, failed};
 
@@ -146,23 +146,7 @@ impl Measured {
                 measured.push((what, *cpu));
             }
         }
-        let mut rows = Vec::new();
-        for (what, cpu) in measured {
-            for (side, micros) in [
-                ("in its own process", cpu.process),
-                ("in PostgreSQL's processes", cpu.server),
-            ] {
-                if let Some(micros) = micros {
-                    rows.push(Row::measured(
-                        &format!("{number} processor time per message, {what}: {side}"),
-                        "µs",
-                        micros,
-                        Target::None,
-                    ));
-                }
-            }
-        }
-        rows
+        cpu_rows(number, "PostgreSQL", measured)
     }
 
     /// The relay against the best same-guarantee loop (target: `ratio` of it), and against the
