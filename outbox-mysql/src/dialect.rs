@@ -396,6 +396,8 @@ impl Dialect for MySqlDialect {
     execution_time BIGINT NOT NULL
 );";
     const BEGIN: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+    // A caller's transaction keeps the isolation level of its session.
+    const BEGIN_CALLER: &'static str = "START TRANSACTION";
     // An acknowledgement proves the lease and deletes in two statements: one transaction.
     const WRITES_IN_TRANSACTION: bool = true;
     const MAX_PARAMETERS: usize = 65535;

@@ -61,7 +61,9 @@ pub type MySqlSession = outbox_sqlx::SqlxSession<MySqlDialect>;
 /// [`outbox_sqlx::OutboxTransaction`]): it dereferences to the `MySqlConnection`.
 pub type OutboxTransaction<'c> = outbox_sqlx::OutboxTransaction<'c, MySqlDialect>;
 
-/// Begins a flushing transaction on `pool`.
+/// Begins a flushing transaction on `pool`, at the isolation level of the connection's
+/// session (the server's default, `REPEATABLE READ`, unless the pool sets another): only
+/// the relay's own transactions run at `READ COMMITTED`.
 ///
 /// ```no_run
 /// # use outbox_core::{Category, CategoryId, Message, Registry, Relay, Scope, ScopeId};

@@ -1,5 +1,6 @@
 //! `outbox_mysql::connect`: what it refuses before connecting (never showing a password), what
-//! an absent server is, and what a migrated database holds.
+//! an absent server is, what a migrated database holds, and the isolation level a caller's
+//! transaction keeps.
 
 use outbox_core::Error;
 use outbox_testkit::mysql::MySqlTestDatabase;
@@ -67,4 +68,31 @@ async fn malformed_json_is_refused_at_the_write() {
         .await
         .expect("count");
     assert_eq!(left, 0);
+}
+
+/// A caller's transaction (`outbox_mysql::begin`) runs at its session's isolation level, the
+/// server's `REPEATABLE READ` here: it reads one snapshot throughout, and does not see a row
+/// another connection commits meanwhile (at the relay's `READ COMMITTED` it would).
+#[tokio::test]
+async fn a_callers_transaction_keeps_its_sessions_isolation_level() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = outbox_mysql::connect(&database.url())
+        .await
+        .expect("connect");
+    let count = "SELECT COUNT(*) FROM outbox_pauses";
+    let mut tx = outbox_mysql::begin(&pool).await.expect("begin");
+    let before: i64 = sqlx::query_scalar(count)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("count");
+    sqlx::query("INSERT INTO outbox_pauses (kind, shard_scope, paused_at) VALUES ('scope', 7, 0)")
+        .execute(database.pool())
+        .await
+        .expect("another connection commits a row");
+    let after: i64 = sqlx::query_scalar(count)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("count again");
+    assert_eq!(after, before, "the transaction reads one snapshot");
+    tx.commit().await.expect("commit");
 }

@@ -502,6 +502,11 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// The statement that begins a writing transaction (`BEGIN`; SQLite's `BEGIN IMMEDIATE`
     /// takes the write lock at once, so that the transaction never fails to upgrade).
     const BEGIN: &'static str;
+    /// The statement that begins a caller's transaction ([`crate::begin`], a consumer's inbox
+    /// transaction): [`Dialect::BEGIN`] by default. A backend whose `BEGIN` sets what only the
+    /// relay's own transactions need (MariaDB's sets `READ COMMITTED`) begins a caller's
+    /// transaction plainly, at the isolation level the caller's session has.
+    const BEGIN_CALLER: &'static str = Self::BEGIN;
     /// Whether the relay's writes outside a claiming transaction (acknowledgements,
     /// releases) run in a transaction under the backend's turn, rather than one statement at
     /// a time on a pooled connection.

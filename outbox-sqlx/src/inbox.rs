@@ -74,7 +74,7 @@ impl<D: Dialect> InboxDatabase for SqlxStore<D> {
         Box::pin(async move {
             let tx = self
                 .pool
-                .begin_with(D::BEGIN)
+                .begin_with(D::BEGIN_CALLER)
                 .await
                 .map_err(database::<D>("beginning a consumer's transaction"))?;
             Ok(Box::new(ConsumerTransaction::<D> { tx }) as Box<dyn InboxTransaction>)

@@ -13,12 +13,12 @@ use crate::model::{Writable, Write, Written, apply};
 use crate::sql::Executes;
 use crate::write::{write, write_all};
 
-/// Begins a flushing transaction on `pool` (with [`Dialect::BEGIN`]).
+/// Begins a flushing transaction on `pool` (with [`Dialect::BEGIN_CALLER`]).
 pub async fn begin<D: Dialect>(
     pool: &Pool<D::Database>,
 ) -> Result<OutboxTransaction<'static, D>, Error> {
     let tx = pool
-        .begin_with(D::BEGIN)
+        .begin_with(D::BEGIN_CALLER)
         .await
         .map_err(database::<D>("beginning a transaction"))?;
     let mut tx = OutboxTransaction::new(tx);

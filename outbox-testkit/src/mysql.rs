@@ -146,7 +146,9 @@ impl Drop for MySqlDatabase {
                 .expect("a runtime for dropping the test database");
             runtime.block_on(async move {
                 if let Ok(mut server) = MySqlConnection::connect_with(&server_options()).await {
-                    let ids: Vec<u64> = sqlx::query_scalar(
+                    // (`PROCESSLIST.ID` is a signed BIGINT: read as `u64`, it would not
+                    // decode, and no connection would be killed.)
+                    let ids: Vec<i64> = sqlx::query_scalar(
                         "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?",
                     )
                     .bind(&name)
@@ -158,10 +160,13 @@ impl Drop for MySqlDatabase {
                             .execute(&mut server)
                             .await;
                     }
-                    let _ =
-                        sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`")))
-                            .execute(&mut server)
-                            .await;
+                    // A lock some other connection still holds fails the drop after a
+                    // while rather than hanging the test run.
+                    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+                        "SET SESSION lock_wait_timeout = 30; DROP DATABASE IF EXISTS `{name}`"
+                    )))
+                    .execute(&mut server)
+                    .await;
                 }
             });
         });
