@@ -5,9 +5,9 @@
 //! their ids and payloads, delivers them outside that transaction and deletes them by id.
 //!
 //! Each run has a database of its own on the server of `--mysql-url` (dropped at the end).
-//! Its connections run at `READ COMMITTED`, as the relay's transactions and the engine's
-//! writes do ([`outbox_mysql::MySqlDialect`]'s `BEGIN`), so that both sides of a comparison
-//! lock alike.
+//! Its connections run at `READ COMMITTED`, as the relay's transactions do
+//! ([`outbox_mysql::MySqlDialect`]'s `BEGIN`); the engine's writes, like the baseline's,
+//! keep that session level, so that both sides of a comparison lock alike.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
