@@ -729,18 +729,23 @@ pub async fn a_handler_may_flush_what_it_writes<B: StoreBackend>() {
     let backend = Arc::new(B::create().await);
     let recorder = Recorder::new();
     let relay_of_handler: Arc<std::sync::OnceLock<Relay<B::Store>>> = Arc::default();
+    // The handler reaches its relay through a weak reference: a strong one would make a
+    // cycle (the relay holds the handler), and the test's database would never be dropped.
     let handler = {
         let (backend, recorder, relay) = (
             Arc::clone(&backend),
             recorder.clone(),
-            Arc::clone(&relay_of_handler),
+            Arc::downgrade(&relay_of_handler),
         );
         move |delivery: Delivery<OrgUpdate>| {
             recorder.record(&delivery);
-            let (backend, relay) = (Arc::clone(&backend), Arc::clone(&relay));
+            let (backend, relay) = (Arc::clone(&backend), relay.upgrade());
             async move {
                 let written = backend.commit(&[note::<AuditEvent>(2, 1, 2)]).await?;
-                let relay = relay.get().expect("the relay is built");
+                let relay = relay
+                    .as_deref()
+                    .and_then(std::sync::OnceLock::get)
+                    .expect("the relay is built");
                 relay.flush(&written).await?;
                 Ok::<(), BoxError>(())
             }
