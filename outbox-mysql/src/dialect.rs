@@ -666,10 +666,10 @@ impl Dialect for MySqlDialect {
         let leases = claim_on(&mut tx, shards, options).await?;
         tx.commit().await.map_err(failed())?;
         // The heads are read once the leases are committed, on the same connection.
-        let mut heads = read_heads(&mut conn, &leases, first_read).await?;
+        let heads = read_heads(&mut conn, &leases, first_read).await?;
         Ok(leases
             .into_iter()
-            .zip(heads.drain(..))
+            .zip(heads)
             .map(|(lease, head)| Claim {
                 lease,
                 claiming: None,

@@ -35,18 +35,45 @@ pub(crate) const INSERT_MESSAGES: &str = "\
     ORDER BY j.n \
     RETURNING id";
 
-pub(crate) const FETCH: &str = "\
-    SELECT id, category, shard_scope, object_identifier, object_wide, payload, \
-        created_at * 1000, metadata \
-    FROM outbox_messages \
-    WHERE shard_scope = ? AND shard_identifier = ? AND destination = ? \
-    ORDER BY id LIMIT ?";
+/// The columns of messages `$m` as `outbox_sqlx::session::stored` reads a row: id, category,
+/// scope, object (two columns), payload, created (microseconds), metadata.
+macro_rules! stored_columns {
+    ($m:literal) => {
+        concat!(
+            $m,
+            ".id, ",
+            $m,
+            ".category, ",
+            $m,
+            ".shard_scope, ",
+            $m,
+            ".object_identifier, ",
+            $m,
+            ".object_wide, ",
+            $m,
+            ".payload, ",
+            $m,
+            ".created_at * 1000, ",
+            $m,
+            ".metadata"
+        )
+    };
+}
+
+pub(crate) const FETCH: &str = concat!(
+    "SELECT ",
+    stored_columns!("m"),
+    " FROM outbox_messages m \
+    WHERE m.shard_scope = ? AND m.shard_identifier = ? AND m.destination = ? \
+    ORDER BY m.id LIMIT ?"
+);
 
 // Each group's rows in `after < id <= up_to`: their ids, and the newest one whole. The groups
 // travel as one JSON array of `[category, object, object's wide bytes in hex]`.
-pub(crate) const FETCH_NEWEST: &str = "\
-    SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, m.payload, \
-        m.created_at * 1000, m.metadata, t.ids \
+pub(crate) const FETCH_NEWEST: &str = concat!(
+    "SELECT ",
+    stored_columns!("m"),
+    ", t.ids \
     FROM ( \
         SELECT JSON_ARRAYAGG(x.id) AS ids, MAX(x.id) AS newest \
         FROM (SELECT ? AS scope, ? AS identifier, ? AS destination, ? AS `groups`, \
@@ -62,7 +89,8 @@ pub(crate) const FETCH_NEWEST: &str = "\
                 AND x.object_identifier = g.object AND x.object_wide = UNHEX(g.wide) \
                 AND x.id > p.after_id AND x.id <= p.up_to \
         GROUP BY g.n) AS t \
-    JOIN outbox_messages m ON m.id = t.newest";
+    JOIN outbox_messages m ON m.id = t.newest"
+);
 
 // An acknowledgement proves and extends the lease, and the head it moved past takes its
 // attempts with it.
@@ -220,19 +248,19 @@ pub(crate) const DISCOVER: &str = concat!(
             OR (m.shard_identifier = ? AND m.destination > ?))) \
         GROUP BY m.shard_scope, m.shard_identifier, m.destination \
         ORDER BY m.shard_scope, m.shard_identifier, m.destination LIMIT ?) AS k \
-    LEFT JOIN outbox_shards s \
-        ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
-        AND s.destination = k.destination \
-    ORDER BY k.shard_scope, k.shard_identifier, k.destination"
+    LEFT JOIN outbox_shards s ON ",
+    same_shard!("s", "k"),
+    " ORDER BY k.shard_scope, k.shard_identifier, k.destination"
 );
 
 /// A list parameter of shard keys (a JSON array of `[scope, identifier, destination]`, extra
-/// columns after them as given) as a table `k`, with each key's place `n` (from 1).
+/// columns after them as given) as a table `k` whose key columns are named as the tables
+/// name them (`same_shard!` compares them), with each key's place `n` (from 1).
 macro_rules! json_shards {
     ($($extra:literal),*) => {
         concat!(
-            "JSON_TABLE(?, '$[*]' COLUMNS (n FOR ORDINALITY, scope SMALLINT PATH '$[0]', \
-             identifier BIGINT PATH '$[1]', \
+            "JSON_TABLE(?, '$[*]' COLUMNS (n FOR ORDINALITY, shard_scope SMALLINT PATH '$[0]', \
+             shard_identifier BIGINT PATH '$[1]', \
              destination VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[2]'"
             $(, ", ", $extra)*,
             ")) AS k"
@@ -248,16 +276,15 @@ macro_rules! json_shards {
 // in a `UNION ALL` says the same, at several times the cost: MariaDB plans and runs each
 // branch as a query of its own.)
 pub(crate) const HEADS: &str = concat!(
-    "SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, m.payload, \
-        m.created_at * 1000, m.metadata, k.n \
-    FROM ",
+    "SELECT ",
+    stored_columns!("m"),
+    ", k.n FROM ",
     json_shards!(),
-    " LEFT JOIN outbox_messages m FORCE INDEX (outbox_messages_shard) \
-        ON m.shard_scope = k.scope AND m.shard_identifier = k.identifier \
-        AND m.destination = k.destination \
-    WHERE (SELECT x.id FROM outbox_messages x \
-        WHERE x.shard_scope = k.scope AND x.shard_identifier = k.identifier \
-        AND x.destination = k.destination ORDER BY x.id LIMIT 1 OFFSET ?) IS NULL"
+    " LEFT JOIN outbox_messages m FORCE INDEX (outbox_messages_shard) ON ",
+    same_shard!("m", "k"),
+    " WHERE (SELECT x.id FROM outbox_messages x WHERE ",
+    same_shard!("x", "k"),
+    " ORDER BY x.id LIMIT 1 OFFSET ?) IS NULL"
 );
 
 /// The column of `HEADS` that holds the key's place.
@@ -279,10 +306,9 @@ pub(crate) const LOCK_STATES: &str = concat!(
     " AS due, NEXTVAL(outbox_lease_tokens) AS token, s.attempts \
     FROM ",
     json_shards!(),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-        AND s.destination = k.destination \
-    FOR UPDATE SKIP LOCKED"
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) ON ",
+    same_shard!("s", "k"),
+    " FOR UPDATE SKIP LOCKED"
 );
 
 // A claim, the leases of the state rows `LOCK_STATES` locked and found due: `$1` a JSON array
@@ -294,10 +320,9 @@ pub(crate) const LOCK_STATES: &str = concat!(
 pub(crate) const TAKE_LEASES: &str = concat!(
     "UPDATE ",
     json_shards!("token BIGINT PATH '$[3]'", "lapsed INT PATH '$[4]'"),
-    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-        ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-        AND s.destination = k.destination \
-    SET s.lease_owner = ?, s.lease_token = k.token, s.lease_expires_at = ",
+    " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) ON ",
+    same_shard!("s", "k"),
+    " SET s.lease_owner = ?, s.lease_token = k.token, s.lease_expires_at = ",
     now!(),
     " + ?, s.attempts = s.attempts + k.lapsed"
 );
@@ -313,17 +338,17 @@ pub(crate) const CREATE_LEASES: &str = concat!(
     "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
     INSERT INTO outbox_shards \
         (shard_scope, shard_identifier, destination, lease_owner, lease_token, lease_expires_at) \
-    SELECT k.scope, k.identifier, k.destination, q.worker, NEXTVAL(outbox_lease_tokens), ",
+    SELECT k.shard_scope, k.shard_identifier, k.destination, q.worker, \
+        NEXTVAL(outbox_lease_tokens), ",
     now!(),
     " + q.ms \
     FROM ",
     json_shards!(),
     " JOIN (SELECT ? AS worker, ? AS ms) AS q \
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_shards s \
-            WHERE s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-            AND s.destination = k.destination) \
-        AND NOT ",
-    outbox_sqlx::paused!("k.scope", "k.identifier", "k.destination"),
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_shards s WHERE ",
+    same_shard!("s", "k"),
+    ") AND NOT ",
+    outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
     " ORDER BY k.n \
     RETURNING shard_scope, shard_identifier, destination, lease_token, attempts"
 );
@@ -335,9 +360,9 @@ macro_rules! held_shards {
     () => {
         concat!(
             json_shards!("token BIGINT PATH '$[3]'"),
-            " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) \
-            ON s.shard_scope = k.scope AND s.shard_identifier = k.identifier \
-            AND s.destination = k.destination AND s.lease_token = k.token "
+            " STRAIGHT_JOIN outbox_shards s FORCE INDEX (PRIMARY) ON ",
+            same_shard!("s", "k"),
+            " AND s.lease_token = k.token "
         )
     };
 }
@@ -353,9 +378,9 @@ pub(crate) const LOCK_HELD: &str = concat!("SELECT k.n FROM ", held_shards!(), "
 pub(crate) const NOT_EMPTY: &str = concat!(
     "SELECT k.n FROM ",
     json_shards!(),
-    " WHERE EXISTS (SELECT 1 FROM outbox_messages m \
-        WHERE m.shard_scope = k.scope AND m.shard_identifier = k.identifier \
-        AND m.destination = k.destination)"
+    " WHERE EXISTS (SELECT 1 FROM outbox_messages m WHERE ",
+    same_shard!("m", "k"),
+    ")"
 );
 
 // The state rows of the drained, empty shards of `$1` (keys and tokens, as `LOCK_HELD`).
