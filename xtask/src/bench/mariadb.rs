@@ -387,13 +387,14 @@ fn is_deadlock(error: &sqlx::Error) -> bool {
 }
 
 /// [`Loop::SkipLocked`]'s lease on one connection: the rows after `after` it locked and
-/// leased, committed. Two connections' leases can deadlock (each lease's UPDATE waits for a
-/// row another connection's delete holds): InnoDB ends one, and its loop tries again.
+/// leased, committed, with their ids as [`id_list`] lists them. Two connections' leases can
+/// deadlock (each lease's UPDATE waits for a row another connection's delete holds): InnoDB
+/// ends one, and its loop tries again.
 async fn lease_skipping_locked(
     pool: &MySqlPool,
     after: i64,
     batch: i64,
-) -> Result<Vec<sqlx::mysql::MySqlRow>, sqlx::Error> {
+) -> Result<(Vec<sqlx::mysql::MySqlRow>, (String, i64)), sqlx::Error> {
     let mut tx = pool.begin().await?;
     let leased = sqlx::query(AssertSqlSafe(format!(
         "SELECT id, payload FROM outbox_messages \
@@ -404,16 +405,17 @@ async fn lease_skipping_locked(
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
+    let ids = id_list(&leased);
     if !leased.is_empty() {
-        let (ids, _) = id_list(&leased);
+        let list = &ids.0;
         sqlx::query(AssertSqlSafe(format!(
-            "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000 WHERE id IN ({ids})"
+            "UPDATE outbox_messages SET leased_until = {NOW_MS} + 30000 WHERE id IN ({list})"
         )))
         .execute(&mut *tx)
         .await?;
     }
     tx.commit().await?;
-    Ok(leased)
+    Ok((leased, ids))
 }
 
 /// [`Loop::SkipLocked`] on one connection. It goes on from the highest id it leased, as
@@ -422,7 +424,7 @@ async fn skip_locked(pool: &MySqlPool, batch: i64) -> Result<u64, String> {
     let mut rows = 0;
     let mut after = i64::MIN;
     loop {
-        let leased = match lease_skipping_locked(pool, after, batch).await {
+        let (leased, (ids, high)) = match lease_skipping_locked(pool, after, batch).await {
             Ok(leased) => leased,
             Err(error) if is_deadlock(&error) => continue,
             Err(error) => return Err(failed("the loop's lease")(error)),
@@ -430,7 +432,6 @@ async fn skip_locked(pool: &MySqlPool, batch: i64) -> Result<u64, String> {
         if leased.is_empty() {
             return Ok(rows);
         }
-        let (ids, high) = id_list(&leased);
         after = high;
         rows += read(&leased)?;
         sqlx::query(AssertSqlSafe(format!(
