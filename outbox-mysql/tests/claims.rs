@@ -8,18 +8,17 @@
 
 use std::time::Duration;
 
+use outbox_core::ShardKey;
 use outbox_core::store::{
     Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession, Store,
 };
 use outbox_core::{CategoryId, Id};
-use outbox_core::{ScopeId, ShardKey};
 use outbox_mysql::MySqlStore;
 use outbox_testkit::mysql::MySqlTestDatabase;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 
-fn shard(identifier: i64) -> ShardKey {
-    ShardKey::local(ScopeId(1), identifier)
-}
+mod support;
+use support::{index_reads, one_connection, shard};
 
 fn options() -> ClaimOptions {
     ClaimOptions {
@@ -240,11 +239,7 @@ async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messa
 async fn claims_read_the_heads_of_small_shards_and_leave_a_busy_shard_unread() {
     let database = MySqlTestDatabase::migrated().await;
     // One connection: the session's counters are the claim's.
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect(&database.url())
-        .await
-        .expect("connect");
+    let pool = one_connection(&database).await;
     sqlx::query(
         "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
          object_identifier, payload) \
@@ -255,26 +250,9 @@ async fn claims_read_the_heads_of_small_shards_and_leave_a_busy_shard_unread() {
     .await
     .expect("seed");
     let store = MySqlStore::new(pool.clone());
-    sqlx::query("FLUSH STATUS")
-        .execute(&pool)
-        .await
-        .expect("reset the counters");
     let wanted: Vec<ShardKey> = (1..=4).map(shard).collect();
-    let mut sessions = store
-        .claim_many(&wanted, &options(), 10)
-        .await
-        .expect("claim");
-    let counters: Vec<(String, String)> = sqlx::query_as(
-        "SHOW SESSION STATUS WHERE Variable_name IN \
-         ('Handler_read_key', 'Handler_read_next', 'Handler_read_rnd_next', 'Handler_read_first')",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("the counters");
-    let reads: i64 = counters
-        .iter()
-        .map(|(_, value)| value.parse::<i64>().expect("a count"))
-        .sum();
+    let (reads, sessions) = index_reads(&pool, store.claim_many(&wanted, &options(), 10)).await;
+    let mut sessions = sessions.expect("claim");
     assert!(
         reads < 1_000,
         "the claim read {reads} entries: it read the busy shard whole"

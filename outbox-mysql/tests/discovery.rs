@@ -2,45 +2,28 @@
 //! after its cursor, never the index before it, and one descent per shard where shards hold
 //! many rows.
 
-use outbox_core::{ScopeId, ShardKey};
+use outbox_core::ShardKey;
 use outbox_mysql::MySqlDialect;
 use outbox_sqlx::Dialect;
 use outbox_testkit::mysql::MySqlTestDatabase;
-use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, MySqlPool};
+
+mod support;
+use support::{index_reads, one_connection, shard};
 
 /// Index entries the one connection of `pool` read during a discovery of `limit` shards after
 /// `cursor`, and the shards found.
 async fn discovery_reads(pool: &MySqlPool, cursor: i64, limit: i32) -> (i64, Vec<ShardKey>) {
-    sqlx::query("FLUSH STATUS")
-        .execute(pool)
-        .await
-        .expect("reset the counters");
-    let found = MySqlDialect::discover(pool, 1, &ShardKey::local(ScopeId(1), cursor), limit)
-        .await
-        .expect("discover");
-    let reads: Vec<(String, String)> = sqlx::query_as(
-        "SHOW SESSION STATUS WHERE Variable_name IN \
-         ('Handler_read_key', 'Handler_read_next', 'Handler_read_rnd_next', 'Handler_read_first')",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("the counters");
-    let reads = reads
-        .iter()
-        .map(|(_, value)| value.parse::<i64>().expect("a count"))
-        .sum();
+    let (reads, found) =
+        index_reads(pool, MySqlDialect::discover(pool, 1, &shard(cursor), limit)).await;
+    let found = found.expect("discover");
     (reads, found.into_iter().map(|(shard, _)| shard).collect())
 }
 
 /// A pool of one connection on a migrated database holding `rows_per_shard` messages in each
 /// of shards 0 to `shards - 1`.
 async fn seeded(database: &MySqlTestDatabase, shards: i64, rows_per_shard: i64) -> MySqlPool {
-    let pool = MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect(&database.url())
-        .await
-        .expect("connect");
+    let pool = one_connection(database).await;
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
          object_identifier, payload) SELECT 1, seq % {shards}, 1, seq, '{{}}' \
@@ -62,9 +45,7 @@ async fn a_page_of_sparse_shards_reads_only_the_shards_after_its_cursor() {
     let database = MySqlTestDatabase::migrated().await;
     let pool = seeded(&database, 20_000, 1).await;
     let (reads, found) = discovery_reads(&pool, 15_000, 100).await;
-    let expected: Vec<ShardKey> = (15_001..=15_100)
-        .map(|shard| ShardKey::local(ScopeId(1), shard))
-        .collect();
+    let expected: Vec<ShardKey> = (15_001..=15_100).map(shard).collect();
     assert_eq!(found, expected);
     assert!(
         reads < 1_000,
@@ -77,9 +58,7 @@ async fn a_page_of_dense_shards_reads_one_entry_per_shard() {
     let database = MySqlTestDatabase::migrated().await;
     let pool = seeded(&database, 200, 500).await;
     let (reads, found) = discovery_reads(&pool, 99, 50).await;
-    let expected: Vec<ShardKey> = (100..150)
-        .map(|shard| ShardKey::local(ScopeId(1), shard))
-        .collect();
+    let expected: Vec<ShardKey> = (100..150).map(shard).collect();
     assert_eq!(found, expected);
     assert!(
         reads < 1_000,
