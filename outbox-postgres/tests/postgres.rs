@@ -1116,15 +1116,18 @@ async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
         config("waiting", false, Duration::from_millis(50)),
     );
     let running = Running::start(&relay);
+    // `health` probes the database itself, so the error can show before the spawned loop
+    // has marked itself running: wait for both.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let health = relay.health().await;
-        if health
-            .database_error
-            .as_deref()
-            .is_some_and(|error| error.contains("does not exist"))
+        if health.is_live()
+            && health
+                .database_error
+                .as_deref()
+                .is_some_and(|error| error.contains("does not exist"))
         {
-            assert!(health.is_live() && !health.is_ready(), "{health:?}");
+            assert!(!health.is_ready(), "{health:?}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{health:?}");
