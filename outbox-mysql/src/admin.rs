@@ -515,10 +515,11 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
                     AND (p.scope IS NULL OR o.shard_scope = p.scope)) AS u \
         GROUP BY u.shard_scope, u.shard_identifier, u.destination), \
     n AS (SELECT c.shard_scope, c.shard_identifier, c.destination, c.guess, \
-            (SELECT m.id FROM outbox_messages m WHERE ",
+            (SELECT m.id FROM outbox_messages m FORCE INDEX (outbox_messages_shard) WHERE ",
     same_shard!("m", "c"),
     " ORDER BY m.id LIMIT 1 OFFSET 1000) AS beyond, \
-            (SELECT m.created_at FROM outbox_messages m WHERE ",
+            (SELECT m.created_at FROM outbox_messages m FORCE INDEX (outbox_messages_shard) \
+                WHERE ",
     same_shard!("m", "c"),
     " ORDER BY m.id LIMIT 1) AS oldest, ",
     newest_of!("c"),
@@ -579,7 +580,7 @@ pub(crate) const SHARD: &str = concat!(
     param!("destination"),
     " ORDER BY m.id LIMIT ?) AS x), \
     n AS (SELECT h.*, c.counted, \
-            (SELECT m.id FROM outbox_messages m WHERE ",
+            (SELECT m.id FROM outbox_messages m FORCE INDEX (outbox_messages_shard) WHERE ",
     same_shard!("m", "h"),
     " AND m.id > c.last_id ORDER BY m.id LIMIT 1) AS beyond, ",
     newest_of!("h"),
@@ -837,7 +838,8 @@ pub(crate) const SET_ASIDE: SetAsideStatements = SetAsideStatements {
         "UPDATE outbox_shards s SET s.attempts = 0, s.first_failed_at = NULL, \
              s.last_error = NULL, s.retry_at = NULL, s.parked_category = NULL \
          WHERE s.shard_scope = ? AND s.shard_identifier = ? AND s.destination = ? \
-             AND COALESCE((SELECT m.id FROM outbox_messages m WHERE ",
+             AND COALESCE((SELECT m.id \
+                FROM outbox_messages m FORCE INDEX (outbox_messages_shard) WHERE ",
         same_shard!("m", "s"),
         " ORDER BY m.id LIMIT 1) >= ?, 1)"
     ),
