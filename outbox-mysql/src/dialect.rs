@@ -63,19 +63,45 @@ fn number(error: &dyn DatabaseError) -> Option<u16> {
 }
 
 /// The keys of `shards` as the JSON array the batched claim's statements take, each
-/// `[scope, identifier, destination]` followed by `extra(i)`'s values.
-fn shard_list(shards: &[&ShardKey], extra: impl Fn(usize) -> Vec<serde_json::Value>) -> String {
-    let keys: Vec<serde_json::Value> = shards
-        .iter()
-        .enumerate()
-        .map(|(at, shard)| {
-            let (identifier, destination) = stored_shard(shard);
-            let mut key = vec![shard.scope.0.into(), identifier.into(), destination.into()];
-            key.extend(extra(at));
-            serde_json::Value::Array(key)
-        })
-        .collect();
-    serde_json::Value::Array(keys).to_string()
+/// `[scope, identifier, destination]` followed by `extra(i)`'s values. Written straight into
+/// the text: a claim or a finish makes one per batch of hundreds of shards.
+fn shard_list<const N: usize>(shards: &[&ShardKey], extra: impl Fn(usize) -> [i64; N]) -> String {
+    use std::fmt::Write as _;
+    let mut list = String::with_capacity(2 + shards.len() * (24 + 21 * N));
+    list.push('[');
+    for (at, shard) in shards.iter().enumerate() {
+        if at > 0 {
+            list.push(',');
+        }
+        let (identifier, destination) = stored_shard(shard);
+        // Writing to a `String` cannot fail.
+        let _ = write!(list, "[{},{identifier},", shard.scope.0);
+        push_json_string(&mut list, &destination);
+        for value in extra(at) {
+            let _ = write!(list, ",{value}");
+        }
+        list.push(']');
+    }
+    list.push(']');
+    list
+}
+
+/// Appends `text` to `out` as a JSON string: quoted, with `"`, `\\` and the control characters
+/// escaped (a wide shard's destination starts with one).
+fn push_json_string(out: &mut String, text: &str) {
+    use std::fmt::Write as _;
+    out.push('"');
+    for character in text.chars() {
+        match character {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            control if u32::from(control) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(control));
+            }
+            other => out.push(other),
+        }
+    }
+    out.push('"');
 }
 
 /// The lease of `options` in milliseconds, as the claim statements take it.
@@ -133,7 +159,7 @@ async fn lock_and_lease<'s>(
 ) -> Result<(Vec<Lease>, Vec<&'s ShardKey>), Error> {
     let failed = || database::<MySqlDialect>("claiming shards");
     let locked: Vec<Locked> = sqlx::query_as(LOCK_STATES)
-        .bind(shard_list(shards, |_| Vec::new()))
+        .bind(shard_list(shards, |_| []))
         .fetch_all(&mut *tx)
         .await
         .map_err(failed())?;
@@ -157,9 +183,7 @@ async fn lock_and_lease<'s>(
     }
     if !leases.is_empty() {
         let keys: Vec<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
-        let list = shard_list(&keys, |at| {
-            vec![leases[at].token.into(), i32::from(lapsed_at[at]).into()]
-        });
+        let list = shard_list(&keys, |at| [leases[at].token, i64::from(lapsed_at[at])]);
         sqlx::query(TAKE_LEASES)
             .bind(list)
             .bind(&options.worker)
@@ -189,7 +213,7 @@ async fn create_leases(
         return Ok(Some(Vec::new()));
     }
     let created = sqlx::query(CREATE_LEASES)
-        .bind(shard_list(shards, |_| Vec::new()))
+        .bind(shard_list(shards, |_| []))
         .bind(&options.worker)
         .bind(lease_ms(options))
         .fetch_all(&mut *tx)
@@ -237,7 +261,7 @@ async fn read_heads(
     }
     let keys: Vec<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
     let rows = sqlx::query(HEADS)
-        .bind(shard_list(&keys, |_| Vec::new()))
+        .bind(shard_list(&keys, |_| []))
         .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
         .fetch_all(&mut *conn)
         .await
@@ -293,7 +317,7 @@ async fn finish_all_on(
     });
     let keys_and_tokens = |places: &[usize]| {
         let shards: Vec<&ShardKey> = places.iter().map(|&at| &batch[at].0.shard).collect();
-        shard_list(&shards, |i| vec![batch[places[i]].0.token.into()])
+        shard_list(&shards, |i| [batch[places[i]].0.token])
     };
     let locked: Vec<i64> = sqlx::query_scalar(LOCK_HELD)
         .bind(keys_and_tokens(&order))
@@ -339,7 +363,7 @@ async fn finish_all_on(
     if !held.is_empty() {
         let shards: Vec<&ShardKey> = held.iter().map(|&at| &batch[at].0.shard).collect();
         let still: Vec<i64> = sqlx::query_scalar(NOT_EMPTY)
-            .bind(shard_list(&shards, |_| Vec::new()))
+            .bind(shard_list(&shards, |_| []))
             .fetch_all(&mut *conn)
             .await
             .map_err(failed())?;
@@ -733,5 +757,38 @@ fn hex(bytes: &[u8]) -> String {
 impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, MySqlDialect> for &'c mut MySqlConnection {
     fn target(self) -> outbox_sqlx::model::Target<'c, 'static, MySqlDialect> {
         outbox_sqlx::model::Target::Connection(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::{Destination, ScopeId, ShardKey};
+
+    use super::shard_list;
+
+    /// The list as the statements' `JSON_TABLE` reads it: what `serde_json` writes for the same
+    /// keys, whatever the stored destination holds (quotes, backslashes, text beyond ASCII, a
+    /// wide shard's control-character marker).
+    #[test]
+    fn a_shard_list_is_the_json_of_its_keys() {
+        let destination = Destination::new("say \"hi\"\\ é😀").expect("a destination");
+        let shards = [
+            ShardKey::local(ScopeId(1), 42),
+            ShardKey::fan_out(ScopeId(-3), -7, destination.clone()),
+            ShardKey::fan_out(ScopeId(2), 0xfeed_u128, destination),
+        ];
+        let keys: Vec<&ShardKey> = shards.iter().collect();
+        let list = shard_list(&keys, |at| [at as i64 * 10, -1]);
+        let parsed: serde_json::Value = serde_json::from_str(&list).expect("valid JSON");
+        let expected: Vec<serde_json::Value> = shards
+            .iter()
+            .enumerate()
+            .map(|(at, shard)| {
+                let (identifier, destination) = outbox_sqlx::stored::stored_shard(shard);
+                serde_json::json!([shard.scope.0, identifier, destination, at as i64 * 10, -1])
+            })
+            .collect();
+        assert_eq!(parsed, serde_json::Value::Array(expected));
+        assert_eq!(shard_list(&[], |_| []), "[]");
     }
 }
