@@ -282,7 +282,7 @@ pub(crate) const HEADS: &str = concat!(
     json_shards!(),
     " LEFT JOIN outbox_messages m FORCE INDEX (outbox_messages_shard) ON ",
     same_shard!("m", "k"),
-    " WHERE (SELECT x.id FROM outbox_messages x FORCE INDEX (outbox_messages_shard) WHERE ",
+    " WHERE (SELECT x.id FROM outbox_messages x WHERE ",
     same_shard!("x", "k"),
     " ORDER BY x.id LIMIT 1 OFFSET ?) IS NULL"
 );

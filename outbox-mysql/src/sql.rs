@@ -15,10 +15,11 @@
 //! - A correlated subquery never seeks a range of an index (`x.id > outer.id` filters a scan
 //!   from the start of the index or of its `ref` prefix): there is no `LATERAL`. Correlated
 //!   subqueries seek by equality only, then by index order with `LIMIT` ([`newest_of!`]).
-//!   Such a subquery names the shard index (`FORCE INDEX (outbox_messages_shard)`): from the
-//!   sampled statistics of a table of shallow shards MariaDB may otherwise pick the group
-//!   index, whose prefix is the same, and sort the whole shard to find its first or last id
-//!   (seen in the console's sampled listing: every message of each candidate read).
+//!   Where such a subquery finds a shard's first or last message ([`newest_of!`], the
+//!   console's listings) it names the shard index (`FORCE INDEX (outbox_messages_shard)`):
+//!   from the sampled statistics of a table of shallow shards MariaDB picked the group index,
+//!   whose prefix is the same, in two of three `ANALYZE`s, and sorted the whole shard (seen in
+//!   the console's sampled listing: every message of each candidate read).
 
 /// The database's clock, in milliseconds since the Unix epoch: how the tables store time
 /// (the same expression as the columns' defaults).
