@@ -3,7 +3,8 @@
 //! many rows.
 
 use outbox_core::ShardKey;
-use outbox_mysql::MySqlDialect;
+use outbox_core::store::Store;
+use outbox_mysql::{MySqlDialect, MySqlStore};
 use outbox_sqlx::Dialect;
 use outbox_testkit::mysql::MySqlTestDatabase;
 use sqlx::{AssertSqlSafe, MySqlPool};
@@ -63,5 +64,48 @@ async fn a_page_of_dense_shards_reads_one_entry_per_shard() {
     assert!(
         reads < 1_000,
         "{reads} index entries read for 50 shards of 500 rows each"
+    );
+}
+
+/// Busy shards among many sparse ones (200 of 500 rows, then 20,000 of one: 6 rows a shard on
+/// average): MariaDB reads such a table's shards row by row, not by a descent each (see
+/// `DISCOVER`), so one page may read the busy shards' rows whole; a whole sweep still reads
+/// each index entry at most once, never again at each page, and finds every shard in order.
+#[tokio::test]
+async fn a_sweep_over_busy_and_sparse_shards_reads_the_table_at_most_once() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = seeded(&database, 200, 500).await;
+    sqlx::query(
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, 200 + seq, 1, seq, '{}' FROM seq_0_to_19999",
+    )
+    .execute(&pool)
+    .await
+    .expect("the sparse shards");
+    sqlx::query("ANALYZE TABLE outbox_messages")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let store = MySqlStore::new(pool.clone());
+    let (reads, found) = index_reads(&pool, async {
+        let mut found = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.discover(after.as_ref(), 512).await.expect("discover");
+            found.extend(page.due);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return found,
+            }
+        }
+    })
+    .await;
+    let expected: Vec<ShardKey> = (0..20_200).map(shard).collect();
+    assert!(found == expected, "{} shards found", found.len());
+    // Each message's entry once, and for each shard its state row's and its pauses' lookups.
+    let rows = 200 * 500 + 20_000;
+    assert!(
+        reads < rows + 3 * 20_200,
+        "{reads} index entries read in a sweep of {rows} messages in 20,200 shards"
     );
 }
