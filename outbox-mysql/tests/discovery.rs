@@ -1,6 +1,6 @@
 //! What a discovery page reads on MariaDB, counted by the server's handler counters: the shards
 //! after its cursor, never the index before it, and one descent per shard where shards hold
-//! many rows.
+//! many rows; a whole sweep over busy shards among sparse ones reads each entry at most once.
 
 use outbox_core::ShardKey;
 use outbox_core::store::Store;
