@@ -12,26 +12,22 @@ use outbox_testkit::mysql::MySqlTestDatabase;
 use sqlx::MySqlPool;
 
 mod support;
-use support::{one_connection, rows_read, shard};
+use support::{one_connection, rows_read, seed, shard};
 
 /// Adds `shards` shards of 50 messages each after the shards there are (shard `n` holds
 /// messages over 10 objects, of categories 1 to 3), and refreshes the statistics.
 async fn add_shards(pool: &MySqlPool, first: i64, shards: i64) {
-    let statement = format!(
-        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
-         object_identifier, payload) \
-         SELECT 1, {first} + seq % {shards}, 1 + seq % 3, seq % 10, JSON_OBJECT('n', seq) \
-         FROM seq_1_to_{}",
-        shards * 50
-    );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-        .execute(pool)
-        .await
-        .expect("add shards");
-    sqlx::raw_sql("ANALYZE TABLE outbox_messages, outbox_shards")
-        .execute(pool)
-        .await
-        .expect("analyze");
+    let rows = shards * 50;
+    seed(
+        pool,
+        &format!(
+            "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+             object_identifier, payload) \
+             SELECT 1, {first} + seq % {shards}, 1 + seq % 3, seq % 10, JSON_OBJECT('n', seq) \
+             FROM seq_1_to_{rows}"
+        ),
+    )
+    .await;
 }
 
 /// A pool of one connection on a migrated database holding 2,000 shards of 50 messages (ids

@@ -7,10 +7,10 @@ use outbox_core::store::Store;
 use outbox_mysql::{MySqlDialect, MySqlStore};
 use outbox_sqlx::Dialect;
 use outbox_testkit::mysql::MySqlTestDatabase;
-use sqlx::{AssertSqlSafe, MySqlPool};
+use sqlx::MySqlPool;
 
 mod support;
-use support::{index_reads, one_connection, shard};
+use support::{index_reads, one_connection, seed, shard};
 
 /// Index entries the one connection of `pool` read during a discovery of `limit` shards after
 /// `cursor`, and the shards found.
@@ -25,19 +25,16 @@ async fn discovery_reads(pool: &MySqlPool, cursor: i64, limit: i32) -> (i64, Vec
 /// of shards 0 to `shards - 1`.
 async fn seeded(database: &MySqlTestDatabase, shards: i64, rows_per_shard: i64) -> MySqlPool {
     let pool = one_connection(database).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
-         object_identifier, payload) SELECT 1, seq % {shards}, 1, seq, '{{}}' \
-         FROM seq_0_to_{}",
-        shards * rows_per_shard - 1
-    )))
-    .execute(&pool)
-    .await
-    .expect("seed");
-    sqlx::query("ANALYZE TABLE outbox_messages")
-        .execute(&pool)
-        .await
-        .expect("analyze");
+    let last = shards * rows_per_shard - 1;
+    seed(
+        &pool,
+        &format!(
+            "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+             object_identifier, payload) SELECT 1, seq % {shards}, 1, seq, '{{}}' \
+             FROM seq_0_to_{last}"
+        ),
+    )
+    .await;
     pool
 }
 
@@ -75,17 +72,12 @@ async fn a_page_of_dense_shards_reads_one_entry_per_shard() {
 async fn a_sweep_over_busy_and_sparse_shards_reads_the_table_at_most_once() {
     let database = MySqlTestDatabase::migrated().await;
     let pool = seeded(&database, 200, 500).await;
-    sqlx::query(
+    seed(
+        &pool,
         "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
          object_identifier, payload) SELECT 1, 200 + seq, 1, seq, '{}' FROM seq_0_to_19999",
     )
-    .execute(&pool)
-    .await
-    .expect("the sparse shards");
-    sqlx::query("ANALYZE TABLE outbox_messages")
-        .execute(&pool)
-        .await
-        .expect("analyze");
+    .await;
     let store = MySqlStore::new(pool.clone());
     let (reads, found) = index_reads(&pool, async {
         let mut found = Vec::new();

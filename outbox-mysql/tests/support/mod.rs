@@ -61,3 +61,16 @@ async fn counted<T>(pool: &MySqlPool, counters: &str, work: impl Future<Output =
         .sum();
     (reads, done)
 }
+
+/// Runs `statement` (rows written for a test) on `pool`, then refreshes the outbox tables'
+/// statistics, which MariaDB's plans follow.
+pub(crate) async fn seed(pool: &MySqlPool, statement: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{statement}: {error}"));
+    sqlx::raw_sql("ANALYZE TABLE outbox_messages, outbox_shards")
+        .execute(pool)
+        .await
+        .expect("analyze");
+}
