@@ -330,14 +330,10 @@ pub(crate) const STATUS: &str = concat!(
 
 // The gauges above the exact limit: InnoDB's estimate of the rows (never below the limit), the
 // first message by id, the shard states (few: shards held, failing or parked), the shard
-// pauses, and the dead letters counted up to the limit.
-//
-// The limit is one parameter, and MariaDB's `LIMIT` takes only a `?` of its own: the dead
-// letters are counted up to 10,000 (a literal: the body's default limit), exactly below the
-// limit if the limit is at most 10,000, and estimated above (InnoDB's estimate, never below
-// the count). NOT MET for a limit above 10,000: between 10,000 and the limit the count is
-// InnoDB's estimate, not exact. (A body that bound the limit a second time, for a `LIMIT ?`,
-// would meet it.)
+// pauses, and the dead letters counted up to the limit, exactly below it, and above it
+// InnoDB's estimate (never below the count). The limit is bound twice
+// (`GAUGES_LIMIT_BINDS`): as `p.lim`, and for the count's `LIMIT ?`, as MariaDB's `LIMIT`
+// takes only a parameter of its own.
 pub(crate) const GAUGES: &str = concat!(
     "WITH p AS (SELECT ? AS lim) \
     SELECT CAST(GREATEST(p.lim, ",
@@ -360,12 +356,12 @@ pub(crate) const GAUGES: &str = concat!(
     now!(),
     " AND s.parked_category IS NOT NULL THEN 1 END), \
         (SELECT COUNT(*) FROM outbox_pauses WHERE kind = 'shard'), \
-        (SELECT CAST(CASE WHEN c.n < LEAST(p.lim, 10000) THEN c.n \
-                ELSE GREATEST(LEAST(p.lim, c.n), ",
+        (SELECT CAST(CASE WHEN c.n < p.lim THEN c.n \
+                ELSE GREATEST(c.n, ",
     table_rows!("outbox_dead_letters"),
     ") END AS SIGNED) \
             FROM (SELECT COUNT(*) AS n FROM ( \
-                SELECT 1 FROM outbox_dead_letters LIMIT 10000) AS x) AS c), \
+                SELECT 1 FROM outbox_dead_letters LIMIT ?) AS x) AS c), \
         (SELECT fd.dead_lettered_at FROM outbox_dead_letters fd \
             ORDER BY fd.dead_lettered_at LIMIT 1) \
     FROM p LEFT JOIN outbox_shards s ON 1 \

@@ -426,6 +426,8 @@ impl Dialect for MySqlDialect {
     const WRITES_IN_TRANSACTION: bool = true;
     const MAX_PARAMETERS: usize = 65535;
     const SHARD_IS_EMPTY: Option<&'static str> = Some(SHARD_IS_EMPTY);
+    // `GAUGES` reads the limit as `p.lim` and as its count's `LIMIT ?`.
+    const GAUGES_LIMIT_BINDS: usize = 2;
     const OBJECT_COLUMNS: usize = 2;
     const SQL: Statements = Statements {
         insert_message: INSERT_MESSAGE,

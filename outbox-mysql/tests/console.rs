@@ -9,7 +9,7 @@ use outbox_core::store::{Admin, Store};
 use outbox_core::{CategoryId, ScopeId};
 use outbox_mysql::MySqlStore;
 use outbox_testkit::mysql::MySqlTestDatabase;
-use sqlx::MySqlPool;
+use sqlx::{Connection, MySqlPool};
 
 mod support;
 use support::{one_connection, rows_read, seed, shard};
@@ -160,4 +160,53 @@ async fn the_consoles_reads_do_not_grow_with_the_backlog() {
             "{what}: {after} rows read over 200,000 messages"
         );
     }
+}
+
+/// The gauges count the dead letters exactly below the exact limit, whatever it is set to
+/// (here 15,000, above the body's default), not from InnoDB's estimate: 11,000 letters beside
+/// a backlog of 15,000, and another transaction's letters not yet committed.
+#[tokio::test]
+async fn the_gauges_count_dead_letters_exactly_below_a_raised_limit() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = one_connection(&database).await;
+    seed(
+        &pool,
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, seq % 100, 1, seq, '{}' FROM seq_1_to_15000",
+    )
+    .await;
+    seed(
+        &pool,
+        "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
+         destination, category, object_identifier, payload, created_at, error, attempts, \
+         first_failed_at, dead_lettered_at, lease_token) \
+         SELECT 100000 + seq, 1, seq % 7, '', 1, seq, '{}', 0, 'refused', 3, 0, seq, 1 \
+         FROM seq_1_to_12000",
+    )
+    .await;
+    sqlx::query("DELETE FROM outbox_dead_letters WHERE message_id > 111000")
+        .execute(&pool)
+        .await
+        .expect("purge");
+    // Another transaction's 500 letters, not committed: InnoDB's estimate of the table's rows
+    // counts them.
+    let mut other = sqlx::MySqlConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let mut uncommitted = other.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
+         destination, category, object_identifier, payload, created_at, error, attempts, \
+         first_failed_at, dead_lettered_at, lease_token) \
+         SELECT 200000 + seq, 1, 1, '', 1, seq, '{}', 0, 'refused', 3, 0, seq, 1 \
+         FROM seq_1_to_500",
+    )
+    .execute(&mut *uncommitted)
+    .await
+    .expect("uncommitted letters");
+    let store = MySqlStore::new(pool).exact_gauges_up_to(15_000);
+    let gauges = Store::gauges(&store).await.expect("gauges");
+    assert!(gauges.estimated, "above the limit: {gauges:?}");
+    assert_eq!(gauges.dead_letters, 11_000, "{gauges:?}");
+    uncommitted.rollback().await.expect("roll back");
 }

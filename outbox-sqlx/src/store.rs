@@ -471,9 +471,9 @@ impl<D: Dialect> Store for SqlxStore<D> {
             // The view reads fewer rows than the limit: exact, at a bounded cost.
             return Admin::status(self, 0).await;
         }
-        let rows = self
-            .rows(sqlx::query(D::SQL.gauges).with(limit), OPERATION)
-            .await?;
+        let gauges = (0..D::GAUGES_LIMIT_BINDS)
+            .fold(sqlx::query(D::SQL.gauges), |query, _| query.with(limit));
+        let rows = self.rows(gauges, OPERATION).await?;
         let row = Figures::<D> {
             row: first_row(&rows, OPERATION)?,
             operation: OPERATION,
