@@ -332,8 +332,8 @@ pub(crate) const STATUS: &str = concat!(
 // first message by id, the shard states (few: shards held, failing or parked), the shard
 // pauses, and the dead letters counted up to the limit, exactly below it, and above it
 // InnoDB's estimate (never below the count). The limit is bound twice
-// (`GAUGES_LIMIT_BINDS`): as `p.lim`, and for the count's `LIMIT ?`, as MariaDB's `LIMIT`
-// takes only a parameter of its own.
+// (`Dialect::LIMITS_BOUND_AGAIN`): as `p.lim`, and for the count's `LIMIT ?`, as MariaDB's
+// `LIMIT` takes only a parameter of its own.
 pub(crate) const GAUGES: &str = concat!(
     "WITH p AS (SELECT ? AS lim) \
     SELECT CAST(GREATEST(p.lim, ",
@@ -444,12 +444,8 @@ pub(crate) const FAILING_SHARDS: &str = concat!(
 // 10,501 shards: 10,501 dives, 73 ms, for a scope of 3,500 shards).
 //
 // Each candidate's messages are counted up to `$7` and guessed above it (never below `$7`).
-// `$7` is both the bound of the count and a value of the estimate, and MariaDB's `OFFSET`
-// takes only a `?` of its own: the count stops at the literal 1,000 (the body's default `$7`,
-// a tenth of the exact limit), so that PostgreSQL's figures hold for any `$7` up to 1,000.
-// NOT MET for a larger `$7`: a shard of more than 1,000 messages is then estimated at least
-// 1,001 (not counted up to `$7`). (A body that bound `$7` a second time, for `OFFSET ?`,
-// would meet it.)
+// `$7` is both a value of the estimate and the count's `OFFSET`, which in MariaDB takes only a
+// `?` of its own: `$8` is `$7` again (`Dialect::LIMITS_BOUND_AGAIN`).
 pub(crate) const SAMPLED_SHARDS: &str = concat!(
     "WITH RECURSIVE p AS (SELECT ? AS which, ? AS lim, ? AS scope, ? AS category, \
             ? AS windows, ? AS width, ? AS cap), \
@@ -513,7 +509,7 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
     n AS (SELECT c.shard_scope, c.shard_identifier, c.destination, c.guess, \
             (SELECT m.id FROM outbox_messages m FORCE INDEX (outbox_messages_shard) WHERE ",
     same_shard!("m", "c"),
-    " ORDER BY m.id LIMIT 1 OFFSET 1000) AS beyond, \
+    " ORDER BY m.id LIMIT 1 OFFSET ?) AS beyond, \
             (SELECT m.created_at FROM outbox_messages m FORCE INDEX (outbox_messages_shard) \
                 WHERE ",
     same_shard!("m", "c"),
@@ -524,7 +520,7 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
     k AS (SELECT q.shard_scope, q.shard_identifier, q.destination, \
             CAST(CASE WHEN q.counted < q.cap THEN q.counted \
                 WHEN q.counted IS NOT NULL THEN GREATEST(q.cap, q.guess) \
-                ELSE GREATEST(LEAST(q.cap, 1001), q.guess) END AS SIGNED) AS pending, \
+                ELSE GREATEST(q.cap, q.guess) END AS SIGNED) AS pending, \
             q.oldest, q.newest, COALESCE(q.counted >= q.cap, 1) AS estimated \
         FROM (SELECT n.*, p.cap, \
                 CASE WHEN n.beyond IS NULL THEN (SELECT COUNT(*) FROM outbox_messages m \

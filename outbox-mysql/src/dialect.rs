@@ -426,8 +426,9 @@ impl Dialect for MySqlDialect {
     const WRITES_IN_TRANSACTION: bool = true;
     const MAX_PARAMETERS: usize = 65535;
     const SHARD_IS_EMPTY: Option<&'static str> = Some(SHARD_IS_EMPTY);
-    // `GAUGES` reads the limit as `p.lim` and as its count's `LIMIT ?`.
-    const GAUGES_LIMIT_BINDS: usize = 2;
+    // `GAUGES` reads its limit as `p.lim` and as its count's `LIMIT ?`, `SAMPLED_SHARDS` its
+    // cap as `p.cap` and as its count's `OFFSET ?`.
+    const LIMITS_BOUND_AGAIN: bool = true;
     const OBJECT_COLUMNS: usize = 2;
     const SQL: Statements = Statements {
         insert_message: INSERT_MESSAGE,

@@ -210,3 +210,33 @@ async fn the_gauges_count_dead_letters_exactly_below_a_raised_limit() {
     assert_eq!(gauges.dead_letters, 11_000, "{gauges:?}");
     uncommitted.rollback().await.expect("roll back");
 }
+
+/// A sampled listing counts each candidate's messages up to its cap, whatever the cap (a tenth
+/// of the exact limit: here 2,000, above the body's default): a shard of 1,500 messages among
+/// 100 of 240 is counted, not estimated.
+#[tokio::test]
+async fn a_sampled_listing_counts_a_deep_shard_up_to_a_raised_cap() {
+    let database = MySqlTestDatabase::migrated().await;
+    let pool = one_connection(&database).await;
+    seed(
+        &pool,
+        "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, 0, 1, seq, '{}' FROM seq_1_to_1500; \
+         INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
+         object_identifier, payload) SELECT 1, 1 + seq % 100, 1, seq, '{}' \
+         FROM seq_1_to_24000",
+    )
+    .await;
+    let store = MySqlStore::new(pool).exact_gauges_up_to(20_000);
+    let listed = Admin::shards(&store, &ShardQuery::new(ShardFilter::Pending, 10))
+        .await
+        .expect("list");
+    assert!(listed.sampled.is_some(), "above the limit: {listed:?}");
+    let deepest = listed.shards.first().expect("a shard");
+    assert_eq!(deepest.shard, shard(0), "{listed:?}");
+    assert_eq!(
+        (deepest.pending, deepest.pending_estimated),
+        (1_500, false),
+        "{deepest:?}"
+    );
+}

@@ -498,10 +498,12 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// a subquery of its own, only if the shard was empty: a message committed in between is
     /// found by the next sweep, its shard having no state row. `None` by default.
     const SHARD_IS_EMPTY: Option<&'static str> = None;
-    /// How many times [`Statements::gauges`] takes the exact limit, each time the next
-    /// parameter: once (`$1`) by default. A database whose `LIMIT` takes only a parameter of
-    /// its own (MariaDB) reads it once as a value and again as a `LIMIT`.
-    const GAUGES_LIMIT_BINDS: usize = 1;
+    /// Whether the statements that read a bound both as a value and as a `LIMIT` or `OFFSET`
+    /// take it a second time, as their last parameter: [`Statements::gauges`] its exact limit,
+    /// [`Statements::sampled_shards`] its cap of a candidate's count. For a database whose
+    /// `LIMIT` takes only a parameter of its own (MariaDB); `false` by default (`$1` and `$7`
+    /// serve both).
+    const LIMITS_BOUND_AGAIN: bool = false;
 
     /// The statement that begins a writing transaction (`BEGIN`; SQLite's `BEGIN IMMEDIATE`
     /// takes the write lock at once, so that the transaction never fails to upgrade).

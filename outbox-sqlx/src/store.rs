@@ -209,6 +209,16 @@ fn pending_message<D: Dialect>(
 }
 
 /// A count as the statements return it.
+/// `query` with `bound` as its next parameter too, where the dialect takes a bound read as a
+/// `LIMIT` again ([`Dialect::LIMITS_BOUND_AGAIN`]).
+fn again<D: Dialect>(query: Statement<'_, D::Database>, bound: i64) -> Statement<'_, D::Database> {
+    if D::LIMITS_BOUND_AGAIN {
+        query.with(bound)
+    } else {
+        query
+    }
+}
+
 fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
@@ -471,8 +481,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
             // The view reads fewer rows than the limit: exact, at a bounded cost.
             return Admin::status(self, 0).await;
         }
-        let gauges = (0..D::GAUGES_LIMIT_BINDS)
-            .fold(sqlx::query(D::SQL.gauges), |query, _| query.with(limit));
+        let gauges = again::<D>(sqlx::query(D::SQL.gauges).with(limit), limit);
         let rows = self.rows(gauges, OPERATION).await?;
         let row = Figures::<D> {
             row: first_row(&rows, OPERATION)?,
@@ -726,10 +735,12 @@ impl<D: Dialect> Admin for SqlxStore<D> {
                 .collect::<Result<_, _>>()?;
             return Ok(ShardList::ranked(shards));
         }
+        let cap = (exact / 10).max(1);
         let sampled = query_of(D::SQL.sampled_shards)
             .with(SAMPLE_WINDOWS)
             .with(SAMPLE_WIDTH)
-            .with((exact / 10).max(1));
+            .with(cap);
+        let sampled = again::<D>(sampled, cap);
         let rows = self.rows(sampled, OPERATION).await?;
         let messages = count(
             get::<D::Database, i64>(first_row(&rows, OPERATION)?, 0)
