@@ -74,9 +74,10 @@ fn shard_list<const N: usize>(shards: &[&ShardKey], extra: impl Fn(usize) -> [i6
             list.push(',');
         }
         let (identifier, destination) = stored_shard(shard);
-        // Writing to a `String` cannot fail.
-        let _ = write!(list, "[{},{identifier},", shard.scope.0);
-        push_json_string(&mut list, &destination);
+        // Writing to a `String` cannot fail; the destination is quoted and escaped by
+        // `serde_json` (a wide shard's starts with a control character).
+        let destination = serde_json::Value::String(destination);
+        let _ = write!(list, "[{},{identifier},{destination}", shard.scope.0);
         for value in extra(at) {
             let _ = write!(list, ",{value}");
         }
@@ -84,24 +85,6 @@ fn shard_list<const N: usize>(shards: &[&ShardKey], extra: impl Fn(usize) -> [i6
     }
     list.push(']');
     list
-}
-
-/// Appends `text` to `out` as a JSON string: quoted, with `"`, `\\` and the control characters
-/// escaped (a wide shard's destination starts with one).
-fn push_json_string(out: &mut String, text: &str) {
-    use std::fmt::Write as _;
-    out.push('"');
-    for character in text.chars() {
-        match character {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            control if u32::from(control) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(control));
-            }
-            other => out.push(other),
-        }
-    }
-    out.push('"');
 }
 
 /// The lease of `options` in milliseconds, as the claim statements take it.

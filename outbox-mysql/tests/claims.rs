@@ -2,9 +2,9 @@
 //! statements however many shards), stepped against another transaction: a state row that
 //! transaction holds, or is creating, leaves that shard to it, the others are claimed, and
 //! nothing waits for a lock. The heads the claim reads with it: those of small shards,
-//! never a busy shard's rows whole. The finish of drained shards (`Store::ack_and_finish_many`: four
-//! or five statements): an empty shard's state row goes, a shard with a message committed
-//! after its read keeps its row, released.
+//! never a busy shard's rows whole. The finish of drained shards
+//! (`Store::ack_and_finish_many`: four or five statements): an empty shard's state row goes,
+//! a shard with a message committed after its read keeps its row, released.
 
 use std::time::Duration;
 

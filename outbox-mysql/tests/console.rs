@@ -162,6 +162,17 @@ async fn the_consoles_reads_do_not_grow_with_the_backlog() {
     }
 }
 
+/// An insert of `count` dead letters, their ids after `first`, over 7 shards of scope 1.
+fn dead_letters(first: i64, count: i64) -> String {
+    format!(
+        "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
+         destination, category, object_identifier, payload, created_at, error, attempts, \
+         first_failed_at, dead_lettered_at, lease_token) \
+         SELECT {first} + seq, 1, seq % 7, '', 1, seq, '{{}}', 0, 'refused', 3, 0, seq, 1 \
+         FROM seq_1_to_{count}"
+    )
+}
+
 /// The gauges count the dead letters exactly below the exact limit, whatever it is set to
 /// (here 15,000, above the body's default), not from InnoDB's estimate: 11,000 letters beside
 /// a backlog of 15,000, and another transaction's letters not yet committed.
@@ -175,15 +186,7 @@ async fn the_gauges_count_dead_letters_exactly_below_a_raised_limit() {
          object_identifier, payload) SELECT 1, seq % 100, 1, seq, '{}' FROM seq_1_to_15000",
     )
     .await;
-    seed(
-        &pool,
-        "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
-         destination, category, object_identifier, payload, created_at, error, attempts, \
-         first_failed_at, dead_lettered_at, lease_token) \
-         SELECT 100000 + seq, 1, seq % 7, '', 1, seq, '{}', 0, 'refused', 3, 0, seq, 1 \
-         FROM seq_1_to_12000",
-    )
-    .await;
+    seed(&pool, &dead_letters(100_000, 12_000)).await;
     sqlx::query("DELETE FROM outbox_dead_letters WHERE message_id > 111000")
         .execute(&pool)
         .await
@@ -194,16 +197,10 @@ async fn the_gauges_count_dead_letters_exactly_below_a_raised_limit() {
         .await
         .expect("connect");
     let mut uncommitted = other.begin().await.expect("begin");
-    sqlx::query(
-        "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
-         destination, category, object_identifier, payload, created_at, error, attempts, \
-         first_failed_at, dead_lettered_at, lease_token) \
-         SELECT 200000 + seq, 1, 1, '', 1, seq, '{}', 0, 'refused', 3, 0, seq, 1 \
-         FROM seq_1_to_500",
-    )
-    .execute(&mut *uncommitted)
-    .await
-    .expect("uncommitted letters");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(dead_letters(200_000, 500)))
+        .execute(&mut *uncommitted)
+        .await
+        .expect("uncommitted letters");
     let store = MySqlStore::new(pool).exact_gauges_up_to(15_000);
     let gauges = Store::gauges(&store).await.expect("gauges");
     assert!(gauges.estimated, "above the limit: {gauges:?}");

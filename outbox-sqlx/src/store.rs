@@ -208,7 +208,6 @@ fn pending_message<D: Dialect>(
     .with_metadata(get::<D::Database, _>(row, payload + 2)?))
 }
 
-/// A count as the statements return it.
 /// `query` with `bound` as its next parameter too, where the dialect takes a bound read as a
 /// `LIMIT` again ([`Dialect::LIMITS_BOUND_AGAIN`]).
 fn again<D: Dialect>(query: Statement<'_, D::Database>, bound: i64) -> Statement<'_, D::Database> {
@@ -219,6 +218,7 @@ fn again<D: Dialect>(query: Statement<'_, D::Database>, bound: i64) -> Statement
     }
 }
 
+/// A count as the statements return it.
 fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
