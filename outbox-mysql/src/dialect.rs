@@ -103,11 +103,13 @@ fn place(n: i64, len: usize) -> Option<usize> {
 type Locked = (i64, Option<String>, bool, bool, i64, i64);
 
 /// Claims those of `shards` that are due and free on `tx` (a transaction at `READ
-/// COMMITTED`), in three statements however many they are: the state rows locked
-/// (`LOCK_STATES`, skipping those another transaction holds), the leases of the due ones
-/// (`TAKE_LEASES`), the rows of the shards that had none (`CREATE_LEASES`). If another
-/// transaction is creating one of those rows, those shards are taken one at a time, so that
-/// that shard alone is left to the other claim. A shard asked for twice is claimed once.
+/// COMMITTED`), in one to three statements however many they are: the state rows of the
+/// shards that have none, created with their leases (`CREATE_LEASES`), then of the others the
+/// state rows locked (`LOCK_STATES`, skipping those another transaction holds) and the due
+/// ones leased (`TAKE_LEASES`). Creating first makes the claim of new shards (most shards,
+/// where each holds a message or two) one statement. If another transaction is creating one
+/// of those rows, the shards are created one at a time, so that that shard alone is left to
+/// the other claim. A shard asked for twice is claimed once.
 async fn claim_on(
     tx: &mut MySqlConnection,
     shards: &[ShardKey],
@@ -115,45 +117,48 @@ async fn claim_on(
 ) -> Result<Vec<Lease>, Error> {
     let mut seen = HashSet::new();
     let shards: Vec<&ShardKey> = shards.iter().filter(|shard| seen.insert(*shard)).collect();
-    let (mut leases, missing) = lock_and_lease(tx, &shards, options).await?;
-    match create_leases(tx, &missing, options).await? {
-        Some(created) => leases.extend(created),
+    let mut leases = match create_leases(tx, &shards, options).await? {
+        Some(created) => created,
         None => {
-            for shard in missing {
-                let (taken, missing) = lock_and_lease(tx, &[shard], options).await?;
-                leases.extend(taken);
-                leases.extend(
-                    create_leases(tx, &missing, options)
-                        .await?
-                        .unwrap_or_default(),
-                );
+            let mut created = Vec::new();
+            for shard in &shards {
+                let one = create_leases(tx, std::slice::from_ref(shard), options).await?;
+                created.extend(one.unwrap_or_default());
             }
+            created
         }
+    };
+    let made: HashSet<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
+    let others: Vec<&ShardKey> = shards
+        .into_iter()
+        .filter(|shard| !made.contains(shard))
+        .collect();
+    drop(made);
+    if !others.is_empty() {
+        leases.extend(lock_and_lease(tx, &others, options).await?);
     }
     Ok(leases)
 }
 
-/// A claim's first two steps (`LOCK_STATES`, `TAKE_LEASES`): the leases of those of `shards`
-/// whose state row it locked and found due, and the shards with no state row.
-async fn lock_and_lease<'s>(
+/// A claim's steps for shards with a state row (`LOCK_STATES`, `TAKE_LEASES`): the leases of
+/// those of `shards` whose state row it locked and found due.
+async fn lock_and_lease(
     tx: &mut MySqlConnection,
-    shards: &[&'s ShardKey],
+    shards: &[&ShardKey],
     options: &ClaimOptions,
-) -> Result<(Vec<Lease>, Vec<&'s ShardKey>), Error> {
+) -> Result<Vec<Lease>, Error> {
     let failed = || database::<MySqlDialect>("claiming shards");
     let locked: Vec<Locked> = sqlx::query_as(LOCK_STATES)
         .bind(shard_list(shards, |_| []))
         .fetch_all(&mut *tx)
         .await
         .map_err(failed())?;
-    let mut has_row = vec![false; shards.len()];
     let mut leases = Vec::new();
     let mut lapsed_at = Vec::new();
     for (n, owner, lapsed, due, token, attempts) in locked {
         let Some(at) = place(n, shards.len()) else {
             continue;
         };
-        has_row[at] = true;
         if due {
             lapsed_at.push(lapsed);
             leases.push(Lease {
@@ -175,17 +180,12 @@ async fn lock_and_lease<'s>(
             .await
             .map_err(failed())?;
     }
-    let missing = shards
-        .iter()
-        .zip(has_row)
-        .filter_map(|(shard, has_row)| (!has_row).then_some(*shard))
-        .collect();
-    Ok((leases, missing))
+    Ok(leases)
 }
 
-/// A claim's last step (`CREATE_LEASES`): the state rows of `shards`, which had none, with
-/// their leases (none for a paused shard); `None` if another transaction is creating one of
-/// them (the statement changed nothing).
+/// A claim's first step (`CREATE_LEASES`): the state rows of those of `shards` that have
+/// none, with their leases (none for a paused shard); `None` if another transaction is
+/// creating one of them (the statement changed nothing).
 async fn create_leases(
     tx: &mut MySqlConnection,
     shards: &[&ShardKey],
@@ -282,46 +282,82 @@ async fn read_heads(
         .collect())
 }
 
+/// The most shards one [`DELETE_DRAINED`] names (four parameters each).
+const DRAINED_CHUNK: usize = 1024;
+
+/// [`DELETE_DRAINED`] for `keys` shards. The list is padded to a power of two (its last key
+/// repeated), so that a connection prepares a few statements, not one per batch size.
+fn delete_drained(keys: usize) -> String {
+    let padded = keys.next_power_of_two();
+    let mut sql = String::with_capacity(
+        DELETE_DRAINED[0].len() + DELETE_DRAINED[1].len() + padded * (DRAINED_KEY.len() + 1),
+    );
+    sql.push_str(DELETE_DRAINED[0]);
+    for at in 0..padded {
+        if at > 0 {
+            sql.push(',');
+        }
+        sql.push_str(DRAINED_KEY);
+    }
+    sql.push_str(DELETE_DRAINED[1]);
+    sql
+}
+
 /// Acknowledges and releases the drained shards of `batch` on `conn` (a transaction the
-/// caller commits), in four or five statements however many they are: the state rows whose
-/// lease still holds locked in key order (`LOCK_HELD`), their shards' acknowledged rows
-/// deleted by id, then of those shards the empty ones' state rows deleted (`DELETE_EMPTY`,
-/// after the plain read `NOT_EMPTY`: see `SHARD_IS_EMPTY`) and the others released
-/// (`RELEASE_ALL`). A shard whose lease was lost changes nothing.
+/// caller commits), in two statements however many they are (up to [`DRAINED_CHUNK`]): the
+/// state rows whose lease still holds deleted, locked in key order ([`DELETE_DRAINED`], which
+/// returns their tokens), then those shards' acknowledged rows deleted by id. A shard whose
+/// lease was lost changes nothing.
 async fn finish_all_on(
     conn: &mut MySqlConnection,
     batch: &[Finishing],
 ) -> Result<Vec<Finished>, Error> {
     let failed = || database::<MySqlDialect>("acknowledging and releasing drained shards");
+    let place_of: HashMap<i64, usize> = batch
+        .iter()
+        .enumerate()
+        .map(|(at, (lease, ..))| (lease.token, at))
+        .collect();
+    let mut is_held = vec![false; batch.len()];
+    // In key order: a batch of several lists locks them one after the other.
     let mut order: Vec<usize> = (0..batch.len()).collect();
     order.sort_by_cached_key(|&at| {
         let shard = &batch[at].0.shard;
         (shard.scope.0, stored_shard(shard))
     });
-    let keys_and_tokens = |places: &[usize]| {
-        let shards: Vec<&ShardKey> = places.iter().map(|&at| &batch[at].0.shard).collect();
-        shard_list(&shards, |i| [batch[places[i]].0.token])
-    };
-    let locked: Vec<i64> = sqlx::query_scalar(LOCK_HELD)
-        .bind(keys_and_tokens(&order))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(failed())?;
-    let mut is_held = vec![false; batch.len()];
-    for n in locked {
-        if let Some(at) = place(n, order.len()).map(|place| order[place]) {
-            is_held[at] = true;
+    for chunk in order.chunks(DRAINED_CHUNK) {
+        let last = chunk.len() - 1;
+        let mut query = sqlx::query(AssertSqlSafe(delete_drained(chunk.len())));
+        for key in 0..chunk.len().next_power_of_two() {
+            let lease = &batch[chunk[key.min(last)]].0;
+            let (identifier, destination) = stored_shard(&lease.shard);
+            query = query
+                .bind(lease.shard.scope.0)
+                .bind(identifier)
+                .bind(destination)
+                .bind(lease.token);
+        }
+        let tokens: Vec<i64> = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(failed())?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(failed())?;
+        for token in tokens {
+            if let Some(&at) = place_of.get(&token) {
+                is_held[at] = true;
+            }
         }
     }
-    // The shards whose lease holds, in key order.
-    let held: Vec<usize> = order.iter().copied().filter(|&at| is_held[at]).collect();
     let mut deleted = vec![0u64; batch.len()];
-    let owners: HashMap<i64, usize> = held
+    let owners: HashMap<i64, usize> = batch
         .iter()
-        .flat_map(|&at| {
-            batch[at]
-                .2
-                .iter()
+        .enumerate()
+        .filter(|&(at, _)| is_held[at])
+        .flat_map(|(at, (_, _, acks))| {
+            acks.iter()
                 .flat_map(move |ack| ack.ids.iter().map(move |id| (id.0, at)))
         })
         .collect();
@@ -340,34 +376,6 @@ async fn finish_all_on(
             let id: i64 = row.try_get(0).map_err(failed())?;
             if let Some(&at) = owners.get(&id) {
                 deleted[at] += 1;
-            }
-        }
-    }
-    if !held.is_empty() {
-        let shards: Vec<&ShardKey> = held.iter().map(|&at| &batch[at].0.shard).collect();
-        let still: Vec<i64> = sqlx::query_scalar(NOT_EMPTY)
-            .bind(shard_list(&shards, |_| []))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(failed())?;
-        let mut has_rows = vec![false; held.len()];
-        for n in still {
-            if let Some(at) = place(n, has_rows.len()) {
-                has_rows[at] = true;
-            }
-        }
-        let (empty, busy): (Vec<_>, Vec<_>) = held
-            .iter()
-            .zip(&has_rows)
-            .partition(|(_, has_rows)| !**has_rows);
-        for (sql, places) in [(DELETE_EMPTY, empty), (RELEASE_ALL, busy)] {
-            let places: Vec<usize> = places.into_iter().map(|(&at, _)| at).collect();
-            if !places.is_empty() {
-                sqlx::query(sql)
-                    .bind(keys_and_tokens(&places))
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(failed())?;
             }
         }
     }

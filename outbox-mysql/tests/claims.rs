@@ -1,10 +1,10 @@
-//! MariaDB's statements on many shards at once. The claim (`Store::claim_many`: three
+//! MariaDB's statements on many shards at once. The claim (`Store::claim_many`: one to three
 //! statements however many shards), stepped against another transaction: a state row that
 //! transaction holds, or is creating, leaves that shard to it, the others are claimed, and
 //! nothing waits for a lock. The heads the claim reads with it: those of small shards,
 //! never a busy shard's rows whole. The finish of drained shards
-//! (`Store::ack_and_finish_many`: four or five statements): an empty shard's state row goes,
-//! a shard with a message committed after its read keeps its row, released.
+//! (`Store::ack_and_finish_many`: two statements): each shard's state row goes, also that of
+//! a shard with a message committed after its read, which stays due.
 
 use std::time::Duration;
 
@@ -168,7 +168,7 @@ async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
 }
 
 #[tokio::test]
-async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messages() {
+async fn drained_shards_finished_together_keep_no_state_row_and_a_new_message_stays_due() {
     let (_database, pool) = with_messages(3).await;
     let store = MySqlStore::new(pool.clone());
     let wanted: Vec<ShardKey> = (1..=3).map(shard).collect();
@@ -211,11 +211,8 @@ async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messa
     .fetch_all(&pool)
     .await
     .expect("the state rows");
-    assert_eq!(
-        states,
-        [(2, None, 0)],
-        "only shard 2 keeps its state row, released"
-    );
+    // A released state row and none say the same: no shard keeps one, shard 2 included.
+    assert_eq!(states, [], "no drained shard keeps its state row");
     let pending: Vec<(i64, i64)> =
         sqlx::query_as("SELECT shard_identifier, object_identifier FROM outbox_messages")
             .fetch_all(&pool)
@@ -229,6 +226,71 @@ async fn drained_shards_finished_together_keep_the_state_of_those_with_new_messa
         .expect("shard 2 is due again");
     let head = again.fetch(10).await.expect("fetch");
     assert_eq!(head[0].object_identifier, Id::integer(99));
+}
+
+/// A finish of more shards than one statement names (1,024): every shard's state row and
+/// message go, in several statements, but for the shard whose lease another claim took
+/// meanwhile (in the second statement's part): it keeps its message and that claim's row.
+#[tokio::test]
+async fn a_finish_of_more_shards_than_one_statement_names_releases_each_held_shard() {
+    const SHARDS: i64 = 1_100;
+    let (_database, pool) = with_messages(SHARDS as u32).await;
+    let store = MySqlStore::new(pool.clone());
+    let wanted: Vec<ShardKey> = (1..=SHARDS).map(shard).collect();
+    let sessions = store
+        .claim_many(&wanted, &options(), 10)
+        .await
+        .expect("claim");
+    assert_eq!(sessions.len(), SHARDS as usize);
+    let mut finishing = Vec::new();
+    for mut session in sessions {
+        let head = session.fetch(10).await.expect("fetch");
+        let acks = head
+            .iter()
+            .map(|message| Acknowledgement {
+                group: GroupKey {
+                    category: CategoryId(1),
+                    object_identifier: message.object_identifier,
+                },
+                ids: vec![message.id],
+            })
+            .collect::<Vec<_>>();
+        finishing.push((session, acks));
+    }
+    // Shard 1,050's lease lapsed and another claim holds it, with a token of its own.
+    sqlx::query(
+        "UPDATE outbox_shards SET lease_token = NEXTVAL(outbox_lease_tokens), \
+         lease_owner = 'other' WHERE shard_identifier = 1050",
+    )
+    .execute(&pool)
+    .await
+    .expect("another claim");
+    let results = store.ack_and_finish_many(finishing).await;
+    for (at, result) in results.iter().enumerate() {
+        if at == 1049 {
+            assert!(
+                matches!(result, Err(outbox_core::Error::LeaseLost { .. })),
+                "{result:?}"
+            );
+        } else {
+            assert!(
+                matches!(result, Ok((1, true))),
+                "shard {}: {result:?}",
+                at + 1
+            );
+        }
+    }
+    let states: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT shard_identifier, lease_owner FROM outbox_shards")
+            .fetch_all(&pool)
+            .await
+            .expect("the state rows");
+    assert_eq!(states, [(1050, Some("other".to_owned()))]);
+    let pending: Vec<i64> = sqlx::query_scalar("SELECT shard_identifier FROM outbox_messages")
+        .fetch_all(&pool)
+        .await
+        .expect("the outbox");
+    assert_eq!(pending, [1050]);
 }
 
 /// The messages of `shard` (1 to 4) a claim's session reads first, and the index entries the
