@@ -2,7 +2,8 @@
 //!
 //! The MariaDB store of **outbox**: write outbox messages in your own `sqlx` MySQL-protocol
 //! transactions, and let an [`outbox_core::Relay`] over a [`MySqlStore`] deliver them. It runs
-//! on MariaDB 10.6 and later.
+//! on MariaDB 10.6 and later. MySQL is not supported: the statements use what MariaDB has and
+//! MySQL 8 does not (`RETURNING`, sequences, `SET STATEMENT … FOR`).
 //!
 //! - [`migrate`] applies the embedded migrations, recorded in the library's own
 //!   `_outbox_migrations` table. Run it (or give [`migrator`] to a migration tool of your
