@@ -13,7 +13,7 @@ use outbox_core::store::{
     Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession, Store,
 };
 use outbox_core::{CategoryId, Id};
-use outbox_mysql::MySqlStore;
+use outbox_mysql::{MySqlSession, MySqlStore};
 use outbox_testkit::mysql::MySqlTestDatabase;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 
@@ -167,19 +167,22 @@ async fn each_shard_is_claimed_once_with_a_token_of_its_own() {
     );
 }
 
-#[tokio::test]
-async fn drained_shards_finished_together_keep_no_state_row_and_a_new_message_stays_due() {
-    let (_database, pool) = with_messages(3).await;
-    let store = MySqlStore::new(pool.clone());
-    let wanted: Vec<ShardKey> = (1..=3).map(shard).collect();
-    let mut finishing = Vec::new();
-    for mut session in store
+/// Shards 1 to `shards`, claimed at once (each of them, or the test fails), each with the
+/// acknowledgement of every message its session read first, one group a message.
+async fn claimed_and_read(
+    store: &MySqlStore,
+    shards: i64,
+) -> Vec<(MySqlSession, Vec<Acknowledgement>)> {
+    let wanted: Vec<ShardKey> = (1..=shards).map(shard).collect();
+    let sessions = store
         .claim_many(&wanted, &options(), 10)
         .await
-        .expect("claim")
-    {
+        .expect("claim");
+    assert_eq!(sessions.len(), wanted.len(), "every shard is claimed");
+    let mut read = Vec::new();
+    for mut session in sessions {
         let head = session.fetch(10).await.expect("fetch");
-        let acks: Vec<Acknowledgement> = head
+        let acks = head
             .iter()
             .map(|message| Acknowledgement {
                 group: GroupKey {
@@ -189,10 +192,17 @@ async fn drained_shards_finished_together_keep_no_state_row_and_a_new_message_st
                 ids: vec![message.id],
             })
             .collect();
-        assert_eq!(acks.len(), 1);
-        finishing.push((session, acks));
+        read.push((session, acks));
     }
-    assert_eq!(finishing.len(), 3);
+    read
+}
+
+#[tokio::test]
+async fn drained_shards_finished_together_keep_no_state_row_and_a_new_message_stays_due() {
+    let (_database, pool) = with_messages(3).await;
+    let store = MySqlStore::new(pool.clone());
+    let finishing = claimed_and_read(&store, 3).await;
+    assert!(finishing.iter().all(|(_, acks)| acks.len() == 1));
     // Shard 2 gets a message after its read.
     sqlx::query(
         "INSERT INTO outbox_messages (shard_scope, shard_identifier, category, \
@@ -236,27 +246,7 @@ async fn a_finish_of_more_shards_than_one_statement_names_releases_each_held_sha
     const SHARDS: i64 = 1_100;
     let (_database, pool) = with_messages(SHARDS as u32).await;
     let store = MySqlStore::new(pool.clone());
-    let wanted: Vec<ShardKey> = (1..=SHARDS).map(shard).collect();
-    let sessions = store
-        .claim_many(&wanted, &options(), 10)
-        .await
-        .expect("claim");
-    assert_eq!(sessions.len(), SHARDS as usize);
-    let mut finishing = Vec::new();
-    for mut session in sessions {
-        let head = session.fetch(10).await.expect("fetch");
-        let acks = head
-            .iter()
-            .map(|message| Acknowledgement {
-                group: GroupKey {
-                    category: CategoryId(1),
-                    object_identifier: message.object_identifier,
-                },
-                ids: vec![message.id],
-            })
-            .collect::<Vec<_>>();
-        finishing.push((session, acks));
-    }
+    let finishing = claimed_and_read(&store, SHARDS).await;
     // Shard 1,050's lease lapsed and another claim holds it, with a token of its own.
     sqlx::query(
         "UPDATE outbox_shards SET lease_token = NEXTVAL(outbox_lease_tokens), \
