@@ -128,12 +128,14 @@ async fn claim_on(
             created
         }
     };
-    let made: HashSet<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
-    let others: Vec<&ShardKey> = shards
-        .into_iter()
-        .filter(|shard| !made.contains(shard))
-        .collect();
-    drop(made);
+    // The shards not created: those with a state row (or paused).
+    let others: Vec<&ShardKey> = {
+        let made: HashSet<&ShardKey> = leases.iter().map(|lease| &lease.shard).collect();
+        shards
+            .into_iter()
+            .filter(|shard| !made.contains(shard))
+            .collect()
+    };
     if !others.is_empty() {
         leases.extend(lock_and_lease(tx, &others, options).await?);
     }

@@ -299,12 +299,12 @@ pub(crate) const HEADS: &str = concat!(
 /// The column of `HEADS` that holds the key's place.
 pub(crate) const HEADS_PLACE: usize = 8;
 
-// A claim of shards with a state row, first step: the state rows of the shards of `$1` (a JSON array of keys), each
-// locked unless another transaction holds it (then no row: a claim never waits), each row led
-// by its key's place `n`: its lease's owner, whether that lease lapsed without a release,
-// whether the shard is due and free, a fencing token, and its attempts. A shard with no state
-// row has no row either. The keys drive the join: each state row is one primary-key lookup
-// (as in `TAKE_LEASES`).
+// A claim of shards with a state row, first step: the state rows of the shards of `$1` (a JSON
+// array of keys), each locked unless another transaction holds it (then no row: a claim never
+// waits), each row led by its key's place `n`: its lease's owner, whether that lease lapsed
+// without a release, whether the shard is due and free, a fencing token, and its attempts. A
+// shard with no state row has no row either. The keys drive the join: each state row is one
+// primary-key lookup (as in `TAKE_LEASES`).
 pub(crate) const LOCK_STATES: &str = concat!(
     "SELECT k.n, s.lease_owner, s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
     now!(),
@@ -336,13 +336,13 @@ pub(crate) const TAKE_LEASES: &str = concat!(
     " + ?, s.attempts = s.attempts + k.lapsed"
 );
 
-// A claim, first step: the state rows of the shards of `$1` (a JSON array of keys) that have none,
-// with their leases (`$2` the worker, `$3` the lease in milliseconds), but of no shard a pause
-// holds. Run with no wait for locks: at `READ COMMITTED`, an `INSERT … SELECT` reads
-// `outbox_shards` without locking it, so a committed row is left out, and a row another transaction
-// is creating makes the statement fail at once (a duplicate key or a lock wait), changing nothing;
-// the claim then takes the shards one by one, and that shard is another worker's. (The parameters
-// are `q`: `paused!` names the pauses `p`.)
+// A claim, first step: the state rows of the shards of `$1` (a JSON array of keys) that have
+// none, with their leases (`$2` the worker, `$3` the lease in milliseconds), but of no shard a
+// pause holds. Run with no wait for locks: at `READ COMMITTED`, an `INSERT … SELECT` reads
+// `outbox_shards` without locking it, so a committed row is left out, and a row another
+// transaction is creating makes the statement fail at once (a duplicate key or a lock wait),
+// changing nothing; the claim then takes the shards one by one, and that shard is another
+// worker's. (The parameters are `q`: `paused!` names the pauses `p`.)
 pub(crate) const CREATE_LEASES: &str = concat!(
     "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
     INSERT INTO outbox_shards \

@@ -578,8 +578,9 @@ async fn ordered(
         shards.sort_unstable();
         shards.dedup();
         let keys = serde_json::to_string(&shards).map_err(failed("the page's shards"))?;
-        // Two connections' leases can deadlock (an `INSERT IGNORE` locks the keys it finds
-        // taken): InnoDB ends one, and the loop tries again.
+        // Should InnoDB end the lease as a deadlock's victim (seen while the connections still
+        // read the same pages, each `INSERT IGNORE` locking the keys it found taken), the loop
+        // tries again.
         let leased = loop {
             let leased = sqlx::query(AssertSqlSafe(format!(
                 "INSERT IGNORE INTO bench_shard_leases \
@@ -633,9 +634,9 @@ async fn ordered(
 }
 
 /// [`Loop::Ordered`]'s last step, in one transaction: the leases of `token` deleted (their
-/// number returned: each proves its lease) and the rows read, `ids`, deleted. Two
-/// connections' transactions can deadlock (a lease another connection's `INSERT IGNORE`
-/// found taken): InnoDB ends one, and its loop tries again.
+/// number returned: each proves its lease) and the rows read, `ids`, deleted. Should InnoDB
+/// end it as a deadlock's victim (seen while the connections still read the same pages), the
+/// loop tries again.
 async fn release_and_delete(
     pool: &MySqlPool,
     token: i64,
