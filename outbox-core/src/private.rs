@@ -1,4 +1,5 @@
-//! What the macros' expansions name, through `::outbox_core::__private`. Not public API.
+//! What the macros' expansions name, through `::outbox_core::__private`, and what the test
+//! kit steps a relay with. Not public API.
 
 pub use crate::categories::not_in_enum;
 pub use crate::error::SourceLocation;
@@ -65,3 +66,15 @@ impl crate::model::Scope for Undeclared {
 }
 
 pub use crate::id::Identifier;
+
+/// Sets the pace `relay` measured its handlers at to `turn` a turn, as if each turn so far had
+/// lasted that long: how many shards it holds while they wait for a turn follows from it. The
+/// test kit's tests of held shards pin it rather than measure it on a busy machine, where one
+/// turn preempted for a few milliseconds leaves the relay holding fewer shards than the test
+/// steps. Real turns go on updating it.
+pub fn assume_turns_take<S: crate::store::Store>(
+    relay: &crate::Relay<S>,
+    turn: std::time::Duration,
+) {
+    relay.assume_turns_take(turn);
+}

@@ -81,6 +81,12 @@ impl<S: Store> std::fmt::Debug for Relay<S> {
 }
 
 impl<S: Store> Relay<S> {
+    /// Takes every handler's turn so far to have lasted `turn` (see
+    /// [`crate::__private::assume_turns_take`]).
+    pub(crate) fn assume_turns_take(&self, turn: std::time::Duration) {
+        self.inner.pace.assume(turn);
+    }
+
     /// A relay with the default configuration.
     pub fn new(store: S, registry: Registry) -> Self {
         Self::with_config(store, registry, RelayConfig::default())

@@ -358,6 +358,13 @@ impl Pace {
         self.nanos_per_turn.store(next.max(1), Ordering::Relaxed);
     }
 
+    /// Takes every turn so far to have lasted `turn`: the pace a test pins (see
+    /// [`crate::__private::assume_turns_take`]).
+    pub(super) fn assume(&self, turn: Duration) {
+        let turn = u64::try_from(turn.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos_per_turn.store(turn.max(1), Ordering::Relaxed);
+    }
+
     /// The shards to hold at once: what `slots` handlers at the measured pace get through
     /// within the horizon, no fewer than `slots` and no more than `most`.
     pub(super) fn shards_to_hold(&self, slots: usize, most: usize) -> usize {
