@@ -106,6 +106,12 @@ fn url_errors_never_show_the_password() {
     for url in [
         "postgress://app:hunter2@db/app",
         "mysql://root:hunter2@db/app",
+        // No `//`: the driver would read it all as the database's name, which the server's
+        // error quotes.
+        "mysql:root:hunter2@127.0.0.1:3306/app",
+        "mariadb:root:hun%40ter2@127.0.0.1/app",
+        "postgres:postgres:hunter2@127.0.0.1:5432/postgres",
+        "postgresql:/postgres:hunt%65r2@127.0.0.1/postgres",
         "mysql://root@db/app?password=hunter2",
         "mariadb://root@db/app?pass%77ord=hunter2",
     ] {

@@ -135,7 +135,7 @@ pub use crate::model::{
 pub use crate::registry::{Registry, RegistryBuilder};
 pub use crate::relay::{Backoff, DrainReport, Relay, RelayConfig, RelayConfigBuilder, RunReport};
 pub use crate::replicated::{FanOutModel, IntoModelBatch, LocalModel, ModelBatch, ReplicatedModel};
-pub use crate::secret::redact_url;
+pub use crate::secret::{redact_url, redact_url_in};
 pub use crate::shutdown::shutdown_signal;
 pub use crate::store::HandlerMode;
 

@@ -55,7 +55,24 @@ fn redact_parsed(mut url: url::Url) -> String {
             .collect();
         url.query_pairs_mut().clear().extend_pairs(pairs);
     }
-    url.to_string()
+    let shown = url.to_string();
+    // `scheme:user:password@host` or `scheme:/user:password@host` (no `//`) parses with all
+    // of it as the path.
+    match raw_password(&shown) {
+        Some(password) if url.host().is_none() => shown.replacen(password, HIDDEN, 1),
+        _ => shown,
+    }
+}
+
+/// The password in `url`'s user-info as written, read off the text itself: for a URL that
+/// does not parse, or that parses with no authority (`amqp:user:password@host`, with no `//`).
+fn raw_password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once(':')?;
+    let rest = rest.trim_start_matches('/');
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (user_info, _) = authority.rsplit_once('@')?;
+    let (_, password) = user_info.split_once(':')?;
+    (!password.is_empty()).then_some(password)
 }
 
 /// The names of `url`'s query parameters that hold a secret (`password`, `sslpassword`,
@@ -86,9 +103,26 @@ fn holds_secret(key: &str, value: &str) -> bool {
 /// `text` (a driver's account of what is wrong with `url`) without the secrets `url` holds:
 /// its password, and the values of its secret parameters, as written and as decoded, each
 /// replaced with `***`. A driver quotes the value it could not read, and that value may hold
-/// a password.
-pub(crate) fn scrub(text: &str, url: &str) -> String {
+/// a password: a sink of your own that connects with a URL shows its driver's errors through
+/// this, and the URL itself through [`redact_url`].
+///
+/// ```
+/// use outbox_core::redact_url_in;
+///
+/// let url = "amqp:guest:hun%40ter2@broker/%2f";
+/// assert_eq!(
+///     redact_url_in(&format!("Invalid URL: '{url}'"), url),
+///     "Invalid URL: 'amqp:guest:***@broker/%2f'"
+/// );
+/// ```
+pub fn redact_url_in(text: &str, url: &str) -> String {
     let mut secrets: Vec<String> = Vec::new();
+    if let Some(password) = raw_password(url) {
+        secrets.push(password.to_owned());
+        if let Ok(decoded) = percent_decode(password) {
+            secrets.push(decoded);
+        }
+    }
     if let Ok(parsed) = url::Url::parse(url) {
         if let Some(password) = parsed.password() {
             secrets.push(password.to_owned());
@@ -164,6 +198,10 @@ mod tests {
         "postgres://app:hun ter2@db/app",
         "sqlite:outbox.db?password=hunter2",
         "mysql://root:hunter2@db/app",
+        "amqp:guest:hunter2@broker/%2f",
+        "amqp:guest:hun%40ter2@broker:notaport/%2f",
+        "postgres:app:hunter%32@db/app?sslmode=require",
+        "postgres:/app:hunter2@db/app",
         "mysql://root@db/app?ssl-mode=bogus?password=hunter2",
         "host=db password=hunter2",
     ];
@@ -196,11 +234,19 @@ mod tests {
                 "cannot read hun%40ter2 (hun@ter2)",
             ),
             (
+                "amqp:guest:hun%40ter2@broker/%2f",
+                "Invalid URL: 'amqp:guest:hun%40ter2@broker/%2f' (hun@ter2)",
+            ),
+            (
+                "postgres://app:hunter2@db:notaport/app",
+                "invalid port in postgres://app:hunter2@db:notaport/app",
+            ),
+            (
                 "postgres://app@db/app?pass%77ord=hunter2&sslmode=x",
                 "sslmode x, pass%77ord=hunter2",
             ),
         ] {
-            let scrubbed = super::scrub(reason, url);
+            let scrubbed = super::redact_url_in(reason, url);
             assert!(
                 !scrubbed.contains("hunter2") && !scrubbed.contains("hun@ter2"),
                 "{scrubbed}"
@@ -208,7 +254,7 @@ mod tests {
             assert!(scrubbed.contains("***"), "{scrubbed}");
         }
         assert_eq!(
-            super::scrub("port notaport", "postgres://app@db:5432/app"),
+            super::redact_url_in("port notaport", "postgres://app@db:5432/app"),
             "port notaport"
         );
     }
@@ -228,6 +274,10 @@ mod tests {
         assert_eq!(
             redact_url("sqlite://data/outbox.db"),
             "sqlite://data/outbox.db"
+        );
+        assert_eq!(
+            redact_url("amqp:guest:hunter2@broker/%2f"),
+            "amqp:guest:***@broker/%2f"
         );
         assert_eq!(redact_url("postgres://db:notaport/x"), "postgres://…");
         assert_eq!(redact_url("not a url"), "…");

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
 use outbox_core::inbox::{ConsumeReport, Consumer, Incoming};
 use tracing::{debug, warn};
@@ -21,6 +22,18 @@ const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
 /// How often the consumer asks the queue how many messages wait in it (its lag).
 const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Why a [`RabbitConsumer`] could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The URI does not read as an AMQP URI.
+    #[error(transparent)]
+    InvalidUri(#[from] crate::InvalidUri),
+    /// The first connection, or the first `basic.consume` (no such queue), failed.
+    #[error("consuming from RabbitMQ failed")]
+    Amqp(#[from] lapin::Error),
+}
 
 /// A consumer of a RabbitMQ queue with manual acknowledgements that applies each message
 /// through an outbox [`Consumer`]: the handler's effect and the inbox record commit in one
@@ -73,13 +86,15 @@ impl RabbitConsumer {
     /// connection closes); a message being applied is finished first.
     ///
     /// The connection may fail meanwhile: the consumer connects again, and RabbitMQ delivers
-    /// again what was not acknowledged. Fails only if the first connection, or the first
-    /// `basic.consume` (no such queue), fails.
+    /// again what was not acknowledged. Fails only if `uri` does not read as an AMQP URI, or
+    /// the first connection, or the first `basic.consume` (no such queue), fails; no error
+    /// shows the URI's password.
     pub async fn run(
         &self,
         uri: &str,
         stop: impl Future<Output = ()>,
-    ) -> Result<ConsumeReport, lapin::Error> {
+    ) -> Result<ConsumeReport, ConsumeError> {
+        let uri = crate::parse_uri(uri)?;
         let mut report = ConsumeReport::default();
         let mut stop = std::pin::pin!(stop);
         let mut first = true;
@@ -87,11 +102,11 @@ impl RabbitConsumer {
             let opened = tokio::select! {
                 biased;
                 () = stop.as_mut() => return Ok(report),
-                opened = self.open(uri) => opened,
+                opened = self.open(&uri) => opened,
             };
             let (connection, channel, mut deliveries) = match opened {
                 Ok(opened) => opened,
-                Err(error) if first => return Err(error),
+                Err(error) if first => return Err(error.into()),
                 Err(error) => {
                     warn!(queue = %self.queue, %error, "connecting to RabbitMQ failed; trying again");
                     tokio::select! {
@@ -149,9 +164,10 @@ impl RabbitConsumer {
     /// A connection, its channel (with the prefetch), and the queue's deliveries.
     async fn open(
         &self,
-        uri: &str,
+        uri: &AMQPUri,
     ) -> Result<(Connection, Channel, lapin::Consumer), lapin::Error> {
-        let connection = Connection::connect(uri, ConnectionProperties::default()).await?;
+        let connection =
+            Connection::connect_uri(uri.clone(), ConnectionProperties::default()).await?;
         let channel = connection.create_channel().await?;
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())

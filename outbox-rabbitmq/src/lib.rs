@@ -43,7 +43,7 @@
 
 mod consumer;
 
-pub use crate::consumer::{DEFAULT_PREFETCH, RabbitConsumer};
+pub use crate::consumer::{ConsumeError, DEFAULT_PREFETCH, RabbitConsumer};
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -52,6 +52,7 @@ use std::time::Duration;
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
 };
@@ -90,7 +91,7 @@ impl std::fmt::Debug for RabbitSink {
 /// of the confirms it resolves together, so a channel's returns can be matched to their
 /// messages (by message id) only among the publishes of one caller.
 struct Link {
-    uri: String,
+    uri: AMQPUri,
     timeout: Duration,
     open: tokio::sync::Mutex<Option<(Connection, Channel)>>,
     idle: std::sync::Mutex<Vec<Channel>>,
@@ -122,7 +123,8 @@ impl Link {
                 (connection, channel)
             }
             _ => {
-                let connect = Connection::connect(&self.uri, ConnectionProperties::default());
+                let connect =
+                    Connection::connect_uri(self.uri.clone(), ConnectionProperties::default());
                 let connection = tokio::time::timeout(self.timeout, connect)
                     .await
                     .map_err(|_| ConnectError::TimedOut(self.timeout))??;
@@ -166,10 +168,31 @@ impl Link {
     }
 }
 
+/// An AMQP URI that does not read as one, shown without its password (neither the URI nor
+/// the reason quoting it: [`outbox_core::redact_url`]).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid AMQP URI {uri}: {reason}")]
+pub struct InvalidUri {
+    uri: String,
+    reason: String,
+}
+
+/// `uri` as lapin reads it (`amqp://user:password@host:port/vhost`, or `amqps://`), read once
+/// here so that lapin's own error, which quotes the URI whole, is never shown.
+pub(crate) fn parse_uri(uri: &str) -> Result<AMQPUri, InvalidUri> {
+    uri.parse().map_err(|reason: String| InvalidUri {
+        uri: outbox_core::redact_url(uri),
+        reason: outbox_core::redact_url_in(&reason, uri),
+    })
+}
+
 /// Why the sink could not open its connection and confirming channel.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
+    /// The URI does not read as an AMQP URI.
+    #[error(transparent)]
+    InvalidUri(#[from] InvalidUri),
     /// The broker refused the connection or the channel, or could not be reached.
     #[error("connecting to RabbitMQ failed")]
     Amqp(#[from] lapin::Error),
@@ -191,10 +214,11 @@ impl RabbitSink {
     /// Connects to `uri` (`amqp://user:password@host:port/vhost`) and publishes to the
     /// default exchange with routing keys `outbox.<category>` (so to the queue of that name),
     /// waiting up to [`DEFAULT_CONFIRM_TIMEOUT`] for each confirm. Fails if the broker cannot
-    /// be reached now: a misconfigured address shows at start-up.
+    /// be reached now: a misconfigured address shows at start-up. No error shows the URI's
+    /// password.
     pub async fn connect(uri: impl Into<String>) -> Result<Self, ConnectError> {
         let link = Arc::new(Link {
-            uri: uri.into(),
+            uri: parse_uri(&uri.into())?,
             timeout: DEFAULT_CONFIRM_TIMEOUT,
             open: tokio::sync::Mutex::new(None),
             idle: std::sync::Mutex::new(Vec::new()),

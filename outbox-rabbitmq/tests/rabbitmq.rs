@@ -284,3 +284,62 @@ async fn an_outage_opens_the_breaker_and_loses_nothing() {
     .await;
     queue.remove().await;
 }
+
+/// What must never be shown of a URI: its password, as written and as decoded.
+const SECRETS: &[&str] = &["hunter2", "hunt%65r2", "hun%40ter2", "hun@ter2"];
+
+/// URIs with a password that fail to connect, each in its own way: a URI that does not parse
+/// (no `//`, a port that is not a number, a virtual host that is not UTF-8, a heartbeat that
+/// is not a number), a port nothing
+/// listens on, and a password the broker refuses; the password written in each form.
+fn failing_uris() -> Vec<String> {
+    let mut uris = Vec::new();
+    for password in ["hunter2", "hunt%65r2", "hun%40ter2"] {
+        uris.extend([
+            format!("amqp:guest:{password}@{RABBITMQ}/%2f"),
+            format!("amqp://guest:{password}@127.0.0.1:notaport/%2f"),
+            format!("amqp://guest:{password}@{RABBITMQ}/%ff"),
+            format!("amqps://guest:{password}@127.0.0.1:1/%2f"),
+            format!("amqp://guest:{password}@{RABBITMQ}/%2f"),
+            format!("amqp://guest:{password}@{RABBITMQ}/%2f?heartbeat=soon"),
+        ]);
+    }
+    uris
+}
+
+#[track_caller]
+fn assert_no_secret(uri: &str, shown: &str) {
+    for secret in SECRETS {
+        assert!(
+            !shown.contains(secret),
+            "connecting to {uri} failed showing the password: {shown}"
+        );
+    }
+}
+
+/// No password reaches the error of a sink or a consumer that cannot connect (S27): not its
+/// message, not its causes, not its debug form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_connection_shows_no_password() {
+    let billing = outbox_testkit::consumers::billing_database().await;
+    let consumer = outbox_rabbitmq::RabbitConsumer::new(
+        outbox_testkit::consumers::billing_consumer(
+            outbox_sqlite::SqliteStore::new(billing.pool().clone()),
+            outbox_testkit::consumers::Charge::default(),
+        ),
+        "outbox_test_no_such_queue",
+    );
+    for uri in failing_uris() {
+        let error = RabbitSink::connect(uri.clone())
+            .await
+            .expect_err("the sink cannot connect");
+        assert_no_secret(&uri, &outbox_core::error::error_chain(&error));
+        assert_no_secret(&uri, &format!("{error:?}"));
+        let error = consumer
+            .run(&uri, std::future::pending())
+            .await
+            .expect_err("the consumer cannot connect");
+        assert_no_secret(&uri, &outbox_core::error::error_chain(&error));
+        assert_no_secret(&uri, &format!("{error:?}"));
+    }
+}

@@ -38,7 +38,9 @@ pub fn opener_of(scheme: &str) -> Option<&'static str> {
 /// Refuses a URL whose scheme is not one of `schemes` (the database `name`'s): a driver would
 /// read `postgress://` or another backend's URL as its own, and fail (or connect) far from the
 /// typo. The error names the scheme and what is expected, never the rest of the URL, and the
-/// function that opens another backend's URL.
+/// function that opens another backend's URL. A URL with no `//` after its scheme
+/// (`mysql:user:password@host/db`) is refused too: a driver reads all of it as the
+/// database's name, and the server's error then quotes it, password and all.
 pub fn check_scheme(url: &str, name: &str, schemes: &[&str]) -> Result<(), Error> {
     let expected = schemes
         .iter()
@@ -55,7 +57,18 @@ pub fn check_scheme(url: &str, name: &str, schemes: &[&str]) -> Result<(), Error
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
         });
     match scheme {
-        Some(scheme) if schemes.iter().any(|own| scheme.eq_ignore_ascii_case(own)) => Ok(()),
+        Some(scheme) if schemes.iter().any(|own| scheme.eq_ignore_ascii_case(own)) => {
+            if url[scheme.len() + 1..].starts_with("//") {
+                Ok(())
+            } else {
+                Err(Error::invalid_database_url(
+                    url,
+                    format!(
+                        "`{scheme}:` is not followed by `//`: expected a URL beginning {expected}"
+                    ),
+                ))
+            }
+        }
         Some(scheme) => {
             let elsewhere = opener_of(scheme)
                 .map(|opener| format!(" (that database opens with `{opener}`)"))
@@ -158,6 +171,13 @@ mod tests {
             }
         }
         assert!(check_scheme("not a url", "PostgreSQL", &postgres).is_err());
+        for url in ["postgres:app:secret@db/x", "postgresql:/app:secret@db/x"] {
+            let error = check_scheme(url, "PostgreSQL", &postgres)
+                .expect_err(url)
+                .to_string();
+            assert!(error.contains("not followed by `//`"), "{error}");
+            assert!(!error.contains("secret"), "{error}");
+        }
         let mariadb = check_scheme(
             "postgres://app:secret@db/x",
             "MariaDB",

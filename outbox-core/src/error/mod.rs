@@ -278,7 +278,7 @@ impl Error {
     pub fn invalid_database_url(url: &str, reason: impl Into<String>) -> Self {
         Self::InvalidDatabaseUrl {
             url: redact_url(url),
-            reason: crate::secret::scrub(&reason.into(), url),
+            reason: crate::secret::redact_url_in(&reason.into(), url),
         }
     }
 
