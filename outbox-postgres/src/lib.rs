@@ -24,8 +24,9 @@
 //!   model functions) are found by the relay's polling: within
 //!   `RelayConfig::poll_interval` at worst, sooner while messages keep arriving. With few
 //!   concurrent writers, [`enable_commit_trigger`] makes every insert notify at its commit
-//!   instead (at the cost of serialising the commits of those transactions). Turn
-//!   `RelayConfig::wake_on_commit` off behind poolers that break `LISTEN`.
+//!   instead (at the cost of serialising the commits of those transactions). Behind poolers
+//!   that break `LISTEN`, turn `RelayConfigBuilder::listen_for_other_processes` off: this
+//!   process's commits still wake its relays.
 //!
 //! ## TLS
 //!

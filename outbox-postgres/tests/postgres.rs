@@ -268,6 +268,43 @@ async fn another_processs_announcement_wakes_an_idle_relay() {
     assert_eq!(report.deliveries, 2);
 }
 
+/// Behind a pooler that breaks `LISTEN`: the relay does not listen, and this process's
+/// commits still wake it at once; another process's announcement does not (its messages wait
+/// for the poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_listen_this_processs_commits_still_wake_the_relay() {
+    let database = migrated().await;
+    let recorder = Recorder::new();
+    let store = PgStore::new(database.connect().await);
+    let config = config("pooled", true, HOUR)
+        .to_builder()
+        .listen_for_other_processes(false)
+        .build()
+        .expect("a valid relay configuration");
+    let relay = Relay::with_config(store, recorder.registry(), config);
+    let running = Running::start(&relay);
+
+    write_announced(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    delivered(&recorder, 1, Duration::from_secs(15)).await;
+    // The relay is now idle until woken, or an hour from now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(listeners(&database).await, 0, "the relay does not listen");
+
+    write(database.pool(), note::<OrgUpdate>(2, 2, 2)).await;
+    notify_from_elsewhere(&database, "1:2:").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        recorder.seen().iter().all(|seen| seen.seq != 2),
+        "another process's announcement reached a relay that does not listen"
+    );
+    // This process's next commit wakes it, for the shard it names (the other message waits
+    // for the poll).
+    write_announced(database.pool(), note::<OrgUpdate>(3, 3, 3)).await;
+    delivered(&recorder, 3, Duration::from_secs(10)).await;
+    let report = running.stop().await;
+    assert_eq!(report.deliveries, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_notifications_the_relay_polls() {
     let database = migrated().await;

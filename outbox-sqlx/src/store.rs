@@ -422,8 +422,10 @@ impl<D: Dialect> Store for SqlxStore<D> {
             .collect())
     }
 
-    async fn wakeups(&self) -> Result<Option<SqlxWakeups<D>>, Error> {
-        SqlxWakeups::open(&self.pool).await.map(Some)
+    async fn wakeups(&self, other_processes: bool) -> Result<Option<SqlxWakeups<D>>, Error> {
+        SqlxWakeups::open(&self.pool, other_processes)
+            .await
+            .map(Some)
     }
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {

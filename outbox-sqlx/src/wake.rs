@@ -133,9 +133,16 @@ pub struct SqlxWakeups<D: Dialect> {
 
 impl<D: Dialect> SqlxWakeups<D> {
     /// Subscribes to the announcements of commits on `pool`'s database in this process, and
-    /// opens the backend's stream of those in other processes.
-    pub(crate) async fn open(pool: &Pool<D::Database>) -> Result<Self, Error> {
-        let elsewhere = D::wakeups(pool).await?;
+    /// if `other_processes`, opens the backend's stream of those in other processes.
+    pub(crate) async fn open(
+        pool: &Pool<D::Database>,
+        other_processes: bool,
+    ) -> Result<Self, Error> {
+        let elsewhere = if other_processes {
+            D::wakeups(pool).await?
+        } else {
+            None
+        };
         let inbox = Arc::new(Inbox {
             backend: TypeId::of::<D>(),
             database: D::database_key(pool),

@@ -360,7 +360,8 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn wakeups(&self) -> Result<Option<MemoryWakeups>, Error> {
+    /// One process: there are no other processes' commits to hear.
+    async fn wakeups(&self, _other_processes: bool) -> Result<Option<MemoryWakeups>, Error> {
         self.operation("listening for commits", |_, _| ())?;
         let (sender, receiver) = mpsc::unbounded_channel();
         self.shared

@@ -49,6 +49,7 @@ pub struct RelayConfig {
     pub(crate) poll_interval: Duration,
     pub(crate) min_poll_interval: Duration,
     pub(crate) wake_on_commit: bool,
+    pub(crate) listen_for_other_processes: bool,
     pub(crate) discovery_page: usize,
     pub(crate) shutdown_deadline: Duration,
     pub(crate) max_reconnect_delay: Duration,
@@ -82,6 +83,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             min_poll_interval: Duration::from_millis(10),
             wake_on_commit: true,
+            listen_for_other_processes: true,
             discovery_page: 512,
             shutdown_deadline: Duration::from_secs(30),
             max_reconnect_delay: Duration::from_secs(30),
@@ -193,6 +195,12 @@ impl RelayConfig {
     /// Whether the background relay listens for commits.
     pub fn wake_on_commit(&self) -> bool {
         self.wake_on_commit
+    }
+
+    /// Whether the background relay, when it listens for commits, also listens for those of
+    /// other processes (PostgreSQL's `LISTEN`).
+    pub fn listen_for_other_processes(&self) -> bool {
+        self.listen_for_other_processes
     }
 
     /// How many shards one discovery query visits.
@@ -513,12 +521,23 @@ impl RelayConfigBuilder {
     }
 
     /// Whether [`Relay::run`](crate::Relay::run) listens for commits (on by default):
-    /// wake-ups from the backends' `OutboxTransaction`s committing in this process, and on PostgreSQL
-    /// those of other processes, through `LISTEN`. Turn off behind connection poolers that
-    /// break `LISTEN`, such as PgBouncer in transaction mode: the relay then polls. Only the
-    /// background relay listens.
+    /// wake-ups from the backends' `OutboxTransaction`s committing in this process, and on
+    /// PostgreSQL those of other processes, through `LISTEN`
+    /// ([`listen_for_other_processes`](Self::listen_for_other_processes)). Off, the relay
+    /// only polls. Only the background relay listens.
     pub fn wake_on_commit(mut self, wake: bool) -> Self {
         self.config.wake_on_commit = wake;
+        self
+    }
+
+    /// Whether [`Relay::run`](crate::Relay::run), listening for commits, also hears those of
+    /// other processes (on by default): on PostgreSQL, through `LISTEN` on a connection of
+    /// its own. Turn off behind connection poolers that break `LISTEN`, such as PgBouncer in
+    /// transaction mode: the `OutboxTransaction`s committing in this process still wake the
+    /// relay at once (they need no connection), and other processes' messages are found by
+    /// polling.
+    pub fn listen_for_other_processes(mut self, listen: bool) -> Self {
+        self.config.listen_for_other_processes = listen;
         self
     }
 

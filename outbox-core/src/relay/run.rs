@@ -73,7 +73,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             inner,
             shutdown,
             pool: ShardPool::relays(config),
-            listener: Listener::new(config.wake_on_commit),
+            listener: Listener::new(config.wake_on_commit, config.listen_for_other_processes),
             sweep: Sweep::default(),
             rewake: HashSet::new(),
             again: Vec::new(),
@@ -691,6 +691,8 @@ struct Listener<W> {
     stream: Option<W>,
     /// Whether to listen: configured, and not found unsupported by the store.
     enabled: bool,
+    /// Whether to hear other processes' commits too.
+    other_processes: bool,
     /// When to try to listen again after a failure.
     retry_at: Instant,
 }
@@ -699,10 +701,11 @@ impl<W: WakeupStream> Listener<W> {
     /// How long a broken stream waits before the relay listens again.
     const RETRY: Duration = Duration::from_secs(1);
 
-    fn new(enabled: bool) -> Self {
+    fn new(enabled: bool, other_processes: bool) -> Self {
         Self {
             stream: None,
             enabled,
+            other_processes,
             retry_at: Instant::now(),
         }
     }
@@ -712,7 +715,7 @@ impl<W: WakeupStream> Listener<W> {
         if !self.enabled || self.stream.is_some() || Instant::now() < self.retry_at {
             return;
         }
-        match store.wakeups().await {
+        match store.wakeups(self.other_processes).await {
             Ok(Some(stream)) => self.stream = Some(stream),
             Ok(None) => self.enabled = false,
             Err(error) => {

@@ -260,8 +260,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         async { Ok(Vec::new()) }
     }
 
-    /// A stream of wake-ups on commit, if the backend has one (PostgreSQL's `LISTEN`).
-    fn wakeups(&self) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
+    /// A stream of wake-ups on commit, if the backend has one: of the commits announced in
+    /// this process, and if `other_processes`, of those of other processes too (PostgreSQL's
+    /// `LISTEN`, which holds a connection of its own; see
+    /// [`RelayConfigBuilder::listen_for_other_processes`](crate::RelayConfigBuilder::listen_for_other_processes)).
+    fn wakeups(
+        &self,
+        other_processes: bool,
+    ) -> impl Future<Output = Result<Option<Self::Wakeups>, Error>> + Send;
 
     /// Extends `lease` by `duration` from now if it is still the holder's: what keeps a shard
     /// with a handler running longer than the lease (a heartbeat, from beside the handler).
