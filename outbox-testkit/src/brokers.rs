@@ -12,7 +12,8 @@
 //!   it; only shard 1 fails, the breaker stays closed.
 //! - [`refusal_in_a_run_publishes_nothing_twice`]: the broker refuses the middle message of a
 //!   shard's pipelined run and stores those after it; they are acknowledged, and the refused
-//!   one, once the broker takes it, is the only one published again.
+//!   one, once the broker takes it, is the only one published again. Published one at a
+//!   time, the refusal stops the shard, and the broker holds it in order.
 //! - [`rides_out_an_outage`]: a running relay, the connection cut and restored; nothing lost,
 //!   every shard in order, the breaker opened and closed.
 
@@ -202,55 +203,122 @@ pub const REFUSED_IN_A_RUN: u64 = 1003;
 /// others to `stored`. The four others are stored and acknowledged; the third alone stays
 /// pending. Then the third goes to `stored` too, and a second drain publishes it and nothing
 /// else: (read back with `read`) each message stored once, the refused one last.
+///
+/// Then the same with a publisher that publishes one at a time
+/// ([`Publisher::one_at_a_time`]), in shard 2: the refused message (2003) stops its shard
+/// before anything behind it is sent, and once the broker takes it the shard is stored in
+/// its order, each message once.
 pub async fn refusal_in_a_run_publishes_nothing_twice<K: Sink + Clone>(
     sink: K,
     stored: String,
     refused: String,
     mut read: impl AsyncFnMut(usize) -> Vec<Stored>,
 ) {
-    let accepted = Arc::new(AtomicBool::new(false));
-    let accepting = Arc::clone(&accepted);
-    let publisher = Publisher::<AuditEvent, _>::new(sink).to(move |delivery| {
-        if delivery.payload.seq == REFUSED_IN_A_RUN && !accepting.load(Ordering::Acquire) {
-            refused.clone()
-        } else {
-            stored.clone()
-        }
-    });
-    let registry = Registry::builder()
-        .publish(publisher)
-        .build()
-        .expect("a registry");
     let backend = SqliteBackend::create().await;
-    let store = backend.store();
-    let relay = Relay::with_config(store.clone(), registry, relay_config("in-a-run"));
-    let ids = backend.write(&events(1, 5)).await.expect("write");
-    let report = relay.drain().await.expect("drain");
-    assert_eq!(report.failures.len(), 1, "{report:?}");
-    assert_eq!(report.deliveries, 4, "{report:?}");
-    let pending: Vec<MessageId> = store
-        .pending_messages(10)
-        .await
-        .expect("pending")
-        .into_iter()
-        .map(|row| row.id)
-        .collect();
-    assert_eq!(pending, [ids[2]], "only the refused message is pending");
-    let stored = by_shard(&read(4).await);
-    assert_eq!(stored.get("1:1"), Some(&vec![1001, 1002, 1004, 1005]));
+    let pipelined = Refusal {
+        shard: 1,
+        one_at_a_time: false,
+    };
+    let seqs = pipelined
+        .drain(&backend, sink.clone(), &stored, &refused, &mut read, 0)
+        .await;
+    assert_eq!(seqs, [1001, 1002, 1004, 1005, REFUSED_IN_A_RUN]);
+    let one_at_a_time = Refusal {
+        shard: 2,
+        one_at_a_time: true,
+    };
+    let seqs = one_at_a_time
+        .drain(&backend, sink, &stored, &refused, &mut read, 5)
+        .await;
+    assert_eq!(seqs, [2001, 2002, 2003, 2004, 2005]);
+}
 
-    accepted.store(true, Ordering::Release);
-    let shard = report.failures[0].shard.clone();
-    assert!(store.reschedule(&shard).await.expect("reschedule"));
-    let report = relay.drain().await.expect("drain");
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(report.deliveries, 1, "only the refused message: {report:?}");
-    let stored = read(5).await;
-    assert_eq!(
-        by_shard(&stored).get("1:1"),
-        Some(&vec![1001, 1002, 1004, 1005, REFUSED_IN_A_RUN]),
-        "each message once: {stored:?}"
-    );
+/// One shard of five events drained through a publisher that sends its third where the
+/// broker refuses it, then, once it goes where the broker takes it, drained again.
+struct Refusal {
+    shard: u64,
+    one_at_a_time: bool,
+}
+
+impl Refusal {
+    /// Runs it on `backend`, the broker holding `before` messages already; checks what the
+    /// first drain stores and leaves pending, and that the second publishes only what the
+    /// first did not. The shard's seqs as the broker holds them at the end.
+    async fn drain<K: Sink>(
+        &self,
+        backend: &SqliteBackend,
+        sink: K,
+        stored: &str,
+        refused: &str,
+        read: &mut impl AsyncFnMut(usize) -> Vec<Stored>,
+        before: usize,
+    ) -> Vec<u64> {
+        let refused_seq = self.shard * 1000 + 3;
+        let accepted = Arc::new(AtomicBool::new(false));
+        let accepting = Arc::clone(&accepted);
+        let (stored, refused) = (stored.to_owned(), refused.to_owned());
+        let publisher = Publisher::<AuditEvent, _>::new(sink).to(move |delivery| {
+            if delivery.payload.seq == refused_seq && !accepting.load(Ordering::Acquire) {
+                refused.clone()
+            } else {
+                stored.clone()
+            }
+        });
+        let publisher = if self.one_at_a_time {
+            publisher.one_at_a_time()
+        } else {
+            publisher
+        };
+        let registry = Registry::builder()
+            .publish(publisher)
+            .build()
+            .expect("a registry");
+        let store = backend.store();
+        let relay = Relay::with_config(store.clone(), registry, relay_config("in-a-run"));
+        let messages: Vec<Message> = (1..=5)
+            .map(|n| note::<AuditEvent>(self.shard, n, self.shard * 1000 + n))
+            .collect();
+        let ids = backend.write(&messages).await.expect("write");
+        let report = relay.drain().await.expect("drain");
+        assert_eq!(report.failures.len(), 1, "{report:?}");
+        let pending: Vec<MessageId> = store
+            .pending_messages(10)
+            .await
+            .expect("pending")
+            .into_iter()
+            .map(|row| row.id)
+            .collect();
+        let key = format!("1:{}", self.shard);
+        let first: Vec<u64> = (1..=5)
+            .map(|n| self.shard * 1000 + n)
+            .filter(|&seq| seq != refused_seq)
+            .collect();
+        if self.one_at_a_time {
+            // Nothing behind the refused message was sent.
+            assert_eq!(report.deliveries, 2, "{report:?}");
+            assert_eq!(pending, ids[2..], "the refused message and those after it");
+            let held = by_shard(&read(before + 2).await);
+            assert_eq!(held.get(&key), Some(&first[..2].to_vec()));
+        } else {
+            assert_eq!(report.deliveries, 4, "{report:?}");
+            assert_eq!(pending, [ids[2]], "only the refused message is pending");
+            let held = by_shard(&read(before + 4).await);
+            assert_eq!(held.get(&key), Some(&first));
+        }
+
+        accepted.store(true, Ordering::Release);
+        let shard = report.failures[0].shard.clone();
+        assert!(store.reschedule(&shard).await.expect("reschedule"));
+        let again = relay.drain().await.expect("drain");
+        assert!(again.is_clean(), "{again:?}");
+        assert_eq!(
+            again.deliveries,
+            5 - report.deliveries,
+            "only what was not published: {again:?}"
+        );
+        let held = read(before + 5).await;
+        by_shard(&held).remove(&key).unwrap_or_default()
+    }
 }
 
 /// A running relay publishes 5 events through `sink`; `cut` takes the broker away, 10 more

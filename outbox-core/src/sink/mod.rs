@@ -257,6 +257,7 @@ pub struct Publisher<C: Deliverable, K> {
     route: Option<Arc<Route<C>>>,
     encoder: Option<(Cow<'static, str>, Arc<Encode<C>>)>,
     dedup_prefix: String,
+    pipelined: bool,
     category: PhantomData<fn() -> C>,
 }
 
@@ -267,6 +268,7 @@ impl<C: Deliverable, K> fmt::Debug for Publisher<C, K> {
             .field("routed", &self.route.is_some())
             .field("content_type", &self.encoder.as_ref().map(|(kind, _)| kind))
             .field("dedup_prefix", &self.dedup_prefix)
+            .field("pipelined", &self.pipelined)
             .finish_non_exhaustive()
     }
 }
@@ -279,6 +281,7 @@ impl<C: Deliverable, K: Sink> Publisher<C, K> {
             route: None,
             encoder: None,
             dedup_prefix: String::new(),
+            pipelined: true,
             category: PhantomData,
         }
     }
@@ -309,6 +312,17 @@ impl<C: Deliverable, K: Sink> Publisher<C, K> {
     /// regions) publishing to one stream, whose message ids would collide.
     pub fn dedup_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.dedup_prefix = prefix.into();
+        self
+    }
+
+    /// Publishes a shard's messages one at a time, each once the broker confirmed the one
+    /// before, rather than the consecutive messages of a read all at once. A message the
+    /// broker refuses then stops its shard before anything behind it is sent, so the broker
+    /// holds each shard's messages in order even past a refusal (pipelined, the messages sent
+    /// behind a refused one are stored before it). It costs a round trip to the broker per
+    /// message.
+    pub fn one_at_a_time(mut self) -> Self {
+        self.pipelined = false;
         self
     }
 
@@ -476,7 +490,7 @@ impl<C: Deliverable, K: Sink> Pipeline for Publisher<C, K> {
 
 impl<C: Deliverable, K: Sink> ErasedHandler for Publisher<C, K> {
     fn pipeline(&self) -> Option<&dyn Pipeline> {
-        Some(self)
+        self.pipelined.then_some(self as &dyn Pipeline)
     }
 
     fn call<'a>(
