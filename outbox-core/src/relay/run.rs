@@ -241,6 +241,10 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
                 for shard in shards {
                     self.heard.named(&shard, now);
                     if self.pool.is_draining(&shard) {
+                        // Held already (a sweep found it before its commit was heard): its
+                        // turns go before the sweep's other shards'.
+                        let waiting = self.inner.handler_slots.promote(&shard);
+                        debug!(%shard, waiting, "a shard a commit named is held already; its turns are urgent");
                         self.rewake.insert(shard);
                     } else {
                         self.again_urgent.push(shard);
@@ -342,6 +346,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             Ok(_) => {}
         }
         finished(&mut self.report, &mut self.outage, &shard, drained);
+        self.inner.handler_slots.forget(&shard);
         if self.rewake.remove(&shard) {
             self.again_urgent.push(shard);
         } else if yielded {

@@ -367,10 +367,11 @@ impl<'a, St: Store> DrainState<'a, St> {
             Some(turn)
         } else {
             let (mut stopping, lane) = (self.stopping.clone(), self.lane);
-            debug!(shard = %self.lease.shard, ?lane, "waiting for a handler's turn");
+            let shard = &self.lease.shard;
+            debug!(%shard, ?lane, "waiting for a handler's turn");
             let wait = async move {
                 tokio::select! {
-                    turn = inner.handler_slots.acquire(lane) => Some(turn),
+                    turn = inner.handler_slots.acquire(lane, shard) => Some(turn),
                     _ = stopping.wait_for(|stop| *stop) => None,
                 }
             };

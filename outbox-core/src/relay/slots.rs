@@ -4,12 +4,16 @@
 //! A relay holds many more shards than it runs handlers for (a claim's batch), and a sweep of a
 //! large backlog (a backfill's, a burst's) fills that batch. A message committed meanwhile, on
 //! a shard of its own, would wait for its turn behind the whole batch: its shard is claimed
-//! from the commit's wake-up as urgent instead, and the next free slot is its.
+//! from the commit's wake-up as urgent instead, and the next free slot is its. A commit on a
+//! shard the sweep's batch holds already promotes that shard: its waiting turn moves to the
+//! urgent lane, and so do its later turns.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
+
+use crate::model::ShardKey;
 
 /// Which queue a shard waits in for its handler's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +34,17 @@ pub(super) struct Slots {
 #[derive(Debug)]
 struct State {
     free: usize,
-    urgent: VecDeque<oneshot::Sender<()>>,
-    routine: VecDeque<oneshot::Sender<()>>,
+    urgent: VecDeque<Waiter>,
+    routine: VecDeque<Waiter>,
+    /// The shards whose turns are urgent whatever lane their drain began in.
+    promoted: HashSet<ShardKey>,
+}
+
+/// A shard waiting for its turn.
+#[derive(Debug)]
+struct Waiter {
+    shard: ShardKey,
+    turn: oneshot::Sender<()>,
 }
 
 /// One slot, given back when dropped: to the first waiter, urgent first.
@@ -51,6 +64,7 @@ impl Slots {
                 free: slots,
                 urgent: VecDeque::new(),
                 routine: VecDeque::new(),
+                promoted: HashSet::new(),
             }),
         }
     }
@@ -69,19 +83,24 @@ impl Slots {
         Some(Slot(self))
     }
 
-    /// Waits for a slot in `lane`. Cancel-safe: a waiter dropped after it was handed a slot
-    /// hands it on.
-    pub(super) async fn acquire(&self, lane: Lane) -> Slot<'_> {
+    /// Waits for a slot for `shard`, in `lane` (urgent, if the shard was promoted). Cancel-safe:
+    /// a waiter dropped after it was handed a slot hands it on.
+    pub(super) async fn acquire(&self, lane: Lane, shard: &ShardKey) -> Slot<'_> {
         let receiver = {
             let mut state = self.state();
             if state.free > 0 {
                 state.free -= 1;
                 return Slot(self);
             }
-            let (sender, receiver) = oneshot::channel();
-            match lane {
-                Lane::Urgent => state.urgent.push_back(sender),
-                Lane::Routine => state.routine.push_back(sender),
+            let (turn, receiver) = oneshot::channel();
+            let waiter = Waiter {
+                shard: shard.clone(),
+                turn,
+            };
+            if lane == Lane::Urgent || state.promoted.contains(shard) {
+                state.urgent.push_back(waiter);
+            } else {
+                state.routine.push_back(waiter);
             }
             receiver
         };
@@ -98,6 +117,29 @@ impl Slots {
         Slot(self)
     }
 
+    /// Makes `shard`'s turns urgent until [`Slots::forget`]: a turn it waits for now moves to
+    /// the back of the urgent lane, and those it asks for later go there. Whether a turn was
+    /// waiting.
+    pub(super) fn promote(&self, shard: &ShardKey) -> bool {
+        let mut state = self.state();
+        state.promoted.insert(shard.clone());
+        let Some(at) = state
+            .routine
+            .iter()
+            .position(|waiter| waiter.shard == *shard)
+        else {
+            return false;
+        };
+        let waiter = state.routine.remove(at).expect("a position in the queue");
+        state.urgent.push_back(waiter);
+        true
+    }
+
+    /// `shard`'s drain ended: its next drain's turns take the lane it is started in.
+    pub(super) fn forget(&self, shard: &ShardKey) {
+        self.state().promoted.remove(shard);
+    }
+
     fn release(&self) {
         let mut state = self.state();
         loop {
@@ -112,7 +154,7 @@ impl Slots {
                 },
             };
             // A waiter that stopped waiting is passed over.
-            if next.send(()).is_ok() {
+            if next.turn.send(()).is_ok() {
                 return;
             }
         }
@@ -144,45 +186,107 @@ mod tests {
 
     use super::*;
 
+    fn shard(id: i64) -> ShardKey {
+        ShardKey::local(crate::ScopeId(1), id)
+    }
+
+    type Order = Arc<Mutex<Vec<&'static str>>>;
+
+    /// Queues a waiter for `shard`'s turn in `lane`, which records `name` in `order` when its
+    /// turn comes; returns once it waits.
+    async fn queue(
+        slots: &Arc<Slots>,
+        order: &Order,
+        (name, lane, id): (&'static str, Lane, i64),
+    ) -> tokio::task::JoinHandle<()> {
+        let queued = {
+            let state = slots.state();
+            state.urgent.len() + state.routine.len()
+        };
+        let (waiter, order) = (Arc::clone(slots), Arc::clone(order));
+        let task = tokio::spawn(async move {
+            let _slot = waiter.acquire(lane, &shard(id)).await;
+            order
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(name);
+        });
+        while {
+            let state = slots.state();
+            state.urgent.len() + state.routine.len()
+        } == queued
+        {
+            tokio::task::yield_now().await;
+        }
+        task
+    }
+
+    /// Lets the `held` slot go, and waits for every queued task: the order they were served.
+    async fn served(
+        held: Slot<'_>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+        order: &Order,
+    ) -> Vec<&'static str> {
+        drop(held);
+        for task in tasks {
+            task.await.expect("waiter");
+        }
+        order.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     #[tokio::test]
     async fn urgent_waiters_are_served_before_routine_ones_each_in_arrival_order() {
         let slots = Arc::new(Slots::new(1));
         let held = slots.try_acquire().expect("one free slot");
         assert!(slots.try_acquire().is_none());
-        let order: Arc<Mutex<Vec<&str>>> = Arc::default();
+        let order = Order::default();
         let mut tasks = Vec::new();
-        for (name, lane) in [
-            ("routine 1", Lane::Routine),
-            ("routine 2", Lane::Routine),
-            ("urgent 1", Lane::Urgent),
-            ("urgent 2", Lane::Urgent),
+        for waiter in [
+            ("routine 1", Lane::Routine, 1),
+            ("routine 2", Lane::Routine, 2),
+            ("urgent 1", Lane::Urgent, 3),
+            ("urgent 2", Lane::Urgent, 4),
         ] {
-            let (waiter, order) = (Arc::clone(&slots), Arc::clone(&order));
-            tasks.push(tokio::spawn(async move {
-                let _slot = waiter.acquire(lane).await;
-                order
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(name);
-            }));
-            // Queued in this order.
-            while {
-                let state = slots.state();
-                state.urgent.len() + state.routine.len()
-            } < tasks.len()
-            {
-                tokio::task::yield_now().await;
-            }
-        }
-        drop(held);
-        for task in tasks {
-            task.await.expect("waiter");
+            tasks.push(queue(&slots, &order, waiter).await);
         }
         assert_eq!(
-            *order.lock().unwrap_or_else(PoisonError::into_inner),
+            served(held, tasks, &order).await,
             ["urgent 1", "urgent 2", "routine 1", "routine 2"]
         );
         assert!(slots.try_acquire().is_some(), "the slot is free again");
+    }
+
+    #[tokio::test]
+    async fn a_promoted_shard_takes_its_turns_in_the_urgent_lane_until_forgotten() {
+        let slots = Arc::new(Slots::new(1));
+        let held = slots.try_acquire().expect("one free slot");
+        let order = Order::default();
+        let mut tasks = Vec::new();
+        for waiter in [
+            ("routine 1", Lane::Routine, 1),
+            ("routine 2", Lane::Routine, 2),
+            ("urgent 3", Lane::Urgent, 3),
+        ] {
+            tasks.push(queue(&slots, &order, waiter).await);
+        }
+        assert!(slots.promote(&shard(2)), "shard 2's turn waits");
+        assert!(!slots.promote(&shard(4)), "no turn of shard 4 waits");
+        // Shard 4's next turn is urgent, though its drain began routine; shard 5's is not.
+        tasks.push(queue(&slots, &order, ("routine 5", Lane::Routine, 5)).await);
+        tasks.push(queue(&slots, &order, ("promoted 4", Lane::Routine, 4)).await);
+        slots.forget(&shard(4));
+        tasks.push(queue(&slots, &order, ("forgotten 4", Lane::Routine, 4)).await);
+        assert_eq!(
+            served(held, tasks, &order).await,
+            [
+                "urgent 3",
+                "routine 2",
+                "promoted 4",
+                "routine 1",
+                "routine 5",
+                "forgotten 4"
+            ]
+        );
     }
 
     #[tokio::test]
@@ -190,11 +294,12 @@ mod tests {
         let slots = Slots::new(1);
         let held = slots.try_acquire().expect("free");
         // Dropped while queued: passed over.
-        let mut gone = Box::pin(slots.acquire(Lane::Urgent));
+        let shard = ShardKey::local(crate::ScopeId(1), 1);
+        let mut gone = Box::pin(slots.acquire(Lane::Urgent, &shard));
         assert!((&mut gone).now_or_never().is_none());
         drop(gone);
         // Handed the slot, then dropped before it looked: the slot goes back.
-        let mut handed = Box::pin(slots.acquire(Lane::Routine));
+        let mut handed = Box::pin(slots.acquire(Lane::Routine, &shard));
         assert!((&mut handed).now_or_never().is_none());
         drop(held);
         drop(handed);

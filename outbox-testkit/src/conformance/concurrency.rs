@@ -605,6 +605,52 @@ pub async fn held_shards_wait_their_turn_keeping_their_leases<B: StoreBackend>()
 /// handler is held while a sweep's four other shards and then the named one wait; once it
 /// lets go, the named shard is served next.)
 pub fn a_shard_a_commit_names_is_served_before_a_sweeps_backlog<B: StoreBackend>() {
+    let order =
+        served_after_a_commit_names::<B>(9, |probe| waiting_for_a_turn(probe, "Urgent") == 1);
+    assert_eq!(
+        order[1],
+        org_shard(9),
+        "the shard a commit named is served right after the one that was running: {order:?}"
+    );
+}
+
+/// A commit on a shard that a sweep's batch holds already, waiting for its turn behind the
+/// batch's other shards, promotes it: it is served next, before the shards that waited
+/// longer. (The sweep found the shard before the commit's notification came.)
+pub fn a_held_shard_a_commit_names_is_served_before_the_rest_of_the_batch<B: StoreBackend>() {
+    let order = served_after_a_commit_names::<B>(4, |probe| {
+        probe.events().iter().any(|event| {
+            event.message == "a shard a commit named is held already; its turns are urgent"
+                && event.field("waiting") == Some("true")
+        })
+    });
+    assert_eq!(
+        order[1],
+        org_shard(4),
+        "the held shard a commit named is served right after the one that was running: \
+         {order:?}"
+    );
+}
+
+/// How many shards waited for a handler's turn in `lane`.
+fn waiting_for_a_turn(probe: &crate::telemetry::Probe, lane: &str) -> usize {
+    probe
+        .events()
+        .iter()
+        .filter(|event| {
+            event.message == "waiting for a handler's turn" && event.field("lane") == Some(lane)
+        })
+        .count()
+}
+
+/// A running relay with one handler slot, polling hourly: a sweep finds shards 1 to 5, whose
+/// first handler is held while the four others wait for their turns; then a commit names shard
+/// `named`, and once `heard` holds the handler lets go. The shards in the order they were
+/// served (six deliveries).
+fn served_after_a_commit_names<B: StoreBackend>(
+    named: i64,
+    heard: impl Fn(&crate::telemetry::Probe) -> bool,
+) -> Vec<ShardKey> {
     let (order, _) = capture(|probe| async move {
         let backend = B::create().await;
         let recorder = Recorder::new();
@@ -623,32 +669,19 @@ pub fn a_shard_a_commit_names_is_served_before_a_sweeps_backlog<B: StoreBackend>
                 .expect("a valid relay configuration"),
         );
         paced(&relay);
-        let waiting = |lane: &str| {
-            probe
-                .events()
-                .iter()
-                .filter(|event| {
-                    event.message == "waiting for a handler's turn"
-                        && event.field("lane") == Some(lane)
-                })
-                .count()
-        };
         write_one_per_shard(&backend, 5).await;
         let (stop, running) = super::relay::run_until_stopped(&relay);
         inside.recv().await.expect("the first handler runs");
         eventually("the sweep's other shards wait for their turn", || {
-            waiting("Routine") == 4
+            waiting_for_a_turn(&probe, "Routine") == 4
         })
         .await;
         // Committed as a service commits, announcing the shard it wrote.
         backend
-            .commit(&[note::<OrgUpdate>(9, 1, 9)])
+            .commit(&[note::<OrgUpdate>(named, 2, 9)])
             .await
             .expect("write and commit");
-        eventually("the shard the commit named waits for its turn", || {
-            waiting("Urgent") == 1
-        })
-        .await;
+        eventually("the relay hears the commit", || heard(&probe)).await;
         gate.open();
         eventually("every shard delivered", || gated(&recorder).len() == 6).await;
         super::relay::stopped(stop, running).await;
@@ -658,11 +691,7 @@ pub fn a_shard_a_commit_names_is_served_before_a_sweeps_backlog<B: StoreBackend>
             .collect::<Vec<_>>()
     });
     assert_eq!(order.len(), 6, "{order:?}");
-    assert_eq!(
-        order[1],
-        org_shard(9),
-        "the shard a commit named is served right after the one that was running: {order:?}"
-    );
+    order
 }
 
 /// A relay that stops while shards of its batch wait for a handler's turn releases them at

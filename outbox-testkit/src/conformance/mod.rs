@@ -204,6 +204,7 @@ macro_rules! store_conformance_tests {
         );
         $crate::conformance_tests!(@captured $backend;
             a_shard_a_commit_names_is_served_before_a_sweeps_backlog,
+            a_held_shard_a_commit_names_is_served_before_the_rest_of_the_batch,
             telemetry_counts_writes_deliveries_and_coalescing,
             telemetry_reports_failures_dead_letters_and_gauges,
             telemetry_counts_heads_that_fail_before_a_handler,
