@@ -290,8 +290,8 @@ const SECRETS: &[&str] = &["hunter2", "hunt%65r2", "hun%40ter2", "hun@ter2"];
 
 /// URIs with a password that fail to connect, each in its own way: a URI that does not parse
 /// (no `//`, a port that is not a number, a virtual host that is not UTF-8, a heartbeat that
-/// is not a number), a port nothing
-/// listens on, and a password the broker refuses; the password written in each form.
+/// is not a number), a port nothing listens on, and a password the broker refuses; the
+/// password written in each form.
 fn failing_uris() -> Vec<String> {
     let mut uris = Vec::new();
     for password in ["hunter2", "hunt%65r2", "hun%40ter2"] {

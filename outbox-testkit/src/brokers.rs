@@ -46,10 +46,13 @@ pub struct Stored {
 /// `shards` shards of `per_shard` audit events each, the seq `shard * 1000 + n`.
 pub fn events(shards: u64, per_shard: u64) -> Vec<Message> {
     (1..=shards)
-        .flat_map(|shard| {
-            (1..=per_shard).map(move |n| note::<AuditEvent>(shard, n, shard * 1000 + n))
-        })
+        .flat_map(|shard| shard_events(shard, per_shard))
         .collect()
+}
+
+/// `per_shard` audit events in shard `shard`, the seq `shard * 1000 + n`.
+fn shard_events(shard: u64, per_shard: u64) -> impl Iterator<Item = Message> {
+    (1..=per_shard).map(move |n| note::<AuditEvent>(shard, n, shard * 1000 + n))
 }
 
 /// A relay configuration for broker tests: quick polling, 16 shards at once.
@@ -275,9 +278,7 @@ impl Refusal {
             .expect("a registry");
         let store = backend.store();
         let relay = Relay::with_config(store.clone(), registry, relay_config("in-a-run"));
-        let messages: Vec<Message> = (1..=5)
-            .map(|n| note::<AuditEvent>(self.shard, n, self.shard * 1000 + n))
-            .collect();
+        let messages: Vec<Message> = shard_events(self.shard, 5).collect();
         let ids = backend.write(&messages).await.expect("write");
         let report = relay.drain().await.expect("drain");
         assert_eq!(report.failures.len(), 1, "{report:?}");

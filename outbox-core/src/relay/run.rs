@@ -346,8 +346,9 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             Ok(_) => {}
         }
         finished(&mut self.report, &mut self.outage, &shard, drained);
-        self.inner.handler_slots.forget(&shard);
+        // The shards a commit named while they drained, and only those, were promoted.
         if self.rewake.remove(&shard) {
+            self.inner.handler_slots.forget(&shard);
             self.again_urgent.push(shard);
         } else if yielded {
             self.again.push(shard);
