@@ -2,6 +2,7 @@
 //! in-process turn), its error messages. SQLite has no notifications: relays poll.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use outbox_core::columns::ModelRow;
 use outbox_core::replicated::ModelTable;
@@ -17,8 +18,9 @@ use outbox_sqlx::{
     SetAsideStatements, Statements,
 };
 use sqlx::error::DatabaseError;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
-use sqlx::{Database, Row, Sqlite, SqlitePool};
+use sqlx::{AssertSqlSafe, Database, Row, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// SQLite, for the shared body of the `sqlx` backends.
@@ -26,10 +28,98 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 /// The relay's write transactions (claims, acknowledgements, releases) take turns on an
 /// in-process lock shared by the clones of a store and its sessions before they ask SQLite
 /// for its write lock: the relay's concurrent shards queue for it at once instead of sleeping
-/// in SQLite's busy handler.
+/// in SQLite's busy handler. Lease extensions go before every other write queued: they wait
+/// for the one running at most.
 #[derive(Debug, Clone, Default)]
 pub struct SqliteDialect {
+    /// Held by the write running.
     writes: Arc<Mutex<()>>,
+    /// Held by the write running or next, of those that are not lease extensions: while one
+    /// of them runs, the others wait here, so an extension that asks for `writes` is next.
+    queue: Arc<Mutex<()>>,
+}
+
+/// A turn of the relay's writes on SQLite ([`Dialect::take_turn`]): while it is held, no
+/// other write of the process's relay runs.
+#[derive(Debug)]
+pub struct SqliteTurn {
+    // Declared first, dropped first: a lease extension waiting is the next to write.
+    _write: OwnedMutexGuard<()>,
+    _queue: Option<OwnedMutexGuard<()>>,
+}
+
+impl SqliteDialect {
+    /// A turn that comes before those already queued: only the write running ends first (and,
+    /// if that is another extension, the one write that was next).
+    async fn take_turn_first(&self) -> SqliteTurn {
+        SqliteTurn {
+            _write: Arc::clone(&self.writes).lock_owned().await,
+            _queue: None,
+        }
+    }
+}
+
+/// How long a lease extension waits between two tries of SQLite's write lock: it polls
+/// instead of sleeping in SQLite's busy handler, whose sleeps grow to 100 ms and so lose the
+/// lock, under contention, to every writer that asks after them.
+const EXTENSION_POLL: Duration = Duration::from_millis(1);
+
+/// Whether `error` is SQLite's "database is locked" (`SQLITE_BUSY`, any of its extended codes).
+fn is_busy(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 5)
+}
+
+/// A pooled connection whose busy timeout is turned off while a lease extension polls for the
+/// write lock; dropped before [`NoBusyHandler::restore`] (its future cancelled), it is closed
+/// rather than returned to the pool without a busy timeout.
+struct NoBusyHandler {
+    conn: Option<PoolConnection<Sqlite>>,
+    /// The connection's busy timeout, in milliseconds.
+    timeout_ms: u64,
+}
+
+impl NoBusyHandler {
+    async fn acquire(pool: &SqlitePool) -> Result<Self, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let timeout_ms: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await?;
+        sqlx::query("PRAGMA busy_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
+        Ok(Self {
+            conn: Some(conn),
+            timeout_ms: u64::try_from(timeout_ms).unwrap_or(0),
+        })
+    }
+
+    fn conn(&mut self) -> &mut SqliteConnection {
+        self.conn
+            .as_mut()
+            .expect("the connection is held until restored")
+    }
+
+    /// Gives the connection its busy timeout back, and back to the pool.
+    async fn restore(mut self) -> Result<(), sqlx::Error> {
+        let timeout = format!("PRAGMA busy_timeout = {}", self.timeout_ms);
+        sqlx::query(AssertSqlSafe(timeout))
+            .execute(self.conn())
+            .await?;
+        self.conn = None;
+        Ok(())
+    }
+}
+
+impl Drop for NoBusyHandler {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.conn {
+            conn.close_on_drop();
+        }
+    }
 }
 
 /// The database's clock, in milliseconds since the Unix epoch: how the SQLite tables store
@@ -948,7 +1038,7 @@ fn json_error(source: serde_json::Error) -> Error {
 
 /// Claims `shard` in the write transaction `tx` if it is due and free: its lease.
 async fn claim_on(
-    tx: &mut sqlx::SqliteConnection,
+    tx: &mut SqliteConnection,
     shard: &ShardKey,
     options: &ClaimOptions,
 ) -> Result<Option<Lease>, Error> {
@@ -994,7 +1084,7 @@ fn recent_enough(version: &str) -> bool {
 
 impl Dialect for SqliteDialect {
     type Database = Sqlite;
-    type Turn = OwnedMutexGuard<()>;
+    type Turn = SqliteTurn;
     type Wakeups = NoWakeups;
 
     const NAME: &'static str = "SQLite";
@@ -1211,8 +1301,37 @@ impl Dialect for SqliteDialect {
         crate::model::accepts(field, column, compatible)
     }
 
-    async fn take_turn(&self) -> OwnedMutexGuard<()> {
-        Arc::clone(&self.writes).lock_owned().await
+    async fn take_turn(&self) -> SqliteTurn {
+        let queue = Arc::clone(&self.queue).lock_owned().await;
+        SqliteTurn {
+            _write: Arc::clone(&self.writes).lock_owned().await,
+            _queue: Some(queue),
+        }
+    }
+
+    /// One statement, ahead of the relay's other queued writes, polling for SQLite's write
+    /// lock every millisecond for as long as the connection's busy timeout.
+    async fn extend_leases(
+        &self,
+        pool: &SqlitePool,
+        leases: &[Lease],
+        duration: Duration,
+    ) -> Result<Vec<bool>, Error> {
+        let failed = || database::<Self>("extending leases");
+        let _turn = self.take_turn_first().await;
+        let mut conn = NoBusyHandler::acquire(pool).await.map_err(failed())?;
+        let lease_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        let until = Instant::now() + Duration::from_millis(conn.timeout_ms);
+        let held = loop {
+            match together::extend_held(conn.conn(), leases, lease_ms).await {
+                Err(error) if is_busy(&error) && Instant::now() < until => {
+                    tokio::time::sleep(EXTENSION_POLL).await;
+                }
+                held => break held,
+            }
+        };
+        conn.restore().await.map_err(failed())?;
+        held.map_err(failed())?
     }
 
     async fn claim(
@@ -1328,7 +1447,7 @@ impl Dialect for SqliteDialect {
 
     async fn ack_and_release_on(
         &self,
-        conn: &mut sqlx::SqliteConnection,
+        conn: &mut SqliteConnection,
         batch: &[outbox_sqlx::dialect::Finishing],
     ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
         together::finish_all(conn, batch).await
@@ -1373,9 +1492,7 @@ impl Dialect for SqliteDialect {
     }
 }
 
-impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, SqliteDialect>
-    for &'c mut sqlx::SqliteConnection
-{
+impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, SqliteDialect> for &'c mut SqliteConnection {
     fn target(self) -> outbox_sqlx::model::Target<'c, 'static, SqliteDialect> {
         outbox_sqlx::model::Target::Connection(self)
     }
@@ -1383,7 +1500,43 @@ impl<'c> outbox_sqlx::model::ModelTarget<'c, 'static, SqliteDialect>
 
 #[cfg(test)]
 mod tests {
-    use super::recent_enough;
+    use std::sync::{Arc, Mutex};
+
+    use outbox_sqlx::Dialect;
+
+    use super::{SqliteDialect, recent_enough};
+
+    /// Writes queued behind the running one, then a lease extension: the extension goes
+    /// next.
+    #[tokio::test]
+    async fn a_lease_extension_goes_before_the_writes_queued() {
+        let dialect = SqliteDialect::default();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let running = dialect.take_turn().await;
+        let mut waiting = Vec::new();
+        for (write, first) in [("claim", false), ("finish", false), ("extension", true)] {
+            let (dialect, order) = (dialect.clone(), Arc::clone(&order));
+            waiting.push(tokio::spawn(async move {
+                let _turn = if first {
+                    dialect.take_turn_first().await
+                } else {
+                    dialect.take_turn().await
+                };
+                order.lock().expect("order").push(write);
+            }));
+            // Each asks before the next (the runtime runs the task up to its wait).
+            tokio::task::yield_now().await;
+        }
+        drop(running);
+        for task in waiting {
+            task.await.expect("a write");
+        }
+        assert_eq!(
+            *order.lock().expect("order"),
+            ["extension", "claim", "finish"],
+            "the extension waits for the running write only"
+        );
+    }
 
     #[test]
     fn sqlite_older_than_3_45_is_not_enough() {

@@ -429,9 +429,23 @@ impl<D: Dialect> Store for SqlxStore<D> {
     }
 
     async fn extend_lease(&self, lease: &Lease, duration: Duration) -> Result<bool, Error> {
-        let _turn = self.dialect.take_turn().await;
-        let query = fenced::<D>(D::SQL.extend_lease, lease).with(duration_ms(duration));
-        Ok(self.execute(query, "extending a lease").await? > 0)
+        let held = (self.dialect)
+            .extend_leases(&self.pool, std::slice::from_ref(lease), duration)
+            .await?;
+        Ok(held.first().copied().unwrap_or(false))
+    }
+
+    async fn extend_leases(
+        &self,
+        leases: &[Lease],
+        duration: Duration,
+    ) -> Result<Vec<bool>, Error> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.dialect
+            .extend_leases(&self.pool, leases, duration)
+            .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, Error> {

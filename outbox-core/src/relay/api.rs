@@ -122,6 +122,7 @@ impl<S: Store> Relay<S> {
                 pace: pool::Pace::default(),
                 rows_read,
                 metrics: std::sync::OnceLock::new(),
+                lapse_told: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span, debug, info_span, warn};
 
 use super::Inner;
-use super::config::RelayConfig;
 use super::plan::Group;
 use crate::error::error_chain;
 use crate::handler::DeliveryError;
@@ -20,17 +19,21 @@ use crate::store::{HandlerMode, Lease, ShardSession, Store};
 /// attempt, fencing token; related to the producer's trace with the `opentelemetry` feature),
 /// reporting its duration, lag and outcome as metrics and events: success at debug, failure at
 /// warn with the error's chain.
+///
+/// `since` is when the lease was last set, by this relay's clock (before it asked): moved on
+/// by each extension while the handler runs.
 pub(super) async fn deliver<S: ShardSession, St: Store>(
     session: &mut S,
     inner: &Inner<St>,
     lease: &Lease,
+    since: &mut Instant,
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
     let span = span_of(inner, lease, group, attempt);
     async {
         let started = Instant::now();
-        let result = call_handler(session, inner, lease, group, attempt).await;
+        let result = call_handler(session, inner, lease, since, group, attempt).await;
         reported(inner, group, started.elapsed(), result.as_ref().err());
         result
     }
@@ -47,6 +50,7 @@ pub(super) async fn deliver_all<St: Store>(
     pipeline: &dyn Pipeline,
     inner: &Inner<St>,
     lease: &Lease,
+    since: &mut Instant,
     groups: &[Group],
     attempts: &[u32],
 ) -> Pipelined {
@@ -61,7 +65,7 @@ pub(super) async fn deliver_all<St: Store>(
         .map(|(group, &attempt)| raw_delivery(lease, group, attempt, None))
         .collect();
     let started = Instant::now();
-    let pipelined = match guarded(pipeline.call_all(&raws), inner, lease, &groups[0]).await {
+    let pipelined = match guarded(pipeline.call_all(&raws), inner, lease, since, &groups[0]).await {
         Ok(pipelined) => pipelined,
         Err(error) => Pipelined::failed(0, error),
     };
@@ -163,6 +167,7 @@ async fn call_handler<S: ShardSession, St: Store>(
     session: &mut S,
     inner: &Inner<St>,
     lease: &Lease,
+    since: &mut Instant,
     group: &Group,
     attempt: u32,
 ) -> Result<(), DeliveryError> {
@@ -188,24 +193,21 @@ async fn call_handler<S: ShardSession, St: Store>(
         .info
         .handler
         .call(raw_delivery(lease, group, attempt, row), &mut cx);
-    guarded(call, inner, lease, group).await?
+    guarded(call, inner, lease, since, group).await?
 }
 
-/// Runs `call` (handlers, starting with `group`'s) with the lease kept alive beside it, under
-/// the handler timeout: its output, or the timeout or panic as the failure of `group`.
+/// Runs `call` (handlers, starting with `group`'s) with the lease (last set at `since`) kept
+/// alive beside it, under the handler timeout: its output, or the timeout or panic as the
+/// failure of `group`.
 async fn guarded<F: Future, St: Store>(
     call: F,
     inner: &Inner<St>,
     lease: &Lease,
+    since: &mut Instant,
     group: &Group,
 ) -> Result<F::Output, DeliveryError> {
     let config = &inner.config;
-    let call = keeping_the_lease(
-        AssertUnwindSafe(call).catch_unwind(),
-        &inner.store,
-        lease,
-        config,
-    );
+    let call = keeping_the_lease(AssertUnwindSafe(call).catch_unwind(), inner, lease, since);
     let outcome = match config.handler_timeout {
         Some(timeout) => {
             tokio::time::timeout(timeout, call)
@@ -230,16 +232,19 @@ async fn guarded<F: Future, St: Store>(
 }
 
 /// Runs `call` (a handler, or a held shard's wait for a handler's turn) while extending the
-/// lease beside it, every third of the lease: a live relay keeps its shard however long its
-/// handler takes (or its turn), and only a dead one loses it
-///. In transaction mode the claiming transaction holds the shard, and there is
-/// nothing to extend.
+/// lease beside it, a third of the lease after it was last set (`since`, by this relay's
+/// clock) and every third of the lease after each extension: a live relay keeps its shard
+/// however long its handler takes (or its turn), and only a dead one loses it. The
+/// extensions of all the shards the relay keeps at one moment go to the store together
+/// ([`Store::extend_leases`]). In transaction mode the claiming transaction holds the
+/// shard, and there is nothing to extend.
 pub(super) async fn keeping_the_lease<F: Future, St: Store>(
     call: F,
-    store: &St,
+    inner: &Inner<St>,
     lease: &Lease,
-    config: &RelayConfig,
+    since: &mut Instant,
 ) -> F::Output {
+    let config = &inner.config;
     if config.handler_mode == HandlerMode::InTransaction {
         return call.await;
     }
@@ -252,17 +257,33 @@ pub(super) async fn keeping_the_lease<F: Future, St: Store>(
     let every = (config.lease / 3).max(Duration::from_millis(10));
     // Boxed: made only for a handler that waits, it keeps every drain's future small.
     let heartbeat = Box::pin(async {
-        let mut beats = tokio::time::interval_at(Instant::now() + every, every);
+        let mut next = *since + every;
         loop {
-            beats.tick().await;
-            match store.extend_lease(lease, config.lease).await {
-                Ok(true) => debug!(shard = %lease.shard, "lease extended while a handler runs"),
+            tokio::time::sleep_until(next).await;
+            let asked = Instant::now();
+            let extended = inner
+                .together
+                .extend(&inner.store, lease, config.lease)
+                .await;
+            let waited = asked.elapsed();
+            match extended {
+                Ok(true) => {
+                    debug!(shard = %lease.shard, waited_ms = waited.as_millis() as u64, "lease extended while a handler runs");
+                    if asked + waited > *since + config.lease {
+                        inner.lapsed(lease, *since, asked, waited);
+                    }
+                    *since = asked;
+                    next = asked + every;
+                }
                 Ok(false) => {
-                    warn!(shard = %lease.shard, token = lease.token, "lease lost while a handler runs; another worker owns the shard");
+                    inner.lapsed(lease, *since, asked, waited);
+                    warn!(shard = %lease.shard, token = lease.token, waited_ms = waited.as_millis() as u64, set_ms_ago = since.elapsed().as_millis() as u64, "lease lost while a handler runs; another worker owns the shard");
                     return std::future::pending::<()>().await;
                 }
                 Err(error) => {
                     debug!(shard = %lease.shard, error = %error_chain(&error), "cannot extend the lease; trying again");
+                    // Again soon: the lease runs out a whole lease after it was set.
+                    next = Instant::now() + every / 4;
                 }
             }
         }

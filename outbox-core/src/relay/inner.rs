@@ -42,6 +42,8 @@ pub(super) struct Inner<S: Store> {
     pub(super) rows_read: tokio::sync::Semaphore,
     /// The metrics' handles, resolved at the first delivery.
     pub(super) metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
+    /// Whether the relay said that its leases lapse ([`Inner::lapsed`]).
+    pub(super) lapse_told: std::sync::atomic::AtomicBool,
 }
 
 /// The fewest claimed shards a task of the relay drains, when a claim's shards are shared among
@@ -68,6 +70,39 @@ where
 }
 
 impl<S: Store> Inner<S> {
+    /// Notes that `lease`, last set at `set` (by this relay's clock, before it asked), may
+    /// have lapsed: its extension, asked at `asked`, took `waited` and landed past the
+    /// lease's end, or found another worker holding the shard. Said once a relay, at error
+    /// level, with what to do: a lapsed lease lets another worker deliver the shard while
+    /// this one's handler still runs.
+    pub(super) fn lapsed(
+        &self,
+        lease: &Lease,
+        set: tokio::time::Instant,
+        asked: tokio::time::Instant,
+        waited: std::time::Duration,
+    ) {
+        if self
+            .lapse_told
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let lease_ms = self.config.lease.as_millis() as u64;
+        tracing::error!(
+            shard = %lease.shard,
+            token = lease.token,
+            lease_ms,
+            asked_ms_after_set = asked.saturating_duration_since(set).as_millis() as u64,
+            waited_ms = waited.as_millis() as u64,
+            "a lease of this relay lapsed while its handler ran: its extension landed after \
+             the lease's end, so another worker may have delivered the shard at the same time; \
+             this process was stalled or the database's write lock was held that long (said \
+             once): set a lease longer than the longest such wait \
+             (RelayConfigBuilder::lease)"
+        );
+    }
+
     /// The shards to hold at once now: what the handlers get through soon at their pace,
     /// within a claim's batch ([`pool::Pace`]).
     pub(super) fn shards_to_hold(&self) -> usize {

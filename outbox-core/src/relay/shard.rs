@@ -342,10 +342,10 @@ impl<'a, St: Store> DrainState<'a, St> {
             return Ok(true);
         }
         let asked = Instant::now();
-        let held = self
-            .inner
-            .store
-            .extend_lease(&self.lease, config.lease)
+        let inner = self.inner;
+        let held = inner
+            .together
+            .extend(&inner.store, &self.lease, config.lease)
             .await?;
         if held {
             self.held_since = asked;
@@ -378,9 +378,9 @@ impl<'a, St: Store> DrainState<'a, St> {
             Some(
                 Box::pin(keeping_the_lease(
                     wait,
-                    &inner.store,
+                    inner,
                     &self.lease,
-                    &inner.config,
+                    &mut self.held_since,
                 ))
                 .await?,
             )
@@ -401,7 +401,7 @@ impl<'a, St: Store> DrainState<'a, St> {
     /// must not queue behind a backlog's reads, in a flush, which has its own bound, and in
     /// transaction mode, where the relay holds no more shards than it has slots; and when
     /// the relay stops while this waits (the drain reads, then finds no turn).
-    async fn rows(&self, batch: usize) -> Option<SemaphorePermit<'a>> {
+    async fn rows(&mut self, batch: usize) -> Option<SemaphorePermit<'a>> {
         let inner: &'a Inner<St> = self.inner;
         if self.mode != DrainMode::Relay
             || self.lane == Lane::Urgent
@@ -423,9 +423,9 @@ impl<'a, St: Store> DrainState<'a, St> {
         };
         Box::pin(keeping_the_lease(
             wait,
-            &inner.store,
+            inner,
             &self.lease,
-            &inner.config,
+            &mut self.held_since,
         ))
         .await
     }
@@ -555,6 +555,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     pipeline,
                     state.inner,
                     &state.lease,
+                    &mut state.held_since,
                     groups,
                     &attempts,
                 ))
@@ -581,8 +582,15 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 continue;
             }
             self.session.before_handler().await?;
-            let result =
-                deliver(&mut self.session, state.inner, &state.lease, group, attempt).await;
+            let result = deliver(
+                &mut self.session,
+                state.inner,
+                &state.lease,
+                &mut state.held_since,
+                group,
+                attempt,
+            )
+            .await;
             self.session.after_handler(result.is_ok()).await?;
             match result {
                 Ok(()) => {

@@ -1,7 +1,8 @@
 //! The relay's statements on many shards at once, as a database groups its commits: the
 //! claims of the shards the relay starts ([`Store::claim_many`]) and the acknowledgements and
-//! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]), and the
-//! replicated models' rows the drains read ([`Store::load_models`]), each go to the store one
+//! releases of the shards whose drain emptied them ([`Store::ack_and_finish_many`]), the
+//! replicated models' rows the drains read ([`Store::load_models`]), and the heartbeats of the
+//! leases it keeps ([`Store::extend_leases`]), each go to the store one
 //! batch at a time (claims: one batch of each lane, so that the shards commits name are never
 //! queued behind a sweep's). Nothing waits for a batch to fill: a shard that finds no batch
 //! being written writes its own at once, with those whose tasks were ready to run at the same
@@ -12,6 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tracing::{Instrument, debug, info_span};
@@ -22,7 +24,7 @@ use crate::error::Error;
 use crate::id::Id;
 use crate::model::ShardKey;
 use crate::replicated::ModelTable;
-use crate::store::{Acknowledgement, ClaimOptions, ShardSession, Store};
+use crate::store::{Acknowledgement, ClaimOptions, Lease, ShardSession, Store};
 
 /// A queue of items that are written in batches, one batch at a time, each answered with its
 /// own result.
@@ -106,6 +108,10 @@ pub(super) struct Together<S: Store> {
     urgent_claims: Batches<Vec<ShardKey>, Vec<Claimed<S>>>,
     finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
     loads: Batches<(ModelTable, Vec<Id>), Loaded>,
+    /// The heartbeats of the leases the relay keeps: one statement for all those due at
+    /// once, so that a relay holding many shards asks for SQLite's write lock once a
+    /// heartbeat, not once a shard.
+    extensions: Batches<Lease, Result<bool, Error>>,
 }
 
 impl<S: Store> Default for Together<S> {
@@ -115,6 +121,7 @@ impl<S: Store> Default for Together<S> {
             urgent_claims: Batches::default(),
             finishes: Batches::default(),
             loads: Batches::default(),
+            extensions: Batches::default(),
         }
     }
 }
@@ -223,6 +230,50 @@ impl<S: Store> Together<S> {
             answers
         };
         self.loads.submit((table, keys), write).await.flatten()
+    }
+
+    /// Extends `lease` by `duration` with the other leases being extended now
+    /// ([`Store::extend_leases`]): whether it was still held.
+    pub(super) async fn extend(
+        &self,
+        store: &S,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<bool, Error> {
+        const OPERATION: &str = "extending leases";
+        let write = |leases: Vec<Lease>| async move {
+            match store
+                .extend_leases(&leases, duration)
+                .instrument(info_span!("outbox.extend_leases", leases = leases.len()))
+                .await
+            {
+                Ok(held) => (0..leases.len())
+                    .map(|at| {
+                        held.get(at).copied().ok_or_else(|| Error::Database {
+                            operation: OPERATION,
+                            source: format!(
+                                "the store answered {} of {} leases",
+                                held.len(),
+                                leases.len()
+                            )
+                            .into(),
+                        })
+                    })
+                    .collect(),
+                Err(error) => error
+                    .shared_by(leases.len(), OPERATION)
+                    .into_iter()
+                    .map(Err)
+                    .collect(),
+            }
+        };
+        loop {
+            if let Some(held) = self.extensions.submit(lease.clone(), write).await {
+                return held;
+            }
+            // The batch went with its writer, a heartbeat whose handler ended before the
+            // store answered: this lease goes in the next one.
+        }
     }
 
     /// Acknowledges `acks` and releases `session`'s shard as drained, with the other shards

@@ -278,6 +278,27 @@ pub trait Store: Clone + Send + Sync + 'static {
         duration: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
+    /// Extends each of `leases` by `duration` from now if it is still the holder's, as
+    /// [`extend_lease`](Store::extend_lease) extends one: whether each was still held, in
+    /// order. The relay extends the leases of all the shards it keeps at one moment this way
+    /// (a batch of heartbeats); a backend with one writer at a time (SQLite) should write
+    /// them in one transaction that goes before its other queued writes, so that a relay
+    /// holding many shards takes the write lock once per heartbeat, not once per shard. An
+    /// error is the whole batch's. The default extends them one at a time.
+    fn extend_leases(
+        &self,
+        leases: &[Lease],
+        duration: Duration,
+    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
+        async move {
+            let mut held = Vec::with_capacity(leases.len());
+            for lease in leases {
+                held.push(self.extend_lease(lease, duration).await?);
+            }
+            Ok(held)
+        }
+    }
+
     /// Gives up `lease`, if it is still the holder's, on a shard whose drain the database
     /// interrupted: the lease lapses now rather than at its end, so the shard is due at once
     /// and its next claim is a takeover (it may have been delivered: see

@@ -161,6 +161,57 @@ pub(crate) const RELEASE_HELD: &str = concat!(
     " FROM jsonb_each(?1) w) AND lease_token IN (SELECT value FROM json_each(?2))"
 );
 
+// Extends by `?3` milliseconds from now those of the leases of the shards `?1` whose tokens
+// are among `?2` that are still held (as RELEASE_HELD, the keys and tokens apart).
+const EXTEND_HELD: &str = concat!(
+    "UPDATE outbox_shards SET lease_expires_at = ",
+    now!(),
+    " + ?3 WHERE (shard_scope, shard_identifier, destination) IN (SELECT ",
+    key_of!("w"),
+    " FROM jsonb_each(?1) w) AND lease_token IN (SELECT value FROM json_each(?2))"
+);
+
+/// Extends `leases` by `lease_ms` from now in one statement on `conn` (a transaction of its
+/// own): whether each was still held, in order, read back (by [`HELD`]) only if some were
+/// not. The outer error is the statement's as `sqlx` gave it, so that the caller can tell a
+/// busy database from another failure.
+pub(super) async fn extend_held(
+    conn: &mut SqliteConnection,
+    leases: &[Lease],
+    lease_ms: i64,
+) -> Result<Result<Vec<bool>, Error>, sqlx::Error> {
+    let keys = shards_json(leases.iter().map(|lease| (&lease.shard, lease.token)));
+    let tokens = match tokens_json(leases) {
+        Ok(tokens) => tokens,
+        Err(error) => return Ok(Err(error)),
+    };
+    let extended = sqlx::query(EXTEND_HELD)
+        .bind(&keys)
+        .bind(tokens)
+        .bind(lease_ms)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if extended == leases.len() as u64 {
+        return Ok(Ok(vec![true; leases.len()]));
+    }
+    let held: String = sqlx::query_scalar(HELD)
+        .bind(&keys)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(serde_json::from_str::<Vec<usize>>(&held)
+        .map_err(json_error)
+        .map(|places| {
+            let mut held = vec![false; leases.len()];
+            for place in places {
+                if let Some(slot) = held.get_mut(place) {
+                    *slot = true;
+                }
+            }
+            held
+        }))
+}
+
 /// Leased claims of `shards` in the write transaction on `tx`, in four statements: the
 /// tokens, the lapsed leases' holders, the claims, and which were claimed.
 pub(super) async fn claim_all(
