@@ -333,8 +333,8 @@ impl Processes {
         Ok(())
     }
 
-    /// Every warning the outbox crates logged in these processes, in the order of their
-    /// logs.
+    /// Every warning (and error) the outbox crates logged in these processes, in the order
+    /// of their logs.
     pub(crate) fn warnings(&self) -> Vec<String> {
         (0..self.next)
             .flat_map(|number| {
@@ -457,11 +457,13 @@ pub(crate) fn relays(
     })
 }
 
-/// The target of a warning the relay logged (`outbox_core::relay::shard`), or `None` for
-/// any other line: after the level and the spans (which hold spaces, braces or dots), the
-/// first part that is a module path.
+/// The target of a warning or an error the relay logged (`outbox_core::relay::shard`), or
+/// `None` for any other line: after the level and the spans (which hold spaces, braces or
+/// dots), the first part that is a module path.
 fn warning_target(line: &str) -> Option<&str> {
-    let (_, rest) = line.split_once(" WARN ")?;
+    let (_, rest) = line
+        .split_once(" WARN ")
+        .or_else(|| line.split_once(" ERROR "))?;
     rest.split(": ").find(|part| {
         !part.is_empty()
             && part
@@ -485,6 +487,10 @@ mod tests {
         let sqlx = "2026-11-28T13:23:00.006678Z  WARN sqlx::query: slow statement: execution \
                     time exceeded alert threshold summary=\"INSERT INTO outbox_relays (worker, …\"";
         assert_eq!(warning_target(sqlx), Some("sqlx::query"));
+        let lapse = "2026-12-02T08:42:30.912397Z ERROR outbox.drain_shard{scope=1 shard=177 \
+                     destination=\"\"}: outbox_core::relay::inner: a lease of this relay lapsed \
+                     while its handler ran";
+        assert_eq!(warning_target(lapse), Some("outbox_core::relay::inner"));
         assert_eq!(
             warning_target("2026-11-28T13:23:00Z  INFO outbox_core: up"),
             None

@@ -143,6 +143,13 @@ pub(crate) struct ChaosArgs {
     /// Seed of the random kill points and workload (printed, so that a run can be replayed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Runs it this many times, each with a seed of its own (the next after `--seed`, if
+    /// given), stopping at the first that fails and printing its seed.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Threads that keep the processor busy meanwhile, as a loaded machine (CI's) does.
+    #[arg(long, default_value_t = 0)]
+    cpu_hogs: u32,
 }
 
 impl ChaosArgs {
@@ -297,6 +304,57 @@ impl Outcome {
         failures
     }
 
+    /// The relays whose leases lapsed while their handlers ran, each with what its log says
+    /// of it: how long the extension that came too late waited, how long after the lease
+    /// was set it was asked, and how many of its leases other workers took meanwhile (with
+    /// the longest wait of those extensions). What explains an overlap.
+    fn lapses(&self) -> Vec<String> {
+        let field = |line: &str, name: &str| -> Option<u64> {
+            let (_, rest) = line.split_once(&format!(" {name}="))?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        };
+        let mut relays: Vec<(&str, Option<String>, u64, u64)> = Vec::new();
+        for warning in &self.warnings {
+            let relay = warning.split(':').next().unwrap_or_default();
+            let lapsed = warning.contains("lapsed while its handler ran");
+            let lost = warning.contains("lease lost while a handler runs");
+            if !lapsed && !lost {
+                continue;
+            }
+            let at = match relays.iter().position(|(name, ..)| *name == relay) {
+                Some(at) => at,
+                None => {
+                    relays.push((relay, None, 0, 0));
+                    relays.len() - 1
+                }
+            };
+            let waited = field(warning, "waited_ms").unwrap_or(0);
+            let entry = &mut relays[at];
+            if lapsed {
+                entry.1 = Some(format!(
+                    "an extension asked {} ms after the lease was set waited {waited} ms",
+                    field(warning, "asked_ms_after_set").unwrap_or(0)
+                ));
+            } else {
+                entry.2 += 1;
+                entry.3 = entry.3.max(waited);
+            }
+        }
+        relays
+            .into_iter()
+            .map(|(relay, lapse, lost, longest)| {
+                format!(
+                    "{relay}: {}; {lost} leases taken by others while its handlers ran \
+                     (their extensions waited up to {longest} ms)",
+                    lapse.as_deref().unwrap_or("no lapse said")
+                )
+            })
+            .collect()
+    }
+
     /// The most "database unavailable" warnings one relay logged: at most one per restart,
     /// however many of its shards a restart interrupted.
     fn outage_warnings_per_relay(&self) -> u64 {
@@ -311,10 +369,71 @@ impl Outcome {
     }
 }
 
-/// Runs the chaos scenarios; `Ok(false)` when a run lost, reordered or overlapped anything.
+/// Runs the chaos scenarios (`--repeat` times, beside `--cpu-hogs` busy threads); `Ok(false)`
+/// when a run lost, reordered or overlapped anything.
 pub(crate) async fn chaos(args: ChaosArgs) -> Result<bool, String> {
-    let seed = args.seed.unwrap_or_else(rand::random);
-    let settings = Settings::new(&args);
+    let hogs = CpuHogs::start(args.cpu_hogs);
+    let first = args.seed.unwrap_or_else(rand::random);
+    for run in 0..args.repeat.max(1) {
+        let seed = first.wrapping_add(u64::from(run));
+        if args.repeat > 1 {
+            eprintln!("chaos: run {} of {}", run + 1, args.repeat);
+        }
+        if !chaos_once(&args, seed).await? {
+            if args.repeat > 1 {
+                eprintln!(
+                    "chaos: run {} of {} failed, after {run} that passed (seed {seed}; replay \
+                     with --seed {seed}{})",
+                    run + 1,
+                    args.repeat,
+                    if args.short { " --short" } else { "" }
+                );
+            }
+            return Ok(false);
+        }
+    }
+    drop(hogs);
+    if args.repeat > 1 {
+        eprintln!("chaos: all {} runs passed", args.repeat);
+    }
+    Ok(true)
+}
+
+/// Threads that spin until dropped.
+struct CpuHogs {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuHogs {
+    fn start(count: u32) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One run of the chaos scenarios with `seed`.
+async fn chaos_once(args: &ChaosArgs, seed: u64) -> Result<bool, String> {
+    let settings = Settings::new(args);
     let backends: &[Backend] = match args.backend {
         Backends::Postgres => &[Backend::Postgres],
         Backends::Sqlite => &[Backend::Sqlite],
@@ -489,4 +608,55 @@ fn pause(rng: &mut StdRng, (low, high): (f64, f64)) -> Duration {
 /// Where a relay child records its deliveries: `dir/relay-<worker>.records`.
 fn records_file(dir: &std::path::Path, worker: u32) -> PathBuf {
     dir.join(format!("relay-{worker}.records"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Backend, Figures, Outcome};
+
+    fn outcome(warnings: &[&str]) -> Outcome {
+        Outcome {
+            backend: Backend::Sqlite,
+            shards: 200,
+            relays: 2,
+            stall_every: 300,
+            figures: Figures::default(),
+            kills: 0,
+            restarts: 0,
+            downtime: Vec::new(),
+            crashes: Vec::new(),
+            remaining: None,
+            drain: Duration::from_secs(1),
+            warnings: warnings.iter().map(|line| (*line).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_report_names_the_relay_whose_leases_lapsed_and_how_long_it_waited() {
+        let outcome = outcome(&[
+            "relay 4: 2026-12-02T08:42:30Z ERROR outbox.drain_shard{scope=1 shard=141}: \
+             outbox_core::relay::inner: a lease of this relay lapsed while its handler ran \
+             shard=scope 1 shard 141 token=823 lease_ms=2000 asked_ms_after_set=1980 \
+             waited_ms=1204",
+            "relay 4: 2026-12-02T08:42:30Z  WARN outbox.drain_shard{scope=1 shard=141}: \
+             outbox_core::relay::deliver: lease lost while a handler runs; another worker owns \
+             the shard shard=scope 1 shard 141 token=823 waited_ms=1204 set_ms_ago=3184",
+            "relay 4: 2026-12-02T08:42:30Z  WARN outbox.drain_shard{scope=1 shard=89}: \
+             outbox_core::relay::deliver: lease lost while a handler runs; another worker owns \
+             the shard shard=scope 1 shard 89 token=801 waited_ms=1310 set_ms_ago=3290",
+            "relay 6: 2026-12-02T08:42:31Z  WARN outbox_core::relay::run: database unavailable",
+        ]);
+        assert_eq!(
+            outcome.lapses(),
+            [
+                "relay 4: an extension asked 1980 ms after the lease was set waited 1204 ms; 2 \
+              leases taken by others while its handlers ran (their extensions waited up to \
+              1310 ms)"
+            ]
+        );
+        assert!(super::report::render(&outcome, 7).contains("leases lapsed"));
+        assert!(self::outcome(&[]).lapses().is_empty());
+    }
 }

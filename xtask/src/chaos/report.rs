@@ -62,6 +62,14 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
         ),
         ("order violations", figures.order_violations.to_string()),
         ("overlapping holders", figures.overlaps.to_string()),
+        ("leases lapsed", {
+            let lapses = outcome.lapses();
+            if lapses.is_empty() {
+                "none".to_owned()
+            } else {
+                lapses.join("; ")
+            }
+        }),
         ("phantoms", figures.phantoms.to_string()),
         ("recovery after a kill", figures.recovery_kill.to_string()),
         (
