@@ -374,6 +374,90 @@ pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: 
     assert!(states.is_empty(), "every shard released: {states:?}");
 }
 
+/// Leases extended together (a relay's heartbeats of one moment) are each fenced by their
+/// own token: a lease another worker took over is not extended and says so, and the others
+/// are, by the whole duration from now.
+pub async fn leases_extended_together_are_each_fenced_by_their_token<B: StoreBackend>() {
+    let backend = B::create().await;
+    let store = backend.store();
+    write(
+        &backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(2, 1, 2),
+            note::<OrgUpdate>(3, 1, 3),
+        ],
+    )
+    .await;
+    let claim = |shard: u64, options: ClaimOptions| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&org_shard(shard), &options)
+                .await
+                .expect("claim")
+        }
+    };
+    let short = ClaimOptions {
+        lease: Duration::from_secs(5),
+        ..claim_options("batch")
+    };
+    let first = claim(1, short.clone()).await.expect("shard 1");
+    let third = claim(3, short).await.expect("shard 3");
+    // Shard 2's lease lapses at once: another worker takes the shard over.
+    let lapsing = ClaimOptions {
+        lease: Duration::from_millis(1),
+        ..claim_options("batch")
+    };
+    let stale = claim(2, lapsing).await.expect("shard 2");
+    let mut taken = None;
+    eventually_async("another worker takes shard 2 over", async || {
+        taken = claim(2, claim_options("other")).await;
+        taken.is_some()
+    })
+    .await;
+    let taker = taken.expect("taken over");
+    let leases = [
+        first.lease().clone(),
+        stale.lease().clone(),
+        third.lease().clone(),
+    ];
+    let asked = std::time::SystemTime::now();
+    let held = store
+        .extend_leases(&leases, Duration::from_secs(600))
+        .await
+        .expect("extend the leases");
+    assert_eq!(held, [true, false, true]);
+    let states = outbox_core::admin::Admin::shard_states(&store)
+        .await
+        .expect("shard states");
+    let state = |shard: u64| {
+        states
+            .iter()
+            .find(|state| state.shard == org_shard(shard))
+            .expect("the shard's state")
+    };
+    for shard in [1, 3] {
+        let expires = state(shard).lease_expires_at.expect("a lease");
+        assert!(
+            expires >= asked + Duration::from_secs(590),
+            "shard {shard}'s lease runs ten minutes from now: {expires:?}"
+        );
+    }
+    assert_eq!(
+        state(2).lease_token,
+        Some(taker.lease().token),
+        "the worker that took shard 2 over still holds it"
+    );
+    assert!(
+        store
+            .extend_leases(&[], Duration::from_secs(1))
+            .await
+            .expect("nothing to extend")
+            .is_empty()
+    );
+}
+
 /// Drained shards finished together count only the rows they deleted: a row a shard's
 /// session already acknowledged is not counted again, and its shard is still released, as is
 /// the batch's other shard.

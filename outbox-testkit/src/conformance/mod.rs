@@ -168,6 +168,7 @@ macro_rules! store_conformance_tests {
             s15_claiming_many_shards_grants_each_once,
             s16_stale_worker_cannot_acknowledge,
             drained_shards_finished_together_are_each_fenced_by_their_lease,
+            leases_extended_together_are_each_fenced_by_their_token,
             drained_shards_finished_together_count_only_rows_still_there,
             a_slow_shard_holds_back_no_other,
             a_shard_claimed_beside_a_slow_one_is_served_again_while_it_runs,
