@@ -9,31 +9,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    BoxError, Category, CategoryId, Delivery, Message, Registry, Relay, RelayConfig,
+    BoxError, Delivery, Message, Registry, Relay, RelayConfig, outbox_category, outbox_scope,
 };
-use outbox_core::{Scope, ScopeId};
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::sqlite::SqliteTestDatabase;
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 use tokio::sync::{Semaphore, mpsc};
 
+#[outbox_scope(id = 1)]
 struct Streams;
 
-impl Scope for Streams {
-    const ID: ScopeId = ScopeId(1);
-    const NAME: &'static str = "streams";
-}
-
+#[outbox_category(scope = Streams, id = 1)]
 #[derive(Serialize, Deserialize)]
 struct Step;
-
-impl Category for Step {
-    type Scope = Streams;
-    type Payload = Step;
-    const ID: CategoryId = CategoryId(1);
-    const NAME: &'static str = "step";
-}
 
 const SHARDS: usize = 8;
 const LEASE: Duration = Duration::from_millis(1_500);

@@ -11,7 +11,7 @@ use outbox_core::store::Store;
 use outbox_core::store::{
     Acknowledgement, ClaimOptions, GroupKey, HandlerMode, Outcome, ShardSession,
 };
-use outbox_core::{BoxError, Delivery, Relay, ShardKey};
+use outbox_core::{BoxError, Delivery, MessageId, Relay, ShardKey};
 use tokio::sync::{Barrier, Notify, watch};
 
 use super::{
@@ -301,39 +301,8 @@ async fn head_acknowledgement<S: ShardSession>(session: &mut S) -> Vec<Acknowled
 pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
-    let ids = write(
-        &backend,
-        &[
-            note::<OrgUpdate>(1, 1, 1),
-            note::<OrgUpdate>(2, 1, 2),
-            note::<OrgUpdate>(3, 1, 3),
-        ],
-    )
-    .await;
-    let claim = |shard: u64, options: ClaimOptions| {
-        let store = store.clone();
-        async move {
-            store
-                .claim(&org_shard(shard), &options)
-                .await
-                .expect("claim")
-        }
-    };
-    let mut first = claim(1, claim_options("batch")).await.expect("shard 1");
-    let mut third = claim(3, claim_options("batch")).await.expect("shard 3");
-    // Shard 2's lease lapses at once: another worker takes the shard over.
-    let lapsing = ClaimOptions {
-        lease: Duration::from_millis(1),
-        ..claim_options("batch")
-    };
-    let mut stale = claim(2, lapsing).await.expect("shard 2");
-    let mut taken = None;
-    eventually_async("another worker takes shard 2 over", async || {
-        taken = claim(2, claim_options("other")).await;
-        taken.is_some()
-    })
-    .await;
-    let mut taker = taken.expect("taken over");
+    let (ids, [mut first, mut stale, mut third], mut taker) =
+        three_shards_the_second_taken_over(&backend, claim_options("batch")).await;
     let acks = [
         head_acknowledgement(&mut first).await,
         head_acknowledgement(&mut stale).await,
@@ -380,43 +349,12 @@ pub async fn drained_shards_finished_together_are_each_fenced_by_their_lease<B: 
 pub async fn leases_extended_together_are_each_fenced_by_their_token<B: StoreBackend>() {
     let backend = B::create().await;
     let store = backend.store();
-    write(
-        &backend,
-        &[
-            note::<OrgUpdate>(1, 1, 1),
-            note::<OrgUpdate>(2, 1, 2),
-            note::<OrgUpdate>(3, 1, 3),
-        ],
-    )
-    .await;
-    let claim = |shard: u64, options: ClaimOptions| {
-        let store = store.clone();
-        async move {
-            store
-                .claim(&org_shard(shard), &options)
-                .await
-                .expect("claim")
-        }
-    };
     let short = ClaimOptions {
         lease: Duration::from_secs(5),
         ..claim_options("batch")
     };
-    let first = claim(1, short.clone()).await.expect("shard 1");
-    let third = claim(3, short).await.expect("shard 3");
-    // Shard 2's lease lapses at once: another worker takes the shard over.
-    let lapsing = ClaimOptions {
-        lease: Duration::from_millis(1),
-        ..claim_options("batch")
-    };
-    let stale = claim(2, lapsing).await.expect("shard 2");
-    let mut taken = None;
-    eventually_async("another worker takes shard 2 over", async || {
-        taken = claim(2, claim_options("other")).await;
-        taken.is_some()
-    })
-    .await;
-    let taker = taken.expect("taken over");
+    let (_, [first, stale, third], taker) =
+        three_shards_the_second_taken_over(&backend, short).await;
     let leases = [
         first.lease().clone(),
         stale.lease().clone(),
@@ -456,6 +394,53 @@ pub async fn leases_extended_together_are_each_fenced_by_their_token<B: StoreBac
             .expect("nothing to extend")
             .is_empty()
     );
+}
+
+/// Three shards of one message each (their ids), claimed by one worker with `options`, but
+/// the second under a lease that lapsed at once and another worker's claim of it since: the
+/// three sessions, and the other worker's.
+async fn three_shards_the_second_taken_over<B: StoreBackend>(
+    backend: &B,
+    options: ClaimOptions,
+) -> (
+    Vec<MessageId>,
+    [<B::Store as Store>::Session; 3],
+    <B::Store as Store>::Session,
+) {
+    let store = backend.store();
+    let ids = write(
+        backend,
+        &[
+            note::<OrgUpdate>(1, 1, 1),
+            note::<OrgUpdate>(2, 1, 2),
+            note::<OrgUpdate>(3, 1, 3),
+        ],
+    )
+    .await;
+    let claim = |shard: u64, options: ClaimOptions| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&org_shard(shard), &options)
+                .await
+                .expect("claim")
+        }
+    };
+    let first = claim(1, options.clone()).await.expect("shard 1");
+    let third = claim(3, options.clone()).await.expect("shard 3");
+    // Shard 2's lease lapses at once: another worker takes the shard over.
+    let lapsing = ClaimOptions {
+        lease: Duration::from_millis(1),
+        ..options
+    };
+    let stale = claim(2, lapsing).await.expect("shard 2");
+    let mut taken = None;
+    eventually_async("another worker takes shard 2 over", async || {
+        taken = claim(2, claim_options("other")).await;
+        taken.is_some()
+    })
+    .await;
+    (ids, [first, stale, third], taken.expect("taken over"))
 }
 
 /// Drained shards finished together count only the rows they deleted: a row a shard's
