@@ -1111,6 +1111,16 @@ impl Dialect for PgDialect {
 
     async fn take_turn(&self) {}
 
+    /// One statement a lease: each locks only its shard's row.
+    async fn extend_leases(
+        &self,
+        pool: &PgPool,
+        leases: &[Lease],
+        duration: std::time::Duration,
+    ) -> Result<Vec<bool>, Error> {
+        outbox_sqlx::session::extend_each(self, pool, leases, duration).await
+    }
+
     async fn claim(
         &self,
         pool: &PgPool,

@@ -14,7 +14,7 @@ use sqlx::error::DatabaseError;
 use sqlx::{Database, Pool, Transaction};
 
 use crate::model_sql::Write;
-use crate::sql::{Executes, Sql, Statement, With};
+use crate::sql::{Sql, Statement};
 
 /// How a driver error reads, for the outbox's typed errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,34 +442,6 @@ pub struct Claim<D: Dialect> {
     pub head: Option<(Vec<StoredMessage>, usize)>,
 }
 
-/// Extends each of `leases` by `duration` with [`Statements::extend_lease`], one statement
-/// each in turn on one pooled connection, under the backend's turn: the default
-/// [`Dialect::extend_leases`].
-pub async fn extend_each<D: Dialect>(
-    dialect: &D,
-    pool: &Pool<D::Database>,
-    leases: &[Lease],
-    duration: Duration,
-) -> Result<Vec<bool>, Error> {
-    const OPERATION: &str = "extending leases";
-    let _turn = dialect.take_turn().await;
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(crate::error::database::<D>(OPERATION))?;
-    let mut held = Vec::with_capacity(leases.len());
-    for lease in leases {
-        let query = crate::session::fenced::<D>(D::SQL.extend_lease, lease)
-            .with(crate::session::duration_ms(duration));
-        let done = query
-            .execute(D::Database::on(&mut conn))
-            .await
-            .map_err(crate::error::database::<D>(OPERATION))?;
-        held.push(D::rows_affected(&done) > 0);
-    }
-    Ok(held)
-}
-
 /// Claims those of `shards` that are due and free with [`Dialect::claim`], one at a time:
 /// the default [`Dialect::claim_many`], and what a backend's own falls back to where it has
 /// no single statement.
@@ -703,16 +675,14 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// Extends each of `leases` by `duration` from now if it is still held, as
     /// [`Statements::extend_lease`] extends one: whether each was held, in order
     /// ([`Store::extend_leases`](outbox_core::store::Store::extend_leases)). A backend that
-    /// orders its writes takes this one before the others it has queued. The default is
-    /// [`extend_each`].
+    /// orders its writes takes this one before the others it has queued; one that does not
+    /// may run [`extend_each`](crate::session::extend_each).
     fn extend_leases<'a>(
         &'a self,
         pool: &'a Pool<Self::Database>,
         leases: &'a [Lease],
         duration: Duration,
-    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send + 'a {
-        extend_each(self, pool, leases, duration)
-    }
+    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send + 'a;
 
     /// Claims `shard` if it is due and nobody holds it, with a fencing token greater than any
     /// before: the backend's claim strategy.

@@ -619,6 +619,30 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     }
 }
 
+/// Extends each of `leases` by `duration` with [`Statements::extend_lease`], one statement
+/// each in turn on one pooled connection, under the backend's turn: the default
+/// [`Dialect::extend_leases`] of a backend that does not order its writes.
+pub async fn extend_each<D: Dialect>(
+    dialect: &D,
+    pool: &Pool<D::Database>,
+    leases: &[Lease],
+    duration: Duration,
+) -> Result<Vec<bool>, Error> {
+    const OPERATION: &str = "extending leases";
+    let _turn = dialect.take_turn().await;
+    let mut conn = pool.acquire().await.map_err(database::<D>(OPERATION))?;
+    let mut held = Vec::with_capacity(leases.len());
+    for lease in leases {
+        let query = fenced::<D>(D::SQL.extend_lease, lease).with(duration_ms(duration));
+        let done = query
+            .execute(D::Database::on(&mut conn))
+            .await
+            .map_err(database::<D>(OPERATION))?;
+        held.push(D::rows_affected(&done) > 0);
+    }
+    Ok(held)
+}
+
 /// [`Dialect::ack_and_release_on`]'s default: each shard's acknowledgement and release in
 /// turn, one or two statements each, on `conn`.
 pub async fn ack_and_release_each<D: Dialect>(
