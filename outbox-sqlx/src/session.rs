@@ -619,9 +619,10 @@ impl<D: Dialect> ShardSession for SqlxSession<D> {
     }
 }
 
-/// Extends each of `leases` by `duration` with [`Statements::extend_lease`], one statement
-/// each in turn on one pooled connection, under the backend's turn: the default
-/// [`Dialect::extend_leases`] of a backend that does not order its writes.
+/// Extends each of `leases` by `duration` with
+/// [`Statements::extend_lease`](crate::Statements::extend_lease), one statement each in turn on
+/// one pooled connection, under the backend's turn: the [`Dialect::extend_leases`] of a
+/// backend that does not order its writes.
 pub async fn extend_each<D: Dialect>(
     dialect: &D,
     pool: &Pool<D::Database>,
