@@ -199,17 +199,18 @@ pub(super) async fn extend_held(
         .bind(&keys)
         .fetch_one(&mut *conn)
         .await?;
-    Ok(serde_json::from_str::<Vec<usize>>(&held)
-        .map_err(json_error)
-        .map(|places| {
-            let mut held = vec![false; leases.len()];
-            for place in places {
-                if let Some(slot) = held.get_mut(place) {
-                    *slot = true;
-                }
-            }
-            held
-        }))
+    Ok(held_places(&held, leases.len()))
+}
+
+/// Which of `count` leases [`HELD`] found held, from its JSON array of their places.
+fn held_places(held: &str, count: usize) -> Result<Vec<bool>, Error> {
+    let mut places = vec![false; count];
+    for place in serde_json::from_str::<Vec<usize>>(held).map_err(json_error)? {
+        if let Some(slot) = places.get_mut(place) {
+            *slot = true;
+        }
+    }
+    Ok(places)
 }
 
 /// Leased claims of `shards` in the write transaction on `tx`, in four statements: the
@@ -385,12 +386,7 @@ async fn finish_checked(
         .fetch_one(&mut *conn)
         .await
         .map_err(failed())?;
-    let mut held_places = vec![false; batch.len()];
-    for place in serde_json::from_str::<Vec<usize>>(&held).map_err(json_error)? {
-        if let Some(slot) = held_places.get_mut(place) {
-            *slot = true;
-        }
-    }
+    let held_places = held_places(&held, batch.len())?;
     // The rows of the shards held, each with the place of its shard.
     let acked: HashMap<i64, usize> = batch
         .iter()
