@@ -57,15 +57,34 @@ pub(super) async fn live_traffic(
     pool: &PgPool,
     first: i64,
     committed: &Instants,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     rate: u64,
     writers: u64,
 ) -> Result<i64, String> {
+    let commit = |pool: PgPool, object| async move { commit_one(&pool, object).await };
+    live_traffic_with(pool, first, committed, stop, rate, writers, commit).await
+}
+
+/// [`live_traffic`], each object committed by `commit` (on the writer's pool).
+pub(super) async fn live_traffic_with<C, F>(
+    pool: &PgPool,
+    first: i64,
+    committed: &Instants,
+    mut stop: watch::Receiver<bool>,
+    rate: u64,
+    writers: u64,
+    commit: C,
+) -> Result<i64, String>
+where
+    C: Fn(PgPool, i64) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<(), String>> + Send,
+{
     let interval = Duration::from_secs(writers) / rate as u32;
     let begin = tokio::time::Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for writer in 0..writers {
         let (pool, committed, stop) = (pool.clone(), Arc::clone(committed), stop.clone());
+        let commit = commit.clone();
         tasks.spawn(async move {
             let offset = interval / writers as u32 * writer as u32;
             let mut written = 0i64;
@@ -75,7 +94,7 @@ pub(super) async fn live_traffic(
                 }
                 tokio::time::sleep_until(begin + offset + interval * i).await;
                 let object = first + i64::from(i) * writers as i64 + writer as i64;
-                commit_one(&pool, object).await?;
+                commit(pool.clone(), object).await?;
                 note(&committed, object);
                 written += 1;
             }

@@ -57,7 +57,7 @@ pub(crate) struct BenchArgs {
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
     /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon, console, inbox, mariadb).
+    /// horizon (both holds), horizon-short, horizon-long, console, inbox, mariadb).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -86,7 +86,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 16] = [
+    let scenarios: [(&str, Scenario); 17] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -99,7 +99,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("backfill", |a, s| Box::pin(backfill::run(a, s))),
         ("gauges", |a, s| Box::pin(gauges::run(a, s))),
         ("sparse", |a, s| Box::pin(drain::sparse(a, s))),
-        ("horizon", |a, s| Box::pin(horizon::run(a, s))),
+        ("horizon-short", |a, s| Box::pin(horizon::short(a, s))),
+        ("horizon-long", |a, s| Box::pin(horizon::long(a, s))),
         ("console", |a, s| Box::pin(console::run(a, s))),
         ("inbox", |a, s| Box::pin(inbox::run(a, s))),
         ("mariadb", |a, _| Box::pin(mariadb::run(a))),

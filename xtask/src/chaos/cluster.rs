@@ -20,17 +20,23 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    /// Creates a cluster (`initdb`, trust authentication, no fsync: a restart, even
-    /// `-m immediate`, keeps what the operating system holds) and starts it.
+    /// Creates the chaos run's cluster (`initdb`, trust authentication, no fsync: a restart,
+    /// even `-m immediate`, keeps what the operating system holds) and starts it.
     ///
     /// `synchronous_commit` stays on: with it off, a commit is acknowledged before its WAL
     /// leaves the server's memory, and an immediate restart loses transactions that writers
     /// and relays saw committed (a relay then delivers a row that, after the restart, was
     /// never written).
     pub(crate) fn start() -> Result<Self, String> {
+        Self::start_with("fsync = off\nfull_page_writes = off\n")
+    }
+
+    /// Creates a cluster with `settings` (lines of `postgresql.conf`) after this module's own
+    /// (port, sockets, connections, memory), and starts it.
+    pub(crate) fn start_with(settings: &str) -> Result<Self, String> {
         let bin = binaries()?;
         let dir = tempfile::Builder::new()
-            .prefix("outbox-chaos-pg-")
+            .prefix("outbox-pg-")
             .tempdir()
             .map_err(|error| format!("cannot create a temporary directory: {error}"))?;
         let as_postgres = is_root();
@@ -62,15 +68,14 @@ impl Cluster {
         initdb.push(data.as_os_str());
         cluster.run_tool("initdb", &initdb)?;
         let settings = format!(
-            "\n# outbox chaos: a private, disposable server\n\
+            "\n# outbox: a private, disposable server\n\
              port = {port}\n\
              listen_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{}'\n\
              max_connections = 200\n\
-             fsync = off\n\
-             full_page_writes = off\n\
              shared_buffers = 128MB\n\
-             log_min_messages = warning\n",
+             log_min_messages = warning\n\
+             {settings}",
             cluster.dir.path().display()
         );
         let config = cluster.data().join("postgresql.conf");

@@ -7,7 +7,7 @@
 
 mod check;
 mod child;
-mod cluster;
+pub(crate) mod cluster;
 mod inbox;
 mod mariadb;
 mod report;
