@@ -17,6 +17,10 @@ use serde_json::{Value, json};
 
 use crate::CliError;
 
+/// A cleanup horizon held for less than this is any transaction's: `outbox status` shows
+/// the holder only from then (`--json` always does).
+const HORIZON_WORTH_SAYING: Duration = Duration::from_secs(10);
+
 /// Writes what the commands show, with the names the catalog knows.
 #[derive(Debug)]
 pub(crate) struct Printer<'a> {
@@ -262,6 +266,12 @@ impl<'a> Printer<'a> {
                     "shards_paused": status.shards_paused,
                     "dead_letters": status.dead_letters,
                     "oldest_dead_letter_at": rfc3339(status.oldest_dead_letter_at),
+                    "horizon": status.horizon.as_ref().map(|horizon| json!({
+                        "holder": horizon.holder,
+                        "since": rfc3339(horizon.since),
+                        "held_seconds": self.age_seconds(horizon.since),
+                        "behind": horizon.behind,
+                    })),
                     "deepest": status.deepest.iter().map(|info| self.shard_json(info)).collect::<Vec<_>>(),
                     "relays": relays.iter().map(|relay| self.relay_json(relay)).collect::<Vec<_>>(),
                     "backfills": backfills.iter().map(|state| self.backfill_json(state)).collect::<Vec<_>>(),
@@ -290,6 +300,22 @@ impl<'a> Printer<'a> {
             status.dead_letters,
             self.ago(status.oldest_dead_letter_at)
         )?;
+        if let Some(horizon) = status.horizon.as_ref().filter(|horizon| {
+            horizon
+                .held_for(self.now)
+                .is_none_or(|held| held >= HORIZON_WORTH_SAYING)
+        }) {
+            let behind = horizon
+                .behind
+                .map(|behind| format!(", {behind} behind"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "cleanup horizon   held since {} by {}{behind}: rows deleted since then stay behind",
+                self.ago(horizon.since),
+                horizon.holder
+            )?;
+        }
         writeln!(out, "relays            {}", relays_summary(relays))?;
         if let Some(breakers) = breakers_summary(relays) {
             writeln!(out, "open breakers     {breakers}")?;

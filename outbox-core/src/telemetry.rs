@@ -93,6 +93,9 @@ pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
 pub const DRAIN_DURATION: &str = "outbox_shard_drain_duration_seconds";
 /// Rows each drain acknowledged (histogram; `scope`).
 pub const DRAIN_ROWS: &str = "outbox_shard_drain_rows";
+/// How long the database's cleanup horizon has been held ([`Horizon`](crate::admin::Horizon);
+/// gauge, seconds; 0 when nothing holds it or the store cannot tell).
+pub const HORIZON_AGE: &str = "outbox_horizon_age_seconds";
 /// Pending messages (gauge).
 pub const PENDING_MESSAGES: &str = "outbox_pending_messages";
 /// Age of the oldest pending message (gauge, seconds).
@@ -192,6 +195,11 @@ pub fn describe() {
         BREAKER_OPENINGS,
         Unit::Count,
         "Times a sink's breaker opened"
+    );
+    describe_gauge!(
+        HORIZON_AGE,
+        Unit::Seconds,
+        "How long the oldest transaction, slot or standby holding back the database's cleanup of deleted rows has held it"
     );
     describe_gauge!(
         OLDEST_PENDING_AGE,
@@ -503,6 +511,12 @@ pub(crate) fn gauges(status: &OutboxStatus, now: SystemTime) {
         metrics::gauge!(SHARDS, "state" => state).set(count as f64);
     }
     metrics::gauge!(DEAD_LETTERS).set(status.dead_letters as f64);
+    let held = status
+        .horizon
+        .as_ref()
+        .and_then(|horizon| horizon.held_for(now))
+        .unwrap_or_default();
+    metrics::gauge!(HORIZON_AGE).set(held.as_secs_f64());
 }
 
 /// Counts a message `consumer`'s inbox received, and whether it was a duplicate.

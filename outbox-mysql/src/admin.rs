@@ -328,6 +328,19 @@ pub(crate) const STATUS: &str = concat!(
     ORDER BY r.rn"
 );
 
+// The oldest open InnoDB transaction but this one's (its read view holds back purge, which
+// removes the rows the outbox deleted), and the history list: undo records waiting for purge.
+pub(crate) const HORIZON: &str = "\
+    SELECT concat('connection ', t.trx_mysql_thread_id, ' (', coalesce(p.user, '?'), '@', \
+            coalesce(p.host, '?'), ', ', coalesce(p.command, '?'), ')'), \
+        CAST(unix_timestamp(t.trx_started) * 1000 AS SIGNED), \
+        (SELECT CAST(count AS SIGNED) FROM information_schema.innodb_metrics \
+            WHERE name = 'trx_rseg_history_len') \
+    FROM information_schema.innodb_trx t \
+        LEFT JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+    WHERE t.trx_mysql_thread_id <> connection_id() \
+    ORDER BY t.trx_started LIMIT 1";
+
 // The gauges above the exact limit: InnoDB's estimate of the rows (never below the limit), the
 // first message by id, the shard states (few: shards held, failing or parked), the shard
 // pauses, and the dead letters counted up to the limit, exactly below it, and above it

@@ -465,6 +465,7 @@ impl Dialect for MySqlDialect {
         sampled_shards: SAMPLED_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
+        horizon: HORIZON,
         set_aside: SET_ASIDE,
         relays: RELAYS,
         inbox: INBOX,

@@ -737,6 +737,35 @@ pub(crate) const GAUGES: &str = "\
             FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
     FROM outbox_shards s";
 
+// The oldest holder of the vacuum horizon of this database's tables: a session of this
+// database with a snapshot or a transaction id, a replication slot or a standby's feedback
+// (which hold every database's), or a prepared transaction; by how many transactions it is
+// behind (the age of its xmin; xid has no order, so the oldest is the one with the greatest
+// age).
+const HORIZON: &str = "\
+    SELECT holder, since, behind FROM ( \
+        SELECT format('session %s (%s%s, %s)', pid, \
+                coalesce(nullif(application_name, ''), 'no application name'), \
+                coalesce(', ' || host(client_addr), ''), coalesce(state, 'state unknown')) \
+                AS holder, \
+            (extract(epoch FROM xact_start) * 1000)::bigint AS since, \
+            greatest(age(backend_xmin), age(backend_xid))::bigint AS behind \
+        FROM pg_stat_activity \
+        WHERE datname = current_database() AND pid <> pg_backend_pid() \
+            AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
+        UNION ALL \
+        SELECT format('replication slot %s', slot_name), NULL, age(xmin)::bigint \
+        FROM pg_replication_slots WHERE xmin IS NOT NULL \
+        UNION ALL \
+        SELECT format('standby %s (%s)', coalesce(nullif(application_name, ''), 'unnamed'), \
+                coalesce(host(client_addr), 'local')), NULL, age(backend_xmin)::bigint \
+        FROM pg_stat_replication WHERE backend_xmin IS NOT NULL \
+        UNION ALL \
+        SELECT format('prepared transaction %s', gid), \
+            (extract(epoch FROM prepared) * 1000)::bigint, age(transaction)::bigint \
+        FROM pg_prepared_xacts WHERE database = current_database()) h \
+    ORDER BY behind DESC NULLS LAST LIMIT 1";
+
 // One shard: its messages counted up to `$4`, and above it estimated from the density of ids
 // of its first `$4` (their span) over the span of all of its ids.
 const SHARD: &str = concat!(
@@ -930,6 +959,7 @@ impl Dialect for PgDialect {
         sampled_shards: SAMPLED_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
+        horizon: HORIZON,
         set_aside: SET_ASIDE,
         relays: RELAYS,
         inbox: INBOX,

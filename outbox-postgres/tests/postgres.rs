@@ -1303,3 +1303,57 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
             .is_empty()
     );
 }
+
+/// A `REPEATABLE READ` transaction that has read the outbox (as `pg_dump` does) holds the
+/// vacuum horizon: the status names its session (process id, application, state) and since
+/// when, the gauges too; once it commits, it is no longer named.
+#[tokio::test]
+async fn status_names_the_session_that_holds_the_vacuum_horizon() {
+    let database = migrated().await;
+    let store = PgStore::new(database.pool().clone());
+    let mut report = PgConnection::connect(&database.url())
+        .await
+        .expect("connect");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut report)
+        .await
+        .expect("pid");
+    for statement in [
+        "SET application_name = 'nightly-report'",
+        "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        "SELECT count(*) FROM outbox_messages",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut report)
+            .await
+            .expect(statement);
+    }
+    let named = format!("session {pid} (nightly-report");
+    for status in [
+        store.status(0).await.expect("status"),
+        store.gauges().await.expect("gauges"),
+    ] {
+        let horizon = status.horizon.expect("the horizon's holder");
+        assert!(
+            horizon.holder.starts_with(&named) && horizon.holder.contains("idle in transaction"),
+            "{horizon:?}"
+        );
+        let since = horizon.since.expect("since when");
+        assert!(since <= std::time::SystemTime::now(), "{horizon:?}");
+        assert!(horizon.behind.is_some(), "{horizon:?}");
+    }
+
+    sqlx::query("COMMIT")
+        .execute(&mut report)
+        .await
+        .expect("commit");
+    let status = store.status(0).await.expect("status");
+    assert!(
+        status
+            .horizon
+            .as_ref()
+            .is_none_or(|horizon| !horizon.holder.starts_with(&named)),
+        "{:?}",
+        status.horizon
+    );
+}

@@ -1147,6 +1147,9 @@ impl Dialect for SqliteDialect {
         sampled_shards: SAMPLED_SHARDS,
         shard: SHARD,
         gauges: GAUGES,
+        // One writer, and a reader never keeps a row from being removed: SQLite has no
+        // cleanup horizon to hold (a long reader in WAL mode holds back checkpoints instead).
+        horizon: "",
         set_aside: SET_ASIDE,
         relays: RELAYS,
         inbox: INBOX,

@@ -172,6 +172,11 @@ pub struct Statements {
     /// holds, the dead letters (`i64`, exact up to `$1`, estimated above) and the oldest's time
     /// set aside (ms).
     pub gauges: &'static str,
+    /// The oldest holder of the database's cleanup horizon ([`Horizon`](outbox_core::admin::Horizon)):
+    /// one row or none, of who holds it (text), since when (ms, or `NULL`) and how far behind
+    /// (`i64`, or `NULL`); empty for a backend that cannot tell. Read best effort: a failure
+    /// (a user without the privilege) leaves the status without it.
+    pub horizon: &'static str,
     /// Shards with pending messages, deepest first, every one ranked: `$1` which
     /// (`'pending'`, `'failing'`, `'paused'`, `'parked'`), `$2` the limit (`i64`), `$3` only
     /// this scope (`i32` or `NULL`), `$4` only shards with a message of this category (`i32`

@@ -10,9 +10,9 @@ use outbox_core::replicated::ModelTable;
 use outbox_core::store::Store;
 use outbox_core::store::{
     Acknowledgement, Admin, ClaimOptions, DeadLetter, DeadLetterFilter, DiscoveryPage,
-    FORGET_RELAYS_AFTER, Heartbeat, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause, PauseTarget,
-    PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery, ShardState,
-    ShardStatus, check_migrations,
+    FORGET_RELAYS_AFTER, Heartbeat, Horizon, Lease, MIGRATIONS_TABLE, OutboxStatus, Pause,
+    PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery,
+    ShardState, ShardStatus, check_migrations,
 };
 use outbox_core::{CategoryId, Error, Id, MessageId, ScopeId, ShardKey};
 use sqlx::{AssertSqlSafe, Database, Pool, Row};
@@ -183,6 +183,36 @@ impl<D: Dialect> Figures<'_, D> {
         get::<D::Database, Option<i64>>(self.row, index)
             .map(|ms| ms.map(from_ms))
             .map_err(database::<D>(self.operation))
+    }
+}
+
+impl<D: Dialect> SqlxStore<D> {
+    /// The oldest holder of the database's cleanup horizon, best effort: a backend that cannot
+    /// tell, or a failure (a user the database does not show other sessions to), gives `None`.
+    async fn horizon(&self) -> Option<Horizon> {
+        const OPERATION: &str = "reading what holds the cleanup horizon";
+        if D::SQL.horizon.is_empty() {
+            return None;
+        }
+        let read = async {
+            let rows = self.rows(sqlx::query(D::SQL.horizon), OPERATION).await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            let figures = Figures::<D> {
+                row,
+                operation: OPERATION,
+            };
+            let holder = get::<D::Database, String>(row, 0).map_err(database::<D>(OPERATION))?;
+            let behind = get::<D::Database, Option<i64>>(row, 2)
+                .map_err(database::<D>(OPERATION))?
+                .map(count);
+            Ok::<_, Error>(Some(Horizon::new(holder, figures.time(1)?, behind)))
+        };
+        read.await.unwrap_or_else(|error| {
+            tracing::debug!(error = %outbox_core::error::error_chain(&error), "{OPERATION} failed");
+            None
+        })
     }
 }
 
@@ -522,6 +552,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
             + status.shards_in_backoff
             + status.shards_parked
             + status.shards_paused;
+        status.horizon = self.horizon().await;
         Ok(status)
     }
 
@@ -699,6 +730,7 @@ impl<D: Dialect> Admin for SqlxStore<D> {
         status.oldest_dead_letter_at = row.time(9)?;
         // The deepest shards, on the same rows.
         status.deepest = shards_joined::<D>(&rows, 10).map_err(database::<D>(OPERATION))?;
+        status.horizon = self.horizon().await;
         Ok(status)
     }
 

@@ -747,6 +747,7 @@ impl Tables {
                 .min(),
             deepest: Self::deepest(shards, deepest),
             estimated: false,
+            horizon: None,
         }
     }
 

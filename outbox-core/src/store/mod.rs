@@ -18,7 +18,7 @@ use crate::replicated::ModelTable;
 mod operations;
 
 pub use self::operations::{
-    Admin, DeadLetter, DeadLetterFilter, DeadLettering, FORGET_RELAYS_AFTER, Heartbeat,
+    Admin, DeadLetter, DeadLetterFilter, DeadLettering, FORGET_RELAYS_AFTER, Heartbeat, Horizon,
     OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList,
     ShardQuery, ShardState, ShardStatus,
 };

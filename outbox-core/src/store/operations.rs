@@ -357,6 +357,43 @@ pub struct OutboxStatus {
     /// store counts exactly (see the store's documentation), so that their cost does not grow
     /// with the backlog. [`Admin::status`] always counts.
     pub estimated: bool,
+    /// What holds back the database's cleanup of the rows the outbox deleted, oldest first:
+    /// `None` where the store cannot tell (SQLite, the in-memory store) or nothing does.
+    pub horizon: Option<Horizon>,
+}
+
+/// The oldest holder of the database's cleanup horizon: a transaction whose snapshot (or a
+/// replication slot, or a standby's feedback, or a prepared transaction) keeps PostgreSQL's
+/// vacuum from removing the rows deleted since it began, or, on MariaDB, the oldest open
+/// transaction, behind which InnoDB's purge waits. While it holds, every row the outbox
+/// acknowledges stays behind as a dead row; `docs/operating.md` says what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Horizon {
+    /// Who holds it, as an operator finds it: a session (its process id, application,
+    /// client and state), a replication slot or a prepared transaction, by name.
+    pub holder: String,
+    /// Since when, where the database knows: the holding transaction's start.
+    pub since: Option<SystemTime>,
+    /// How far behind it is: PostgreSQL, the transactions begun since its snapshot (the age
+    /// of its `xmin`); MariaDB, the undo records waiting for purge (the history list).
+    pub behind: Option<u64>,
+}
+
+impl Horizon {
+    /// A horizon's holder (backends build these when reading the status).
+    pub fn new(holder: String, since: Option<SystemTime>, behind: Option<u64>) -> Self {
+        Self {
+            holder,
+            since,
+            behind,
+        }
+    }
+
+    /// How long it has been held at `now`, where the database knows since when.
+    pub fn held_for(&self, now: SystemTime) -> Option<Duration> {
+        self.since.and_then(|since| now.duration_since(since).ok())
+    }
 }
 
 /// What a shard with pending messages is doing, as [`Admin::status`] counts it and every

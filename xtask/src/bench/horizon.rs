@@ -356,7 +356,12 @@ async fn run(args: &BenchArgs, hold: &Hold) -> Result<Vec<Row>, String> {
     stopped(stop_relay, running).await?;
     database.drop_database().await?;
     drop(cluster);
-    Ok(rows(hold, &phases, [&committed, &started], [&queued, &taken]))
+    Ok(rows(
+        hold,
+        &phases,
+        [&committed, &started],
+        [&queued, &taken],
+    ))
 }
 
 /// The table's rows: each phase's figures, then the targets' ratios.
@@ -424,7 +429,13 @@ fn rows(hold: &Hold, phases: &[Phase], outbox: [&Instants; 2], queue: [&Instants
     ) else {
         return rows;
     };
-    let ratio = |now: f64, then: f64| if then > 0.0 { now / then } else { f64::INFINITY };
+    let ratio = |now: f64, then: f64| {
+        if then > 0.0 {
+            now / then
+        } else {
+            f64::INFINITY
+        }
+    };
     if let (Some(p99_before), Some(p99_last)) = (p99s.first(), p99s.iter().rev().nth(1)) {
         rows.push(Row::compared(
             &format!("{title}: live p99 in the hold's last minute ÷ before"),
