@@ -908,9 +908,53 @@ pub(crate) struct Migrated {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
-    use super::span;
+    use outbox_core::admin::{Catalog, Horizon, OutboxStatus};
+
+    use super::{Printer, span};
+
+    /// What `outbox status` says of a status whose horizon `since` ago.
+    fn status_text(since: Duration, json: bool) -> String {
+        let mut status = OutboxStatus::default();
+        status.horizon = Some(Horizon::new(
+            "session 4711 (nightly-report, idle in transaction)".to_owned(),
+            Some(SystemTime::now() - since),
+            Some(1_893_402),
+        ));
+        let catalog = Catalog::default();
+        let printer = Printer::new(&catalog, json);
+        let mut out = Vec::new();
+        printer
+            .status(&mut out, &status, &[], &[])
+            .expect("the status");
+        String::from_utf8(out).expect("text")
+    }
+
+    #[test]
+    fn status_names_a_horizon_held_long_enough_to_matter() {
+        let held = status_text(Duration::from_secs(192), false);
+        assert!(
+            held.contains(
+                "cleanup horizon   held since 3m 12s ago by session 4711 (nightly-report, \
+                 idle in transaction), 1893402 behind"
+            ),
+            "{held}"
+        );
+        // Any transaction holds it for a moment: not worth a line.
+        let moment = status_text(Duration::from_secs(1), false);
+        assert!(!moment.contains("cleanup horizon"), "{moment}");
+        // Scripts always have it.
+        let json: serde_json::Value =
+            serde_json::from_str(&status_text(Duration::from_secs(1), true)).expect("json");
+        assert_eq!(json["horizon"]["behind"], 1_893_402);
+        assert_eq!(json["horizon"]["held_seconds"], 1);
+        assert!(
+            json["horizon"]["holder"]
+                .as_str()
+                .is_some_and(|holder| holder.starts_with("session 4711"))
+        );
+    }
 
     #[test]
     fn spans_read_in_their_two_largest_units() {
