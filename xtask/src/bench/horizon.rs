@@ -436,28 +436,34 @@ fn rows(hold: &Hold, phases: &[Phase], outbox: [&Instants; 2], queue: [&Instants
             f64::INFINITY
         }
     };
-    if let (Some(p99_before), Some(p99_last)) = (p99s.first(), p99s.iter().rev().nth(1)) {
+    let mut target = |what: &str, engine: f64, baseline: f64, below: f64| {
         rows.push(Row::compared(
-            &format!("{title}: live p99 in the hold's last minute ÷ before"),
+            &format!("{title}: {what}"),
             "×",
+            engine,
+            baseline,
+            Target::Below(below),
+        ));
+    };
+    if let (Some(p99_before), Some(p99_last)) = (p99s.first(), p99s.iter().rev().nth(1)) {
+        target(
+            "live p99 in the hold's last minute ÷ before",
             ratio(p99_last.0, p99_before.0),
             ratio(p99_last.1, p99_before.1),
-            Target::Below(2.0),
-        ));
+            2.0,
+        );
     }
-    rows.push(Row::compared(
-        &format!("{title}: dead tuples at the hold's end ÷ after its first minute"),
-        "×",
+    target(
+        "dead tuples at the hold's end ÷ after its first minute",
         ratio(last.tables.outbox_dead, first_minute.tables.outbox_dead),
         ratio(last.tables.queue_dead, first_minute.tables.queue_dead),
-        Target::Below(1.5),
-    ));
-    rows.push(Row::compared(
-        &format!("{title}: tables' size once released ÷ before"),
-        "×",
+        1.5,
+    );
+    target(
+        "tables' size once released ÷ before",
         ratio(released.tables.outbox_mib, before.tables.outbox_mib),
         ratio(released.tables.queue_mib, before.tables.queue_mib),
-        Target::Below(2.0),
-    ));
+        2.0,
+    );
     rows
 }
