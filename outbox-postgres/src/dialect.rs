@@ -304,7 +304,9 @@ pub(crate) const CLAIM: &str = concat!(
 // Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays), with the
 // first `$6` rows of each claimed shard's head (NULL message columns for a shard with none).
 // New state rows go in key order, so that two relays claiming overlapping sets never wait on
-// each other's inserts in a cycle.
+// each other's inserts in a cycle. A shard whose state row the statement created is not looked
+// up again to take its lease (`existing`): it had no row, and under a held vacuum horizon each
+// lookup of a key walks every state row the shard's earlier drains deleted.
 //
 // The rows are read in the statement's snapshot, taken before its claims: a worker that
 // held a shard may have acknowledged (deleted) rows of it and released it since, the claim
@@ -334,6 +336,10 @@ pub(crate) const CLAIM_MANY: &str = concat!(
         ON CONFLICT DO NOTHING \
         RETURNING shard_scope, shard_identifier, destination, lease_token, attempts, \
             NULL::text AS previous_owner), \
+     existing AS MATERIALIZED ( \
+        SELECT w.* FROM want w WHERE NOT EXISTS (SELECT 1 FROM fresh f \
+            WHERE f.shard_scope = w.shard_scope AND f.shard_identifier = w.shard_identifier \
+                AND f.destination = w.destination)), \
      taken AS ( \
         UPDATE outbox_shards s SET lease_owner = $4, \
             lease_token = nextval('outbox_lease_tokens'), \
@@ -341,7 +347,7 @@ pub(crate) const CLAIM_MANY: &str = concat!(
             attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
         FROM (SELECT o.shard_scope, o.shard_identifier, o.destination, \
                   o.lease_owner AS previous_owner \
-              FROM outbox_shards o JOIN want w ON o.shard_scope = w.shard_scope \
+              FROM outbox_shards o JOIN existing w ON o.shard_scope = w.shard_scope \
                   AND o.shard_identifier = w.shard_identifier AND o.destination = w.destination \
               WHERE (o.lease_expires_at IS NULL OR o.lease_expires_at <= now()) \
                 AND (o.retry_at IS NULL OR o.retry_at <= now() OR EXISTS ( \

@@ -7,8 +7,8 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
 use crate::dialect::{
-    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, DELETE_IF_EMPTY, DISCOVER, FAILING_SHARDS, FETCH,
-    FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
+    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, CLAIM_MANY, DELETE_IF_EMPTY, DISCOVER, FAILING_SHARDS,
+    FETCH, FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
 };
 
 async fn populated() -> PgTestDatabase {
@@ -237,4 +237,97 @@ async fn console_listings_are_planned_by_index_and_below_the_jit_threshold() {
     }
     let plan = plan_of(pool, GAUGES, |q| q.bind(10_000_i64)).await;
     assert!(total_cost(&plan) < JIT_ABOVE_COST, "gauges: {plan:#}");
+}
+
+/// The nodes of `plan` that read `relation` (not the one writing it) and ran.
+fn ran_on(plan: &Value, relation: &str, found: &mut Vec<Value>) {
+    match plan {
+        Value::Object(node) => {
+            let reads = node.get("Relation Name").and_then(Value::as_str) == Some(relation)
+                && node.get("Node Type").and_then(Value::as_str) != Some("ModifyTable");
+            let loops = node
+                .get("Actual Loops")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            if reads && loops > 0.0 {
+                let mut summary = node.clone();
+                summary.remove("Plans");
+                found.push(Value::Object(summary));
+            }
+            node.values()
+                .for_each(|value| ran_on(value, relation, found));
+        }
+        Value::Array(items) => items
+            .iter()
+            .for_each(|value| ran_on(value, relation, found)),
+        _ => {}
+    }
+}
+
+/// Under a held vacuum horizon, every drain of a shard leaves its deleted state row behind,
+/// and each lookup of the shard's key walks them all. A claim that creates the shard's state
+/// row (the shard had none: the common case, a drained shard's row goes with its lease) takes
+/// its lease with the insert, and does not look the key up again.
+#[tokio::test]
+async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    // A snapshot held, as pg_dump's: every state row deleted after it stays behind.
+    let mut holder = pool.acquire().await.expect("connect");
+    for statement in [
+        "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        "SELECT count(*) FROM outbox_shards",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *holder)
+            .await
+            .expect(statement);
+    }
+    for _ in 0..200 {
+        sqlx::query(
+            "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
+             VALUES (1, 5, '')",
+        )
+        .execute(pool)
+        .await
+        .expect("a drain's state row");
+        sqlx::query("DELETE FROM outbox_shards")
+            .execute(pool)
+            .await
+            .expect("its release");
+    }
+    sqlx::query(
+        "INSERT INTO outbox_messages \
+            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+         VALUES (1, 5, '', 1, 1, '{}')",
+    )
+    .execute(pool)
+    .await
+    .expect("a message");
+
+    let mut claim = pool.begin().await.expect("begin");
+    let explained = AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
+    ));
+    let text: String = sqlx::query(explained)
+        .bind(vec![1_i16])
+        .bind(vec![5_i64])
+        .bind(vec![String::new()])
+        .bind("worker")
+        .bind(30_000_i64)
+        .bind(16_i64)
+        .try_map(|row: PgRow| row.try_get_unchecked(0))
+        .fetch_one(&mut *claim)
+        .await
+        .expect("the claim's plan");
+    claim.rollback().await.expect("rollback");
+    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+    let mut lookups = Vec::new();
+    ran_on(&plan, "outbox_shards", &mut lookups);
+    assert!(lookups.is_empty(), "{lookups:#?}\n{plan:#}");
+    sqlx::query("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .expect("commit");
 }
