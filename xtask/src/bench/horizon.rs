@@ -25,8 +25,8 @@ use tokio::sync::{Notify, watch};
 
 use super::BenchArgs;
 use super::latency::{
-    Instants, delivered, live_traffic_with, note, noting_registry, percentile, run_relay,
-    start_live, stopped,
+    Instants, SHARDS, delivered, latencies_where, live_traffic_with, note, noting_registry,
+    percentile, run_relay, start_live, stopped,
 };
 use super::report::{Row, Target};
 use super::setup::{Server, failed};
@@ -168,16 +168,7 @@ fn figures(committed: &Instants, started: &Instants, phase: &Phase) -> (Vec<Dura
     let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
     let started = started.lock().unwrap_or_else(PoisonError::into_inner);
     let within = |at: &Instant| (phase.from..phase.to).contains(at);
-    let mut latencies: Vec<Duration> = committed
-        .iter()
-        .filter(|(_, at)| within(at))
-        .map(|(object, at)| {
-            started
-                .get(object)
-                .map_or(Duration::MAX, |begun| begun.saturating_duration_since(*at))
-        })
-        .collect();
-    latencies.sort();
+    let latencies = latencies_where(&committed, &started, |_, at| within(at));
     let offered = latencies.len();
     let delivered = started.values().filter(|at| within(at)).count();
     let share = if offered == 0 {
@@ -192,7 +183,7 @@ fn figures(committed: &Instants, started: &Instants, phase: &Phase) -> (Vec<Dura
 async fn enqueue(pool: PgPool, object: i64, wake: Arc<Notify>) -> Result<(), String> {
     let mut tx = pool.begin().await.map_err(failed("begin"))?;
     sqlx::query("INSERT INTO plain_queue (shard, object, payload) VALUES ($1, $2, $3::jsonb)")
-        .bind(object % 1_000)
+        .bind(object % SHARDS)
         .bind(object)
         .bind(format!(r#"{{"account":{object},"amount":1}}"#))
         .execute(&mut *tx)

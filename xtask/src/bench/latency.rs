@@ -19,7 +19,8 @@ use super::report::{Row, Target};
 use super::setup::{Server, Transfer, Transferred, failed};
 
 const WRITERS: u64 = 16;
-const SHARDS: i64 = 1_000;
+/// The shards the live messages go to (object % SHARDS).
+pub(super) const SHARDS: i64 = 1_000;
 
 /// When each object's message was committed, or its handler started.
 pub(super) type Instants = Arc<Mutex<HashMap<i64, Instant>>>;
@@ -357,9 +358,19 @@ pub(super) fn latencies(
     started: &HashMap<i64, Instant>,
     objects: std::ops::Range<i64>,
 ) -> Vec<Duration> {
+    latencies_where(committed, started, |object, _| objects.contains(object))
+}
+
+/// The commit-to-handler latencies of the objects `keep` takes (by object and commit time),
+/// sorted (`Duration::MAX` for a message never delivered).
+pub(super) fn latencies_where(
+    committed: &HashMap<i64, Instant>,
+    started: &HashMap<i64, Instant>,
+    keep: impl Fn(&i64, &Instant) -> bool,
+) -> Vec<Duration> {
     let mut latencies: Vec<Duration> = committed
         .iter()
-        .filter(|(object, _)| objects.contains(*object))
+        .filter(|(object, at)| keep(object, at))
         .map(|(object, at)| {
             started
                 .get(object)
