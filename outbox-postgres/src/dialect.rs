@@ -18,10 +18,14 @@ use sqlx::{Database, PgPool, Postgres, Row};
 
 use self::wakeups::PgWakeups;
 
-/// PostgreSQL, for the shared body of the `sqlx` backends.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PgDialect;
+/// PostgreSQL, for the shared body of the `sqlx` backends. A store's dialect keeps where the
+/// shards it drained begin (see `positions`): its clones share them.
+#[derive(Debug, Clone, Default)]
+pub struct PgDialect {
+    pub(crate) positions: std::sync::Arc<positions::Positions>,
+}
 
+pub(crate) mod positions;
 pub(crate) mod wakeups;
 
 /// The embedded migrations, in order.
@@ -302,7 +306,9 @@ pub(crate) const CLAIM: &str = concat!(
 );
 
 // Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays), with the
-// first `$6` rows of each claimed shard's head (NULL message columns for a shard with none).
+// first `$6` rows of each claimed shard's head (NULL message columns for a shard with none),
+// read from each shard's position (`$7`: nothing of the shard at or below it is pending; see
+// `positions`), so that the read never walks the rows earlier drains acknowledged.
 // New state rows go in key order, so that two relays claiming overlapping sets never wait on
 // each other's inserts in a cycle. A shard whose state row the statement created is not looked
 // up again to take its lease (`existing`): it had no row, and under a held vacuum horizon each
@@ -321,9 +327,10 @@ pub(crate) const CLAIM: &str = concat!(
 // statement anew at every claim (planning it cost more than running it: 0.4 to 0.7 ms).
 pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want AS ( \
-        SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination \
-        FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), (SELECT $3::text[])) \
-            AS w(shard_scope, shard_identifier, destination)), \
+        SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination, w.after \
+        FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), (SELECT $3::text[]), \
+                (SELECT $7::bigint[])) \
+            AS w(shard_scope, shard_identifier, destination, after)), \
      fresh AS ( \
         INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
             lease_token, lease_expires_at) \
@@ -367,14 +374,16 @@ pub(crate) const CLAIM_MANY: &str = concat!(
     SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
         h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
         c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false) \
-    FROM claimed c LEFT JOIN LATERAL ( \
+    FROM claimed c JOIN want w ON w.shard_scope = c.shard_scope \
+        AND w.shard_identifier = c.shard_identifier AND w.destination = c.destination \
+    LEFT JOIN LATERAL ( \
         SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
             m.payload::text AS payload, \
             (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
             m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
         FROM outbox_messages m \
         WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
-            AND m.destination = c.destination \
+            AND m.destination = c.destination AND m.id > w.after \
         ORDER BY m.id LIMIT (SELECT $6)) h ON true \
     ORDER BY c.lease_token, h.id"
 );
@@ -1227,6 +1236,8 @@ impl Dialect for PgDialect {
             identifiers.push(identifier);
             destinations.push(destination);
         }
+        self.positions.refresh(pool).await;
+        let (settled, afters) = self.positions.before_claim(shards);
         let rows = sqlx::query(CLAIM_MANY)
             .bind(scopes)
             .bind(identifiers)
@@ -1234,6 +1245,7 @@ impl Dialect for PgDialect {
             .bind(&options.worker)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
             .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
+            .bind(afters)
             .fetch_all(pool)
             .await
             .map_err(database::<Self>(OPERATION))?;
@@ -1261,6 +1273,10 @@ impl Dialect for PgDialect {
                 (_, _, head) => *head = None,
             }
         }
+        let leases = claims
+            .iter()
+            .map(|claim| (&claim.lease.shard, claim.lease.token));
+        self.positions.claimed(settled, leases);
         Ok(claims)
     }
 
@@ -1319,9 +1335,10 @@ impl Dialect for PgDialect {
                 source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
             });
         }
+        // One statement, committed when it returns: the drained shards' positions move.
         rows.iter()
             .zip(batch)
-            .map(|(row, (lease, _, _))| {
+            .map(|(row, (lease, _, acks))| {
                 let held: i64 = row.try_get(1).map_err(database::<Self>(OPERATION))?;
                 let deleted: i64 = row.try_get(2).map_err(database::<Self>(OPERATION))?;
                 Ok(if held == 0 {
@@ -1330,6 +1347,10 @@ impl Dialect for PgDialect {
                         token: lease.token,
                     })
                 } else {
+                    let highest = acks.iter().flat_map(|ack| &ack.ids).map(|id| id.0).max();
+                    if let Some(highest) = highest {
+                        self.positions.drained(&lease.shard, lease.token, highest);
+                    }
                     Ok((u64::try_from(deleted).unwrap_or(0), true))
                 })
             })

@@ -317,6 +317,7 @@ async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
         .bind("worker")
         .bind(30_000_i64)
         .bind(16_i64)
+        .bind(vec![0_i64])
         .try_map(|row: PgRow| row.try_get_unchecked(0))
         .fetch_one(&mut *claim)
         .await
@@ -326,6 +327,89 @@ async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
     let mut lookups = Vec::new();
     ran_on(&plan, "outbox_shards", &mut lookups);
     assert!(lookups.is_empty(), "{lookups:#?}\n{plan:#}");
+    sqlx::query("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .expect("commit");
+}
+
+/// The buffers that the nodes of `plan` reading `relation` touched.
+fn blocks_on(plan: &Value, relation: &str) -> f64 {
+    let mut nodes = Vec::new();
+    ran_on(plan, relation, &mut nodes);
+    nodes
+        .iter()
+        .map(|node| {
+            ["Shared Hit Blocks", "Shared Read Blocks"]
+                .iter()
+                .filter_map(|key| node.get(*key).and_then(Value::as_f64))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// Under a held vacuum horizon every row a shard's drains acknowledged stays in the table and
+/// its index. A claim's head read from the shard's position (below which the relay's drains
+/// left nothing pending) visits none of them; read from the shard's start, it visits each.
+#[tokio::test]
+async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
+    use crate::dialect::positions::tests::{drain, insert, shard, store};
+
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let mut holder = pool.acquire().await.expect("connect");
+    for statement in [
+        "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        "SELECT count(*) FROM outbox_messages",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *holder)
+            .await
+            .expect(statement);
+    }
+    let (store, dialect) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    // 120 drains of a shard, each of one message of about 1.2 kB (six to a page).
+    for _ in 0..120 {
+        let id = insert(&mut writes, 5, 1_280).await;
+        dialect.positions.sample(pool).await;
+        assert_eq!(drain(&store, &shard(5)).await, vec![id]);
+    }
+    let last = insert(&mut writes, 5, 1_280).await;
+    dialect.positions.sample(pool).await;
+
+    let (_, afters) = dialect.positions.before_claim(&[shard(5)]);
+    assert!(
+        afters[0] >= last - 2,
+        "the position follows the drains: {afters:?}, {last}"
+    );
+    let mut blocks = Vec::new();
+    for after in [afters[0], 0] {
+        let mut claim = pool.begin().await.expect("begin");
+        let explained = AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
+        ));
+        let text: String = sqlx::query(explained)
+            .bind(vec![1_i16])
+            .bind(vec![5_i64])
+            .bind(vec![String::new()])
+            .bind("worker")
+            .bind(30_000_i64)
+            .bind(16_i64)
+            .bind(vec![after])
+            .try_map(|row: PgRow| row.try_get_unchecked(0))
+            .fetch_one(&mut *claim)
+            .await
+            .expect("the claim's plan");
+        claim.rollback().await.expect("rollback");
+        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+        blocks.push(blocks_on(&plan, "outbox_messages"));
+    }
+    assert!(
+        blocks[0] <= 6.0 && blocks[1] >= 20.0,
+        "buffers of the head read from the position, and from the start: {blocks:?}"
+    );
     sqlx::query("COMMIT")
         .execute(&mut *holder)
         .await

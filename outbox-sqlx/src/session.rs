@@ -213,7 +213,8 @@ impl<D: Dialect> SqlxSession<D> {
     }
 
     /// Acknowledges and releases drained shards together ([`Store::ack_and_finish_many`]):
-    /// one alone as [`ShardSession::ack_and_finish`] does; several in one write transaction,
+    /// one alone as [`ShardSession::ack_and_finish`] does (unless the backend finishes in one
+    /// statement, [`Dialect::FINISHES_IN_ONE_STATEMENT`]); several in one write transaction,
     /// in shard key order (two relays' batches lock their rows in one order), each fenced by
     /// its own lease. A lease no longer held deletes nothing of its shard and is
     /// [`Error::LeaseLost`] for it; a statement or commit that fails writes nothing of the
@@ -235,7 +236,8 @@ impl<D: Dialect> SqlxSession<D> {
                 together.push((at, session, acks));
             }
         }
-        if together.len() == 1 {
+        // A backend that finishes a batch in one statement finishes one shard with it too.
+        if together.len() == 1 && !D::FINISHES_IN_ONE_STATEMENT {
             let (at, session, acks) = together.remove(0);
             results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
         } else if !together.is_empty() {

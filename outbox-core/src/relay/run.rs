@@ -144,6 +144,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         let Some(page) = self.discover().await? else {
             return ControlFlow::Continue(());
         };
+        self.sweep.read(read_at.elapsed());
         // Shards parked on an open breaker are neither work found nor work going on: during
         // an outage the relay polls at its pace instead of sweeping again and again. Nor are
         // the shards a commit notification named lately: their drains (started, or done since
@@ -158,7 +159,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
         self.sweep.busy |= !due.is_empty();
         self.sweep.found |= due.iter().any(|shard| !self.pool.is_draining(shard));
         self.start(due, Lane::Routine).await?;
-        if self.sweep.advance(page.next) {
+        if self.sweep.advance(page.next) && !self.sweep.resting(&self.inner.config) {
             return ControlFlow::Continue(());
         }
         self.idle().await
@@ -573,6 +574,10 @@ struct Sweep {
     found: bool,
     busy: bool,
     quiet: u32,
+    /// The time this sweep's pages took to read so far.
+    reading: Duration,
+    /// The rest after the last whole sweep: [`Sweep::REST`] times its reading.
+    rest: Duration,
 }
 
 impl Default for Sweep {
@@ -583,11 +588,32 @@ impl Default for Sweep {
             found: false,
             busy: false,
             quiet: u32::MAX,
+            reading: Duration::ZERO,
+            rest: Duration::ZERO,
         }
     }
 }
 
 impl Sweep {
+    /// A whole sweep is followed by a rest of this many times its reading (when that is
+    /// longer than the minimum poll interval), so that sweeps take at most a quarter of the
+    /// relay's time. Sweeps are the safety net (commit notifications start the drains of live
+    /// messages); when pages are slow to read (a held vacuum horizon leaves every
+    /// acknowledged row in the index they walk), sweeping again at once after each would keep
+    /// a connection and a processor of the database busy with them.
+    const REST: u32 = 3;
+
+    /// A page read in `took`.
+    fn read(&mut self, took: Duration) {
+        self.reading += took;
+    }
+
+    /// Whether a whole sweep just ended that must rest before the next
+    /// ([`Sweep::poll_after`]), even though it found due shards.
+    fn resting(&self, config: &crate::RelayConfig) -> bool {
+        self.cursor.is_none() && self.rest >= config.min_poll_interval()
+    }
+
     /// Moves to the page after this one; whether to go on at once (to that page, or to a new
     /// sweep after one that found due shards) rather than wait.
     fn advance(&mut self, next: Option<ShardKey>) -> bool {
@@ -595,6 +621,7 @@ impl Sweep {
         if self.cursor.is_some() {
             return true;
         }
+        self.rest = std::mem::take(&mut self.reading) * Self::REST;
         let found = std::mem::take(&mut self.found);
         self.quiet = if std::mem::take(&mut self.busy) {
             0
@@ -606,10 +633,12 @@ impl Sweep {
 
     /// How long an idle relay waits before it polls: the minimum poll interval after the
     /// first sweep that found nothing following work, doubling with each further one, up
-    /// to the poll interval.
+    /// to the poll interval; and at least the last sweep's rest, up to the poll interval.
     fn poll_after(&self, config: &crate::RelayConfig) -> Duration {
         let doublings = self.quiet.saturating_sub(1).min(20);
-        (config.min_poll_interval() * 2u32.pow(doublings)).min(config.poll_interval)
+        (config.min_poll_interval() * 2u32.pow(doublings))
+            .max(self.rest)
+            .min(config.poll_interval)
     }
 }
 
@@ -893,6 +922,41 @@ mod tests {
         sweep.found = true;
         assert!(sweep.advance(Some(ShardKey::local(crate::ScopeId(1), 1))));
         assert!(sweep.found, "a sweep's pages share what it found");
+    }
+
+    #[test]
+    fn a_slow_sweep_rests_three_times_its_reading_before_the_next() {
+        let config = crate::RelayConfig::builder()
+            .poll_interval(Duration::from_secs(1))
+            .min_poll_interval(Duration::from_millis(10))
+            .build()
+            .unwrap();
+        let mut sweep = Sweep::default();
+        // Pages read quickly: a sweep that found due shards sweeps again at once.
+        sweep.read(Duration::from_millis(1));
+        sweep.found = true;
+        sweep.busy = true;
+        assert!(sweep.advance(None));
+        assert!(!sweep.resting(&config));
+        assert_eq!(sweep.poll_after(&config).as_millis(), 10);
+        // Two pages of 60 ms: the next page follows at once, the next sweep after 360 ms,
+        // even though this one found due shards.
+        sweep.read(Duration::from_millis(60));
+        sweep.found = true;
+        sweep.busy = true;
+        assert!(sweep.advance(Some(ShardKey::local(crate::ScopeId(1), 1))));
+        assert!(
+            !sweep.resting(&config),
+            "a sweep does not rest between its pages"
+        );
+        sweep.read(Duration::from_millis(60));
+        assert!(sweep.advance(None));
+        assert!(sweep.resting(&config));
+        assert_eq!(sweep.poll_after(&config).as_millis(), 360);
+        // Never longer than the poll interval.
+        sweep.read(Duration::from_secs(2));
+        sweep.advance(None);
+        assert_eq!(sweep.poll_after(&config), config.poll_interval);
     }
 
     #[test]
