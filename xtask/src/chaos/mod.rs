@@ -8,6 +8,7 @@
 mod check;
 mod child;
 pub(crate) mod cluster;
+mod horizon;
 mod inbox;
 mod mariadb;
 mod report;
@@ -277,6 +278,9 @@ pub(crate) struct Outcome {
     drain: Duration,
     /// The warnings the relays logged.
     warnings: Vec<String>,
+    /// How long a snapshot held the cleanup horizon ([`horizon::Holder`]); `None` where
+    /// none is held (SQLite).
+    horizon: Option<Duration>,
 }
 
 impl Outcome {
@@ -292,6 +296,9 @@ impl Outcome {
         }
         if let Some(remaining) = self.remaining {
             failures.push(format!("{remaining} rows left at the deadline"));
+        }
+        if self.horizon.is_some_and(|held| held.is_zero()) {
+            failures.push("the cleanup horizon was never held".to_owned());
         }
         let outage_warnings = self.outage_warnings_per_relay();
         if outage_warnings > self.restarts {
@@ -506,6 +513,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
     let cluster = server.map(Arc::new);
     let db = Db::open(backend, &database).await?;
     db.prepare().await?;
+    let holder = horizon::Holder::start(backend, &database);
 
     let mut rng = StdRng::seed_from_u64(seed);
     let plans = Plan::sequenced(settings, &mut rng);
@@ -576,6 +584,10 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         next_fault = Instant::now() + pause(&mut rng, settings.fault_every);
     }
     let drain = started.elapsed();
+    let horizon = match holder {
+        Some(holder) => Some(holder.stop().await),
+        None => None,
+    };
     let crashes = relays.shutdown(Duration::from_secs(30)).await?;
     let warnings = relays.warnings();
     let written = db.written(&plans, &coalesced_attempts).await?;
@@ -597,6 +609,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         remaining,
         drain,
         warnings,
+        horizon,
     })
 }
 
@@ -630,6 +643,7 @@ mod tests {
             remaining: None,
             drain: Duration::from_secs(1),
             warnings: warnings.iter().map(|line| (*line).to_owned()).collect(),
+            horizon: None,
         }
     }
 

@@ -45,6 +45,17 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
         ),
         ("restarts", format!("{}{downtime}", outcome.restarts)),
         (
+            "cleanup horizon",
+            match outcome.horizon {
+                None => "not held (SQLite)".to_owned(),
+                Some(held) => format!(
+                    "held {:.1} s by a snapshot that read the outbox (opened again after each \
+                     restart)",
+                    held.as_secs_f64()
+                ),
+            },
+        ),
+        (
             "lost",
             format!(
                 "{} ({} sequenced, {} coalescing)",
