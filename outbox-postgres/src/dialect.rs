@@ -1273,6 +1273,17 @@ impl Dialect for PgDialect {
                 (_, _, head) => *head = None,
             }
         }
+        // A read from a position that found nothing: the sweep that found the shard saw a
+        // row, which a drain since may have taken, or which sits below the position (a row
+        // written with an id of its own, as a restore does). The session reads again from
+        // the start, and the position is forgotten.
+        for claim in &mut claims {
+            if claim.head.as_ref().is_some_and(|(head, _)| head.is_empty())
+                && self.positions.forget(&claim.lease.shard)
+            {
+                claim.head = None;
+            }
+        }
         let leases = claims
             .iter()
             .map(|claim| (&claim.lease.shard, claim.lease.token));

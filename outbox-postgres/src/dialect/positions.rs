@@ -180,6 +180,15 @@ impl Positions {
         }
     }
 
+    /// Forgets where `shard` begins: whether it had a position.
+    pub(crate) fn forget(&self, shard: &ShardKey) -> bool {
+        let mut state = self.state();
+        state
+            .shards
+            .get_mut(shard)
+            .is_some_and(|position| std::mem::take(&mut position.after) > 0)
+    }
+
     /// Where `shard` begins, for tests.
     #[cfg(test)]
     pub(crate) fn after(&self, shard: &ShardKey) -> i64 {

@@ -170,3 +170,42 @@ async fn a_cached_sequence_settles_nothing() {
     assert_eq!(drain(&store, &shard(1)).await, vec![id]);
     assert_eq!(dialect.positions.after(&shard(1)), 0);
 }
+
+/// A row written below a shard's position (with an id of its own, as a restore writes it) is
+/// still delivered: a claim whose read from the position finds nothing reads again from the
+/// start, and the position is forgotten.
+#[tokio::test]
+async fn a_row_below_the_position_is_read_from_the_start() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, dialect) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(insert(&mut writes, 5, 0).await);
+    }
+    let newest = insert(&mut writes, 5, 0).await;
+    sqlx::query("DELETE FROM outbox_messages WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(&mut *writes)
+        .await
+        .expect("make room below");
+    dialect.positions.sample(pool).await;
+    assert_eq!(drain(&store, &shard(5)).await, vec![newest]);
+    assert_eq!(dialect.positions.after(&shard(5)), newest);
+
+    let restored: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_messages (id, shard_scope, shard_identifier, destination, category, \
+            object_identifier, payload) OVERRIDING SYSTEM VALUE \
+         VALUES ($1, 1, 5, '', 1, 1, '{}') RETURNING id",
+    )
+    .bind(ids[1])
+    .fetch_one(&mut *writes)
+    .await
+    .expect("a restored row");
+    assert!(restored < newest);
+    assert_eq!(drain(&store, &shard(5)).await, vec![restored]);
+    // Set again by the drain that read from the start.
+    assert_eq!(dialect.positions.after(&shard(5)), restored);
+}
