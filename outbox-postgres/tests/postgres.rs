@@ -510,6 +510,7 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
          AND query LIKE '%DELETE FROM outbox_shards s USING want w%'",
         database.name()
     );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let acknowledging: i32 = loop {
         if let Some(pid) = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
             .fetch_optional(&mut admin)
@@ -518,6 +519,10 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
         {
             break pid;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the acknowledgement never waited on the locked state row"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     sqlx::query("SELECT pg_terminate_backend($1)")
