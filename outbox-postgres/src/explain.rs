@@ -264,6 +264,42 @@ fn ran_on(plan: &Value, relation: &str, found: &mut Vec<Value>) {
     }
 }
 
+/// A connection holding a `REPEATABLE READ` snapshot that has read `table`, as `pg_dump`
+/// holds one: every row deleted after it stays behind until it commits.
+async fn snapshot_held(pool: &PgPool, table: &str) -> sqlx::pool::PoolConnection<Postgres> {
+    let mut holder = pool.acquire().await.expect("connect");
+    let read = format!("SELECT count(*) FROM {table}");
+    for statement in ["BEGIN ISOLATION LEVEL REPEATABLE READ", read.as_str()] {
+        sqlx::query(AssertSqlSafe(statement.to_owned()))
+            .execute(&mut *holder)
+            .await
+            .expect(statement);
+    }
+    holder
+}
+
+/// The plan, run (and rolled back), of a claim of shard `1:5` whose head is read after `after`.
+async fn claim_plan(pool: &PgPool, after: i64) -> Value {
+    let mut claim = pool.begin().await.expect("begin");
+    let explained = AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
+    ));
+    let text: String = sqlx::query(explained)
+        .bind(vec![1_i16])
+        .bind(vec![5_i64])
+        .bind(vec![String::new()])
+        .bind("worker")
+        .bind(30_000_i64)
+        .bind(16_i64)
+        .bind(vec![after])
+        .try_map(|row: PgRow| row.try_get_unchecked(0))
+        .fetch_one(&mut *claim)
+        .await
+        .expect("the claim's plan");
+    claim.rollback().await.expect("rollback");
+    serde_json::from_str(&text).expect("EXPLAIN returns JSON")
+}
+
 /// Under a held vacuum horizon, every drain of a shard leaves its deleted state row behind,
 /// and each lookup of the shard's key walks them all. A claim that creates the shard's state
 /// row (the shard had none: the common case, a drained shard's row goes with its lease) takes
@@ -273,17 +309,7 @@ async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    // A snapshot held, as pg_dump's: every state row deleted after it stays behind.
-    let mut holder = pool.acquire().await.expect("connect");
-    for statement in [
-        "BEGIN ISOLATION LEVEL REPEATABLE READ",
-        "SELECT count(*) FROM outbox_shards",
-    ] {
-        sqlx::query(statement)
-            .execute(&mut *holder)
-            .await
-            .expect(statement);
-    }
+    let mut holder = snapshot_held(pool, "outbox_shards").await;
     for _ in 0..200 {
         sqlx::query(
             "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
@@ -306,24 +332,7 @@ async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
     .await
     .expect("a message");
 
-    let mut claim = pool.begin().await.expect("begin");
-    let explained = AssertSqlSafe(format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
-    ));
-    let text: String = sqlx::query(explained)
-        .bind(vec![1_i16])
-        .bind(vec![5_i64])
-        .bind(vec![String::new()])
-        .bind("worker")
-        .bind(30_000_i64)
-        .bind(16_i64)
-        .bind(vec![0_i64])
-        .try_map(|row: PgRow| row.try_get_unchecked(0))
-        .fetch_one(&mut *claim)
-        .await
-        .expect("the claim's plan");
-    claim.rollback().await.expect("rollback");
-    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+    let plan = claim_plan(pool, 0).await;
     let mut lookups = Vec::new();
     ran_on(&plan, "outbox_shards", &mut lookups);
     assert!(lookups.is_empty(), "{lookups:#?}\n{plan:#}");
@@ -358,16 +367,7 @@ async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    let mut holder = pool.acquire().await.expect("connect");
-    for statement in [
-        "BEGIN ISOLATION LEVEL REPEATABLE READ",
-        "SELECT count(*) FROM outbox_messages",
-    ] {
-        sqlx::query(statement)
-            .execute(&mut *holder)
-            .await
-            .expect(statement);
-    }
+    let mut holder = snapshot_held(pool, "outbox_messages").await;
     let (store, dialect) = store(pool);
     let mut writes = pool.acquire().await.expect("connect");
     // 120 drains of a shard, each of one message of about 1.2 kB (six to a page).
@@ -386,25 +386,7 @@ async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
     );
     let mut blocks = Vec::new();
     for after in [afters[0], 0] {
-        let mut claim = pool.begin().await.expect("begin");
-        let explained = AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
-        ));
-        let text: String = sqlx::query(explained)
-            .bind(vec![1_i16])
-            .bind(vec![5_i64])
-            .bind(vec![String::new()])
-            .bind("worker")
-            .bind(30_000_i64)
-            .bind(16_i64)
-            .bind(vec![after])
-            .try_map(|row: PgRow| row.try_get_unchecked(0))
-            .fetch_one(&mut *claim)
-            .await
-            .expect("the claim's plan");
-        claim.rollback().await.expect("rollback");
-        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
-        blocks.push(blocks_on(&plan, "outbox_messages"));
+        blocks.push(blocks_on(&claim_plan(pool, after).await, "outbox_messages"));
     }
     assert!(
         blocks[0] <= 6.0 && blocks[1] >= 20.0,
