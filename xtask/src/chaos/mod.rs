@@ -367,7 +367,10 @@ impl Outcome {
     fn outage_warnings_per_relay(&self) -> u64 {
         let mut per_relay: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
         for warning in &self.warnings {
-            if warning.contains("database unavailable") {
+            // The outage's own warning ("database unavailable (looking for due shards)…"),
+            // not another warning quoting an unavailable database's error (the commit
+            // listener's "commit notifications broke … error=database unavailable: …").
+            if warning.contains("database unavailable (") {
                 let relay = warning.split(':').next().unwrap_or_default();
                 *per_relay.entry(relay).or_default() += 1;
             }
@@ -672,5 +675,29 @@ mod tests {
         );
         assert!(super::report::render(&outcome, 7).contains("leases lapsed"));
         assert!(self::outcome(&[]).lapses().is_empty());
+    }
+
+    #[test]
+    fn only_the_outage_warning_counts_as_one() {
+        let outcome = outcome(&[
+            "relay 1: 2026-12-02T16:35:17.595852Z  WARN outbox_core::relay::run: commit \
+             notifications broke; polling until they come back error=database unavailable: \
+             error communicating with database: Connection reset by peer (os error 104)",
+            "relay 1: 2026-12-02T16:35:17.595977Z  WARN outbox_core::relay::run: database \
+             unavailable (a shard's drain was interrupted); retrying with backoff \
+             error=database unavailable: error communicating with database",
+            "relay 2: 2026-12-02T16:35:17.595994Z  WARN outbox_core::relay::run: database \
+             unavailable (looking for due shards); retrying with backoff",
+            "relay 2: 2026-12-02T16:35:19.595994Z  WARN outbox_core::relay::run: database \
+             unavailable (looking for due shards); retrying with backoff",
+        ]);
+        assert_eq!(outcome.outage_warnings_per_relay(), 2);
+        let once = self::outcome(
+            &outcome.warnings[..3]
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(once.outage_warnings_per_relay(), 1);
     }
 }
