@@ -104,8 +104,9 @@ impl Positions {
         if self.state().disabled || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
+        let sampling = Sampling(&self.refreshing);
         let sampled = sample(pool).await;
-        self.refreshing.store(false, Ordering::Release);
+        drop(sampling);
         match sampled {
             Ok(Some((last, writers))) => self.sampled(last, writers),
             Ok(None) => {
@@ -202,6 +203,16 @@ impl Positions {
     #[cfg(test)]
     pub(crate) fn settled(&self) -> i64 {
         self.state().settled
+    }
+}
+
+/// A sample in flight: whoever drops it (having awaited it, or a claim cancelled while it
+/// waited) lets the next one run.
+struct Sampling<'a>(&'a AtomicBool);
+
+impl Drop for Sampling<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

@@ -209,3 +209,20 @@ async fn a_row_below_the_position_is_read_from_the_start() {
     // Set again by the drain that read from the start.
     assert_eq!(dialect.positions.after(&shard(5)), restored);
 }
+
+/// A sample dropped while it waits on the database (the claim that ran it was cancelled)
+/// does not stop the next one.
+#[tokio::test]
+async fn a_cancelled_sample_does_not_stop_the_next() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (_, dialect) = store(pool);
+    let positions = &dialect.positions;
+    let cancelled = tokio::time::timeout(Duration::ZERO, positions.sample(pool)).await;
+    assert!(cancelled.is_err(), "the sample waits on the database");
+    let mut writes = pool.acquire().await.expect("connect");
+    let id = insert(&mut writes, 1, 0).await;
+    positions.sample(pool).await;
+    assert_eq!(positions.settled(), id);
+}
