@@ -1,6 +1,8 @@
 //! PostgreSQL's dialect of the shared body: its SQL, its claims (`FOR UPDATE SKIP LOCKED`), its
 //! wake-ups (`LISTEN`) and its error codes.
 
+use std::collections::HashMap;
+
 use outbox_core::columns::ModelRow;
 use outbox_core::replicated::ModelTable;
 use outbox_core::store::{ClaimOptions, EmbeddedMigration, GroupKey, HandlerMode, Lease};
@@ -1245,7 +1247,7 @@ impl Dialect for PgDialect {
             .bind(&options.worker)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
             .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
-            .bind(afters)
+            .bind(afters.clone())
             .fetch_all(pool)
             .await
             .map_err(database::<Self>(OPERATION))?;
@@ -1273,20 +1275,16 @@ impl Dialect for PgDialect {
                 (_, _, head) => *head = None,
             }
         }
-        // A read from a position that found nothing: the sweep that found the shard saw a
-        // row, which a drain since may have taken, or which sits below the position (a row
-        // written with an id of its own, as a restore does). The session reads again from
-        // the start, and the position is forgotten.
-        for claim in &mut claims {
-            if claim.head.as_ref().is_some_and(|(head, _)| head.is_empty())
-                && self.positions.forget(&claim.lease.shard)
-            {
-                claim.head = None;
-            }
-        }
-        let leases = claims
-            .iter()
-            .map(|claim| (&claim.lease.shard, claim.lease.token));
+        // Where each claim read from: a position, or the shard's start.
+        let from: HashMap<&ShardKey, i64> = shards.iter().zip(afters.iter().copied()).collect();
+        let leases = claims.iter().map(|claim| {
+            let shard = &claim.lease.shard;
+            (
+                shard,
+                claim.lease.token,
+                from.get(shard).copied().unwrap_or(0),
+            )
+        });
         self.positions.claimed(settled, leases);
         Ok(claims)
     }

@@ -103,6 +103,32 @@ struct Shared {
     faults: Mutex<Faults>,
     /// The senders of every [`MemoryWakeups`] handed out.
     listeners: Mutex<Vec<mpsc::UnboundedSender<Vec<ShardKey>>>>,
+    /// The hold on discovery, while a test keeps one ([`MemoryStore::hold_discovery`]).
+    discovery: Mutex<Option<Held>>,
+}
+
+/// What a discovery waits on while it is held: the hold's end (its sender dropped), and the
+/// signal that one is waiting.
+#[derive(Debug, Clone)]
+struct Held {
+    released: tokio::sync::watch::Receiver<()>,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+/// A hold on a [`MemoryStore`]'s discovery ([`MemoryStore::hold_discovery`]): every page of
+/// a sweep read while it lives waits until it is dropped, as a page that walks a large
+/// table (or one a held vacuum horizon filled with dead rows) takes long.
+#[derive(Debug)]
+pub struct DiscoveryHold {
+    _release: tokio::sync::watch::Sender<()>,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+impl DiscoveryHold {
+    /// Waits until a discovery is waiting on this hold.
+    pub async fn reached(&self) {
+        self.waiting.notified().await;
+    }
 }
 
 /// Injected failures.
@@ -254,6 +280,26 @@ impl MemoryStore {
         self.faults().unavailable = unavailable;
     }
 
+    /// Holds discovery: every page read from now until the returned hold is dropped waits
+    /// for that (other operations go on). For tests of what a relay does while a slow page
+    /// is read.
+    pub fn hold_discovery(&self) -> DiscoveryHold {
+        let (release, released) = tokio::sync::watch::channel(());
+        let waiting = Arc::new(tokio::sync::Notify::new());
+        *self
+            .shared
+            .discovery
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Held {
+            released,
+            waiting: Arc::clone(&waiting),
+        });
+        DiscoveryHold {
+            _release: release,
+            waiting,
+        }
+    }
+
     fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
         self.shared
             .faults
@@ -326,6 +372,17 @@ impl Store for MemoryStore {
         after: Option<&ShardKey>,
         limit: usize,
     ) -> Result<DiscoveryPage, Error> {
+        let held = self
+            .shared
+            .discovery
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(mut held) = held {
+            held.waiting.notify_one();
+            // Ends with an error once the hold is dropped: the page is read then.
+            let _ = held.released.changed().await;
+        }
         self.operation("discovering due shards", |tables, now| {
             tables.discover(after, limit, now)
         })

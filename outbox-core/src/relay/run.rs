@@ -167,14 +167,36 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
 
     /// One page of the sweep, after the leases an outage interrupted are released (once the
     /// database answers); `None` after a failure (and the pause before retrying).
+    ///
+    /// While the page is read the relay goes on listening: the shards a commit names start
+    /// at once, in the urgent lane, and drains that end are taken in. A page can take long
+    /// (while a held vacuum horizon keeps every acknowledged row, each page walks them), and
+    /// live messages must not wait for it.
     async fn discover(&mut self) -> ControlFlow<(), Option<DiscoveryPage>> {
-        let config = &self.inner.config;
+        let inner: &'r Arc<Inner<S>> = self.inner;
+        let config = &inner.config;
         // Released before the page is read, so that it finds their shards due.
-        self.inner.release_interrupted().await;
-        match (self.inner.store)
-            .discover(self.sweep.cursor.as_ref(), config.discovery_page)
-            .await
-        {
+        inner.release_interrupted().await;
+        let cursor = self.sweep.cursor.clone();
+        let read = inner.store.discover(cursor.as_ref(), config.discovery_page);
+        tokio::pin!(read);
+        let read = loop {
+            let draining = !self.pool.is_empty();
+            tokio::select! {
+                biased;
+                () = &mut self.shutdown => return ControlFlow::Break(()),
+                read = &mut read => break read,
+                wakeup = self.listener.next() => self.heard(wakeup),
+                Some((shard, drained)) = self.pool.next_finished(), if draining => {
+                    self.absorb(shard, drained);
+                }
+            }
+            let urgent = std::mem::take(&mut self.again_urgent);
+            if !urgent.is_empty() {
+                self.start(urgent, Lane::Urgent).await?;
+            }
+        };
+        match read {
             Ok(page) => {
                 self.reconnect.reset();
                 self.outage.end();

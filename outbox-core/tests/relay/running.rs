@@ -62,6 +62,27 @@ async fn run_delivers_new_writes_and_stops_cleanly() {
     }
 }
 
+/// While a page of the sweep is read, the relay goes on listening: a message committed then
+/// is delivered before the page is done. (Under a held vacuum horizon a page walks every row
+/// acknowledged since the horizon began and can take seconds; live messages must not wait.)
+#[tokio::test]
+async fn a_slow_discovery_page_does_not_hold_back_live_messages() {
+    let store = MemoryStore::new();
+    let recorder = Recorder::default();
+    let relay = relay(&store, recorder.registry(), config("slow-page"));
+    let hold = store.hold_discovery();
+    let (stopper, task) = running(&relay);
+    hold.reached().await;
+    store.write(&msg::<Update>(1, 1, 1));
+    eventually("the message is delivered while the page is read", || {
+        recorder.seen().len() == 1
+    })
+    .await;
+    drop(hold);
+    let report = stop(stopper, task).await;
+    assert_eq!(report.deliveries, 1, "{report:?}");
+}
+
 /// Shutdown gives in-flight shards a deadline; a shard stuck past it is abandoned to its
 /// lease, and delivered once the lease lapses: nothing is lost.
 #[tokio::test]

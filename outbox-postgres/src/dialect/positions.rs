@@ -24,6 +24,11 @@
 //! rows): that is the shard's new position. Positions are facts that stay true (ids are never
 //! reused), kept in this process only; losing them (a restart, another relay draining the
 //! shard) costs a read from an older position, never a row.
+//!
+//! One kind of row can land below a position: one written with an id of its own rather than
+//! the sequence's (`OVERRIDING SYSTEM VALUE`, as a restore writes it). So a position holds for
+//! [`EXPIRE`] after the read from the shard's start it grew from; then the shard is read from
+//! its start once more, and such a row is delivered then.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +41,9 @@ use tracing::debug;
 
 /// How often the frontier is sampled (at most).
 const REFRESH: Duration = Duration::from_millis(100);
+
+/// How long a position holds after the read from its shard's start that it grew from.
+const EXPIRE: Duration = Duration::from_secs(60);
 
 /// Shards whose positions are kept; past this the map starts again (positions are hints).
 const MOST_SHARDS: usize = 200_000;
@@ -78,8 +86,22 @@ struct State {
 struct Position {
     /// Nothing of the shard at or below this id is pending.
     after: i64,
-    /// The newest claim's token and the frontier before it.
-    claim: Option<(i64, i64)>,
+    /// When the read from the shard's start that `after` grew from was made: `after` holds
+    /// until [`EXPIRE`] after it.
+    founded: Option<Instant>,
+    /// The newest claim: its token, the frontier before it, and when it was made if it read
+    /// from the shard's start.
+    claim: Option<(i64, i64, Option<Instant>)>,
+}
+
+impl Position {
+    /// Where a claim made now reads from.
+    fn after(&self) -> i64 {
+        match self.founded {
+            Some(founded) if founded.elapsed() < EXPIRE => self.after,
+            _ => 0,
+        }
+    }
 }
 
 impl Positions {
@@ -145,27 +167,31 @@ impl Positions {
         let state = self.state();
         let afters = shards
             .iter()
-            .map(|shard| state.shards.get(shard).map_or(0, |position| position.after))
+            .map(|shard| state.shards.get(shard).map_or(0, Position::after))
             .collect();
         (state.settled, afters)
     }
 
-    /// Claims made with the frontier at `settled`: each drain that empties its shard moves
-    /// the shard's position ([`Positions::drained`]).
+    /// Claims made with the frontier at `settled`, each with its token and where it read
+    /// from: each drain that empties its shard moves the shard's position
+    /// ([`Positions::drained`]).
     pub(crate) fn claimed<'k>(
         &self,
         settled: i64,
-        claims: impl Iterator<Item = (&'k ShardKey, i64)>,
+        claims: impl Iterator<Item = (&'k ShardKey, i64, i64)>,
     ) {
         if settled <= 0 {
             return;
         }
+        let now = Instant::now();
         let mut state = self.state();
-        for (shard, token) in claims {
+        for (shard, token, after) in claims {
             if state.shards.len() >= MOST_SHARDS && !state.shards.contains_key(shard) {
                 state.shards.clear();
             }
-            state.shards.entry(shard.clone()).or_default().claim = Some((token, settled));
+            let from_start = (after == 0).then_some(now);
+            state.shards.entry(shard.clone()).or_default().claim =
+                Some((token, settled, from_start));
         }
     }
 
@@ -173,30 +199,32 @@ impl Positions {
     pub(crate) fn drained(&self, shard: &ShardKey, token: i64, highest: i64) {
         let mut state = self.state();
         if let Some(position) = state.shards.get_mut(shard)
-            && let Some((claimed, settled)) = position.claim
+            && let Some((claimed, settled, from_start)) = position.claim
             && claimed == token
         {
-            position.after = position.after.max(settled.min(highest));
+            if let Some(at) = from_start {
+                // Read from the start: the position is founded anew.
+                position.after = settled.min(highest);
+                position.founded = Some(at);
+            } else if position.founded.is_some() {
+                position.after = position.after.max(settled.min(highest));
+            }
             position.claim = None;
         }
     }
 
-    /// Forgets where `shard` begins: whether it had a position.
-    pub(crate) fn forget(&self, shard: &ShardKey) -> bool {
-        let mut state = self.state();
-        state
-            .shards
-            .get_mut(shard)
-            .is_some_and(|position| std::mem::take(&mut position.after) > 0)
+    /// Ends `shard`'s position now, as [`EXPIRE`] does: its next claim reads from the start.
+    #[cfg(test)]
+    pub(crate) fn expire(&self, shard: &ShardKey) {
+        if let Some(position) = self.state().shards.get_mut(shard) {
+            position.founded = None;
+        }
     }
 
-    /// Where `shard` begins, for tests.
+    /// Where a claim of `shard` made now reads from, for tests.
     #[cfg(test)]
     pub(crate) fn after(&self, shard: &ShardKey) -> i64 {
-        self.state()
-            .shards
-            .get(shard)
-            .map_or(0, |position| position.after)
+        self.state().shards.get(shard).map_or(0, Position::after)
     }
 
     /// The frontier, for tests.

@@ -172,8 +172,8 @@ async fn a_cached_sequence_settles_nothing() {
 }
 
 /// A row written below a shard's position (with an id of its own, as a restore writes it) is
-/// still delivered: a claim whose read from the position finds nothing reads again from the
-/// start, and the position is forgotten.
+/// still delivered: while the position holds, claims read past it; once it expires, the
+/// shard is read from its start again, and the row is delivered.
 #[tokio::test]
 async fn a_row_below_the_position_is_read_from_the_start() {
     let database = PgTestDatabase::create().await;
@@ -205,6 +205,10 @@ async fn a_row_below_the_position_is_read_from_the_start() {
     .await
     .expect("a restored row");
     assert!(restored < newest);
+    assert_eq!(drain(&store, &shard(5)).await, Vec::<i64>::new());
+    assert_eq!(dialect.positions.after(&shard(5)), newest, "still held");
+    dialect.positions.expire(&shard(5));
+    assert_eq!(dialect.positions.after(&shard(5)), 0);
     assert_eq!(drain(&store, &shard(5)).await, vec![restored]);
     // Set again by the drain that read from the start.
     assert_eq!(dialect.positions.after(&shard(5)), restored);
