@@ -710,6 +710,7 @@ impl Dialect for MySqlDialect {
     }
 
     async fn discover(
+        &self,
         pool: &MySqlPool,
         scope: i32,
         cursor: &ShardKey,

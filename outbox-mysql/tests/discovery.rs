@@ -16,7 +16,7 @@ use support::{index_reads, one_connection, seed, shard};
 /// `cursor`, and the shards found.
 async fn discovery_reads(pool: &MySqlPool, cursor: i64, limit: i32) -> (i64, Vec<ShardKey>) {
     let (reads, found) =
-        index_reads(pool, MySqlDialect::discover(pool, 1, &shard(cursor), limit)).await;
+        index_reads(pool, MySqlDialect.discover(pool, 1, &shard(cursor), limit)).await;
     let found = found.expect("discover");
     (reads, found.into_iter().map(|(shard, _)| shard).collect())
 }

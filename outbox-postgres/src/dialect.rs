@@ -25,9 +25,11 @@ use self::wakeups::PgWakeups;
 #[derive(Debug, Clone, Default)]
 pub struct PgDialect {
     pub(crate) positions: std::sync::Arc<positions::Positions>,
+    pub(crate) sweeps: std::sync::Arc<sweeps::Sweeps>,
 }
 
 pub(crate) mod positions;
+pub(crate) mod sweeps;
 pub(crate) mod wakeups;
 
 /// The embedded migrations, in order.
@@ -245,7 +247,16 @@ pub(crate) const DISCOVER: &str = concat!(
      keys AS ( \
         SELECT * FROM near \
         UNION ALL \
-        SELECT * FROM far WHERE n > (SELECT count(*) FROM near)) \
+        SELECT * FROM far WHERE n > (SELECT count(*) FROM near)) ",
+    due_keys!()
+);
+
+// A discovery page's answer: each of the shards `keys` (its key and `n`, its place) with
+// whether it is due.
+macro_rules! due_keys {
+    () => {
+        concat!(
+            "\
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
         (s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \
@@ -254,12 +265,31 @@ pub(crate) const DISCOVER: &str = concat!(
                 WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
                     AND m.destination = k.destination AND m.id > s.watermark)))) \
         AND NOT ",
-    outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
-    " AS due \
+            outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
+            " AS due \
     FROM keys k LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
     ORDER BY k.n"
+        )
+    };
+}
+use due_keys;
+
+// A page of a recent sweep (see `sweeps`): as DISCOVER, of the shards with rows above `$5`
+// only, found by a range of the primary key (the rows written since the last sweep began)
+// rather than a walk of the shard index (every row acknowledged while a horizon is held).
+pub(crate) const DISCOVER_RECENT: &str = concat!(
+    "\
+    WITH keys AS ( \
+        SELECT shard_scope, shard_identifier, destination, \
+            row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) AS n \
+        FROM (SELECT DISTINCT shard_scope, shard_identifier, destination \
+              FROM outbox_messages \
+              WHERE id > $5::bigint AND (shard_scope, shard_identifier, destination) \
+                  > ($1::integer, $2::bigint, $3::text) \
+              ORDER BY shard_scope, shard_identifier, destination LIMIT $4::integer) d) ",
+    due_keys!()
 );
 
 // Takes the lease on an existing state row if the shard is due and nobody holds it; a row
@@ -1296,12 +1326,31 @@ impl Dialect for PgDialect {
     }
 
     async fn discover(
+        &self,
         pool: &PgPool,
         scope: i32,
         cursor: &ShardKey,
         limit: i32,
     ) -> Result<Vec<(ShardKey, bool)>, Error> {
-        outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await
+        // The first page of a sweep starts below every scope.
+        let first = scope < i32::from(i16::MIN);
+        if first {
+            self.positions.refresh(pool).await;
+        }
+        let above = self.sweeps.page(first, self.positions.before_claim(&[]).0);
+        let started = std::time::Instant::now();
+        let page = match above {
+            None => outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await,
+            Some(above) => {
+                let query = Self::bind_shard(sqlx::query(DISCOVER_RECENT).bind(scope), cursor)
+                    .bind(limit)
+                    .bind(above);
+                outbox_sqlx::store::discovered::<Self>(pool, query).await
+            }
+        }?;
+        let last = page.len() < usize::try_from(limit).unwrap_or(usize::MAX);
+        self.sweeps.read(started.elapsed(), last);
+        Ok(page)
     }
 
     const FINISHES_IN_ONE_STATEMENT: bool = true;

@@ -1413,6 +1413,7 @@ impl Dialect for SqliteDialect {
     }
 
     async fn discover(
+        &self,
         pool: &SqlitePool,
         scope: i32,
         cursor: &ShardKey,

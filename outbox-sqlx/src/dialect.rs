@@ -718,6 +718,7 @@ pub trait Dialect: Clone + Debug + Send + Sync + 'static {
     /// due: the rows of [`Statements::discover`] ([`crate::store::discover_rows`] reads them
     /// row by row; a backend may have them come back otherwise).
     fn discover(
+        &self,
         pool: &Pool<Self::Database>,
         scope: i32,
         cursor: &ShardKey,

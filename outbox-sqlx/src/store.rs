@@ -313,8 +313,17 @@ pub async fn discover_rows<D: Dialect>(
     cursor: &ShardKey,
     limit: i32,
 ) -> Result<Vec<(ShardKey, bool)>, Error> {
-    const OPERATION: &str = "discovering due shards";
     let query = D::bind_shard(sqlx::query(D::SQL.discover).with(scope), cursor).with(limit);
+    discovered::<D>(pool, query).await
+}
+
+/// The rows of a discovery statement, bound and ready (each a shard's key, then whether it
+/// is due), read row by row on a pooled connection.
+pub async fn discovered<D: Dialect>(
+    pool: &Pool<D::Database>,
+    query: Statement<'_, D::Database>,
+) -> Result<Vec<(ShardKey, bool)>, Error> {
+    const OPERATION: &str = "discovering due shards";
     let rows = rows_on::<D>(pool, query, OPERATION).await?;
     rows.iter()
         .map(|row| {
@@ -367,7 +376,10 @@ impl<D: Dialect> Store for SqlxStore<D> {
             None => (i32::from(i16::MIN) - 1, &first),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
-        let shards = D::discover(&self.pool, scope, cursor, limit).await?;
+        let shards = self
+            .dialect
+            .discover(&self.pool, scope, cursor, limit)
+            .await?;
         let full = shards.len() == usize::try_from(limit).unwrap_or(usize::MAX);
         let mut page = DiscoveryPage::default();
         let visited = shards.len();
