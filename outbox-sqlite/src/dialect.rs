@@ -455,14 +455,13 @@ pub(crate) const CLAIM: &str = concat!(
     "RETURNING attempts"
 );
 
-// The holder of a lease that lapsed without a release, if the shard has one.
-const LAPSED_OWNER: &str = concat!(
-    "\
+// The holder of the shard's lease, if it has one. Read before the claim in its write
+// transaction: if the claim then takes the shard, the lease had lapsed, and the claim counts
+// the takeover (an attempt more) by the same row.
+const HOLDER: &str = "\
     SELECT lease_owner FROM outbox_shards \
     WHERE shard_scope = ?1 AND shard_identifier = ?2 AND destination = ?3 \
-        AND lease_owner IS NOT NULL AND lease_expires_at <= ",
-    now!()
-);
+        AND lease_owner IS NOT NULL";
 
 const UNPARK: &str = concat!(
     "UPDATE outbox_shards SET parked_category = NULL, retry_at = ",
@@ -1047,7 +1046,7 @@ async fn claim_on(
         .fetch_one(&mut *tx)
         .await
         .map_err(failed())?;
-    let previous_owner: Option<String> = shard_keyed::<SqliteDialect>(LAPSED_OWNER, shard)
+    let holder: Option<String> = shard_keyed::<SqliteDialect>(HOLDER, shard)
         .fetch_optional(&mut *tx)
         .await
         .map_err(failed())?
@@ -1064,11 +1063,13 @@ async fn claim_on(
         .map(|row| row.try_get(0))
         .transpose()
         .map_err(failed())?;
+    // Not read with a time of its own: two readings of the clock could disagree at the
+    // lease's end, and a takeover the claim counted would go unmarked.
     Ok(attempts.map(|attempts| Lease {
         shard: shard.clone(),
         token,
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        previous_owner,
+        previous_owner: holder,
     }))
 }
 
