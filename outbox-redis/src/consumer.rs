@@ -98,9 +98,10 @@ impl RedisConsumer {
     /// when `stop` resolves is left pending (this member, or another, applies it later); an
     /// entry being applied is finished first.
     ///
-    /// Redis may go away and come back meanwhile: the connection reconnects, and the
-    /// consumer goes on from its pending entries. Fails only if the first connection cannot
-    /// be made.
+    /// Redis may go away and come back meanwhile (or be away at the start): the connection
+    /// reconnects, and the consumer goes on from its pending entries. Fails only if the
+    /// first connection is refused for a reason other than an outage (a bad address or
+    /// credentials).
     pub async fn run(
         &self,
         client: redis::Client,
@@ -110,9 +111,31 @@ impl RedisConsumer {
             .set_response_timeout(Some(BLOCK + crate::DEFAULT_RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(crate::DEFAULT_RESPONSE_TIMEOUT))
             .set_max_delay(Duration::from_millis(200));
-        let mut connection = ConnectionManager::new_with_config(client, config).await?;
         let mut report = ConsumeReport::default();
         let mut stop = std::pin::pin!(stop);
+        // Redis away at the start (or the connection cut as it is made) is waited out as it
+        // is later; a refusal that is not an outage (a bad address, a wrong password) ends
+        // the run.
+        let mut connection = loop {
+            let error =
+                match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+                    Ok(connection) => break connection,
+                    Err(error) => error,
+                };
+            if !(error.is_io_error()
+                || error.is_connection_dropped()
+                || error.is_connection_refusal()
+                || error.is_timeout())
+            {
+                return Err(error);
+            }
+            warn!(key = %self.key, group = %self.group, %error, "connecting to Redis failed; trying again");
+            tokio::select! {
+                biased;
+                () = stop.as_mut() => return Ok(report),
+                () = tokio::time::sleep(RETRY_AFTER) => {}
+            }
+        };
         let mut group_ready = false;
         // Its own pending entries first (a restart under the same name), from this id.
         let mut own_pending = Some("0".to_owned());

@@ -269,3 +269,41 @@ async fn an_outage_opens_the_breaker_and_loses_nothing() {
 }
 
 outbox_testkit::consumer_suite!(TestKeys::new, reports_lag: true);
+
+/// A consumer started while Redis is away waits for it, as it waits out an outage later: the
+/// first connection's failure does not end its run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_started_during_an_outage_waits_for_redis() {
+    let keys = TestKeys::new("consumer_waits").await;
+    let proxy = TcpProxy::start(REDIS).await.expect("a proxy");
+    proxy.cut();
+    let billing = outbox_testkit::consumers::billing_database().await;
+    let consumer = outbox_testkit::consumers::billing_consumer(
+        outbox_sqlite::SqliteStore::new(billing.pool().clone()),
+        outbox_testkit::consumers::Charge::default(),
+    );
+    let redis = RedisConsumer::new(consumer, keys.stream(), "billing", "waiting");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let address = proxy.addr().to_string();
+    let mut run = tokio::spawn(async move {
+        redis
+            .run(client(&address), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(4), &mut run)
+            .await
+            .is_err(),
+        "the consumer keeps trying while Redis is away"
+    );
+    proxy.restore();
+    stop.send(()).expect("the consumer runs");
+    let report = run
+        .await
+        .expect("the consumer's task")
+        .expect("the consumer ran");
+    assert_eq!(report, ConsumeReport::default());
+    keys.remove().await;
+}
