@@ -1332,12 +1332,11 @@ impl Dialect for PgDialect {
         cursor: &ShardKey,
         limit: i32,
     ) -> Result<Vec<(ShardKey, bool)>, Error> {
-        // The first page of a sweep starts below every scope.
-        let first = scope < i32::from(i16::MIN);
+        let first = scope == outbox_sqlx::store::FIRST_PAGE_SCOPE;
         if first {
             self.positions.refresh(pool).await;
         }
-        let above = self.sweeps.page(first, self.positions.before_claim(&[]).0);
+        let above = self.sweeps.page(first, self.positions.settled());
         let started = std::time::Instant::now();
         let page = match above {
             None => outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await,

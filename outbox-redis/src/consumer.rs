@@ -122,11 +122,7 @@ impl RedisConsumer {
                     Ok(connection) => break connection,
                     Err(error) => error,
                 };
-            if !(error.is_io_error()
-                || error.is_connection_dropped()
-                || error.is_connection_refusal()
-                || error.is_timeout())
-            {
+            if !crate::connection_lost(&error) {
                 return Err(error);
             }
             warn!(key = %self.key, group = %self.group, %error, "connecting to Redis failed; trying again");

@@ -234,12 +234,18 @@ impl Sink for RedisSink {
     }
 }
 
-/// A Redis error as an outage or a refusal of the message.
-fn classify(error: RedisError) -> SinkError {
-    let unavailable = error.is_io_error()
+/// Whether `error` says the connection to Redis is gone or could not be made (an I/O error,
+/// a dropped or refused connection, a timeout): an outage, whatever the command was.
+fn connection_lost(error: &RedisError) -> bool {
+    error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
+}
+
+/// A Redis error as an outage or a refusal of the message.
+fn classify(error: RedisError) -> SinkError {
+    let unavailable = connection_lost(&error)
         || error.is_unrecoverable_error()
         || matches!(
             error.kind(),

@@ -305,6 +305,10 @@ async fn rows_on<'q, D: Dialect>(
         .map_err(database::<D>(operation))
 }
 
+/// The scope [`Dialect::discover`] is given for the first page of a sweep: one below every
+/// `SMALLINT` scope, so that the page starts at the first shard.
+pub const FIRST_PAGE_SCOPE: i32 = -32_769;
+
 /// [`Dialect::discover`] as most backends answer it: the rows of
 /// [`Statements::discover`](crate::Statements), read row by row on a pooled connection.
 pub async fn discover_rows<D: Dialect>(
@@ -373,7 +377,7 @@ impl<D: Dialect> Store for SqlxStore<D> {
         let first = ShardKey::local(ScopeId(0), Id::integer(i64::MIN));
         let (scope, cursor) = match after {
             Some(key) => (i32::from(key.scope.0), key),
-            None => (i32::from(i16::MIN) - 1, &first),
+            None => (FIRST_PAGE_SCOPE, &first),
         };
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
         let shards = self

@@ -227,8 +227,7 @@ impl Positions {
         self.state().shards.get(shard).map_or(0, Position::after)
     }
 
-    /// The frontier, for tests.
-    #[cfg(test)]
+    /// The frontier: every id at or below it has committed or never will (0: none known).
     pub(crate) fn settled(&self) -> i64 {
         self.state().settled
     }
