@@ -26,8 +26,10 @@ use self::wakeups::PgWakeups;
 pub struct PgDialect {
     pub(crate) positions: std::sync::Arc<positions::Positions>,
     pub(crate) sweeps: std::sync::Arc<sweeps::Sweeps>,
+    pub(crate) leases: std::sync::Arc<leases::Leases>,
 }
 
+pub(crate) mod leases;
 pub(crate) mod positions;
 pub(crate) mod sweeps;
 pub(crate) mod wakeups;
@@ -74,6 +76,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "the inbox",
         sql: include_str!("../migrations/0008_inbox.sql"),
     },
+    EmbeddedMigration {
+        version: 9,
+        description: "the lease log",
+        sql: include_str!("../migrations/0009_lease_log.sql"),
+    },
 ];
 
 const INSERT_MESSAGE: &str = "\
@@ -116,107 +123,6 @@ pub(crate) const FETCH_NEWEST: &str = "\
             AND x.object_wide = g.object_wide AND x.id > $7 AND x.id <= $8) t \
     JOIN outbox_messages m ON m.id = t.newest";
 
-// The lease update proves (and extends) the lease: if another worker holds the row, it waits
-// for it and then finds the token changed, and nothing is deleted. The head it moved past takes
-// its attempts with it. Exactly the rows the relay
-// read and delivered go, by id: a range of ids could hold a row that committed after the read.
-pub(crate) const ACK: &str = "\
-    WITH lease AS ( \
-        UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
-            attempts = 0, first_failed_at = NULL \
-        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
-        RETURNING 1), \
-     acked AS ( \
-        DELETE FROM outbox_messages m \
-        WHERE EXISTS (SELECT 1 FROM lease) \
-            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-            AND m.id BETWEEN $6 AND $7 AND m.id = ANY($8::bigint[]) \
-        RETURNING 1) \
-    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)";
-
-// A drained shard's last acknowledgement and its release, in one statement: the shard's state
-// row goes with its lease. A drained shard's state is all reset anyway (no attempts, no
-// backoff, not parked), and a shard with no state row is due: a row written meanwhile is
-// found by the next sweep, as it would be if the row stayed, released. (Looking for such a
-// row here would read the whole head again: the rows just deleted are still visible to the
-// statement that deletes them.)
-pub(crate) const ACK_AND_RELEASE: &str = "\
-    WITH held AS ( \
-        DELETE FROM outbox_shards \
-        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
-        RETURNING 1), \
-     acked AS ( \
-        DELETE FROM outbox_messages m \
-        WHERE EXISTS (SELECT 1 FROM held) \
-            AND m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-            AND m.id BETWEEN $5 AND $6 AND m.id = ANY($7::bigint[]) \
-        RETURNING 1) \
-    SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM acked), \
-        (SELECT count(*) FROM held)";
-
-// Drained shards' acknowledgements and releases in one statement: ACK_AND_RELEASE for each
-// lease of `$1..$4` (arrays: scope, identifier, destination, token), numbered by its place;
-// `$5` and `$6` the acknowledged ids and the place of the lease each belongs to. Each shard's
-// part is fenced by its own token: a lease no longer held deletes nothing of its shard, and
-// takes nothing from the others. One row per lease, in order: its place, whether it was held,
-// the rows deleted (counted by grouping, not by a scan of the deletions per lease, which cost
-// 150 ms for a batch of 1,000 shards).
-pub(crate) const ACK_AND_RELEASE_MANY: &str = "\
-    WITH want AS ( \
-        SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[]) \
-            WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, n)), \
-     held AS ( \
-        DELETE FROM outbox_shards s USING want w \
-        WHERE s.shard_scope = w.shard_scope AND s.shard_identifier = w.shard_identifier \
-            AND s.destination = w.destination AND s.lease_token = w.lease_token \
-        RETURNING w.n, s.shard_scope, s.shard_identifier, s.destination), \
-     acked AS ( \
-        DELETE FROM outbox_messages m \
-        USING held h, unnest($5::bigint[], $6::bigint[]) AS a(n, id) \
-        WHERE a.n = h.n AND m.id = a.id AND m.shard_scope = h.shard_scope \
-            AND m.shard_identifier = h.shard_identifier AND m.destination = h.destination \
-        RETURNING h.n) \
-    SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0) \
-    FROM want w \
-        LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
-        LEFT JOIN (SELECT n, count(*) AS count FROM acked GROUP BY n) a ON a.n = w.n \
-    ORDER BY w.n";
-
-// A lease extended from beside a running handler.
-const EXTEND_LEASE: &str = "\
-    UPDATE outbox_shards SET lease_expires_at = now() + $5::bigint * interval '1 millisecond' \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
-
-pub(crate) const DELETE_IF_EMPTY: &str = "\
-    DELETE FROM outbox_shards \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4 \
-        AND NOT EXISTS (SELECT 1 FROM outbox_messages m \
-            WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3)";
-
-const RELEASE: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = 0, \
-        first_failed_at = NULL, last_error = NULL, retry_at = NULL, parked_category = NULL \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
-
-const RELEASE_LEASE: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
-
-// A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
-// waits for no time and no message: its retry time is the end of year 9999 and its watermark
-// the highest id, until a relay that knows the category unparks it.
-const FAIL: &str = "\
-    UPDATE outbox_shards SET lease_owner = NULL, lease_expires_at = NULL, attempts = $5, \
-        first_failed_at = CASE WHEN $5 <= 1 OR first_failed_at IS NULL THEN now() \
-            ELSE first_failed_at END, \
-        last_error = $6, \
-        retry_at = CASE WHEN $9::integer IS NULL \
-            THEN now() + $7::bigint * interval '1 millisecond' \
-            ELSE timestamptz '9999-12-31 23:59:59+00' END, \
-        watermark = CASE WHEN $9::integer IS NULL THEN $8 ELSE 9223372036854775807 END, \
-        parked_category = $9 \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
-
 // The page's shards in key order after the cursor, found in two ways: the first `$4` rows'
 // keys, read in one pass of the shard index (where most shards hold a message or two, that
 // is the whole page), then a skip-scan from the last of them for the rest: one index descent
@@ -252,22 +158,24 @@ pub(crate) const DISCOVER: &str = concat!(
 );
 
 // A discovery page's answer: each of the shards `keys` (its key and `n`, its place) with
-// whether it is due.
+// whether it is due: its newest lease row released or lapsed, not backing off (or with a
+// message newer than its failure), not paused.
 macro_rules! due_keys {
     () => {
         concat!(
             "\
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
-        (s.shard_scope IS NULL OR ( \
-            (s.lease_expires_at IS NULL OR s.lease_expires_at <= now()) \
-            AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
-                SELECT 1 FROM outbox_messages m \
-                WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
-                    AND m.destination = k.destination AND m.id > s.watermark)))) \
+        (h.seq IS NULL OR h.lease_owner IS NULL OR h.lease_expires_at <= now()) \
+        AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
+            SELECT 1 FROM outbox_messages m \
+            WHERE m.shard_scope = k.shard_scope AND m.shard_identifier = k.shard_identifier \
+                AND m.destination = k.destination AND m.id > s.watermark)) \
         AND NOT ",
             outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
             " AS due \
-    FROM keys k LEFT JOIN outbox_shards s \
+    FROM keys k ",
+            leases::head_of!("k"),
+            " LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
         AND s.destination = k.destination \
     ORDER BY k.n"
@@ -292,167 +200,29 @@ pub(crate) const DISCOVER_RECENT: &str = concat!(
     due_keys!()
 );
 
-// Takes the lease on an existing state row if the shard is due and nobody holds it; a row
-// another transaction has locked is skipped, never waited for. A lease that lapsed without a
-// release (its holder died mid-drain, having perhaps delivered the head) counts as an attempt
-// at the head.
-macro_rules! take_lease {
-    () => {
-        concat!("UPDATE outbox_shards s SET lease_owner = $4, lease_token = nextval('outbox_lease_tokens'), \
-            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
-            attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
-         FROM (SELECT shard_scope, shard_identifier, destination, lease_owner AS previous_owner \
-               FROM outbox_shards \
-               WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
-                 AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
-                 AND (retry_at IS NULL OR retry_at <= now() OR EXISTS ( \
-                     SELECT 1 FROM outbox_messages m \
-                     WHERE m.shard_scope = $1 AND m.shard_identifier = $2 \
-                         AND m.destination = $3 AND m.id > outbox_shards.watermark)) \
-                 AND NOT ",
-        outbox_sqlx::paused!("$1", "$2", "$3"),
-        " \
-               FOR UPDATE SKIP LOCKED) due \
-         WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
-            AND s.destination = due.destination \
-         RETURNING s.lease_token, s.attempts, due.previous_owner")
-    };
-}
-
-// Leased mode: one statement creates the state row with the lease if the shard has none (and
-// no pause holds it), or takes the lease on the existing row.
-pub(crate) const CLAIM: &str = concat!(
-    "WITH fresh AS ( \
-        INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
-            lease_token, lease_expires_at) \
-        SELECT $1::smallint, $2::bigint, $3::text, $4::text, nextval('outbox_lease_tokens'), \
-            now() + $5::bigint * interval '1 millisecond' \
-        WHERE NOT ",
-    outbox_sqlx::paused!("$1::smallint", "$2::bigint", "$3::text"),
-    " \
-        ON CONFLICT DO NOTHING \
-        RETURNING lease_token, attempts, NULL::text AS previous_owner), \
-     taken AS (",
-    take_lease!(),
-    ") SELECT * FROM fresh UNION ALL SELECT * FROM taken"
-);
-
-// Leased mode, several shards at once: CLAIM for each of the keys `$1..$3` (arrays), with the
-// first `$6` rows of each claimed shard's head (NULL message columns for a shard with none),
-// read from each shard's position (`$7`: nothing of the shard at or below it is pending; see
-// `positions`), so that the read never walks the rows earlier drains acknowledged.
-// New state rows go in key order, so that two relays claiming overlapping sets never wait on
-// each other's inserts in a cycle. A shard whose state row the statement created is not looked
-// up again to take its lease (`existing`): it had no row, and under a held vacuum horizon each
-// lookup of a key walks every state row the shard's earlier drains deleted.
-//
-// The rows are read in the statement's snapshot, taken before its claims: a worker that
-// held a shard may have acknowledged (deleted) rows of it and released it since, the claim
-// then waiting for it or finding its state row changed. Such a row is still visible here,
-// but its `xmax` (the deleting transaction) is set: each row says whether it is `stale`, and
-// a head with a stale row is read again by the session. Once claimed, nobody else deletes
-// rows of the shard.
-//
-// The arrays and the head's limit are read through sub-selects, which the planner cannot see
-// into: a custom plan then estimates what a generic one does, so after its first executions
-// PostgreSQL keeps the generic plan of the prepared statement instead of planning this
-// statement anew at every claim (planning it cost more than running it: 0.4 to 0.7 ms).
-pub(crate) const CLAIM_MANY: &str = concat!(
-    "WITH want AS ( \
-        SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination, w.after \
-        FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), (SELECT $3::text[]), \
-                (SELECT $7::bigint[])) \
-            AS w(shard_scope, shard_identifier, destination, after)), \
-     fresh AS ( \
-        INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
-            lease_token, lease_expires_at) \
-        SELECT w.shard_scope, w.shard_identifier, w.destination, $4::text, \
-            nextval('outbox_lease_tokens'), now() + $5::bigint * interval '1 millisecond' \
-        FROM want w WHERE NOT ",
-    outbox_sqlx::paused!("w.shard_scope", "w.shard_identifier", "w.destination"),
-    " \
-        ORDER BY w.shard_scope, w.shard_identifier, w.destination \
-        ON CONFLICT DO NOTHING \
-        RETURNING shard_scope, shard_identifier, destination, lease_token, attempts, \
-            NULL::text AS previous_owner), \
-     existing AS MATERIALIZED ( \
-        SELECT w.* FROM want w WHERE NOT EXISTS (SELECT 1 FROM fresh f \
-            WHERE f.shard_scope = w.shard_scope AND f.shard_identifier = w.shard_identifier \
-                AND f.destination = w.destination)), \
-     taken AS ( \
-        UPDATE outbox_shards s SET lease_owner = $4, \
-            lease_token = nextval('outbox_lease_tokens'), \
-            lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
-            attempts = s.attempts + (due.previous_owner IS NOT NULL)::integer \
-        FROM (SELECT o.shard_scope, o.shard_identifier, o.destination, \
-                  o.lease_owner AS previous_owner \
-              FROM outbox_shards o JOIN existing w ON o.shard_scope = w.shard_scope \
-                  AND o.shard_identifier = w.shard_identifier AND o.destination = w.destination \
-              WHERE (o.lease_expires_at IS NULL OR o.lease_expires_at <= now()) \
-                AND (o.retry_at IS NULL OR o.retry_at <= now() OR EXISTS ( \
-                    SELECT 1 FROM outbox_messages m \
-                    WHERE m.shard_scope = o.shard_scope AND m.shard_identifier = o.shard_identifier \
-                        AND m.destination = o.destination AND m.id > o.watermark)) \
-                AND NOT ",
-    outbox_sqlx::paused!("o.shard_scope", "o.shard_identifier", "o.destination"),
-    " \
-              ORDER BY o.shard_scope, o.shard_identifier, o.destination \
-              FOR UPDATE OF o SKIP LOCKED) due \
-        WHERE s.shard_scope = due.shard_scope AND s.shard_identifier = due.shard_identifier \
-            AND s.destination = due.destination \
-        RETURNING s.shard_scope, s.shard_identifier, s.destination, s.lease_token, s.attempts, \
-            due.previous_owner), \
-     claimed AS (SELECT * FROM fresh UNION ALL SELECT * FROM taken) \
-    SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
-        h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
-        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false) \
-    FROM claimed c JOIN want w ON w.shard_scope = c.shard_scope \
-        AND w.shard_identifier = c.shard_identifier AND w.destination = c.destination \
-    LEFT JOIN LATERAL ( \
-        SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
-            m.payload::text AS payload, \
-            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
-            m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
-        FROM outbox_messages m \
-        WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
-            AND m.destination = c.destination AND m.id > w.after \
-        ORDER BY m.id LIMIT (SELECT $6)) h ON true \
-    ORDER BY c.lease_token, h.id"
-);
-
-// In-transaction mode: the state row is created (committed) first, so the long claiming
-// transaction never holds an uncommitted insert that other claimers would wait on.
-const ENSURE_STATE: &str = "\
-    INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) VALUES ($1, $2, $3) \
-    ON CONFLICT DO NOTHING";
-
-const TAKE_LEASE: &str = take_lease!();
-
-// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
-// its next claim counts as a takeover (an attempt more at the head, whose messages the
-// interrupted drain may have delivered).
-const RELEASE_INTERRUPTED: &str = "\
-    UPDATE outbox_shards SET lease_expires_at = now() \
-    WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 AND lease_token = $4";
-
 const PENDING_MESSAGES: &str = "\
     SELECT id, shard_scope, shard_identifier, destination, category, object_identifier, \
         object_wide, payload::text, (extract(epoch FROM created_at) * 1000)::bigint, \
         metadata::text \
     FROM outbox_messages ORDER BY id LIMIT $1";
 
-const DEAD_LETTER: &str = "\
-    INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
+const DEAD_LETTER: &str = concat!(
+    "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, destination, \
         category, object_identifier, object_wide, payload, created_at, error, attempts, \
         first_failed_at, lease_token, metadata) \
     SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
         m.object_identifier, m.object_wide, m.payload, m.created_at, $6, $7, \
-        coalesce(s.first_failed_at, now()), s.lease_token, m.metadata \
-    FROM outbox_messages m JOIN outbox_shards s \
+        coalesce(s.first_failed_at, now()), l.lease_token, m.metadata \
+    FROM outbox_messages m JOIN outbox_leases l \
+        ON l.shard_scope = $1 AND l.shard_identifier = $2 AND l.destination = $3 \
+            AND l.seq = ",
+    leases::newest!("$1", "$2", "$3"),
+    " AND l.lease_token = $4 \
+        LEFT JOIN outbox_shards s \
         ON s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3 \
-            AND s.lease_token = $4 \
     WHERE m.shard_scope = $1 AND m.shard_identifier = $2 AND m.destination = $3 \
-        AND m.id = ANY($5::bigint[])";
+        AND m.id = ANY($5::bigint[])"
+);
 
 const DEAD_LETTERS: &str = "\
     SELECT message_id, shard_scope, shard_identifier, destination, category, \
@@ -601,13 +371,15 @@ macro_rules! shard_view_of {
                 SELECT k.shard_scope, k.shard_identifier, k.destination, k.pending, k.oldest, \
                     k.estimated, coalesce(s.attempts, 0) AS attempts, s.last_error, s.retry_at, \
                     s.parked_category, \
-                    CASE WHEN s.lease_expires_at > now() THEN s.lease_owner END AS lease_owner, \
-                    coalesce(s.lease_expires_at > now(), false) AS in_flight, \
+                    CASE WHEN h.lease_expires_at > now() THEN h.lease_owner END AS lease_owner, \
+                    coalesce(h.lease_expires_at > now(), false) AS in_flight, \
                     coalesce(s.retry_at > now() AND k.newest <= s.watermark, false) AS waiting, ",
             outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
             " AS paused \
                 FROM k LEFT JOIN outbox_shards s ON s.shard_scope = k.shard_scope \
-                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination), \
+                    AND s.shard_identifier = k.shard_identifier AND s.destination = k.destination ",
+            leases::head_of!("k"),
+            "), \
             v AS (SELECT w.*, ",
             outbox_sqlx::shard_status!(),
             " AS state FROM w) "
@@ -760,20 +532,22 @@ pub(crate) const SAMPLED_SHARDS: &str = concat!(
 );
 
 // The gauges above the exact limit: the statistics' live rows (never below the limit), the
-// first message by id, the shard states (few: shards held, failing or parked), the shard
-// pauses, and the dead letters counted up to the limit.
-pub(crate) const GAUGES: &str = "\
-    SELECT greatest($1, coalesce((SELECT n_live_tup FROM pg_stat_user_tables \
+// first message by id, the shards held (the newest rows of the lease log that hold a live
+// lease), the failing or parked shards (few), the shard pauses, and the dead letters counted
+// up to the limit.
+pub(crate) const GAUGES: &str = concat!(
+    "SELECT greatest($1, coalesce((SELECT n_live_tup FROM pg_stat_user_tables \
             WHERE relid = 'outbox_messages'::regclass), 0))::bigint, \
         (SELECT (extract(epoch FROM created_at) * 1000)::bigint FROM outbox_messages \
             ORDER BY id LIMIT 1), \
-        count(*) FILTER (WHERE s.lease_expires_at > now()), \
-        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > now(), false) \
+        (SELECT count(*) FROM outbox_leases l \
+            WHERE NOT l.superseded AND l.lease_expires_at > now()), \
+        count(*) FILTER (WHERE NOT coalesce(h.lease_expires_at > now(), false) \
             AND s.retry_at > now() AND s.parked_category IS NULL \
             AND NOT EXISTS (SELECT 1 FROM outbox_messages m WHERE m.shard_scope = s.shard_scope \
                 AND m.shard_identifier = s.shard_identifier AND m.destination = s.destination \
                 AND m.id > s.watermark)), \
-        count(*) FILTER (WHERE NOT coalesce(s.lease_expires_at > now(), false) \
+        count(*) FILTER (WHERE NOT coalesce(h.lease_expires_at > now(), false) \
             AND s.retry_at > now() AND s.parked_category IS NOT NULL), \
         (SELECT count(*) FROM outbox_pauses WHERE kind = 'shard'), \
         (SELECT greatest(count(*), CASE WHEN count(*) < $1 THEN 0 ELSE coalesce(( \
@@ -782,7 +556,9 @@ pub(crate) const GAUGES: &str = "\
             FROM (SELECT 1 FROM outbox_dead_letters LIMIT $1) d), \
         (SELECT (extract(epoch FROM dead_lettered_at) * 1000)::bigint \
             FROM outbox_dead_letters ORDER BY dead_lettered_at LIMIT 1) \
-    FROM outbox_shards s";
+    FROM outbox_shards s ",
+    leases::head_of!("s")
+);
 
 // The oldest holder of the vacuum horizon of this database's tables: a session of this
 // database with a snapshot or a transaction id, a replication slot or a standby's feedback
@@ -862,13 +638,13 @@ const INBOX: InboxStatements = InboxStatements {
 /// The relays' heartbeats.
 const RELAYS: RelayStatements = RelayStatements {
     beat: "INSERT INTO outbox_relays (worker, started_at, seen_at, expires_at, in_flight, \
-               waiting, open_breakers) \
+               waiting, open_breakers, protocol) \
            VALUES ($1, to_timestamp($2::bigint / 1000.0), now(), \
-               now() + $3::bigint * interval '1 millisecond', $4, $5, $6) \
+               now() + $3::bigint * interval '1 millisecond', $4, $5, $6, 2) \
            ON CONFLICT (worker) DO UPDATE SET started_at = excluded.started_at, \
                seen_at = excluded.seen_at, expires_at = excluded.expires_at, \
                in_flight = excluded.in_flight, waiting = excluded.waiting, \
-               open_breakers = excluded.open_breakers",
+               open_breakers = excluded.open_breakers, protocol = excluded.protocol",
     forget: "DELETE FROM outbox_relays \
              WHERE expires_at < now() - $1::bigint * interval '1 millisecond'",
     leave: "DELETE FROM outbox_relays WHERE worker = $1",
@@ -884,18 +660,27 @@ const RELAYS: RelayStatements = RelayStatements {
 const SET_ASIDE: SetAsideStatements = SetAsideStatements {
     lock_message: "SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
                    WHERE id = $1 FOR UPDATE",
-    ensure_shard: ENSURE_STATE,
-    lock_shard: "SELECT CASE WHEN lease_expires_at > now() THEN coalesce(lease_owner, '') END \
-                 FROM outbox_shards \
-                 WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
-                 FOR UPDATE SKIP LOCKED",
+    ensure_shard: leases::ENSURE_CHAIN,
+    // The newest row of the shard's chain, locked: claims that would follow it skip it.
+    lock_shard: concat!(
+        "SELECT CASE WHEN l.lease_expires_at > now() THEN coalesce(l.lease_owner, '') END \
+         FROM outbox_leases l \
+         WHERE l.shard_scope = $1 AND l.shard_identifier = $2 AND l.destination = $3 \
+             AND l.seq = ",
+        leases::newest!("$1", "$2", "$3"),
+        " FOR UPDATE OF l SKIP LOCKED"
+    ),
     copy: "INSERT INTO outbox_dead_letters (message_id, shard_scope, shard_identifier, \
                destination, category, object_identifier, object_wide, payload, created_at, \
                error, attempts, first_failed_at, lease_token, metadata) \
            SELECT m.id, m.shard_scope, m.shard_identifier, m.destination, m.category, \
-               m.object_identifier, m.object_wide, m.payload, m.created_at, $5, s.attempts, \
-               coalesce(s.first_failed_at, now()), coalesce(s.lease_token, 0), m.metadata \
-           FROM outbox_messages m JOIN outbox_shards s \
+               m.object_identifier, m.object_wide, m.payload, m.created_at, $5, \
+               coalesce(s.attempts, 0), coalesce(s.first_failed_at, now()), \
+               coalesce((SELECT l.lease_token FROM outbox_leases l \
+                   WHERE l.shard_scope = $1 AND l.shard_identifier = $2 AND l.destination = $3 \
+                       AND l.lease_token IS NOT NULL ORDER BY l.seq DESC LIMIT 1), 0), \
+               m.metadata \
+           FROM outbox_messages m LEFT JOIN outbox_shards s \
                ON s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3 \
            WHERE m.id = $4",
     clear_failures: "UPDATE outbox_shards SET attempts = 0, first_failed_at = NULL, \
@@ -931,11 +716,95 @@ fn claimed(row: &PgRow, token: i64, first_read: usize) -> Result<Claim<PgDialect
     })
 }
 
+// The shards with failures (`outbox_shards`) or a lease (the newest rows of the log that name
+// an owner, live or lapsed); a released chain holds no state.
 const SHARD_STATES: &str = "\
-    SELECT shard_scope, shard_identifier, destination, attempts::bigint, last_error, \
-        (extract(epoch FROM retry_at) * 1000)::bigint, lease_owner, \
-        (extract(epoch FROM lease_expires_at) * 1000)::bigint, lease_token, parked_category \
-    FROM outbox_shards ORDER BY shard_scope, shard_identifier, destination";
+    WITH h AS (SELECT DISTINCT ON (shard_scope, shard_identifier, destination) \
+            shard_scope, shard_identifier, destination, lease_owner, lease_expires_at, \
+            lease_token \
+        FROM outbox_leases ORDER BY shard_scope, shard_identifier, destination, seq DESC), \
+    leased AS (SELECT * FROM h WHERE lease_owner IS NOT NULL) \
+    SELECT coalesce(s.shard_scope, l.shard_scope), \
+        coalesce(s.shard_identifier, l.shard_identifier), coalesce(s.destination, l.destination), \
+        coalesce(s.attempts, 0)::bigint, s.last_error, \
+        (extract(epoch FROM s.retry_at) * 1000)::bigint, l.lease_owner, \
+        (extract(epoch FROM l.lease_expires_at) * 1000)::bigint, l.lease_token, \
+        s.parked_category \
+    FROM outbox_shards s FULL JOIN leased l ON l.shard_scope = s.shard_scope \
+        AND l.shard_identifier = s.shard_identifier AND l.destination = s.destination \
+    ORDER BY 1, 2, 3";
+
+impl PgDialect {
+    /// Leased claims of `shards` (the switch to the lease log made), each with the first
+    /// `first_read` rows of its head.
+    async fn claim_leased(
+        &self,
+        pool: &PgPool,
+        shards: &[ShardKey],
+        options: &ClaimOptions,
+        first_read: usize,
+    ) -> Result<Vec<Claim<Self>>, Error> {
+        const OPERATION: &str = "claiming shards";
+        let mut scopes = Vec::with_capacity(shards.len());
+        let mut identifiers = Vec::with_capacity(shards.len());
+        let mut destinations = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let (identifier, destination) = stored_shard(shard);
+            scopes.push(shard.scope.0);
+            identifiers.push(identifier);
+            destinations.push(destination);
+        }
+        self.positions.refresh(pool).await;
+        let (settled, afters) = self.positions.before_claim(shards);
+        let rows = sqlx::query(leases::CLAIM_MANY)
+            .bind(scopes)
+            .bind(identifiers)
+            .bind(destinations)
+            .bind(&options.worker)
+            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
+            .bind(afters.clone())
+            .fetch_all(pool)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        // By claim (in token order), each claim's rows in id order.
+        let mut claims: Vec<Claim<Self>> = Vec::new();
+        for row in &rows {
+            let token: i64 = row.try_get(11).map_err(database::<Self>(OPERATION))?;
+            if claims.last().is_none_or(|claim| claim.lease.token != token) {
+                claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
+            }
+            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
+            let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
+                continue;
+            };
+            let stale: bool = row.try_get(14).map_err(database::<Self>(OPERATION))?;
+            // A stale read, or a row that does not decode, leaves the claim without its
+            // read: the session's first fetch reads again (and meets the row where the relay
+            // handles it).
+            match (
+                stale,
+                outbox_sqlx::session::stored::<Self>(row),
+                &mut claim.head,
+            ) {
+                (false, Ok(message), Some((head, _))) => head.push(message),
+                (_, _, head) => *head = None,
+            }
+        }
+        // Where each claim read from: a position, or the shard's start.
+        let from: HashMap<&ShardKey, i64> = shards.iter().zip(afters.iter().copied()).collect();
+        let leases = claims.iter().map(|claim| {
+            let shard = &claim.lease.shard;
+            (
+                shard,
+                claim.lease.token,
+                from.get(shard).copied().unwrap_or(0),
+            )
+        });
+        self.positions.claimed(settled, leases);
+        Ok(claims)
+    }
+}
 
 impl Dialect for PgDialect {
     type Database = Postgres;
@@ -960,14 +829,14 @@ impl Dialect for PgDialect {
         insert_messages: INSERT_MESSAGES,
         fetch: FETCH,
         fetch_newest: FETCH_NEWEST,
-        ack: Ack::Combined(ACK),
-        ack_and_release: Some(ACK_AND_RELEASE),
-        extend_lease: EXTEND_LEASE,
-        delete_if_empty: DELETE_IF_EMPTY,
-        release: RELEASE,
-        release_lease: RELEASE_LEASE,
-        fail: FAIL,
-        release_interrupted: RELEASE_INTERRUPTED,
+        ack: Ack::Combined(leases::ACK),
+        ack_and_release: Some(leases::ACK_AND_RELEASE),
+        extend_lease: leases::EXTEND_LEASE,
+        delete_if_empty: leases::DELETE_IF_EMPTY,
+        release: leases::RELEASE,
+        release_lease: leases::RELEASE_LEASE,
+        fail: leases::FAIL,
+        release_interrupted: leases::RELEASE_INTERRUPTED,
         table_exists: "SELECT to_regclass($1) IS NOT NULL",
         discover: DISCOVER,
         unpark: "UPDATE outbox_shards SET parked_category = NULL, retry_at = now() \
@@ -1204,38 +1073,35 @@ impl Dialect for PgDialect {
         shard: &ShardKey,
         options: &ClaimOptions,
     ) -> Result<Option<Claim<Self>>, Error> {
-        let operation = database::<Self>("claiming a shard");
-        let lease_ms = i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX);
+        if !self.leases.ready(pool).await? {
+            return Ok(None);
+        }
+        if options.mode == HandlerMode::Leased {
+            // One shard of a batch claim, its head left for the session to read.
+            let claimed = self
+                .claim_leased(pool, std::slice::from_ref(shard), options, 0)
+                .await?;
+            return Ok(claimed.into_iter().next().map(|claim| Claim {
+                head: None,
+                ..claim
+            }));
+        }
+        const OPERATION: &str = "claiming a shard";
+        outbox_sqlx::session::shard_keyed::<Self>(leases::ENSURE_CHAIN, shard)
+            .execute(pool)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
+        let mut tx = pool.begin().await.map_err(database::<Self>(OPERATION))?;
         let (identifier, destination) = stored_shard(shard);
-        let take = |sql: &'static str| {
-            sqlx::query_as::<_, (i64, i32, Option<String>)>(sql)
-                .bind(shard.scope.0)
-                .bind(identifier)
-                .bind(destination.clone())
-                .bind(&options.worker)
-                .bind(lease_ms)
-        };
-        let (claimed, claiming) = match options.mode {
-            HandlerMode::Leased => {
-                let claimed = take(CLAIM).fetch_optional(pool).await.map_err(operation)?;
-                (claimed, None)
-            }
-            HandlerMode::InTransaction => {
-                outbox_sqlx::session::shard_keyed::<Self>(ENSURE_STATE, shard)
-                    .execute(pool)
-                    .await
-                    .map_err(database::<Self>("claiming a shard"))?;
-                let mut tx = pool
-                    .begin()
-                    .await
-                    .map_err(database::<Self>("claiming a shard"))?;
-                let claimed = take(TAKE_LEASE)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(operation)?;
-                (claimed, Some(Claiming { tx, turn: () }))
-            }
-        };
+        let claimed = sqlx::query_as::<_, (i64, i32, Option<String>)>(leases::TAKE_LEASE)
+            .bind(shard.scope.0)
+            .bind(identifier)
+            .bind(destination)
+            .bind(&options.worker)
+            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(database::<Self>(OPERATION))?;
         Ok(claimed.map(|(token, attempts, previous_owner)| Claim {
             lease: Lease {
                 shard: shard.clone(),
@@ -1243,7 +1109,7 @@ impl Dialect for PgDialect {
                 attempts: u32::try_from(attempts).unwrap_or(0),
                 previous_owner,
             },
-            claiming,
+            claiming: Some(Claiming { tx, turn: () }),
             head: None,
         }))
     }
@@ -1255,68 +1121,14 @@ impl Dialect for PgDialect {
         options: &ClaimOptions,
         first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
-        const OPERATION: &str = "claiming shards";
         if options.mode == HandlerMode::InTransaction {
             return outbox_sqlx::dialect::claim_each(self, pool, shards, options).await;
         }
-        let mut scopes = Vec::with_capacity(shards.len());
-        let mut identifiers = Vec::with_capacity(shards.len());
-        let mut destinations = Vec::with_capacity(shards.len());
-        for shard in shards {
-            let (identifier, destination) = stored_shard(shard);
-            scopes.push(shard.scope.0);
-            identifiers.push(identifier);
-            destinations.push(destination);
+        if !self.leases.ready(pool).await? {
+            return Ok(Vec::new());
         }
-        self.positions.refresh(pool).await;
-        let (settled, afters) = self.positions.before_claim(shards);
-        let rows = sqlx::query(CLAIM_MANY)
-            .bind(scopes)
-            .bind(identifiers)
-            .bind(destinations)
-            .bind(&options.worker)
-            .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
-            .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
-            .bind(afters.clone())
-            .fetch_all(pool)
-            .await
-            .map_err(database::<Self>(OPERATION))?;
-        // By claim (in token order), each claim's rows in id order.
-        let mut claims: Vec<Claim<Self>> = Vec::new();
-        for row in &rows {
-            let token: i64 = row.try_get(11).map_err(database::<Self>(OPERATION))?;
-            if claims.last().is_none_or(|claim| claim.lease.token != token) {
-                claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
-            }
-            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
-            let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
-                continue;
-            };
-            let stale: bool = row.try_get(14).map_err(database::<Self>(OPERATION))?;
-            // A stale read, or a row that does not decode, leaves the claim without its
-            // read: the session's first fetch reads again (and meets the row where the relay
-            // handles it).
-            match (
-                stale,
-                outbox_sqlx::session::stored::<Self>(row),
-                &mut claim.head,
-            ) {
-                (false, Ok(message), Some((head, _))) => head.push(message),
-                (_, _, head) => *head = None,
-            }
-        }
-        // Where each claim read from: a position, or the shard's start.
-        let from: HashMap<&ShardKey, i64> = shards.iter().zip(afters.iter().copied()).collect();
-        let leases = claims.iter().map(|claim| {
-            let shard = &claim.lease.shard;
-            (
-                shard,
-                claim.lease.token,
-                from.get(shard).copied().unwrap_or(0),
-            )
-        });
-        self.positions.claimed(settled, leases);
-        Ok(claims)
+        self.leases.tidy(pool);
+        self.claim_leased(pool, shards, options, first_read).await
     }
 
     fn read_head(rows: Vec<PgRow>) -> Result<Vec<outbox_core::store::StoredMessage>, Error> {
@@ -1364,6 +1176,7 @@ impl Dialect for PgDialect {
         let mut identifiers = Vec::with_capacity(batch.len());
         let mut destinations = Vec::with_capacity(batch.len());
         let mut tokens = Vec::with_capacity(batch.len());
+        let mut keep = Vec::with_capacity(batch.len());
         let (mut places, mut ids) = (Vec::new(), Vec::new());
         for (place, (lease, _, acks)) in (1_i64..).zip(batch) {
             let (identifier, destination) = stored_shard(&lease.shard);
@@ -1371,18 +1184,20 @@ impl Dialect for PgDialect {
             identifiers.push(identifier);
             destinations.push(destination);
             tokens.push(lease.token);
+            keep.push(self.leases.keep(&lease.shard));
             for id in acks.iter().flat_map(|ack| &ack.ids) {
                 places.push(place);
                 ids.push(id.0);
             }
         }
-        let rows = sqlx::query(ACK_AND_RELEASE_MANY)
+        let rows = sqlx::query(leases::ACK_AND_RELEASE_MANY)
             .bind(scopes)
             .bind(identifiers)
             .bind(destinations)
             .bind(tokens)
             .bind(places)
             .bind(ids)
+            .bind(keep)
             .fetch_all(&mut *conn)
             .await
             .map_err(database::<Self>(OPERATION))?;
@@ -1407,6 +1222,11 @@ impl Dialect for PgDialect {
                     let highest = acks.iter().flat_map(|ack| &ack.ids).map(|id| id.0).max();
                     if let Some(highest) = highest {
                         self.positions.drained(&lease.shard, lease.token, highest);
+                    }
+                    if let Some(seq) =
+                        leases::released_seq(row).map_err(database::<Self>(OPERATION))?
+                    {
+                        self.leases.kept(&lease.shard, seq);
                     }
                     Ok((u64::try_from(deleted).unwrap_or(0), true))
                 })

@@ -6,9 +6,11 @@ use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
+use crate::dialect::leases::{
+    ACK, ACK_AND_RELEASE, CLAIM_MANY, DELETE_IF_EMPTY, ENSURE_CHAIN, TAKE_LEASE,
+};
 use crate::dialect::{
-    ACK, ACK_AND_RELEASE, BACKFILL, CLAIM, CLAIM_MANY, DELETE_IF_EMPTY, DISCOVER, FAILING_SHARDS,
-    FETCH, FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
+    BACKFILL, DISCOVER, FAILING_SHARDS, FETCH, FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
 };
 
 async fn populated() -> PgTestDatabase {
@@ -138,7 +140,8 @@ async fn hot_queries_use_the_indexes() {
             .bind(vec![3_i64, 500])
     })
     .await;
-    explain(pool, CLAIM, |q| {
+    explain(pool, ENSURE_CHAIN, |q| q.bind(1_i16).bind(42_i64).bind("")).await;
+    explain(pool, TAKE_LEASE, |q| {
         q.bind(1_i16)
             .bind(42_i64)
             .bind("")
@@ -266,7 +269,10 @@ fn ran_on(plan: &Value, relation: &str, found: &mut Vec<Value>) {
 
 /// A connection holding a `REPEATABLE READ` snapshot that has read `table`, as `pg_dump`
 /// holds one: every row deleted after it stays behind until it commits.
-async fn snapshot_held(pool: &PgPool, table: &str) -> sqlx::pool::PoolConnection<Postgres> {
+pub(crate) async fn snapshot_held(
+    pool: &PgPool,
+    table: &str,
+) -> sqlx::pool::PoolConnection<Postgres> {
     let mut holder = pool.acquire().await.expect("connect");
     let read = format!("SELECT count(*) FROM {table}");
     for statement in ["BEGIN ISOLATION LEVEL REPEATABLE READ", read.as_str()] {
@@ -298,48 +304,6 @@ async fn claim_plan(pool: &PgPool, after: i64) -> Value {
         .expect("the claim's plan");
     claim.rollback().await.expect("rollback");
     serde_json::from_str(&text).expect("EXPLAIN returns JSON")
-}
-
-/// Under a held vacuum horizon, every drain of a shard leaves its deleted state row behind,
-/// and each lookup of the shard's key walks them all. A claim that creates the shard's state
-/// row (the shard had none: the common case, a drained shard's row goes with its lease) takes
-/// its lease with the insert, and does not look the key up again.
-#[tokio::test]
-async fn a_claim_that_creates_a_state_row_does_not_look_it_up_again() {
-    let database = PgTestDatabase::create().await;
-    let pool = database.pool();
-    crate::migrate(pool).await.expect("migrate");
-    let mut holder = snapshot_held(pool, "outbox_shards").await;
-    for _ in 0..200 {
-        sqlx::query(
-            "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
-             VALUES (1, 5, '')",
-        )
-        .execute(pool)
-        .await
-        .expect("a drain's state row");
-        sqlx::query("DELETE FROM outbox_shards")
-            .execute(pool)
-            .await
-            .expect("its release");
-    }
-    sqlx::query(
-        "INSERT INTO outbox_messages \
-            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-         VALUES (1, 5, '', 1, 1, '{}')",
-    )
-    .execute(pool)
-    .await
-    .expect("a message");
-
-    let plan = claim_plan(pool, 0).await;
-    let mut lookups = Vec::new();
-    ran_on(&plan, "outbox_shards", &mut lookups);
-    assert!(lookups.is_empty(), "{lookups:#?}\n{plan:#}");
-    sqlx::query("COMMIT")
-        .execute(&mut *holder)
-        .await
-        .expect("commit");
 }
 
 /// The buffers that the nodes of `plan` reading `relation` touched.

@@ -495,19 +495,19 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
         .expect("wait")
         .expect("the handler runs");
 
-    // The acknowledgement will wait on the shard's state row, locked here.
+    // The acknowledgement will wait on the shard's lease, locked here.
     let mut admin = PgConnection::connect(&server_url())
         .await
         .expect("admin connection");
     let mut locker = holding(
         &database,
-        "LOCK TABLE outbox_shards IN ACCESS EXCLUSIVE MODE",
+        "LOCK TABLE outbox_leases IN ACCESS EXCLUSIVE MODE",
     )
     .await;
     gate.add_permits(1);
     let waiting = format!(
         "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE '%DELETE FROM outbox_shards s USING want w%'",
+         AND query LIKE '%FROM want w JOIN outbox_leases l%'",
         database.name()
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -521,7 +521,7 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the acknowledgement never waited on the locked state row"
+            "the acknowledgement never waited on the locked lease"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
@@ -646,8 +646,9 @@ async fn claimed_by_many(store: &PgStore, shards: &[i64]) -> Vec<i64> {
 }
 
 /// Claiming several shards in one statement, stepped against another transaction: a shard
-/// whose state row that transaction holds is skipped, not waited for; a shard whose state row
-/// it is inserting (with a lease of its own) is waited for, then left to it.
+/// whose newest lease row that transaction holds is skipped, not waited for; a shard whose
+/// chain's first row it is inserting (with a lease of its own) is waited for, then left to
+/// it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
     let database = migrated().await;
@@ -660,12 +661,13 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
         .await
         .expect("another connection");
     sqlx::query(
-        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) VALUES ($1, 1, '')",
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first) \
+         VALUES ($1, 1, '', nextval('outbox_lease_tokens'), true)",
     )
     .bind(scope)
     .execute(&mut other)
     .await
-    .expect("shard 1's state row");
+    .expect("shard 1's released chain");
 
     // Shard 1's row is locked: skipped at once.
     sqlx::query("BEGIN")
@@ -673,7 +675,7 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
         .await
         .expect("begin");
     sqlx::query(
-        "SELECT 1 FROM outbox_shards WHERE shard_scope = $1 AND shard_identifier = 1 FOR UPDATE",
+        "SELECT 1 FROM outbox_leases WHERE shard_scope = $1 AND shard_identifier = 1 FOR UPDATE",
     )
     .bind(scope)
     .execute(&mut other)
@@ -681,16 +683,17 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
     .expect("lock shard 1");
     assert_eq!(claimed_by_many(&store, &[1, 3]).await, [3]);
 
-    // Shard 2's row is being inserted, leased: the claim waits for it, then leaves it.
+    // Shard 2's first row is being inserted, leased: the claim waits for it, then leaves it.
     sqlx::query(
-        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
-         lease_token, lease_expires_at) \
-         VALUES ($1, 2, '', 'other', nextval('outbox_lease_tokens'), now() + interval '1 hour')",
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+         lease_owner, lease_token, lease_expires_at) \
+         VALUES ($1, 2, '', nextval('outbox_lease_tokens'), true, 'other', \
+             currval('outbox_lease_tokens'), now() + interval '1 hour')",
     )
     .bind(scope)
     .execute(&mut other)
     .await
-    .expect("insert shard 2's state row");
+    .expect("insert shard 2's first row");
     let claiming = {
         let store = store.clone();
         tokio::spawn(async move { claimed_by_many(&store, &[4, 2]).await })
@@ -712,7 +715,7 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
 
 /// The shards commits name are claimed beside a sweep's claim, never queued behind it:
 /// stepped so that the sweep's claim waits on a lock (another transaction inserting shard 1's
-/// state row), a message committed to shard 2 is delivered meanwhile; shard 1's, once the
+/// first lease row), a message committed to shard 2 is delivered meanwhile; shard 1's, once the
 /// other transaction rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
@@ -723,10 +726,10 @@ async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
     let mut other = holding(
         &database,
         &format!(
-            "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
-             lease_token, lease_expires_at) \
-             VALUES ({scope}, 1, '', 'other', nextval('outbox_lease_tokens'), \
-             now() + interval '1 hour')"
+            "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+             lease_owner, lease_token, lease_expires_at) \
+             VALUES ({scope}, 1, '', nextval('outbox_lease_tokens'), true, 'other', \
+             currval('outbox_lease_tokens'), now() + interval '1 hour')"
         ),
     )
     .await;
@@ -736,7 +739,7 @@ async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
     claim_waits_on_a_lock(
         &database,
         &running.task,
-        "the sweep's claim did not wait for shard 1's state row",
+        "the sweep's claim did not wait for shard 1's first lease row",
     )
     .await;
 
@@ -756,9 +759,9 @@ async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
 }
 
 /// A claim of several shards reads their heads in the statement's snapshot, taken before it
-/// claims: stepped so that another worker acknowledges a shard's rows and drops its state row
-/// while the claim waits for that row, the claim still gets the shard, and its session does
-/// not deliver the rows already gone.
+/// claims: stepped so that another transaction, which is inserting the shard's first lease
+/// row, acknowledges the shard's rows and releases it while the claim waits for that row, the
+/// claim still gets the shard, and its session does not deliver the rows already gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
     use outbox_core::store::Store;
@@ -773,13 +776,8 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
         lease: Duration::from_secs(30),
         mode: HandlerMode::Leased,
     };
-    let first = store
-        .claim(&org_shard(7), &options("first"))
-        .await
-        .expect("claim")
-        .expect("due");
-    // The first worker's last acknowledgement, stepped: its rows and its state row deleted,
-    // not yet committed.
+    // Another worker's claim of shard 7, and its acknowledgement, stepped: not yet
+    // committed.
     let mut other = PgConnection::connect_with(&database.connect_options())
         .await
         .expect("another connection");
@@ -788,14 +786,17 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
         .await
         .expect("begin");
     for sql in [
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+            lease_owner, lease_token, lease_expires_at) \
+         VALUES ($1, 7, '', nextval('outbox_lease_tokens'), true, 'first', \
+            currval('outbox_lease_tokens'), now() + interval '30 seconds')",
         "DELETE FROM outbox_messages WHERE shard_scope = $1 AND shard_identifier = 7",
-        "DELETE FROM outbox_shards WHERE shard_scope = $1 AND shard_identifier = 7",
     ] {
         sqlx::query(sql)
             .bind(org_shard(7).scope.0)
             .execute(&mut other)
             .await
-            .expect("acknowledge");
+            .expect("claim and acknowledge");
     }
     let claiming = {
         let (store, options) = (store.clone(), options("second"));
@@ -809,9 +810,14 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
     claim_waits_on_a_lock(
         &database,
         &claiming,
-        "the claim did not wait for the deleted state row",
+        "the claim did not wait for the other worker's first row",
     )
     .await;
+    sqlx::query("DELETE FROM outbox_leases WHERE shard_scope = $1 AND shard_identifier = 7")
+        .bind(org_shard(7).scope.0)
+        .execute(&mut other)
+        .await
+        .expect("release");
     sqlx::query("COMMIT")
         .execute(&mut other)
         .await
@@ -835,7 +841,6 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
         [(7, 0), (8, 1)],
         "shard 7's row was acknowledged before the claim"
     );
-    drop(first);
 }
 
 /// A database with the test models' tables, projects 1 to `rows` written behind the outbox's
@@ -1030,20 +1035,20 @@ async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
         .expect("ids");
     let first = outbox_core::MessageId(ids[0]);
     sqlx::query(
-        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination) \
-         VALUES (1, 1, '')",
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first) \
+         VALUES (1, 1, '', nextval('outbox_lease_tokens'), true)",
     )
     .execute(database.pool())
     .await
-    .expect("a state row");
+    .expect("a released chain");
 
-    // Another transaction holds the shard's row, as a claim does while it runs.
+    // Another transaction holds the shard's newest lease row, as a claim does while it runs.
     let mut other = PgConnection::connect(&database.url())
         .await
         .expect("connect");
     let mut holding = other.begin().await.expect("begin");
     sqlx::query(
-        "SELECT 1 FROM outbox_shards WHERE shard_scope = 1 AND shard_identifier = 1 FOR UPDATE",
+        "SELECT 1 FROM outbox_leases WHERE shard_scope = 1 AND shard_identifier = 1 FOR UPDATE",
     )
     .fetch_one(&mut *holding)
     .await
@@ -1246,10 +1251,10 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
         leases.push(session.lease().clone());
         finishing.push((session, acks));
     }
-    // Another transaction holds shard 2's state row.
+    // Another transaction holds shard 2's lease row.
     let mut blocker = holding(
         &database,
-        "SELECT 1 FROM outbox_shards WHERE shard_identifier = 2 FOR UPDATE",
+        "SELECT 1 FROM outbox_leases WHERE shard_identifier = 2 FOR UPDATE",
     )
     .await;
     let batch = {
@@ -1258,7 +1263,7 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
     };
     waits_on_a_lock(
         &database,
-        "%outbox_shards%",
+        "%outbox_leases%",
         &batch,
         "the batch did not wait on shard 2's row",
     )
@@ -1268,7 +1273,7 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
         .expect("admin connection");
     let terminated: i64 = sqlx::query_scalar(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-         WHERE datname = $1 AND wait_event_type = 'Lock' AND query LIKE '%outbox_shards%'",
+         WHERE datname = $1 AND wait_event_type = 'Lock' AND query LIKE '%outbox_leases%'",
     )
     .bind(database.name())
     .fetch_one(&mut admin)

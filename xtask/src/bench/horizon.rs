@@ -95,7 +95,7 @@ pub(crate) async fn long(args: &BenchArgs, _: &Server) -> Result<Vec<Row>, Strin
 /// The tables of each system at one moment.
 #[derive(Debug, Clone, Copy)]
 struct Tables {
-    /// Dead tuples in `outbox_messages` and `outbox_shards`.
+    /// Dead tuples in `outbox_messages`, `outbox_shards` and `outbox_leases`.
     outbox_dead: f64,
     /// Their size with their indexes, in MiB.
     outbox_mib: f64,
@@ -112,11 +112,12 @@ async fn tables(pool: &PgPool) -> Result<Tables, String> {
         "SELECT \
             coalesce(sum(n_dead_tup) FILTER (WHERE relname <> 'plain_queue'), 0)::float8, \
             (pg_total_relation_size('outbox_messages') \
-                + pg_total_relation_size('outbox_shards'))::float8 / 1048576, \
+                + pg_total_relation_size('outbox_shards') \
+                + pg_total_relation_size('outbox_leases'))::float8 / 1048576, \
             coalesce(sum(n_dead_tup) FILTER (WHERE relname = 'plain_queue'), 0)::float8, \
             pg_total_relation_size('plain_queue')::float8 / 1048576 \
          FROM pg_stat_user_tables \
-         WHERE relname IN ('outbox_messages', 'outbox_shards', 'plain_queue')",
+         WHERE relname IN ('outbox_messages', 'outbox_shards', 'outbox_leases', 'plain_queue')",
     )
     .fetch_one(pool)
     .await
@@ -307,7 +308,12 @@ async fn run(args: &BenchArgs, hold: &Hold) -> Result<Vec<Row>, String> {
         .execute(&mut *long)
         .await
         .map_err(failed("beginning the long transaction"))?;
-    for table in ["outbox_messages", "outbox_shards", "plain_queue"] {
+    for table in [
+        "outbox_messages",
+        "outbox_shards",
+        "outbox_leases",
+        "plain_queue",
+    ] {
         sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .execute(&mut *long)
             .await

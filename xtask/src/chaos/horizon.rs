@@ -20,6 +20,7 @@ fn opening(backend: Backend) -> &'static [&'static str] {
             "BEGIN ISOLATION LEVEL REPEATABLE READ",
             "SELECT count(*) FROM outbox_messages",
             "SELECT count(*) FROM outbox_shards",
+            "SELECT count(*) FROM outbox_leases",
         ],
         Backend::Mariadb => &[
             "START TRANSACTION WITH CONSISTENT SNAPSHOT",

@@ -1,0 +1,768 @@
+//! The lease log: shards' leases as rows inserted and deleted, never updated in place.
+//!
+//! While something holds the vacuum horizon (a long transaction, `pg_dump`, a replica's
+//! feedback), every version of a row stays. When each drain inserts and deletes a shard's
+//! state row, every later lookup of that shard's key walks one dead version per earlier drain:
+//! claims that took a millisecond take seconds, then minutes. Here a shard's lease is the
+//! newest row of its key in `outbox_leases`, found by a backward seek of the primary key: the
+//! seek reads the newest entry first and never visits the older, deleted ones.
+//!
+//! - *A change of hands* (a claim, a release, a failure) locks the newest row, deletes it and
+//!   inserts the next, with a greater `seq`. Two workers that read the same newest row both
+//!   lock it: the second finds it gone (or, for a chain's first row, marked superseded) and
+//!   changes nothing. That is the fence.
+//! - *An extension* updates the holder's row in place: a release that waits on it then finds
+//!   the row still its own. A lease is extended a few times in its life, and each claim starts
+//!   a new row, so a row's versions do not grow with the hold.
+//! - *A chain's first row* is not deleted when another follows it, only marked superseded: the
+//!   unique index on the first rows makes two claimers that both found no row conflict.
+//! - *A one-message shard*'s claim inserts one row (the first) and its release deletes it. A
+//!   shard drained again within [`HOT`] keeps its chain, two live rows, and its idle chain
+//!   is deleted later: a chain ended at every drain would give each claim of a busy shard a
+//!   walk of the first rows of all its earlier chains.
+//!
+//! Failures, backoff and parking stay in `outbox_shards`, which a shard that never fails no
+//! longer touches.
+//!
+//! Relays from before the log keep leases in `outbox_shards`. A relay of this version waits
+//! (claims nothing) until no live relay of the older protocol is left, then makes the one-way
+//! switch: the live leases move into the log, and a trigger refuses leases in `outbox_shards`
+//! from then on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Error, ShardKey};
+use outbox_sqlx::error::database;
+use sqlx::{PgPool, Row};
+
+use super::{PgDialect, stored_shard};
+
+/// A shard released again within this time of its last release keeps its chain.
+pub(crate) const HOT: Duration = Duration::from_secs(10);
+
+/// A kept chain idle this long is deleted by the relay that kept it.
+pub(crate) const IDLE: Duration = Duration::from_secs(30);
+
+/// How often a store deletes the idle chains it kept.
+const TIDY_EVERY: Duration = Duration::from_secs(10);
+
+/// How often a store looks for idle chains that no live relay remembers (their relay
+/// stopped), and how long such a chain has been idle.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// The most shards a store remembers releasing.
+const REMEMBERED: usize = 200_000;
+
+/// The newest row of a shard (three column expressions): its `seq`, by a backward seek.
+macro_rules! newest {
+    ($scope:literal, $identifier:literal, $destination:literal) => {
+        concat!(
+            "(SELECT x.seq FROM outbox_leases x WHERE x.shard_scope = ",
+            $scope,
+            " AND x.shard_identifier = ",
+            $identifier,
+            " AND x.destination = ",
+            $destination,
+            " ORDER BY x.seq DESC LIMIT 1)"
+        )
+    };
+}
+pub(crate) use newest;
+
+/// The newest row of the shard `k` as a lateral join `h` (its lease columns).
+macro_rules! head_of {
+    ($k:literal) => {
+        concat!(
+            "LEFT JOIN LATERAL (SELECT l.seq, l.lease_owner, l.lease_token, l.lease_expires_at \
+                FROM outbox_leases l WHERE l.shard_scope = ",
+            $k,
+            ".shard_scope AND l.shard_identifier = ",
+            $k,
+            ".shard_identifier AND l.destination = ",
+            $k,
+            ".destination ORDER BY l.seq DESC LIMIT 1) h ON true"
+        )
+    };
+}
+pub(crate) use head_of;
+
+/// The lease of `$1..$3` with token `$4`, if it is the shard's newest row (`mine`, locked), and
+/// its end: deleted, or marked superseded if it is the chain's first row. `$extra` adds a
+/// condition.
+macro_rules! mine {
+    ($extra:literal) => {
+        concat!(
+            "mine AS MATERIALIZED ( \
+                SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first, \
+                    l.lease_owner, l.lease_token \
+                FROM outbox_leases l \
+                WHERE l.shard_scope = $1 AND l.shard_identifier = $2 AND l.destination = $3 \
+                    AND l.seq = ",
+            newest!("$1", "$2", "$3"),
+            " AND l.lease_token = $4 AND l.lease_owner IS NOT NULL AND NOT l.superseded ",
+            $extra,
+            " FOR UPDATE OF l), ",
+            superseded!("mine")
+        )
+    };
+}
+
+/// The end of the rows `$rows` names (its columns: the key, `seq`, `first`, and `keep`
+/// where the chain stays though its first row is the one ending): deleted, or a first row
+/// that stays marked superseded.
+macro_rules! superseded {
+    ($rows:literal) => {
+        superseded!($rows, "true")
+    };
+    ($rows:literal, $keep:literal) => {
+        concat!(
+            "gone AS (DELETE FROM outbox_leases l USING ",
+            $rows,
+            " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
+                AND l.destination = m.destination AND l.seq = m.seq \
+                AND NOT (m.first AND ",
+            $keep,
+            ")), \
+             marked AS (UPDATE outbox_leases l SET superseded = true FROM ",
+            $rows,
+            " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
+                AND l.destination = m.destination AND l.seq = m.seq AND m.first AND ",
+            $keep,
+            ")"
+        )
+    };
+}
+
+/// The columns of a new row of the log.
+macro_rules! log_columns {
+    () => {
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+            lease_owner, lease_token, lease_expires_at) "
+    };
+}
+
+/// The lease of `$1..$3` with token `$4`, if it is the shard's newest row, made to end at
+/// `$expires`: updated in place, so that a release or an acknowledgement that waits on it
+/// finds it still its own (a lease is extended a few times in its life; each drain of the
+/// shard starts a new row).
+macro_rules! extended {
+    ($expires:literal) => {
+        concat!(
+            "UPDATE outbox_leases l SET lease_expires_at = ",
+            $expires,
+            " WHERE l.shard_scope = $1 AND l.shard_identifier = $2 AND l.destination = $3 \
+                AND l.seq = ",
+            newest!("$1", "$2", "$3"),
+            " AND l.lease_token = $4 AND l.lease_owner IS NOT NULL AND NOT l.superseded"
+        )
+    };
+}
+
+/// The next row of the rows `$rows`: released.
+macro_rules! released {
+    ($rows:literal) => {
+        concat!(
+            log_columns!(),
+            "SELECT m.shard_scope, m.shard_identifier, m.destination, \
+                nextval('outbox_lease_tokens'), false, NULL, NULL, NULL FROM ",
+            $rows,
+            " m"
+        )
+    };
+}
+
+/// The failures the release of `mine` forgets.
+macro_rules! reset {
+    () => {
+        "reset AS (DELETE FROM outbox_shards s USING mine m \
+            WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
+                AND s.destination = m.destination)"
+    };
+}
+
+/// A lease extended from beside a running handler (`$5` milliseconds from now).
+pub(crate) const EXTEND_LEASE: &str = extended!("now() + $5::bigint * interval '1 millisecond'");
+
+/// A lease given up after an interrupted drain: it lapses now, so the shard is due at once and
+/// its next claim counts as a takeover (an attempt more at the head, whose messages the
+/// interrupted drain may have delivered).
+pub(crate) const RELEASE_INTERRUPTED: &str = extended!("now()");
+
+/// A lease released, the shard's failures kept.
+pub(crate) const RELEASE_LEASE: &str = concat!("WITH ", mine!(""), " ", released!("mine"));
+
+/// A lease released, the shard's failures forgotten.
+pub(crate) const RELEASE: &str =
+    concat!("WITH ", mine!(""), ", ", reset!(), " ", released!("mine"));
+
+/// RELEASE, if the shard has no message.
+pub(crate) const DELETE_IF_EMPTY: &str = concat!(
+    "WITH ",
+    mine!(
+        "AND NOT EXISTS (SELECT 1 FROM outbox_messages o \
+            WHERE o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3)"
+    ),
+    ", ",
+    reset!(),
+    " ",
+    released!("mine")
+);
+
+// A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
+// waits for no time and no message: its retry time is the end of year 9999 and its watermark
+// the highest id, until a relay that knows the category unparks it.
+pub(crate) const FAIL: &str = concat!(
+    "WITH ",
+    mine!(""),
+    ", failed AS ( \
+        INSERT INTO outbox_shards AS s (shard_scope, shard_identifier, destination, attempts, \
+            first_failed_at, last_error, retry_at, watermark, parked_category) \
+        SELECT m.shard_scope, m.shard_identifier, m.destination, $5, now(), $6, \
+            CASE WHEN $9::integer IS NULL \
+                THEN now() + $7::bigint * interval '1 millisecond' \
+                ELSE timestamptz '9999-12-31 23:59:59+00' END, \
+            CASE WHEN $9::integer IS NULL THEN $8 ELSE 9223372036854775807 END, $9 \
+        FROM mine m \
+        ON CONFLICT (shard_scope, shard_identifier, destination) DO UPDATE SET \
+            attempts = excluded.attempts, \
+            first_failed_at = CASE WHEN $5 <= 1 OR s.first_failed_at IS NULL THEN now() \
+                ELSE s.first_failed_at END, \
+            last_error = excluded.last_error, retry_at = excluded.retry_at, \
+            watermark = excluded.watermark, parked_category = excluded.parked_category) ",
+    released!("mine")
+);
+
+// The acknowledgement proves and extends the lease: if another worker holds the newest row,
+// it waits for it and then finds the row gone, and nothing is deleted. The head it moved past
+// takes its attempts with it. Exactly the rows the relay read and delivered go, by id: a range
+// of ids could hold a row that committed after the read.
+pub(crate) const ACK: &str = concat!(
+    "WITH lease AS (",
+    extended!("now() + $5::bigint * interval '1 millisecond'"),
+    " RETURNING 1), \
+     cleared AS (UPDATE outbox_shards s SET attempts = 0, first_failed_at = NULL \
+        WHERE EXISTS (SELECT 1 FROM lease) \
+            AND s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3), \
+     acked AS ( \
+        DELETE FROM outbox_messages o \
+        WHERE EXISTS (SELECT 1 FROM lease) \
+            AND o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3 \
+            AND o.id BETWEEN $6 AND $7 AND o.id = ANY($8::bigint[]) \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)"
+);
+
+// A drained shard's last acknowledgement and its release, in one statement. A drained shard's
+// failures are all reset (no attempts, no backoff, not parked).
+pub(crate) const ACK_AND_RELEASE: &str = concat!(
+    "WITH ",
+    mine!(""),
+    ", ",
+    reset!(),
+    ", released AS (",
+    released!("mine"),
+    "), \
+     acked AS ( \
+        DELETE FROM outbox_messages o \
+        WHERE EXISTS (SELECT 1 FROM mine) \
+            AND o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3 \
+            AND o.id BETWEEN $5 AND $6 AND o.id = ANY($7::bigint[]) \
+        RETURNING 1) \
+    SELECT (SELECT count(*) FROM mine), (SELECT count(*) FROM acked), \
+        (SELECT count(*) FROM mine)"
+);
+
+// Drained shards' acknowledgements and releases in one statement: ACK_AND_RELEASE for each
+// lease of `$1..$4` (arrays: scope, identifier, destination, token), numbered by its place,
+// `$7` whether its chain stays (see `HOT`); `$5` and `$6` the acknowledged ids and the place
+// of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
+// longer held deletes nothing of its shard, and takes nothing from the others. One row per
+// lease, in order: its place, whether it was held, the rows deleted (counted by grouping, not
+// by a scan of the deletions per lease), and the released row's `seq` if the chain stays.
+pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
+    "WITH want AS ( \
+        SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[], \
+                $7::boolean[]) \
+            WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, keep, n)), \
+     held AS MATERIALIZED ( \
+        SELECT w.n, w.keep, l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first \
+        FROM want w JOIN outbox_leases l ON l.shard_scope = w.shard_scope \
+            AND l.shard_identifier = w.shard_identifier AND l.destination = w.destination \
+            AND l.seq = ",
+    newest!("w.shard_scope", "w.shard_identifier", "w.destination"),
+    " WHERE l.lease_token = w.lease_token AND l.lease_owner IS NOT NULL AND NOT l.superseded \
+        ORDER BY l.shard_scope, l.shard_identifier, l.destination \
+        FOR UPDATE OF l), ",
+    superseded!("held", "m.keep"),
+    ", released AS (",
+    released!("held"),
+    " WHERE m.keep OR NOT m.first \
+        RETURNING shard_scope, shard_identifier, destination, seq), \
+     reset AS (DELETE FROM outbox_shards s USING held m \
+        WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
+            AND s.destination = m.destination), \
+     acked AS ( \
+        DELETE FROM outbox_messages o \
+        USING held h, unnest($5::bigint[], $6::bigint[]) AS a(n, id) \
+        WHERE a.n = h.n AND o.id = a.id AND o.shard_scope = h.shard_scope \
+            AND o.shard_identifier = h.shard_identifier AND o.destination = h.destination \
+        RETURNING h.n) \
+    SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0), r.seq \
+    FROM want w \
+        LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
+        LEFT JOIN (SELECT n, count(*) AS count FROM acked GROUP BY n) a ON a.n = w.n \
+        LEFT JOIN released r ON r.shard_scope = w.shard_scope \
+            AND r.shard_identifier = w.shard_identifier AND r.destination = w.destination \
+    ORDER BY w.n"
+);
+
+/// Of the shards `want` (its key columns), those due (`due`: the newest row's `seq`, NULL if
+/// none, and the failed attempts), the newest rows to take over (`based`, locked; a row
+/// another transaction holds is skipped, never waited for), their end, the leases that
+/// follow them (`taken`) and the takeovers counted (`counted`): a lease that lapsed without a
+/// release (its holder died mid-drain, having perhaps delivered the head) counts as an
+/// attempt at the head.
+macro_rules! take_over {
+    () => {
+        concat!(
+            "due AS MATERIALIZED ( \
+                SELECT w.shard_scope, w.shard_identifier, w.destination, h.seq, \
+                    coalesce(s.attempts, 0) AS attempts \
+                FROM want w ",
+            head_of!("w"),
+            " LEFT JOIN outbox_shards s ON s.shard_scope = w.shard_scope \
+                    AND s.shard_identifier = w.shard_identifier AND s.destination = w.destination \
+                WHERE (h.seq IS NULL OR h.lease_owner IS NULL OR h.lease_expires_at <= now()) \
+                    AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
+                        SELECT 1 FROM outbox_messages o \
+                        WHERE o.shard_scope = w.shard_scope \
+                            AND o.shard_identifier = w.shard_identifier \
+                            AND o.destination = w.destination AND o.id > s.watermark)) \
+                    AND NOT ",
+            outbox_sqlx::paused!("w.shard_scope", "w.shard_identifier", "w.destination"),
+            "), \
+             based AS MATERIALIZED ( \
+                SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first, \
+                    l.lease_owner \
+                FROM outbox_leases l JOIN due d ON l.shard_scope = d.shard_scope \
+                    AND l.shard_identifier = d.shard_identifier AND l.destination = d.destination \
+                    AND l.seq = d.seq \
+                WHERE NOT l.superseded \
+                    AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()) \
+                ORDER BY l.shard_scope, l.shard_identifier, l.destination \
+                FOR UPDATE OF l SKIP LOCKED), ",
+            superseded!("based"),
+            ", taken AS (",
+            log_columns!(),
+            "SELECT n.shard_scope, n.shard_identifier, n.destination, n.token, false, $4::text, \
+                    n.token, now() + $5::bigint * interval '1 millisecond' \
+                FROM (SELECT b.shard_scope, b.shard_identifier, b.destination, \
+                        nextval('outbox_lease_tokens') AS token \
+                    FROM based b ORDER BY b.shard_scope, b.shard_identifier, b.destination) n \
+                RETURNING shard_scope, shard_identifier, destination, lease_token), \
+             counted AS ( \
+                INSERT INTO outbox_shards AS s (shard_scope, shard_identifier, destination, \
+                    attempts) \
+                SELECT b.shard_scope, b.shard_identifier, b.destination, 1 \
+                FROM based b WHERE b.lease_owner IS NOT NULL \
+                ON CONFLICT (shard_scope, shard_identifier, destination) \
+                    DO UPDATE SET attempts = s.attempts + 1 \
+                RETURNING shard_scope, shard_identifier, destination, attempts)"
+        )
+    };
+}
+
+/// The columns joining a claimed shard `c` to the rows `$r` of the same key.
+macro_rules! same_key {
+    ($c:literal, $r:literal) => {
+        concat!(
+            $r,
+            ".shard_scope = ",
+            $c,
+            ".shard_scope AND ",
+            $r,
+            ".shard_identifier = ",
+            $c,
+            ".shard_identifier AND ",
+            $r,
+            ".destination = ",
+            $c,
+            ".destination"
+        )
+    };
+}
+
+// Leased mode, several shards at once: the keys `$1..$3` (arrays) claimed for `$4` for `$5`
+// milliseconds, with the first `$6` rows of each claimed shard's head (NULL message columns
+// for a shard with none), read from each shard's position (`$7`: nothing of the shard at or
+// below it is pending; see `positions`), so that the read never walks the rows earlier drains
+// acknowledged. A shard with no row in the log gets its chain's first row (in key order, so
+// that two relays claiming overlapping sets never wait on each other's inserts in a cycle);
+// the others follow their newest row (`take_over`).
+//
+// The rows are read in the statement's snapshot, taken before its claims: a worker that
+// held a shard may have acknowledged (deleted) rows of it and released it since, the claim
+// then finding its newest row changed. Such a row is still visible here, but its `xmax` (the
+// deleting transaction) is set: each row says whether it is `stale`, and a head with a stale
+// row is read again by the session. Once claimed, nobody else deletes rows of the shard.
+//
+// The arrays and the head's limit are read through sub-selects, which the planner cannot see
+// into: a custom plan then estimates what a generic one does, so after its first executions
+// PostgreSQL keeps the generic plan of the prepared statement instead of planning this
+// statement anew at every claim.
+pub(crate) const CLAIM_MANY: &str = concat!(
+    "WITH want AS ( \
+        SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination, w.after \
+        FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), (SELECT $3::text[]), \
+                (SELECT $7::bigint[])) \
+            AS w(shard_scope, shard_identifier, destination, after)), ",
+    take_over!(),
+    ", fresh AS (",
+    log_columns!(),
+    "SELECT n.shard_scope, n.shard_identifier, n.destination, n.token, true, $4::text, \
+            n.token, now() + $5::bigint * interval '1 millisecond' \
+        FROM (SELECT d.shard_scope, d.shard_identifier, d.destination, \
+                nextval('outbox_lease_tokens') AS token \
+            FROM due d WHERE d.seq IS NULL \
+            ORDER BY d.shard_scope, d.shard_identifier, d.destination) n \
+        ON CONFLICT DO NOTHING \
+        RETURNING shard_scope, shard_identifier, destination, lease_token), \
+     claimed AS ( \
+        SELECT f.shard_scope, f.shard_identifier, f.destination, f.lease_token, \
+            NULL::text AS previous_owner FROM fresh f \
+        UNION ALL \
+        SELECT t.shard_scope, t.shard_identifier, t.destination, t.lease_token, b.lease_owner \
+        FROM taken t JOIN based b ON ",
+    same_key!("t", "b"),
+    ") \
+    SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
+        h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
+        c.lease_token, coalesce(k.attempts, d.attempts), c.previous_owner, \
+        coalesce(h.stale, false) \
+    FROM claimed c JOIN want w ON ",
+    same_key!("c", "w"),
+    " JOIN due d ON ",
+    same_key!("c", "d"),
+    " LEFT JOIN counted k ON ",
+    same_key!("c", "k"),
+    " LEFT JOIN LATERAL ( \
+        SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
+            m.payload::text AS payload, \
+            (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
+            m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
+        FROM outbox_messages m \
+        WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
+            AND m.destination = c.destination AND m.id > w.after \
+        ORDER BY m.id LIMIT (SELECT $6)) h ON true \
+    ORDER BY c.lease_token, h.id"
+);
+
+// In-transaction mode: the shard's chain is made first (ENSURE_CHAIN, committed), so that the
+// long claiming transaction only follows a newest row and never holds an uncommitted first
+// row that other claimers would wait on. Returns the token, the attempts and the previous
+// owner.
+pub(crate) const TAKE_LEASE: &str = concat!(
+    "WITH want AS (SELECT $1::smallint AS shard_scope, $2::bigint AS shard_identifier, \
+        $3::text AS destination), ",
+    take_over!(),
+    " SELECT t.lease_token, coalesce(k.attempts, d.attempts), b.lease_owner \
+    FROM taken t JOIN based b ON ",
+    same_key!("t", "b"),
+    " JOIN due d ON ",
+    same_key!("t", "d"),
+    " LEFT JOIN counted k ON ",
+    same_key!("t", "k")
+);
+
+/// A released chain for the shard if it has none (its first row).
+pub(crate) const ENSURE_CHAIN: &str = concat!(
+    log_columns!(),
+    "SELECT $1::smallint, $2::bigint, $3::text, nextval('outbox_lease_tokens'), true, NULL, \
+        NULL, NULL \
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_leases \
+        WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3) \
+    ON CONFLICT DO NOTHING"
+);
+
+// The chains of the shards `$1..$3` (arrays) whose newest row is still the released row
+// `$4` (the `seq` this store's release wrote), deleted: that row and the chain's first.
+const TIDY: &str = "\
+    WITH idle AS MATERIALIZED ( \
+        SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq \
+        FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[]) \
+            AS w(shard_scope, shard_identifier, destination, seq) \
+        JOIN outbox_leases l ON l.shard_scope = w.shard_scope \
+            AND l.shard_identifier = w.shard_identifier AND l.destination = w.destination \
+            AND l.seq = w.seq \
+        WHERE l.lease_owner IS NULL AND NOT l.superseded \
+        FOR UPDATE OF l SKIP LOCKED), \
+     newest AS (DELETE FROM outbox_leases l USING idle i \
+        WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+            AND l.destination = i.destination AND l.seq = i.seq) \
+    DELETE FROM outbox_leases l USING idle i \
+    WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+        AND l.destination = i.destination AND l.first AND l.seq <> i.seq";
+
+// Up to `$2` chains released and idle for `$1` milliseconds, whoever released them (a relay
+// that stopped forgets its own): the released newest rows, and their chains' first rows.
+const SWEEP: &str = "\
+    WITH idle AS MATERIALIZED ( \
+        SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq FROM outbox_leases l \
+        WHERE l.lease_owner IS NULL AND NOT l.superseded \
+            AND l.written_at < now() - $1::bigint * interval '1 millisecond' \
+        LIMIT $2 FOR UPDATE OF l SKIP LOCKED), \
+     newest AS (DELETE FROM outbox_leases l USING idle i \
+        WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+            AND l.destination = i.destination AND l.seq = i.seq) \
+    DELETE FROM outbox_leases l USING idle i \
+    WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+        AND l.destination = i.destination AND l.first AND l.seq <> i.seq";
+
+// The switch to the log, in one transaction: no live relay of protocol 1 (the heartbeats), then
+// the live leases of `outbox_shards` copied into the log (their tokens as their `seq`: later
+// rows draw greater ones from the same sequence) and cleared there, so that a relay from
+// before the switch finds its lease gone, and its next claim refused by the trigger.
+const SWITCH: &str = "\
+    INSERT INTO outbox_protocol (version) \
+    SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM outbox_relays \
+        WHERE protocol < 2 AND expires_at > now()) \
+    ON CONFLICT DO NOTHING RETURNING version";
+const MOVE_LEASES: &str = "\
+    INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+        lease_owner, lease_token, lease_expires_at) \
+    SELECT shard_scope, shard_identifier, destination, lease_token, true, lease_owner, \
+        lease_token, lease_expires_at \
+    FROM outbox_shards WHERE lease_owner IS NOT NULL AND lease_token IS NOT NULL \
+    ON CONFLICT DO NOTHING";
+const DROP_LEASE_ROWS: &str = "\
+    DELETE FROM outbox_shards \
+    WHERE attempts = 0 AND last_error IS NULL AND retry_at IS NULL AND parked_category IS NULL";
+const CLEAR_LEASES: &str = "\
+    UPDATE outbox_shards SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
+    WHERE lease_owner IS NOT NULL OR lease_token IS NOT NULL OR lease_expires_at IS NOT NULL";
+
+/// How often a relay waiting for the switch looks again.
+const SWITCH_EVERY: Duration = Duration::from_secs(1);
+
+/// A store's lease log: whether the switch is made, and the shards it released lately.
+#[derive(Debug, Default)]
+pub(crate) struct Leases {
+    switched: AtomicBool,
+    /// When it last looked for the switch.
+    looked: tokio::sync::Mutex<Option<Instant>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// When it last released each shard.
+    released: HashMap<ShardKey, Instant>,
+    /// The chains it kept: the released row's `seq`, and when.
+    kept: HashMap<ShardKey, (i64, Instant)>,
+    /// When it last deleted its idle chains, and everyone's.
+    tidied: Option<Instant>,
+    swept: Option<Instant>,
+}
+
+impl Leases {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether this store may claim: the switch to the log is made (making it if no live
+    /// relay speaks the older protocol). Until then it claims nothing, and looks again at
+    /// most every second.
+    pub(crate) async fn ready(&self, pool: &PgPool) -> Result<bool, Error> {
+        if self.switched.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        // One look at a time: claims that come meanwhile wait for its answer.
+        let mut looked = self.looked.lock().await;
+        if self.switched.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        if looked.is_some_and(|looked| looked.elapsed() < SWITCH_EVERY) {
+            return Ok(false);
+        }
+        *looked = Some(Instant::now());
+        let switched = switch(pool)
+            .await
+            .map_err(database::<PgDialect>("switching to the lease log"))?;
+        if switched {
+            self.switched.store(true, Ordering::Release);
+        } else {
+            tracing::info!(
+                "a relay of an earlier version is running: this relay claims nothing until it \
+                 stops (leases move to outbox_leases then)"
+            );
+        }
+        Ok(switched)
+    }
+
+    /// Whether the chain of `shard`, drained now, stays (it was released within [`HOT`]).
+    pub(crate) fn keep(&self, shard: &ShardKey) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.released.len() >= REMEMBERED {
+            state.released.retain(|_, at| now.duration_since(*at) < HOT);
+        }
+        let last = state.released.insert(shard.clone(), now);
+        last.is_some_and(|last| now.duration_since(last) < HOT)
+    }
+
+    /// `shard`'s chain was kept, its released row `seq`.
+    pub(crate) fn kept(&self, shard: &ShardKey, seq: i64) {
+        let mut state = self.state();
+        if state.kept.len() < REMEMBERED {
+            state.kept.insert(shard.clone(), (seq, Instant::now()));
+        }
+    }
+
+    /// Deletes, in a task of its own, the chains this store kept that stayed idle for
+    /// [`IDLE`] (every [`TIDY_EVERY`]), and every chain idle for [`SWEEP_EVERY`] (that
+    /// often).
+    pub(crate) fn tidy(&self, pool: &PgPool) {
+        let now = Instant::now();
+        let (idle, sweep) = {
+            let mut state = self.state();
+            if state
+                .tidied
+                .is_some_and(|tidied| now.duration_since(tidied) < TIDY_EVERY)
+            {
+                return;
+            }
+            state.tidied = Some(now);
+            let mut idle = Vec::new();
+            state.kept.retain(|shard, (seq, at)| {
+                let stays = now.duration_since(*at) < IDLE;
+                if !stays {
+                    idle.push((shard.clone(), *seq));
+                }
+                stays
+            });
+            let sweep = state
+                .swept
+                .is_none_or(|swept| now.duration_since(swept) >= SWEEP_EVERY);
+            if sweep {
+                state.swept = Some(now);
+            }
+            (idle, sweep)
+        };
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            if let Err(error) = delete_idle(&pool, idle, sweep).await {
+                tracing::debug!(%error, "deleting idle lease chains failed; the next pass retries");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+impl Leases {
+    /// Looks for the switch at the next claim, however recently it looked.
+    pub(crate) async fn look_again(&self) {
+        *self.looked.lock().await = None;
+    }
+
+    /// Deletes now the chains this store kept, as [`Leases::tidy`] does once they are idle.
+    pub(crate) async fn tidy_now(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let idle: Vec<(ShardKey, i64)> = self
+            .state()
+            .kept
+            .drain()
+            .map(|(shard, (seq, _))| (shard, seq))
+            .collect();
+        delete_idle(pool, idle, false).await
+    }
+}
+
+async fn delete_idle(
+    pool: &PgPool,
+    idle: Vec<(ShardKey, i64)>,
+    sweep: bool,
+) -> Result<(), sqlx::Error> {
+    if !idle.is_empty() {
+        let (mut scopes, mut identifiers, mut destinations, mut seqs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (shard, seq) in &idle {
+            let (identifier, destination) = stored_shard(shard);
+            scopes.push(shard.scope.0);
+            identifiers.push(identifier);
+            destinations.push(destination);
+            seqs.push(*seq);
+        }
+        sqlx::query(TIDY)
+            .bind(scopes)
+            .bind(identifiers)
+            .bind(destinations)
+            .bind(seqs)
+            .execute(pool)
+            .await?;
+    }
+    if sweep {
+        let idle_ms = i64::try_from(SWEEP_EVERY.as_millis()).unwrap_or(i64::MAX);
+        sqlx::query(SWEEP)
+            .bind(idle_ms)
+            .bind(10_000_i64)
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Makes the switch to the log if no live relay speaks protocol 1: whether it is made (now or
+/// before).
+async fn switch(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    let made: Option<i32> = sqlx::query_scalar("SELECT version FROM outbox_protocol")
+        .fetch_optional(pool)
+        .await?;
+    if made.is_some_and(|version| version >= 2) {
+        return Ok(true);
+    }
+    let mut tx = pool.begin().await?;
+    // Never queue behind a long transaction of an older relay: the next look retries.
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    // Older relays' claims wait until the switch commits, then find it.
+    let locked = sqlx::query("LOCK TABLE outbox_shards IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await;
+    if let Err(error) = locked {
+        if error
+            .as_database_error()
+            .and_then(|error| error.code())
+            .is_some_and(|code| code == "55P03")
+        {
+            return Ok(false);
+        }
+        return Err(error);
+    }
+    let switched = sqlx::query(SWITCH)
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+    if !switched {
+        // Made meanwhile by another relay (whose lock this one waited for), or not yet.
+        let made: Option<i32> = sqlx::query_scalar("SELECT version FROM outbox_protocol")
+            .fetch_optional(&mut *tx)
+            .await?;
+        return Ok(made.is_some_and(|version| version >= 2));
+    }
+    for sql in [MOVE_LEASES, DROP_LEASE_ROWS, CLEAR_LEASES] {
+        sqlx::query(sql).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// The released chains' `seq` of one batch release, read from its rows (the fourth column).
+pub(crate) fn released_seq(row: &sqlx::postgres::PgRow) -> Result<Option<i64>, sqlx::Error> {
+    row.try_get(3)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,339 @@
+//! The lease log against a real PostgreSQL: connections stepped in a fixed order, with no
+//! sleeps.
+
+use std::time::Duration;
+
+use outbox_core::store::{Admin, ClaimOptions, HandlerMode, ShardSession, Store};
+use outbox_testkit::postgres::PgTestDatabase;
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::CLAIM_MANY;
+use crate::dialect::positions::tests::{drain, insert, shard, store};
+use crate::explain::snapshot_held;
+
+fn options(worker: &str) -> ClaimOptions {
+    ClaimOptions {
+        worker: worker.to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    }
+}
+
+/// The rows of the log, as (identifier, first, superseded, owner).
+async fn log(pool: &PgPool) -> Vec<(i64, bool, bool, Option<String>)> {
+    sqlx::query_as(
+        "SELECT shard_identifier, first, superseded, lease_owner FROM outbox_leases \
+         ORDER BY shard_identifier, seq",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("the log")
+}
+
+/// Index entries of `index` this transaction of `conn` has read so far.
+async fn entries_read(conn: &mut PgConnection, index: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_stat_get_xact_tuples_returned($1::regclass)")
+        .bind(index)
+        .fetch_one(conn)
+        .await
+        .expect("the transaction's statistics")
+}
+
+/// Runs the batch claim of shard `identifier` on `conn` for `worker`: the tokens claimed.
+async fn claim_on(conn: &mut PgConnection, identifier: i64, worker: &str) -> Vec<i64> {
+    let rows = sqlx::query(CLAIM_MANY)
+        .bind(vec![1_i16])
+        .bind(vec![identifier])
+        .bind(vec![String::new()])
+        .bind(worker)
+        .bind(30_000_i64)
+        .bind(0_i64)
+        .bind(vec![0_i64])
+        .fetch_all(conn)
+        .await
+        .expect("the claim");
+    rows.iter()
+        .map(|row| row.try_get::<i64, _>(11).expect("the token"))
+        .collect()
+}
+
+/// Under a held vacuum horizon, every drain of a busy shard deletes the row it follows. The
+/// claim finds the shard's lease by a backward seek of its key, which reads the newest entry
+/// and none of the deleted ones below it: a handful of entries, however many drains came
+/// before (where a read of the key in order walks them all).
+#[tokio::test]
+async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_held() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, _) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    insert(&mut writes, 5, 0).await;
+    drain(&store, &shard(5)).await;
+    let mut holder = snapshot_held(pool, "outbox_leases").await;
+    for _ in 0..150 {
+        insert(&mut writes, 5, 0).await;
+        drain(&store, &shard(5)).await;
+    }
+    insert(&mut writes, 5, 0).await;
+
+    let mut claim = pool.begin().await.expect("begin");
+    // The counters of this backend not yet reported (earlier transactions' too): read
+    // before and after, within the transaction.
+    let before = entries_read(&mut claim, "outbox_leases_pkey").await;
+    let rows = sqlx::query(CLAIM_MANY)
+        .bind(vec![1_i16])
+        .bind(vec![5_i64])
+        .bind(vec![String::new()])
+        .bind("worker")
+        .bind(30_000_i64)
+        .bind(16_i64)
+        .bind(vec![0_i64])
+        .fetch_all(&mut *claim)
+        .await
+        .expect("the claim");
+    assert_eq!(rows.len(), 1, "the shard is claimed with its one message");
+    let after_claim = entries_read(&mut claim, "outbox_leases_pkey").await;
+    let by_claim = after_claim - before;
+    // A read of the key's rows in order: the chain's first row, the newest, and every entry
+    // the drains deleted between them.
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM outbox_leases \
+            WHERE shard_scope = 1 AND shard_identifier = 5 AND destination = '' \
+            ORDER BY seq) r",
+    )
+    .fetch_one(&mut *claim)
+    .await
+    .expect("a read of the key");
+    assert_eq!(live, 2, "the chain's first row and the claim");
+    let by_forward = entries_read(&mut claim, "outbox_leases_pkey").await - after_claim;
+    assert!(
+        by_claim <= 6 && by_forward >= 150,
+        "entries the claim read: {by_claim}; a forward read of the key: {by_forward}"
+    );
+    claim.rollback().await.expect("rollback");
+    sqlx::query("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .expect("commit");
+}
+
+/// Two claimers that both found no row for a shard both insert its chain's first row: the
+/// second waits for the first's transaction, then conflicts, and claims nothing.
+#[tokio::test]
+async fn two_claimers_that_found_no_row_conflict_on_the_first() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let mut writes = pool.acquire().await.expect("connect");
+    insert(&mut writes, 9, 0).await;
+
+    let mut first = pool.begin().await.expect("begin the first");
+    assert_eq!(claim_on(&mut first, 9, "first").await.len(), 1);
+    let second_pid: i32 = {
+        let mut second = pool.acquire().await.expect("connect the second");
+        let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *second)
+            .await
+            .expect("pid");
+        let claiming = tokio::spawn(async move { claim_on(&mut second, 9, "second").await });
+        // The second claim waits on the first's uncommitted first row.
+        loop {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity \
+                 WHERE pid = $1",
+            )
+            .bind(pid)
+            .fetch_one(pool)
+            .await
+            .expect("activity");
+            if waiting {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        first.commit().await.expect("commit the first");
+        assert_eq!(
+            claiming.await.expect("the second claim"),
+            Vec::<i64>::new(),
+            "the second claimer conflicts"
+        );
+        pid
+    };
+    assert!(second_pid > 0);
+    assert_eq!(
+        log(pool).await,
+        [(9, true, false, Some("first".to_owned()))]
+    );
+}
+
+/// A claimer that read a newest row another claimer has since followed finds it gone once
+/// it may lock it, and claims nothing: the fence between two claimers of a released chain.
+#[tokio::test]
+async fn a_claimer_that_read_a_followed_row_claims_nothing() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, _) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    // Two drains: the chain stays (a busy shard), its newest row released.
+    for _ in 0..2 {
+        insert(&mut writes, 3, 0).await;
+        drain(&store, &shard(3)).await;
+    }
+    insert(&mut writes, 3, 0).await;
+    let released = log(pool).await;
+    assert_eq!(
+        released,
+        [
+            (3, true, true, Some("positions".to_owned())),
+            (3, false, false, None)
+        ],
+        "a busy shard keeps its chain"
+    );
+
+    // The first claimer follows the released row and holds its transaction open.
+    let mut first = pool.begin().await.expect("begin the first");
+    assert_eq!(claim_on(&mut first, 3, "first").await.len(), 1);
+    // The second read the same released row; it skips the locked row.
+    let mut second = pool.acquire().await.expect("connect the second");
+    assert_eq!(claim_on(&mut second, 3, "second").await, Vec::<i64>::new());
+    first.commit().await.expect("commit the first");
+    // Read again, the newest row is the first claimer's live lease.
+    assert_eq!(claim_on(&mut second, 3, "second").await, Vec::<i64>::new());
+    let rows = log(pool).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[1].3.as_deref(), Some("first"));
+}
+
+/// A shard drained once leaves no row in the log; one drained again soon keeps its chain
+/// (its first row, superseded, and its newest, released), which the store deletes once idle.
+#[tokio::test]
+async fn a_one_message_shard_leaves_no_row_and_a_busy_shards_chain_goes_once_idle() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, dialect) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    insert(&mut writes, 1, 0).await;
+    insert(&mut writes, 2, 0).await;
+    drain(&store, &shard(1)).await;
+    drain(&store, &shard(2)).await;
+    assert_eq!(log(pool).await, [], "drained once: no row");
+
+    insert(&mut writes, 2, 0).await;
+    drain(&store, &shard(2)).await;
+    assert_eq!(
+        log(pool).await,
+        [
+            (2, true, true, Some("positions".to_owned())),
+            (2, false, false, None)
+        ],
+        "drained again: the chain stays"
+    );
+    assert!(
+        store.shard_states().await.expect("states").is_empty(),
+        "a released chain holds no state"
+    );
+    dialect.leases.tidy_now(pool).await.expect("tidy");
+    assert_eq!(log(pool).await, [], "idle: the chain goes");
+
+    // The shard claims as new after that.
+    insert(&mut writes, 2, 0).await;
+    assert_eq!(drain(&store, &shard(2)).await.len(), 1);
+}
+
+/// A relay of this version claims nothing while a relay of the protocol before the log runs
+/// (its heartbeat is live). Once it stops, the switch moves the older relay's live lease into
+/// the log (nobody else takes that shard until it ends), and the older relay's next claim in
+/// `outbox_shards` is refused.
+#[tokio::test]
+async fn a_relay_waits_for_older_relays_then_takes_over_their_leases() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    sqlx::query("DELETE FROM outbox_protocol")
+        .execute(pool)
+        .await
+        .expect("a database from before the switch");
+    let (store, dialect) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    insert(&mut writes, 1, 0).await;
+    insert(&mut writes, 2, 0).await;
+    sqlx::query(
+        "INSERT INTO outbox_relays (worker, started_at, expires_at) \
+         VALUES ('older', now(), now() + interval '1 minute')",
+    )
+    .execute(pool)
+    .await
+    .expect("an older relay's heartbeat");
+    // The older relay holds shard 2, in its own way.
+    sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+            lease_token, lease_expires_at) \
+         VALUES (1, 2, '', 'older', nextval('outbox_lease_tokens'), now() + interval '1 hour')",
+    )
+    .execute(pool)
+    .await
+    .expect("the older relay's lease");
+
+    let both = [shard(1), shard(2)];
+    assert!(
+        store
+            .claim_many(&both, &options("newer"), 4)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "an older relay runs: the newer one waits"
+    );
+    sqlx::query("DELETE FROM outbox_relays WHERE worker = 'older'")
+        .execute(pool)
+        .await
+        .expect("the older relay stops");
+    dialect.leases.look_again().await;
+    let claimed = store
+        .claim_many(&both, &options("newer"), 4)
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|claim| claim.lease().shard.clone())
+            .collect::<Vec<_>>(),
+        [shard(1)],
+        "the older relay's lease holds until it ends"
+    );
+    let states = store.shard_states().await.expect("states");
+    let held: Vec<_> = states
+        .iter()
+        .filter_map(|state| Some((state.shard.clone(), state.lease_owner.clone()?)))
+        .collect();
+    assert!(
+        held.contains(&(shard(2), "older".to_owned())),
+        "moved into the log: {states:?}"
+    );
+    let refused = sqlx::query(
+        "UPDATE outbox_shards SET lease_owner = 'older', \
+            lease_expires_at = now() + interval '1 hour' \
+         WHERE shard_scope = 1 AND shard_identifier = 2",
+    )
+    .execute(pool)
+    .await;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_shards")
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    assert_eq!(stored, 0, "a row that held only a lease goes");
+    let refused_insert = sqlx::query(
+        "INSERT INTO outbox_shards (shard_scope, shard_identifier, destination, lease_owner, \
+            lease_token) VALUES (1, 7, '', 'older', 99)",
+    )
+    .execute(pool)
+    .await
+    .expect_err("an older relay's claim is refused");
+    assert!(
+        refused_insert.to_string().contains("outbox_leases"),
+        "{refused_insert}"
+    );
+    assert_eq!(refused.expect("nothing left to update").rows_affected(), 0);
+}
