@@ -267,23 +267,6 @@ fn ran_on(plan: &Value, relation: &str, found: &mut Vec<Value>) {
     }
 }
 
-/// A connection holding a `REPEATABLE READ` snapshot that has read `table`, as `pg_dump`
-/// holds one: every row deleted after it stays behind until it commits.
-pub(crate) async fn snapshot_held(
-    pool: &PgPool,
-    table: &str,
-) -> sqlx::pool::PoolConnection<Postgres> {
-    let mut holder = pool.acquire().await.expect("connect");
-    let read = format!("SELECT count(*) FROM {table}");
-    for statement in ["BEGIN ISOLATION LEVEL REPEATABLE READ", read.as_str()] {
-        sqlx::query(AssertSqlSafe(statement.to_owned()))
-            .execute(&mut *holder)
-            .await
-            .expect(statement);
-    }
-    holder
-}
-
 /// The plan, run (and rolled back), of a claim of shard `1:5` whose head is read after `after`.
 async fn claim_plan(pool: &PgPool, after: i64) -> Value {
     let mut claim = pool.begin().await.expect("begin");
@@ -326,7 +309,7 @@ fn blocks_on(plan: &Value, relation: &str) -> f64 {
 /// left nothing pending) visits none of them; read from the shard's start, it visits each.
 #[tokio::test]
 async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
-    use crate::dialect::positions::tests::{drain, insert, shard, store};
+    use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
 
     let database = PgTestDatabase::create().await;
     let pool = database.pool();

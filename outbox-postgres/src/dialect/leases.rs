@@ -487,10 +487,23 @@ pub(crate) const ENSURE_CHAIN: &str = concat!(
     ON CONFLICT DO NOTHING"
 );
 
+/// The chains of the released newest rows `idle` (their keys and `seq`), deleted: those rows
+/// and their chains' first rows.
+macro_rules! chains_deleted {
+    () => {
+        "newest AS (DELETE FROM outbox_leases l USING idle i \
+            WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+                AND l.destination = i.destination AND l.seq = i.seq) \
+        DELETE FROM outbox_leases l USING idle i \
+        WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
+            AND l.destination = i.destination AND l.first AND l.seq <> i.seq"
+    };
+}
+
 // The chains of the shards `$1..$3` (arrays) whose newest row is still the released row
 // `$4` (the `seq` this store's release wrote), deleted: that row and the chain's first.
-const TIDY: &str = "\
-    WITH idle AS MATERIALIZED ( \
+const TIDY: &str = concat!(
+    "WITH idle AS MATERIALIZED ( \
         SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq \
         FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[]) \
             AS w(shard_scope, shard_identifier, destination, seq) \
@@ -498,28 +511,20 @@ const TIDY: &str = "\
             AND l.shard_identifier = w.shard_identifier AND l.destination = w.destination \
             AND l.seq = w.seq \
         WHERE l.lease_owner IS NULL AND NOT l.superseded \
-        FOR UPDATE OF l SKIP LOCKED), \
-     newest AS (DELETE FROM outbox_leases l USING idle i \
-        WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
-            AND l.destination = i.destination AND l.seq = i.seq) \
-    DELETE FROM outbox_leases l USING idle i \
-    WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
-        AND l.destination = i.destination AND l.first AND l.seq <> i.seq";
+        FOR UPDATE OF l SKIP LOCKED), ",
+    chains_deleted!()
+);
 
 // Up to `$2` chains released and idle for `$1` milliseconds, whoever released them (a relay
 // that stopped forgets its own): the released newest rows, and their chains' first rows.
-const SWEEP: &str = "\
-    WITH idle AS MATERIALIZED ( \
+const SWEEP: &str = concat!(
+    "WITH idle AS MATERIALIZED ( \
         SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq FROM outbox_leases l \
         WHERE l.lease_owner IS NULL AND NOT l.superseded \
             AND l.written_at < now() - $1::bigint * interval '1 millisecond' \
-        LIMIT $2 FOR UPDATE OF l SKIP LOCKED), \
-     newest AS (DELETE FROM outbox_leases l USING idle i \
-        WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
-            AND l.destination = i.destination AND l.seq = i.seq) \
-    DELETE FROM outbox_leases l USING idle i \
-    WHERE l.shard_scope = i.shard_scope AND l.shard_identifier = i.shard_identifier \
-        AND l.destination = i.destination AND l.first AND l.seq <> i.seq";
+        LIMIT $2 FOR UPDATE OF l SKIP LOCKED), ",
+    chains_deleted!()
+);
 
 // The switch to the log, in one transaction: no live relay of protocol 1 (the heartbeats), then
 // the live leases of `outbox_shards` copied into the log (their tokens as their `seq`: later

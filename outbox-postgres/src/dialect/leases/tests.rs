@@ -8,8 +8,7 @@ use outbox_testkit::postgres::PgTestDatabase;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::CLAIM_MANY;
-use crate::dialect::positions::tests::{drain, insert, shard, store};
-use crate::explain::snapshot_held;
+use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
 
 fn options(worker: &str) -> ClaimOptions {
     ClaimOptions {

@@ -8,7 +8,7 @@ use outbox_core::store::{
 };
 use outbox_core::{ScopeId, ShardKey};
 use outbox_testkit::postgres::PgTestDatabase;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 
 use crate::{PgDialect, PgStore};
 
@@ -229,4 +229,21 @@ async fn a_cancelled_sample_does_not_stop_the_next() {
     let id = insert(&mut writes, 1, 0).await;
     positions.sample(pool).await;
     assert_eq!(positions.settled(), id);
+}
+
+/// A connection holding a `REPEATABLE READ` snapshot that has read `table`, as `pg_dump`
+/// holds one: every row deleted after it stays behind until it commits.
+pub(crate) async fn snapshot_held(
+    pool: &PgPool,
+    table: &str,
+) -> sqlx::pool::PoolConnection<Postgres> {
+    let mut holder = pool.acquire().await.expect("connect");
+    let read = format!("SELECT count(*) FROM {table}");
+    for statement in ["BEGIN ISOLATION LEVEL REPEATABLE READ", read.as_str()] {
+        sqlx::query(AssertSqlSafe(statement.to_owned()))
+            .execute(&mut *holder)
+            .await
+            .expect(statement);
+    }
+    holder
 }
