@@ -734,6 +734,23 @@ const SHARD_STATES: &str = "\
         AND l.shard_identifier = s.shard_identifier AND l.destination = s.destination \
     ORDER BY 1, 2, 3";
 
+/// The columns of `shards` as the arrays the batch statements bind: scopes, identifiers,
+/// destinations.
+pub(crate) fn shard_arrays<'a>(
+    shards: impl ExactSizeIterator<Item = &'a ShardKey>,
+) -> (Vec<i16>, Vec<i64>, Vec<String>) {
+    let mut scopes = Vec::with_capacity(shards.len());
+    let mut identifiers = Vec::with_capacity(shards.len());
+    let mut destinations = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let (identifier, destination) = stored_shard(shard);
+        scopes.push(shard.scope.0);
+        identifiers.push(identifier);
+        destinations.push(destination);
+    }
+    (scopes, identifiers, destinations)
+}
+
 impl PgDialect {
     /// Leased claims of `shards` (the switch to the lease log made), each with the first
     /// `first_read` rows of its head.
@@ -745,15 +762,7 @@ impl PgDialect {
         first_read: usize,
     ) -> Result<Vec<Claim<Self>>, Error> {
         const OPERATION: &str = "claiming shards";
-        let mut scopes = Vec::with_capacity(shards.len());
-        let mut identifiers = Vec::with_capacity(shards.len());
-        let mut destinations = Vec::with_capacity(shards.len());
-        for shard in shards {
-            let (identifier, destination) = stored_shard(shard);
-            scopes.push(shard.scope.0);
-            identifiers.push(identifier);
-            destinations.push(destination);
-        }
+        let (scopes, identifiers, destinations) = shard_arrays(shards.iter());
         self.positions.refresh(pool).await;
         let (settled, afters) = self.positions.before_claim(shards);
         let rows = sqlx::query(leases::CLAIM_MANY)
@@ -1172,19 +1181,14 @@ impl Dialect for PgDialect {
         batch: &[outbox_sqlx::dialect::Finishing],
     ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
         const OPERATION: &str = "acknowledging and releasing drained shards";
-        let mut scopes = Vec::with_capacity(batch.len());
-        let mut identifiers = Vec::with_capacity(batch.len());
-        let mut destinations = Vec::with_capacity(batch.len());
-        let mut tokens = Vec::with_capacity(batch.len());
-        let mut keep = Vec::with_capacity(batch.len());
+        let (scopes, identifiers, destinations) =
+            shard_arrays(batch.iter().map(|(lease, _, _)| &lease.shard));
+        let tokens: Vec<i64> = batch.iter().map(|(lease, _, _)| lease.token).collect();
+        let keep = self
+            .leases
+            .keep(batch.iter().map(|(lease, _, _)| &lease.shard));
         let (mut places, mut ids) = (Vec::new(), Vec::new());
-        for (place, (lease, _, acks)) in (1_i64..).zip(batch) {
-            let (identifier, destination) = stored_shard(&lease.shard);
-            scopes.push(lease.shard.scope.0);
-            identifiers.push(identifier);
-            destinations.push(destination);
-            tokens.push(lease.token);
-            keep.push(self.leases.keep(&lease.shard));
+        for (place, (_, _, acks)) in (1_i64..).zip(batch) {
             for id in acks.iter().flat_map(|ack| &ack.ids) {
                 places.push(place);
                 ids.push(id.0);
@@ -1207,12 +1211,16 @@ impl Dialect for PgDialect {
                 source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
             });
         }
-        // One statement, committed when it returns: the drained shards' positions move.
-        rows.iter()
+        // One statement, committed when it returns: the drained shards' positions move, and
+        // the chains it kept are remembered.
+        let mut kept = Vec::new();
+        let finished = rows
+            .iter()
             .zip(batch)
             .map(|(row, (lease, _, acks))| {
                 let held: i64 = row.try_get(1).map_err(database::<Self>(OPERATION))?;
                 let deleted: i64 = row.try_get(2).map_err(database::<Self>(OPERATION))?;
+                let released: Option<i64> = row.try_get(3).map_err(database::<Self>(OPERATION))?;
                 Ok(if held == 0 {
                     Err(Error::LeaseLost {
                         shard: lease.shard.clone(),
@@ -1223,15 +1231,13 @@ impl Dialect for PgDialect {
                     if let Some(highest) = highest {
                         self.positions.drained(&lease.shard, lease.token, highest);
                     }
-                    if let Some(seq) =
-                        leases::released_seq(row).map_err(database::<Self>(OPERATION))?
-                    {
-                        self.leases.kept(&lease.shard, seq);
-                    }
+                    kept.extend(released.map(|seq| (&lease.shard, seq)));
                     Ok((u64::try_from(deleted).unwrap_or(0), true))
                 })
             })
-            .collect()
+            .collect();
+        self.leases.kept(kept);
+        finished
     }
 
     async fn wakeups(pool: &PgPool) -> Result<Option<PgWakeups>, Error> {

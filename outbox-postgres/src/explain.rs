@@ -273,14 +273,7 @@ async fn claim_plan(pool: &PgPool, after: i64) -> Value {
     let explained = AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
     ));
-    let text: String = sqlx::query(explained)
-        .bind(vec![1_i16])
-        .bind(vec![5_i64])
-        .bind(vec![String::new()])
-        .bind("worker")
-        .bind(30_000_i64)
-        .bind(16_i64)
-        .bind(vec![after])
+    let text: String = crate::dialect::leases::tests::claim_of(explained, 5, "worker", 16, after)
         .try_map(|row: PgRow| row.try_get_unchecked(0))
         .fetch_one(&mut *claim)
         .await

@@ -36,9 +36,9 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
-use super::{PgDialect, stored_shard};
+use super::{PgDialect, shard_arrays};
 
 /// A shard released again within this time of its last release keeps its chain.
 pub(crate) const HOT: Duration = Duration::from_secs(10);
@@ -183,6 +183,25 @@ macro_rules! reset {
     };
 }
 
+/// The acknowledged rows of `$1..$3` deleted (`acked`, one row each) if the CTE `$fence` holds
+/// the lease: the ids in `$ids` between `$lowest` and `$highest`.
+macro_rules! acked {
+    ($fence:literal, $lowest:literal, $highest:literal, $ids:literal) => {
+        concat!(
+            "acked AS (DELETE FROM outbox_messages o WHERE EXISTS (SELECT 1 FROM ",
+            $fence,
+            ") AND o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3 \
+                AND o.id BETWEEN ",
+            $lowest,
+            " AND ",
+            $highest,
+            " AND o.id = ANY(",
+            $ids,
+            "::bigint[]) RETURNING 1)"
+        )
+    };
+}
+
 /// A lease extended from beside a running handler (`$5` milliseconds from now).
 pub(crate) const EXTEND_LEASE: &str = extended!("now() + $5::bigint * interval '1 millisecond'");
 
@@ -246,13 +265,9 @@ pub(crate) const ACK: &str = concat!(
      cleared AS (UPDATE outbox_shards s SET attempts = 0, first_failed_at = NULL \
         WHERE EXISTS (SELECT 1 FROM lease) \
             AND s.shard_scope = $1 AND s.shard_identifier = $2 AND s.destination = $3), \
-     acked AS ( \
-        DELETE FROM outbox_messages o \
-        WHERE EXISTS (SELECT 1 FROM lease) \
-            AND o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3 \
-            AND o.id BETWEEN $6 AND $7 AND o.id = ANY($8::bigint[]) \
-        RETURNING 1) \
-    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)"
+     ",
+    acked!("lease", "$6", "$7", "$8"),
+    " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM acked)"
 );
 
 // A drained shard's last acknowledgement and its release, in one statement. A drained shard's
@@ -264,14 +279,9 @@ pub(crate) const ACK_AND_RELEASE: &str = concat!(
     reset!(),
     ", released AS (",
     released!("mine"),
-    "), \
-     acked AS ( \
-        DELETE FROM outbox_messages o \
-        WHERE EXISTS (SELECT 1 FROM mine) \
-            AND o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3 \
-            AND o.id BETWEEN $5 AND $6 AND o.id = ANY($7::bigint[]) \
-        RETURNING 1) \
-    SELECT (SELECT count(*) FROM mine), (SELECT count(*) FROM acked), \
+    "), ",
+    acked!("mine", "$5", "$6", "$7"),
+    " SELECT (SELECT count(*) FROM mine), (SELECT count(*) FROM acked), \
         (SELECT count(*) FROM mine)"
 );
 
@@ -607,22 +617,33 @@ impl Leases {
         Ok(switched)
     }
 
-    /// Whether the chain of `shard`, drained now, stays (it was released within [`HOT`]).
-    pub(crate) fn keep(&self, shard: &ShardKey) -> bool {
+    /// Whether the chain of each of `shards`, drained now, stays (it was released within
+    /// [`HOT`]).
+    pub(crate) fn keep<'a>(&self, shards: impl Iterator<Item = &'a ShardKey>) -> Vec<bool> {
         let now = Instant::now();
         let mut state = self.state();
         if state.released.len() >= REMEMBERED {
             state.released.retain(|_, at| now.duration_since(*at) < HOT);
         }
-        let last = state.released.insert(shard.clone(), now);
-        last.is_some_and(|last| now.duration_since(last) < HOT)
+        shards
+            .map(|shard| {
+                let last = state.released.insert(shard.clone(), now);
+                last.is_some_and(|last| now.duration_since(last) < HOT)
+            })
+            .collect()
     }
 
-    /// `shard`'s chain was kept, its released row `seq`.
-    pub(crate) fn kept(&self, shard: &ShardKey, seq: i64) {
+    /// The chains of these shards were kept, each with its released row's `seq`.
+    pub(crate) fn kept(&self, chains: Vec<(&ShardKey, i64)>) {
+        if chains.is_empty() {
+            return;
+        }
+        let now = Instant::now();
         let mut state = self.state();
-        if state.kept.len() < REMEMBERED {
-            state.kept.insert(shard.clone(), (seq, Instant::now()));
+        for (shard, seq) in chains {
+            if state.kept.len() < REMEMBERED {
+                state.kept.insert(shard.clone(), (seq, now));
+            }
         }
     }
 
@@ -690,15 +711,8 @@ async fn delete_idle(
     sweep: bool,
 ) -> Result<(), sqlx::Error> {
     if !idle.is_empty() {
-        let (mut scopes, mut identifiers, mut destinations, mut seqs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (shard, seq) in &idle {
-            let (identifier, destination) = stored_shard(shard);
-            scopes.push(shard.scope.0);
-            identifiers.push(identifier);
-            destinations.push(destination);
-            seqs.push(*seq);
-        }
+        let (scopes, identifiers, destinations) = shard_arrays(idle.iter().map(|(shard, _)| shard));
+        let seqs: Vec<i64> = idle.iter().map(|(_, seq)| *seq).collect();
         sqlx::query(TIDY)
             .bind(scopes)
             .bind(identifiers)
@@ -764,10 +778,5 @@ async fn switch(pool: &PgPool) -> Result<bool, sqlx::Error> {
     Ok(true)
 }
 
-/// The released chains' `seq` of one batch release, read from its rows (the fourth column).
-pub(crate) fn released_seq(row: &sqlx::postgres::PgRow) -> Result<Option<i64>, sqlx::Error> {
-    row.try_get(3)
-}
-
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

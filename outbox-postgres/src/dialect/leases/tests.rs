@@ -38,16 +38,28 @@ async fn entries_read(conn: &mut PgConnection, index: &str) -> i64 {
         .expect("the transaction's statistics")
 }
 
-/// Runs the batch claim of shard `identifier` on `conn` for `worker`: the tokens claimed.
-async fn claim_on(conn: &mut PgConnection, identifier: i64, worker: &str) -> Vec<i64> {
-    let rows = sqlx::query(CLAIM_MANY)
+/// `sql` (the batch claim, or a statement around it) bound to claim shard `1:identifier` for
+/// `worker` for 30 s, with the first `first_read` rows of its head above `after`.
+pub(crate) fn claim_of<'q>(
+    sql: impl sqlx::SqlSafeStr,
+    identifier: i64,
+    worker: &'q str,
+    first_read: i64,
+    after: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
         .bind(vec![1_i16])
         .bind(vec![identifier])
         .bind(vec![String::new()])
         .bind(worker)
         .bind(30_000_i64)
-        .bind(0_i64)
-        .bind(vec![0_i64])
+        .bind(first_read)
+        .bind(vec![after])
+}
+
+/// Runs the batch claim of shard `identifier` on `conn` for `worker`: the tokens claimed.
+async fn claim_on(conn: &mut PgConnection, identifier: i64, worker: &str) -> Vec<i64> {
+    let rows = claim_of(CLAIM_MANY, identifier, worker, 0, 0)
         .fetch_all(conn)
         .await
         .expect("the claim");
@@ -80,14 +92,7 @@ async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_he
     // The counters of this backend not yet reported (earlier transactions' too): read
     // before and after, within the transaction.
     let before = entries_read(&mut claim, "outbox_leases_pkey").await;
-    let rows = sqlx::query(CLAIM_MANY)
-        .bind(vec![1_i16])
-        .bind(vec![5_i64])
-        .bind(vec![String::new()])
-        .bind("worker")
-        .bind(30_000_i64)
-        .bind(16_i64)
-        .bind(vec![0_i64])
+    let rows = claim_of(CLAIM_MANY, 5, "worker", 16, 0)
         .fetch_all(&mut *claim)
         .await
         .expect("the claim");
