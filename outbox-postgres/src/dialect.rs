@@ -27,10 +27,12 @@ pub struct PgDialect {
     pub(crate) positions: std::sync::Arc<positions::Positions>,
     pub(crate) sweeps: std::sync::Arc<sweeps::Sweeps>,
     pub(crate) leases: std::sync::Arc<leases::Leases>,
+    pub(crate) space: std::sync::Arc<space::Space>,
 }
 
 pub(crate) mod leases;
 pub(crate) mod positions;
+pub(crate) mod space;
 pub(crate) mod sweeps;
 pub(crate) mod wakeups;
 
@@ -1156,6 +1158,7 @@ impl Dialect for PgDialect {
         let first = scope == outbox_sqlx::store::FIRST_PAGE_SCOPE;
         if first {
             self.positions.refresh(pool).await;
+            self.space.now_and_then(pool);
         }
         let above = self.sweeps.page(first, self.positions.settled());
         let started = std::time::Instant::now();

@@ -339,7 +339,7 @@ macro_rules! take_over {
     () => {
         concat!(
             "due AS MATERIALIZED ( \
-                SELECT w.shard_scope, w.shard_identifier, w.destination, h.seq, \
+                SELECT w.shard_scope, w.shard_identifier, w.destination, w.after, h.seq, \
                     coalesce(s.attempts, 0) AS attempts \
                 FROM want w ",
             head_of!("w"),
@@ -356,7 +356,7 @@ macro_rules! take_over {
             "), \
              based AS MATERIALIZED ( \
                 SELECT l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first, \
-                    l.lease_owner \
+                    l.lease_owner, d.attempts, d.after, nextval('outbox_lease_tokens') AS token \
                 FROM outbox_leases l JOIN due d ON l.shard_scope = d.shard_scope \
                     AND l.shard_identifier = d.shard_identifier AND l.destination = d.destination \
                     AND l.seq = d.seq \
@@ -367,12 +367,9 @@ macro_rules! take_over {
             superseded!("based"),
             ", taken AS (",
             log_columns!(),
-            "SELECT n.shard_scope, n.shard_identifier, n.destination, n.token, false, $4::text, \
-                    n.token, now() + $5::bigint * interval '1 millisecond' \
-                FROM (SELECT b.shard_scope, b.shard_identifier, b.destination, \
-                        nextval('outbox_lease_tokens') AS token \
-                    FROM based b ORDER BY b.shard_scope, b.shard_identifier, b.destination) n \
-                RETURNING shard_scope, shard_identifier, destination, lease_token), \
+            "SELECT b.shard_scope, b.shard_identifier, b.destination, b.token, false, $4::text, \
+                    b.token, now() + $5::bigint * interval '1 millisecond' \
+                FROM based b ORDER BY b.shard_scope, b.shard_identifier, b.destination), \
              counted AS ( \
                 INSERT INTO outbox_shards AS s (shard_scope, shard_identifier, destination, \
                     attempts) \
@@ -419,6 +416,11 @@ macro_rules! same_key {
 // deleting transaction) is set: each row says whether it is `stale`, and a head with a stale
 // row is read again by the session. Once claimed, nobody else deletes rows of the shard.
 //
+// What the steps produced is gathered by key in one grouping (`claimed`), never by joining
+// two steps: the planner estimates a step at a row or two, and a nested loop over one step
+// inside another made a claim of 313 shards read 30 million rows (13 s) while a horizon was
+// held. A claimed shard's head is read once, from `claimed`.
+//
 // The arrays and the head's limit are read through sub-selects, which the planner cannot see
 // into: a custom plan then estimates what a generic one does, so after its first executions
 // PostgreSQL keeps the generic plan of the prepared statement instead of planning this
@@ -440,32 +442,40 @@ pub(crate) const CLAIM_MANY: &str = concat!(
             ORDER BY d.shard_scope, d.shard_identifier, d.destination) n \
         ON CONFLICT DO NOTHING \
         RETURNING shard_scope, shard_identifier, destination, lease_token), \
-     claimed AS ( \
-        SELECT f.shard_scope, f.shard_identifier, f.destination, f.lease_token, \
-            NULL::text AS previous_owner FROM fresh f \
-        UNION ALL \
-        SELECT t.shard_scope, t.shard_identifier, t.destination, t.lease_token, b.lease_owner \
-        FROM taken t JOIN based b ON ",
-    same_key!("t", "b"),
-    ") \
+     claimed AS MATERIALIZED ( \
+        SELECT u.shard_scope, u.shard_identifier, u.destination, max(u.token) AS lease_token, \
+            max(u.previous_owner) AS previous_owner, \
+            coalesce(max(u.counted), max(u.attempts)) AS attempts, max(u.after) AS after \
+        FROM ( \
+            SELECT f.shard_scope, f.shard_identifier, f.destination, f.lease_token AS token, \
+                NULL::text AS previous_owner, NULL::integer AS attempts, NULL::bigint AS after, \
+                NULL::integer AS counted \
+            FROM fresh f \
+            UNION ALL \
+            SELECT d.shard_scope, d.shard_identifier, d.destination, NULL, NULL, d.attempts, \
+                d.after, NULL \
+            FROM due d WHERE d.seq IS NULL \
+            UNION ALL \
+            SELECT b.shard_scope, b.shard_identifier, b.destination, b.token, b.lease_owner, \
+                b.attempts, b.after, NULL \
+            FROM based b \
+            UNION ALL \
+            SELECT k.shard_scope, k.shard_identifier, k.destination, NULL, NULL, NULL, NULL, \
+                k.attempts \
+            FROM counted k) u \
+        GROUP BY u.shard_scope, u.shard_identifier, u.destination \
+        HAVING max(u.token) IS NOT NULL) \
     SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
         h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
-        c.lease_token, coalesce(k.attempts, d.attempts), c.previous_owner, \
-        coalesce(h.stale, false) \
-    FROM claimed c JOIN want w ON ",
-    same_key!("c", "w"),
-    " JOIN due d ON ",
-    same_key!("c", "d"),
-    " LEFT JOIN counted k ON ",
-    same_key!("c", "k"),
-    " LEFT JOIN LATERAL ( \
+        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false) \
+    FROM claimed c LEFT JOIN LATERAL ( \
         SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
             m.payload::text AS payload, \
             (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
             m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
         FROM outbox_messages m \
         WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
-            AND m.destination = c.destination AND m.id > w.after \
+            AND m.destination = c.destination AND m.id > c.after \
         ORDER BY m.id LIMIT (SELECT $6)) h ON true \
     ORDER BY c.lease_token, h.id"
 );
@@ -476,15 +486,11 @@ pub(crate) const CLAIM_MANY: &str = concat!(
 // owner.
 pub(crate) const TAKE_LEASE: &str = concat!(
     "WITH want AS (SELECT $1::smallint AS shard_scope, $2::bigint AS shard_identifier, \
-        $3::text AS destination), ",
+        $3::text AS destination, 0::bigint AS after), ",
     take_over!(),
-    " SELECT t.lease_token, coalesce(k.attempts, d.attempts), b.lease_owner \
-    FROM taken t JOIN based b ON ",
-    same_key!("t", "b"),
-    " JOIN due d ON ",
-    same_key!("t", "d"),
-    " LEFT JOIN counted k ON ",
-    same_key!("t", "k")
+    " SELECT b.token, coalesce(k.attempts, b.attempts), b.lease_owner \
+    FROM based b LEFT JOIN counted k ON ",
+    same_key!("b", "k")
 );
 
 /// A released chain for the shard if it has none (its first row).

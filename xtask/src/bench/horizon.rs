@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{Relay, RelayConfig};
 use outbox_postgres::PgStore;
-use sqlx::{PgPool, Row as _};
+use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 
 use super::BenchArgs;
@@ -108,26 +108,41 @@ struct Tables {
 async fn tables(pool: &PgPool) -> Result<Tables, String> {
     // The statistics' counters reach shared memory about once a second.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let row = sqlx::query(
-        "SELECT \
-            coalesce(sum(n_dead_tup) FILTER (WHERE relname <> 'plain_queue'), 0)::float8, \
-            (pg_total_relation_size('outbox_messages') \
-                + pg_total_relation_size('outbox_shards') \
-                + pg_total_relation_size('outbox_leases'))::float8 / 1048576, \
-            coalesce(sum(n_dead_tup) FILTER (WHERE relname = 'plain_queue'), 0)::float8, \
-            pg_total_relation_size('plain_queue')::float8 / 1048576 \
-         FROM pg_stat_user_tables \
-         WHERE relname IN ('outbox_messages', 'outbox_shards', 'outbox_leases', 'plain_queue')",
+    // Each table with its partitions, if it has any.
+    let each: Vec<(String, f64, f64)> = sqlx::query_as(
+        "SELECT tables.name, \
+            coalesce(sum(stats.n_dead_tup), 0)::float8, \
+            sum(pg_total_relation_size(tree.oid))::float8 / 1048576 \
+         FROM unnest(ARRAY['outbox_messages', 'outbox_shards', 'outbox_leases', \
+                'plain_queue']) AS tables (name) \
+            JOIN pg_class AS tree ON tree.oid = tables.name::regclass OR tree.oid IN ( \
+                SELECT inhrelid FROM pg_inherits WHERE inhparent = tables.name::regclass) \
+            LEFT JOIN pg_stat_user_tables AS stats ON stats.relid = tree.oid \
+         GROUP BY tables.name ORDER BY tables.name",
     )
-    .fetch_one(pool)
+    .fetch_all(pool)
     .await
     .map_err(failed("reading the tables' statistics"))?;
-    Ok(Tables {
-        outbox_dead: row.get(0),
-        outbox_mib: row.get(1),
-        queue_dead: row.get(2),
-        queue_mib: row.get(3),
-    })
+    let mut tables = Tables {
+        outbox_dead: 0.0,
+        outbox_mib: 0.0,
+        queue_dead: 0.0,
+        queue_mib: 0.0,
+    };
+    let shown: Vec<String> = each
+        .iter()
+        .map(|(name, dead, mib)| format!("{name} {dead:.0} dead, {mib:.1} MiB"))
+        .collect();
+    eprintln!("  tables: {}", shown.join("; "));
+    for (name, dead, mib) in each {
+        if name == "plain_queue" {
+            (tables.queue_dead, tables.queue_mib) = (dead, mib);
+        } else {
+            tables.outbox_dead += dead;
+            tables.outbox_mib += mib;
+        }
+    }
+    Ok(tables)
 }
 
 /// Prints the statements that took the most time since the last call (with `None`: forgets

@@ -1,0 +1,204 @@
+//! Giving back the space a held vacuum horizon leaves behind.
+//!
+//! While a horizon is held (a long transaction, `pg_dump`, a replica's feedback, a slot),
+//! every row deleted since it began stays, and once it ends vacuum removes them but gives the
+//! space back to the table, not to the disk: the outbox's tables keep the size the hold grew
+//! them to, and their indexes too. Yet what they hold alive is little: the messages not yet
+//! delivered, a lease per shard being drained, a state per failing shard.
+//!
+//! So a relay, at most every [`EVERY`] (from the first page of a discovery sweep, in a task of
+//! its own), rewrites a table of the outbox with `VACUUM FULL` when all of these hold:
+//!
+//! - it is at least [`BLOATED`] (table and indexes) and more than [`SPARSE`] times the size of
+//!   its live rows (counted by the statistics, at most 256 bytes a row);
+//! - its dead rows are gone (the statistics count fewer dead than live rows, give or take a
+//!   thousand): while a horizon still holds them, a rewrite would copy them;
+//! - `outbox_messages` is at most [`LARGEST_MESSAGES`]: writers wait while it is rewritten,
+//!   and the rewrite reads the whole table;
+//! - no transaction that began more than a second ago holds a lock on it (`pg_dump`, a report
+//!   that read the outbox): the rewrite never queues behind them, and tries again later;
+//! - its lock is granted within [`LOCK_TIMEOUT`]: the statements that queue behind the
+//!   request wait at most that long if it is not;
+//! - this store has rewritten nothing within [`REWRITE_EVERY`]: a table that a high rate
+//!   and vacuums far apart make this large in its steady state is not rewritten again and
+//!   again.
+//!
+//! The rewrite holds its lock for as long as it reads the table: tens of milliseconds for tens
+//! of megabytes, once after a hold.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+/// How often a store looks (at most).
+pub(crate) const EVERY: Duration = Duration::from_secs(5);
+
+/// A table this many times larger than its live rows, and at least [`BLOATED`], is rewritten.
+pub(crate) const SPARSE: i64 = 16;
+
+/// The least size (table and indexes) worth a rewrite.
+pub(crate) const BLOATED: i64 = 8 << 20;
+
+/// The largest `outbox_messages` (table and indexes) that is rewritten: its writers wait for
+/// the rewrite, which reads it whole.
+pub(crate) const LARGEST_MESSAGES: i64 = 128 << 20;
+
+/// How often a store rewrites (at most).
+const REWRITE_EVERY: Duration = Duration::from_secs(300);
+
+/// How long a rewrite waits for its lock.
+const LOCK_TIMEOUT: &str = "50ms";
+
+/// The tables of the outbox sparse enough to be rewritten ([module documentation](self)),
+/// each with whether a transaction older than a second (other than this session's) holds a
+/// lock on it. `$1`: the least size, in bytes; `$2`: how many times its live rows' size;
+/// `$3`: the largest `outbox_messages`.
+const SPARSE_TABLES: &str = "\
+    SELECT c.oid::regclass::text, EXISTS (SELECT 1 FROM pg_locks l \
+            JOIN pg_stat_activity a ON a.pid = l.pid \
+            WHERE l.locktype = 'relation' AND l.relation = c.oid AND l.granted \
+                AND l.pid <> pg_backend_pid() \
+                AND a.xact_start < clock_timestamp() - interval '1 second') \
+    FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid \
+    WHERE c.oid IN ('outbox_messages'::regclass, 'outbox_leases'::regclass, \
+            'outbox_shards'::regclass) \
+        AND pg_total_relation_size(c.oid) >= $1 \
+        AND pg_total_relation_size(c.oid) > $2 * (s.n_live_tup + 100) * 256 \
+        AND s.n_dead_tup <= s.n_live_tup + 1000 \
+        AND (c.oid <> 'outbox_messages'::regclass OR pg_total_relation_size(c.oid) <= $3) \
+    ORDER BY 1";
+
+/// What one pass did with each table it found sparse.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Rewrites {
+    /// Rewritten.
+    pub(crate) rewritten: Vec<String>,
+    /// Locked by a transaction older than a second, or their lock was not granted within the
+    /// timeout: tried again at the next pass.
+    pub(crate) refused: Vec<String>,
+}
+
+/// The giving back of one store.
+#[derive(Debug, Default)]
+pub(crate) struct Space {
+    last: Mutex<Option<Instant>>,
+    /// The last rewrite this store made.
+    rewritten: Mutex<Option<Instant>>,
+    running: AtomicBool,
+    /// A pass failed for a reason other than a lock (a missing right): said once.
+    warned: AtomicBool,
+}
+
+impl Space {
+    /// Starts a pass in a task of its own, unless one ran within [`EVERY`] (or a rewrite
+    /// within [`REWRITE_EVERY`]) or one is running.
+    pub(crate) fn now_and_then(self: &std::sync::Arc<Self>, pool: &PgPool) {
+        {
+            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let rewrote = *self
+                .rewritten
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| now.duration_since(at) < EVERY)
+                || rewrote.is_some_and(|at| now.duration_since(at) < REWRITE_EVERY)
+            {
+                return;
+            }
+            *last = Some(now);
+        }
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (this, pool) = (std::sync::Arc::clone(self), pool.clone());
+        tokio::spawn(async move {
+            match rewrite(&pool, BLOATED, SPARSE, LARGEST_MESSAGES).await {
+                Ok(rewrites) => {
+                    if !rewrites.rewritten.is_empty() {
+                        tracing::info!(
+                            tables = ?rewrites.rewritten,
+                            "outbox tables rewritten: the space a held vacuum horizon left \
+                             is given back"
+                        );
+                        *this
+                            .rewritten
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                    }
+                }
+                Err(error) if this.warned.swap(true, Ordering::AcqRel) => {
+                    tracing::debug!(%error, "rewriting the outbox's sparse tables failed");
+                }
+                Err(error) => tracing::warn!(
+                    %error,
+                    "the outbox's tables cannot give back the space a held vacuum horizon \
+                     leaves: it is only reused (the relay's role needs to own \
+                     outbox_messages, outbox_leases and outbox_shards to rewrite them)"
+                ),
+            }
+            this.running.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Rewrites the tables of the outbox that are sparse ([module documentation](self)): at least
+/// `large` bytes, more than `sparse` times their live rows, and `outbox_messages` at most
+/// `largest_messages`.
+pub(crate) async fn rewrite(
+    pool: &PgPool,
+    large: i64,
+    sparse: i64,
+    largest_messages: i64,
+) -> Result<Rewrites, sqlx::Error> {
+    let candidates: Vec<(String, bool)> = sqlx::query_as(SPARSE_TABLES)
+        .bind(large)
+        .bind(sparse)
+        .bind(largest_messages)
+        .fetch_all(pool)
+        .await?;
+    let mut rewrites = Rewrites::default();
+    for (relation, held) in candidates {
+        if held {
+            rewrites.refused.push(relation);
+            continue;
+        }
+        // `VACUUM` runs outside a transaction: the timeout is the connection's while it runs.
+        // The relation's name comes from the catalog (`regclass::text`, quoted as needed).
+        let mut conn = pool.acquire().await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "SET lock_timeout = '{LOCK_TIMEOUT}'"
+        )))
+        .execute(&mut *conn)
+        .await?;
+        let done = sqlx::query(AssertSqlSafe(format!("VACUUM FULL {relation}")))
+            .execute(&mut *conn)
+            .await;
+        if sqlx::query("RESET lock_timeout")
+            .execute(&mut *conn)
+            .await
+            .is_err()
+        {
+            // Not returned to the pool with a timeout of its own.
+            drop(conn.detach());
+        }
+        match done {
+            Ok(_) => rewrites.rewritten.push(relation),
+            Err(error) if lock_not_available(&error) => rewrites.refused.push(relation),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(rewrites)
+}
+
+/// PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
+fn lock_not_available(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "55P03")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! The rewrite of the outbox's sparse tables against a real PostgreSQL: the horizon, a reader
+//! and a writer stepped in a fixed order on their own connections, with no sleeps.
+
+use outbox_testkit::postgres::PgTestDatabase;
+use sqlx::PgPool;
+
+use super::{Rewrites, rewrite};
+use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
+
+/// The least size the tests rewrite (the relay's is larger).
+const LARGE: i64 = 1 << 20;
+
+/// The size of `table` with its indexes.
+async fn total_size(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .expect("a table's size")
+}
+
+async fn vacuum(pool: &PgPool, table: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM {table}")))
+        .execute(pool)
+        .await
+        .expect("vacuum");
+}
+
+fn rewrites(rewritten: &[&str], refused: &[&str]) -> Rewrites {
+    let names = |names: &[&str]| names.iter().map(|name| (*name).to_owned()).collect();
+    Rewrites {
+        rewritten: names(rewritten),
+        refused: names(refused),
+    }
+}
+
+/// A lease log that a held horizon left sparse is rewritten once vacuum has removed its dead
+/// rows: not while the horizon holds them (a rewrite would copy them), not while a reader
+/// holds a lock on it, and its live rows stay.
+#[tokio::test]
+async fn a_sparse_lease_log_is_rewritten_once_its_dead_rows_are_removed() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let mut horizon = snapshot_held(pool, "outbox_relays").await;
+    // 20,000 lease rows deleted under the horizon, and one live row after them (vacuum
+    // cannot cut the table's empty end off).
+    for statement in [
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first) \
+         SELECT 1, n, '', n, false FROM generate_series(1, 20000) AS n",
+        "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
+            lease_owner, lease_token, lease_expires_at) \
+         VALUES (1, 0, '', 1, true, 'relay', 7, now() + interval '1 hour')",
+        "DELETE FROM outbox_leases WHERE shard_identifier > 0",
+    ] {
+        sqlx::query(statement).execute(pool).await.expect(statement);
+    }
+    vacuum(pool, "outbox_leases").await;
+    let bloated = total_size(pool, "outbox_leases").await;
+    assert!(bloated > LARGE, "{bloated}");
+    assert_eq!(
+        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrites(&[], &[]),
+        "the horizon holds the dead rows"
+    );
+
+    sqlx::query("COMMIT")
+        .execute(&mut *horizon)
+        .await
+        .expect("the horizon is released");
+    vacuum(pool, "outbox_leases").await;
+    let vacuumed = total_size(pool, "outbox_leases").await;
+    assert!(
+        vacuumed > LARGE,
+        "vacuum does not give the space back: {vacuumed}"
+    );
+
+    let mut reader = pool.begin().await.expect("begin");
+    sqlx::query("SELECT count(*) FROM outbox_leases")
+        .execute(&mut *reader)
+        .await
+        .expect("the reader reads the lease log");
+    assert_eq!(
+        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrites(&[], &["outbox_leases"])
+    );
+    reader.commit().await.expect("the reader ends");
+
+    assert_eq!(
+        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrites(&["outbox_leases"], &[])
+    );
+    let rewritten = total_size(pool, "outbox_leases").await;
+    assert!(rewritten < 100 << 10, "{rewritten}");
+    let token: i64 = sqlx::query_scalar("SELECT lease_token FROM outbox_leases")
+        .fetch_one(pool)
+        .await
+        .expect("the live lease stays");
+    assert_eq!(token, 7);
+}
+
+/// `outbox_messages` drained under a held horizon is rewritten once the horizon ends, but
+/// never under a writer whose transaction is open (its lock is refused, and its row is
+/// delivered after), nor once larger than the largest size allowed; the pending messages
+/// stay, with their ids.
+#[tokio::test]
+async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, _) = store(pool);
+    let mut conn = pool.acquire().await.expect("connect");
+    let mut horizon = snapshot_held(pool, "outbox_relays").await;
+    // Every 50th message stays pending: live rows all through the table, so that vacuum
+    // cannot cut its end off.
+    let mut pending = Vec::new();
+    for identifier in 1..=600 {
+        let id = insert(&mut conn, identifier, 2_000).await;
+        if identifier % 50 == 0 {
+            pending.push((identifier, id));
+        } else {
+            assert_eq!(drain(&store, &shard(identifier)).await, vec![id]);
+        }
+    }
+    sqlx::query("COMMIT")
+        .execute(&mut *horizon)
+        .await
+        .expect("the horizon is released");
+    vacuum(pool, "outbox_messages").await;
+    let bloated = total_size(pool, "outbox_messages").await;
+    assert!(bloated > LARGE, "{bloated}");
+
+    assert_eq!(
+        rewrite(pool, LARGE, 16, LARGE / 2).await.expect("rewrite"),
+        rewrites(&[], &[]),
+        "larger than the largest rewritten"
+    );
+    let mut writer = pool.begin().await.expect("begin");
+    let late = insert(&mut writer, 1_001, 0).await;
+    assert_eq!(
+        rewrite(pool, LARGE, 16, 1 << 30).await.expect("rewrite"),
+        rewrites(&[], &["outbox_messages"])
+    );
+    writer.commit().await.expect("the writer commits");
+    assert_eq!(
+        rewrite(pool, LARGE, 16, 1 << 30).await.expect("rewrite"),
+        rewrites(&["outbox_messages"], &[])
+    );
+    assert!(total_size(pool, "outbox_messages").await < bloated / 4);
+    for (identifier, id) in pending {
+        assert_eq!(drain(&store, &shard(identifier)).await, vec![id]);
+    }
+    assert_eq!(drain(&store, &shard(1_001)).await, vec![late]);
+}
