@@ -19,13 +19,13 @@
 //!   that read the outbox): the rewrite never queues behind them, and tries again later;
 //! - its lock is granted within [`LOCK_TIMEOUT`]: the statements that queue behind the
 //!   request wait at most that long if it is not;
-//! - this store has rewritten nothing within [`REWRITE_EVERY`]: a table that a high rate
-//!   and vacuums far apart make this large in its steady state is not rewritten again and
-//!   again.
+//! - this store has not rewritten it within [`REWRITE_EVERY`]: a table that a high rate and
+//!   vacuums far apart make this large in its steady state is not rewritten again and again.
 //!
 //! The rewrite holds its lock for as long as it reads the table: tens of milliseconds for tens
 //! of megabytes, once after a hold.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ pub(crate) const BLOATED: i64 = 8 << 20;
 /// the rewrite, which reads it whole.
 pub(crate) const LARGEST_MESSAGES: i64 = 128 << 20;
 
-/// How often a store rewrites (at most).
+/// How often a store rewrites a table (at most).
 const REWRITE_EVERY: Duration = Duration::from_secs(300);
 
 /// How long a rewrite waits for its lock.
@@ -84,27 +84,20 @@ pub(crate) struct Rewrites {
 #[derive(Debug, Default)]
 pub(crate) struct Space {
     last: Mutex<Option<Instant>>,
-    /// The last rewrite this store made.
-    rewritten: Mutex<Option<Instant>>,
+    /// The tables this store rewrote, and when.
+    rewritten: Mutex<HashMap<String, Instant>>,
     running: AtomicBool,
     /// A pass failed for a reason other than a lock (a missing right): said once.
     warned: AtomicBool,
 }
 
 impl Space {
-    /// Starts a pass in a task of its own, unless one ran within [`EVERY`] (or a rewrite
-    /// within [`REWRITE_EVERY`]) or one is running.
+    /// Starts a pass in a task of its own, unless one ran within [`EVERY`] or is running.
     pub(crate) fn now_and_then(self: &std::sync::Arc<Self>, pool: &PgPool) {
         {
             let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
-            let rewrote = *self
-                .rewritten
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if last.is_some_and(|at| now.duration_since(at) < EVERY)
-                || rewrote.is_some_and(|at| now.duration_since(at) < REWRITE_EVERY)
-            {
+            if last.is_some_and(|at| now.duration_since(at) < EVERY) {
                 return;
             }
             *last = Some(now);
@@ -114,20 +107,23 @@ impl Space {
         }
         let (this, pool) = (std::sync::Arc::clone(self), pool.clone());
         tokio::spawn(async move {
-            match rewrite(&pool, BLOATED, SPARSE, LARGEST_MESSAGES).await {
-                Ok(rewrites) => {
-                    if !rewrites.rewritten.is_empty() {
-                        tracing::info!(
-                            tables = ?rewrites.rewritten,
-                            "outbox tables rewritten: the space a held vacuum horizon left \
-                             is given back"
-                        );
-                        *this
-                            .rewritten
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            let recent = this.recent();
+            match rewrite(&pool, BLOATED, SPARSE, LARGEST_MESSAGES, &recent).await {
+                Ok(rewrites) if !rewrites.rewritten.is_empty() => {
+                    tracing::info!(
+                        tables = ?rewrites.rewritten,
+                        "outbox tables rewritten: the space a held vacuum horizon left is \
+                         given back"
+                    );
+                    let mut rewritten = this
+                        .rewritten
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    for table in rewrites.rewritten {
+                        rewritten.insert(table, Instant::now());
                     }
                 }
+                Ok(_) => {}
                 Err(error) if this.warned.swap(true, Ordering::AcqRel) => {
                     tracing::debug!(%error, "rewriting the outbox's sparse tables failed");
                 }
@@ -141,16 +137,27 @@ impl Space {
             this.running.store(false, Ordering::Release);
         });
     }
+
+    /// The tables this store rewrote within [`REWRITE_EVERY`].
+    fn recent(&self) -> Vec<String> {
+        let mut rewritten = self
+            .rewritten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        rewritten.retain(|_, at| at.elapsed() < REWRITE_EVERY);
+        rewritten.keys().cloned().collect()
+    }
 }
 
 /// Rewrites the tables of the outbox that are sparse ([module documentation](self)): at least
 /// `large` bytes, more than `sparse` times their live rows, and `outbox_messages` at most
-/// `largest_messages`.
+/// `largest_messages`; not those in `recent`.
 pub(crate) async fn rewrite(
     pool: &PgPool,
     large: i64,
     sparse: i64,
     largest_messages: i64,
+    recent: &[String],
 ) -> Result<Rewrites, sqlx::Error> {
     let candidates: Vec<(String, bool)> = sqlx::query_as(SPARSE_TABLES)
         .bind(large)
@@ -160,6 +167,9 @@ pub(crate) async fn rewrite(
         .await?;
     let mut rewrites = Rewrites::default();
     for (relation, held) in candidates {
+        if recent.contains(&relation) {
+            continue;
+        }
         if held {
             rewrites.refused.push(relation);
             continue;

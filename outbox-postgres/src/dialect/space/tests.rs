@@ -59,7 +59,7 @@ async fn a_sparse_lease_log_is_rewritten_once_its_dead_rows_are_removed() {
     let bloated = total_size(pool, "outbox_leases").await;
     assert!(bloated > LARGE, "{bloated}");
     assert_eq!(
-        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, LARGE, &[]).await.expect("rewrite"),
         rewrites(&[], &[]),
         "the horizon holds the dead rows"
     );
@@ -81,13 +81,13 @@ async fn a_sparse_lease_log_is_rewritten_once_its_dead_rows_are_removed() {
         .await
         .expect("the reader reads the lease log");
     assert_eq!(
-        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, LARGE, &[]).await.expect("rewrite"),
         rewrites(&[], &["outbox_leases"])
     );
     reader.commit().await.expect("the reader ends");
 
     assert_eq!(
-        rewrite(pool, LARGE, 16, LARGE).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, LARGE, &[]).await.expect("rewrite"),
         rewrites(&["outbox_leases"], &[])
     );
     let rewritten = total_size(pool, "outbox_leases").await;
@@ -131,19 +131,33 @@ async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
     assert!(bloated > LARGE, "{bloated}");
 
     assert_eq!(
-        rewrite(pool, LARGE, 16, LARGE / 2).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, LARGE / 2, &[])
+            .await
+            .expect("rewrite"),
         rewrites(&[], &[]),
         "larger than the largest rewritten"
     );
     let mut writer = pool.begin().await.expect("begin");
     let late = insert(&mut writer, 1_001, 0).await;
     assert_eq!(
-        rewrite(pool, LARGE, 16, 1 << 30).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, 1 << 30, &[])
+            .await
+            .expect("rewrite"),
         rewrites(&[], &["outbox_messages"])
     );
     writer.commit().await.expect("the writer commits");
+    let recent = ["outbox_messages".to_owned()];
     assert_eq!(
-        rewrite(pool, LARGE, 16, 1 << 30).await.expect("rewrite"),
+        rewrite(pool, LARGE, 16, 1 << 30, &recent)
+            .await
+            .expect("rewrite"),
+        rewrites(&[], &[]),
+        "rewritten a moment ago"
+    );
+    assert_eq!(
+        rewrite(pool, LARGE, 16, 1 << 30, &[])
+            .await
+            .expect("rewrite"),
         rewrites(&["outbox_messages"], &[])
     );
     assert!(total_size(pool, "outbox_messages").await < bloated / 4);
