@@ -736,6 +736,14 @@ const SHARD_STATES: &str = "\
         AND l.shard_identifier = s.shard_identifier AND l.destination = s.destination \
     ORDER BY 1, 2, 3";
 
+/// PostgreSQL's `lock_not_available`: a `lock_timeout` that ran out.
+pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "55P03")
+}
+
 /// The columns of `shards` as the arrays the batch statements bind: scopes, identifiers,
 /// destinations.
 pub(crate) fn shard_arrays<'a>(

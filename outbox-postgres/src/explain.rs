@@ -40,21 +40,28 @@ async fn populated() -> PgTestDatabase {
     database
 }
 
-/// The rows the plan expects to read from `outbox_messages`, summed over its nodes.
-fn message_rows(plan: &Value) -> f64 {
+/// `own` of every node of `plan`, summed.
+fn summed(plan: &Value, own: &impl Fn(&serde_json::Map<String, Value>) -> f64) -> f64 {
     match plan {
         Value::Object(node) => {
-            let own = match (node.get("Relation Name"), node.get("Plan Rows")) {
-                (Some(Value::String(relation)), Some(rows)) if relation == "outbox_messages" => {
-                    rows.as_f64().unwrap_or(0.0)
-                }
-                _ => 0.0,
-            };
-            own + node.values().map(message_rows).sum::<f64>()
+            own(node) + node.values().map(|value| summed(value, own)).sum::<f64>()
         }
-        Value::Array(items) => items.iter().map(message_rows).sum(),
+        Value::Array(items) => items.iter().map(|item| summed(item, own)).sum(),
         _ => 0.0,
     }
+}
+
+/// The rows the plan expects to read from `outbox_messages`, summed over its nodes.
+fn message_rows(plan: &Value) -> f64 {
+    summed(
+        plan,
+        &|node| match (node.get("Relation Name"), node.get("Plan Rows")) {
+            (Some(Value::String(relation)), Some(rows)) if relation == "outbox_messages" => {
+                rows.as_f64().unwrap_or(0.0)
+            }
+            _ => 0.0,
+        },
+    )
 }
 
 fn scans(plan: &Value, found: &mut Vec<(String, String)>) {
@@ -188,7 +195,17 @@ async fn failing_shards_read_only_their_own_messages() {
 
 /// The plan of `sql` on `pool` as JSON, its parameters bound by `bind`.
 async fn plan_of(pool: &PgPool, sql: &str, bind: impl FnOnce(Query) -> Query) -> Value {
-    let explained = AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {sql}"));
+    plan_with(pool, "FORMAT JSON", sql, bind).await
+}
+
+/// The plan of `sql` on `pool` as JSON, explained with `options` (which give `FORMAT JSON`).
+async fn plan_with(
+    pool: &PgPool,
+    options: &str,
+    sql: &str,
+    bind: impl FnOnce(Query) -> Query,
+) -> Value {
+    let explained = AssertSqlSafe(format!("EXPLAIN ({options}) {sql}"));
     // The plan column is of type `json`; its bytes are the JSON text.
     let text: String = bind(sqlx::query(explained))
         .try_map(|row: PgRow| row.try_get_unchecked(0))
@@ -340,22 +357,14 @@ async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
 
 /// The rows that the plan's nodes of type `kind` produced over all their loops.
 fn rows_over_loops(plan: &Value, kind: &str) -> f64 {
-    match plan {
-        Value::Object(node) => {
-            let own = if node.get("Node Type").and_then(Value::as_str) == Some(kind) {
-                let get = |key: &str| node.get(key).and_then(Value::as_f64).unwrap_or(0.0);
-                get("Actual Rows") * get("Actual Loops")
-            } else {
-                0.0
-            };
-            own + node
-                .values()
-                .map(|value| rows_over_loops(value, kind))
-                .sum::<f64>()
+    summed(plan, &|node| {
+        if node.get("Node Type").and_then(Value::as_str) == Some(kind) {
+            let get = |key: &str| node.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+            get("Actual Rows") * get("Actual Loops")
+        } else {
+            0.0
         }
-        Value::Array(items) => items.iter().map(|item| rows_over_loops(item, kind)).sum(),
-        _ => 0.0,
-    }
+    })
 }
 
 /// A batch claim reads what its steps produced a bounded number of times per shard, whatever
@@ -377,21 +386,17 @@ async fn a_batch_claim_reads_its_steps_a_bounded_number_of_times_per_shard() {
     .execute(pool)
     .await
     .expect("a message a shard");
-    let claim = format!("EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM_MANY}");
     for path in ["no lease row", "lapsed leases"] {
-        let text: String = sqlx::query(AssertSqlSafe(claim.clone()))
-            .bind(vec![1_i16; SHARDS as usize])
-            .bind((1..=SHARDS).collect::<Vec<i64>>())
-            .bind(vec![String::new(); SHARDS as usize])
-            .bind("worker")
-            .bind(30_000_i64)
-            .bind(16_i64)
-            .bind(vec![0_i64; SHARDS as usize])
-            .try_map(|row: PgRow| row.try_get_unchecked(0))
-            .fetch_one(pool)
-            .await
-            .expect("the claim's plan");
-        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
+        let plan = plan_with(pool, "ANALYZE, FORMAT JSON", CLAIM_MANY, |q| {
+            q.bind(vec![1_i16; SHARDS as usize])
+                .bind((1..=SHARDS).collect::<Vec<i64>>())
+                .bind(vec![String::new(); SHARDS as usize])
+                .bind("worker")
+                .bind(30_000_i64)
+                .bind(16_i64)
+                .bind(vec![0_i64; SHARDS as usize])
+        })
+        .await;
         let read = rows_over_loops(&plan, "CTE Scan");
         assert!(
             read <= 20.0 * SHARDS as f64,

@@ -38,7 +38,7 @@ use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
 use sqlx::PgPool;
 
-use super::{PgDialect, shard_arrays};
+use super::{PgDialect, lock_not_available, shard_arrays};
 
 /// A shard released again within this time of its last release keeps its chain.
 pub(crate) const HOT: Duration = Duration::from_secs(10);
@@ -757,11 +757,7 @@ async fn switch(pool: &PgPool) -> Result<bool, sqlx::Error> {
         .execute(&mut *tx)
         .await;
     if let Err(error) = locked {
-        if error
-            .as_database_error()
-            .and_then(|error| error.code())
-            .is_some_and(|code| code == "55P03")
-        {
+        if lock_not_available(&error) {
             return Ok(false);
         }
         return Err(error);

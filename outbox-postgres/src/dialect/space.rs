@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, PgPool};
 
+use super::lock_not_available;
+
 /// How often a store looks (at most).
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
 
@@ -200,14 +202,6 @@ pub(crate) async fn rewrite(
         }
     }
     Ok(rewrites)
-}
-
-/// PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
-fn lock_not_available(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|error| error.code())
-        .is_some_and(|code| code == "55P03")
 }
 
 #[cfg(test)]

@@ -108,17 +108,12 @@ struct Tables {
 async fn tables(pool: &PgPool) -> Result<Tables, String> {
     // The statistics' counters reach shared memory about once a second.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    // Each table with its partitions, if it has any.
     let each: Vec<(String, f64, f64)> = sqlx::query_as(
-        "SELECT tables.name, \
-            coalesce(sum(stats.n_dead_tup), 0)::float8, \
-            sum(pg_total_relation_size(tree.oid))::float8 / 1048576 \
-         FROM unnest(ARRAY['outbox_messages', 'outbox_shards', 'outbox_leases', \
-                'plain_queue']) AS tables (name) \
-            JOIN pg_class AS tree ON tree.oid = tables.name::regclass OR tree.oid IN ( \
-                SELECT inhrelid FROM pg_inherits WHERE inhparent = tables.name::regclass) \
-            LEFT JOIN pg_stat_user_tables AS stats ON stats.relid = tree.oid \
-         GROUP BY tables.name ORDER BY tables.name",
+        "SELECT relname::text, n_dead_tup::float8, \
+            pg_total_relation_size(relid)::float8 / 1048576 \
+         FROM pg_stat_user_tables \
+         WHERE relname IN ('outbox_messages', 'outbox_shards', 'outbox_leases', 'plain_queue') \
+         ORDER BY relname",
     )
     .fetch_all(pool)
     .await
