@@ -775,15 +775,16 @@ impl PgDialect {
         let (scopes, identifiers, destinations) = shard_arrays(shards.iter());
         self.positions.refresh(pool).await;
         let (settled, afters) = self.positions.before_claim(shards);
-        let rows = sqlx::query(leases::CLAIM_MANY)
+        let query = sqlx::query(leases::CLAIM_MANY)
             .bind(scopes)
             .bind(identifiers)
             .bind(destinations)
             .bind(&options.worker)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
             .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
-            .bind(afters.clone())
-            .fetch_all(pool)
+            .bind(afters.clone());
+        let mut conn = pool.acquire().await.map_err(database::<Self>(OPERATION))?;
+        let rows = space::fetch_all(&mut conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(OPERATION))?;
         // By claim (in token order), each claim's rows in id order.
@@ -1205,15 +1206,15 @@ impl Dialect for PgDialect {
                 ids.push(id.0);
             }
         }
-        let rows = sqlx::query(leases::ACK_AND_RELEASE_MANY)
+        let query = sqlx::query(leases::ACK_AND_RELEASE_MANY)
             .bind(scopes)
             .bind(identifiers)
             .bind(destinations)
             .bind(tokens)
             .bind(places)
             .bind(ids)
-            .bind(keep)
-            .fetch_all(&mut *conn)
+            .bind(keep);
+        let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(OPERATION))?;
         if rows.len() != batch.len() {

@@ -56,17 +56,77 @@ const SWEEP_EVERY: Duration = Duration::from_secs(600);
 /// The most shards a store remembers releasing.
 const REMEMBERED: usize = 200_000;
 
+/// The index entries of one shard's key in an index of `$t` on the key's columns and then
+/// `$column`, from `$low` (compared by `$op`) to the key's end: the scope compared for
+/// equality, the rest by two row comparisons.
+///
+/// - The planner estimates a row comparison by its first column alone, so it expects many
+///   rows, and reads in index order to stop at the `LIMIT`. With the key compared for
+///   equality it expects a row or two, and may gather every entry of the key instead (a
+///   bitmap scan, then a sort): under a held vacuum horizon, every row the shard's earlier
+///   drains deleted.
+/// - No other index serves the comparison in order (a bound on `$column` alone would let the
+///   planner walk the primary key through every shard's rows).
+/// - An index scan starts at the lower (or, backward, the upper) row and ends where the
+///   shard identifier leaves the key's: past the key, it reads at most the same identifier's
+///   other destinations.
+macro_rules! of_key {
+    ($t:literal, $column:literal, $scope:expr, $identifier:expr, $destination:expr,
+     $op:literal, $low:expr) => {
+        concat!(
+            $t,
+            ".shard_scope = ",
+            $scope,
+            " AND (",
+            $t,
+            ".shard_identifier, ",
+            $t,
+            ".destination, ",
+            $t,
+            ".",
+            $column,
+            ") ",
+            $op,
+            " (",
+            $identifier,
+            ", ",
+            $destination,
+            ", ",
+            $low,
+            ") AND (",
+            $t,
+            ".shard_identifier, ",
+            $t,
+            ".destination, ",
+            $t,
+            ".",
+            $column,
+            ") <= (",
+            $identifier,
+            ", ",
+            $destination,
+            ", 9223372036854775807)"
+        )
+    };
+}
+pub(crate) use of_key;
+
 /// The newest row of a shard (three column expressions): its `seq`, by a backward seek.
 macro_rules! newest {
     ($scope:literal, $identifier:literal, $destination:literal) => {
         concat!(
-            "(SELECT x.seq FROM outbox_leases x WHERE x.shard_scope = ",
-            $scope,
-            " AND x.shard_identifier = ",
-            $identifier,
-            " AND x.destination = ",
-            $destination,
-            " ORDER BY x.seq DESC LIMIT 1)"
+            "(SELECT x.seq FROM outbox_leases x WHERE ",
+            $crate::dialect::leases::of_key!(
+                "x",
+                "seq",
+                $scope,
+                $identifier,
+                $destination,
+                ">=",
+                "0"
+            ),
+            " ORDER BY x.shard_scope DESC, x.shard_identifier DESC, x.destination DESC, \
+                x.seq DESC LIMIT 1)"
         )
     };
 }
@@ -77,13 +137,18 @@ macro_rules! head_of {
     ($k:literal) => {
         concat!(
             "LEFT JOIN LATERAL (SELECT l.seq, l.lease_owner, l.lease_token, l.lease_expires_at \
-                FROM outbox_leases l WHERE l.shard_scope = ",
-            $k,
-            ".shard_scope AND l.shard_identifier = ",
-            $k,
-            ".shard_identifier AND l.destination = ",
-            $k,
-            ".destination ORDER BY l.seq DESC LIMIT 1) h ON true"
+                FROM outbox_leases l WHERE ",
+            $crate::dialect::leases::of_key!(
+                "l",
+                "seq",
+                concat!($k, ".shard_scope"),
+                concat!($k, ".shard_identifier"),
+                concat!($k, ".destination"),
+                ">=",
+                "0"
+            ),
+            " ORDER BY l.shard_scope DESC, l.shard_identifier DESC, l.destination DESC, \
+                l.seq DESC LIMIT 1) h ON true"
         )
     };
 }
@@ -292,18 +357,26 @@ pub(crate) const ACK_AND_RELEASE: &str = concat!(
 // longer held deletes nothing of its shard, and takes nothing from the others. One row per
 // lease, in order: its place, whether it was held, the rows deleted (counted by grouping, not
 // by a scan of the deletions per lease), and the released row's `seq` if the chain stays.
+//
+// Each lease row is found by its whole key (`tops` first finds each shard's newest `seq`),
+// and each acknowledged row by its id alone (the shard is compared after, in a form no index
+// serves): a plan that joined by the shard's key could read every row of the shard that the
+// earlier drains deleted, which a held vacuum horizon keeps.
 pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
     "WITH want AS ( \
         SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[], \
                 $7::boolean[]) \
             WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, keep, n)), \
-     held AS MATERIALIZED ( \
-        SELECT w.n, w.keep, l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first \
-        FROM want w JOIN outbox_leases l ON l.shard_scope = w.shard_scope \
-            AND l.shard_identifier = w.shard_identifier AND l.destination = w.destination \
-            AND l.seq = ",
+     tops AS MATERIALIZED ( \
+        SELECT w.n, w.keep, w.shard_scope, w.shard_identifier, w.destination, w.lease_token, ",
     newest!("w.shard_scope", "w.shard_identifier", "w.destination"),
-    " WHERE l.lease_token = w.lease_token AND l.lease_owner IS NOT NULL AND NOT l.superseded \
+    " AS seq FROM want w), \
+     held AS MATERIALIZED ( \
+        SELECT t.n, t.keep, l.shard_scope, l.shard_identifier, l.destination, l.seq, l.first \
+        FROM tops t JOIN outbox_leases l ON l.shard_scope = t.shard_scope \
+            AND l.shard_identifier = t.shard_identifier AND l.destination = t.destination \
+            AND l.seq = t.seq \
+        WHERE l.lease_token = t.lease_token AND l.lease_owner IS NOT NULL AND NOT l.superseded \
         ORDER BY l.shard_scope, l.shard_identifier, l.destination \
         FOR UPDATE OF l), ",
     superseded!("held", "m.keep"),
@@ -317,8 +390,9 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
      acked AS ( \
         DELETE FROM outbox_messages o \
         USING held h, unnest($5::bigint[], $6::bigint[]) AS a(n, id) \
-        WHERE a.n = h.n AND o.id = a.id AND o.shard_scope = h.shard_scope \
-            AND o.shard_identifier = h.shard_identifier AND o.destination = h.destination \
+        WHERE a.n = h.n AND o.id = a.id \
+            AND (o.shard_scope, o.shard_identifier, o.destination) \
+                IS NOT DISTINCT FROM (h.shard_scope, h.shard_identifier, h.destination) \
         RETURNING h.n) \
     SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0), r.seq \
     FROM want w \
@@ -421,6 +495,9 @@ macro_rules! same_key {
 // inside another made a claim of 313 shards read 30 million rows (13 s) while a horizon was
 // held. A claimed shard's head is read once, from `claimed`.
 //
+// Each shard's newest lease row and its head are read in index order from where they begin
+// (`of_key`), never by gathering every entry of the shard's key.
+//
 // The arrays and the head's limit are read through sub-selects, which the planner cannot see
 // into: a custom plan then estimates what a generic one does, so after its first executions
 // PostgreSQL keeps the generic plan of the prepared statement instead of planning this
@@ -473,10 +550,18 @@ pub(crate) const CLAIM_MANY: &str = concat!(
             m.payload::text AS payload, \
             (extract(epoch FROM m.created_at) * 1000000)::bigint AS created, \
             m.metadata::text AS metadata, m.xmax::text <> '0' AS stale \
-        FROM outbox_messages m \
-        WHERE m.shard_scope = c.shard_scope AND m.shard_identifier = c.shard_identifier \
-            AND m.destination = c.destination AND m.id > c.after \
-        ORDER BY m.id LIMIT (SELECT $6)) h ON true \
+        FROM outbox_messages m WHERE ",
+    of_key!(
+        "m",
+        "id",
+        "c.shard_scope",
+        "c.shard_identifier",
+        "c.destination",
+        ">",
+        "c.after"
+    ),
+    " ORDER BY m.shard_scope, m.shard_identifier, m.destination, m.id LIMIT (SELECT $6)) h \
+        ON true \
     ORDER BY c.lease_token, h.id"
 );
 

@@ -175,10 +175,14 @@ struct Phase {
 /// What one system did in a phase: the latencies of the messages committed in it (sorted;
 /// `Duration::MAX` for one never delivered), and the share of what it offered that it
 /// delivered, in percent.
-fn figures(committed: &Instants, started: &Instants, phase: &Phase) -> (Vec<Duration>, f64) {
+pub(super) fn figures(
+    committed: &Instants,
+    started: &Instants,
+    phase: std::ops::Range<Instant>,
+) -> (Vec<Duration>, f64) {
     let committed = committed.lock().unwrap_or_else(PoisonError::into_inner);
     let started = started.lock().unwrap_or_else(PoisonError::into_inner);
-    let within = |at: &Instant| (phase.from..phase.to).contains(at);
+    let within = |at: &Instant| phase.contains(at);
     let latencies = latencies_where(&committed, &started, |_, at| within(at));
     let offered = latencies.len();
     let delivered = started.values().filter(|at| within(at)).count();
@@ -386,8 +390,8 @@ fn rows(hold: &Hold, phases: &[Phase], outbox: [&Instants; 2], queue: [&Instants
     let mut p99s = Vec::new();
     for phase in phases {
         let scenario = format!("{title}, {}", phase.name);
-        let (engine, engine_share) = figures(outbox[0], outbox[1], phase);
-        let (baseline, baseline_share) = figures(queue[0], queue[1], phase);
+        let (engine, engine_share) = figures(outbox[0], outbox[1], phase.from..phase.to);
+        let (baseline, baseline_share) = figures(queue[0], queue[1], phase.from..phase.to);
         if engine.is_empty() || baseline.is_empty() {
             continue;
         }

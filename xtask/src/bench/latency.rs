@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use outbox_core::store::Store;
 use outbox_core::{Delivery, Message, Registry, Relay, RelayConfig};
 use outbox_postgres::PgStore;
 use sqlx::PgPool;
@@ -35,7 +36,18 @@ pub(super) fn note(instants: &Instants, object: i64) {
 /// Writes one message about `object` (on shard `object % SHARDS`) through an
 /// `OutboxTransaction`, and commits it.
 pub(super) async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String> {
-    let message = Message::new::<Transferred>(
+    let message = live_message(object)?;
+    let mut tx = outbox_postgres::begin(pool)
+        .await
+        .map_err(failed("begin"))?;
+    tx.write(&message).await.map_err(failed("write"))?;
+    tx.commit().await.map_err(failed("commit"))?;
+    Ok(())
+}
+
+/// The live message about `object`, on shard `object % SHARDS`.
+pub(super) fn live_message(object: i64) -> Result<Message, String> {
+    Message::new::<Transferred>(
         object % SHARDS,
         object,
         &Transfer {
@@ -43,13 +55,7 @@ pub(super) async fn commit_one(pool: &PgPool, object: i64) -> Result<(), String>
             amount: 1,
         },
     )
-    .map_err(failed("message"))?;
-    let mut tx = outbox_postgres::begin(pool)
-        .await
-        .map_err(failed("begin"))?;
-    tx.write(&message).await.map_err(failed("write"))?;
-    tx.commit().await.map_err(failed("commit"))?;
-    Ok(())
+    .map_err(failed("message"))
 }
 
 /// Commits live messages at `rate` from `writers` writers, objects from `first`,
@@ -67,8 +73,8 @@ pub(super) async fn live_traffic(
 }
 
 /// [`live_traffic`], each object committed by `commit` (on the writer's pool).
-pub(super) async fn live_traffic_with<C, F>(
-    pool: &PgPool,
+pub(super) async fn live_traffic_with<P, C, F>(
+    pool: &P,
     first: i64,
     committed: &Instants,
     mut stop: watch::Receiver<bool>,
@@ -77,7 +83,8 @@ pub(super) async fn live_traffic_with<C, F>(
     commit: C,
 ) -> Result<i64, String>
 where
-    C: Fn(PgPool, i64) -> F + Clone + Send + 'static,
+    P: Clone + Send + Sync + 'static,
+    C: Fn(P, i64) -> F + Clone + Send + 'static,
     F: Future<Output = Result<(), String>> + Send,
 {
     let interval = Duration::from_secs(writers) / rate as u32;
@@ -330,8 +337,8 @@ pub(super) fn noting_registry(started: &Instants) -> Result<Registry, String> {
 }
 
 /// Runs `relay` in a task until the returned sender says stop.
-pub(super) fn run_relay(
-    relay: &Relay<PgStore>,
+pub(super) fn run_relay<S: Store>(
+    relay: &Relay<S>,
 ) -> (
     watch::Sender<bool>,
     tokio::task::JoinHandle<Result<outbox_core::RunReport, outbox_core::Error>>,

@@ -9,6 +9,7 @@ mod console;
 mod cpu;
 mod drain;
 mod gauges;
+mod held;
 mod horizon;
 mod inbox;
 mod latency;
@@ -57,7 +58,8 @@ pub(crate) struct BenchArgs {
     output: PathBuf,
     /// Runs only the scenarios whose names contain one of these words (write, drain,
     /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon (both holds), horizon-short, horizon-long, console, inbox, mariadb).
+    /// horizon (every hold), horizon-short, horizon-long, horizon-mariadb, horizon-sqlite,
+    /// console, inbox, mariadb).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -86,7 +88,7 @@ impl BenchArgs {
 pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
     let server = Server::new(&args.database_url).await?;
     let mut report = Report::new(&args, &server).await;
-    let scenarios: [(&str, Scenario); 17] = [
+    let scenarios: [(&str, Scenario); 19] = [
         ("write", |a, s| Box::pin(write::postgres(a, s))),
         ("drain", |a, s| Box::pin(drain::plain(a, s))),
         ("coalescing", |a, s| Box::pin(drain::coalescing(a, s))),
@@ -101,6 +103,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), String> {
         ("sparse", |a, s| Box::pin(drain::sparse(a, s))),
         ("horizon-short", |a, s| Box::pin(horizon::short(a, s))),
         ("horizon-long", |a, s| Box::pin(horizon::long(a, s))),
+        ("horizon-mariadb", |a, _| Box::pin(held::mariadb(a))),
+        ("horizon-sqlite", |a, _| Box::pin(held::sqlite(a))),
         ("console", |a, s| Box::pin(console::run(a, s))),
         ("inbox", |a, s| Box::pin(inbox::run(a, s))),
         ("mariadb", |a, _| Box::pin(mariadb::run(a))),

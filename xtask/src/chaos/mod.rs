@@ -10,7 +10,7 @@ mod child;
 pub(crate) mod cluster;
 mod horizon;
 mod inbox;
-mod mariadb;
+pub(crate) mod mariadb;
 mod report;
 mod workload;
 

@@ -166,3 +166,60 @@ async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
     }
     assert_eq!(drain(&store, &shard(1_001)).await, vec![late]);
 }
+
+/// The tables are dead-heavy while a horizon holds the rows the drains deleted, and no longer
+/// once vacuum has removed them; a statement run under the guard plans with bitmap and
+/// sequential scans and compilation off, in its own transaction, and the connection keeps its
+/// own settings after.
+#[tokio::test]
+async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let mut conn = pool.acquire().await.expect("connect");
+    let heavy = async |conn: &mut sqlx::PgConnection| {
+        flush_statistics_on(conn).await;
+        super::dead_heavy(pool, 1_000).await.expect("dead rows")
+    };
+    assert!(!heavy(&mut conn).await, "an empty outbox");
+    let mut horizon = snapshot_held(pool, "outbox_relays").await;
+    for statement in [
+        "INSERT INTO outbox_messages \
+            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+         SELECT 1, n % 40, '', 1, 1, '{}' FROM generate_series(1, 3000) AS n",
+        "DELETE FROM outbox_messages",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .expect(statement);
+    }
+    vacuum(pool, "outbox_messages").await;
+    assert!(heavy(&mut conn).await, "3,000 rows held by the horizon");
+    sqlx::query("COMMIT")
+        .execute(&mut *horizon)
+        .await
+        .expect("commit");
+    vacuum(pool, "outbox_messages").await;
+    assert!(!heavy(&mut conn).await, "the rows removed");
+
+    let settings = "SELECT current_setting('enable_bitmapscan') || current_setting('enable_seqscan') \
+        || current_setting('jit')";
+    for (guarded, expected) in [(true, "offoffoff"), (false, "ononon")] {
+        let rows = super::fetch_all(&mut conn, sqlx::query(settings), guarded)
+            .await
+            .expect("the settings");
+        let seen: String = sqlx::Row::get(&rows[0], 0);
+        assert_eq!(seen, expected, "guarded: {guarded}");
+        assert!(!sqlx::Connection::is_in_transaction(&*conn));
+    }
+}
+
+/// The statistics' counters of `conn`'s session reach shared memory now, not within the
+/// second.
+async fn flush_statistics_on(conn: &mut sqlx::PgConnection) {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(conn)
+        .await
+        .expect("flush the statistics");
+}
