@@ -10,9 +10,20 @@ use outbox_sqlx::error::database;
 
 use crate::dialect::SqliteDialect;
 
+/// The size the write-ahead log is cut back to when it starts over ([`connect_options`]):
+/// about what a thousand pages, SQLite's automatic checkpoint, fill.
+pub const WAL_SIZE_LIMIT: u64 = 4 << 20;
+
 /// Options for a database file suited to the outbox: created if missing, WAL journal (readers
 /// never block the writer), `synchronous = NORMAL` (durable at each WAL checkpoint, safe with
-/// WAL), and a 10 s busy timeout so concurrent writers wait for each other instead of failing.
+/// WAL), a 10 s busy timeout so concurrent writers wait for each other instead of failing,
+/// and the write-ahead log cut back to [`WAL_SIZE_LIMIT`] each time it starts over.
+///
+/// A reader whose transaction stays open (a backup, a report) keeps every checkpoint from
+/// passing its snapshot, and the log grows with every commit until it ends: by tens of
+/// kilobytes a message, gigabytes in minutes at hundreds of messages a second. Without the
+/// limit SQLite keeps the file at that size after; with it, the next write after the log has
+/// been checkpointed whole cuts the file back.
 pub fn connect_options(path: &Path) -> SqliteConnectOptions {
     outbox_settings(SqliteConnectOptions::new().filename(path))
 }
@@ -23,6 +34,7 @@ fn outbox_settings(options: SqliteConnectOptions) -> SqliteConnectOptions {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(Duration::from_secs(10))
+        .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
 }
 
 /// Opens a pool on the database file at `path` with [`connect_options`].

@@ -84,7 +84,7 @@ mod model;
 use outbox_core::Error;
 use sqlx::SqlitePool;
 
-pub use crate::connect::{connect, connect_options};
+pub use crate::connect::{WAL_SIZE_LIMIT, connect, connect_options};
 pub use crate::dialect::SqliteDialect;
 pub use outbox_core::store::MIGRATIONS_TABLE;
 /// A replicated model this backend writes (`M: Writable<SqliteDialect>`): every field of a
