@@ -495,28 +495,11 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
     };
     // At the default costs, and at those of a server on solid-state storage; as they are, and
     // under the planner's guard, as the store runs them once the tables are dead-heavy.
+    let explain =
+        |sql: &str| AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"));
     for (begin, costs) in RUNS {
-        let mut tx = pool.begin_with(begin).await.expect("begin");
-        sqlx::raw_sql(AssertSqlSafe(costs))
-            .execute(&mut *tx)
-            .await
-            .expect(costs);
-        let text: String = claim(AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_MANY}"
-        )))
-        .try_map(|row: PgRow| row.try_get_unchecked(0))
-        .fetch_one(&mut *tx)
-        .await
-        .expect("the claim's plan");
-        tx.rollback().await.expect("rollback");
-        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
-        for relation in ["outbox_leases", "outbox_messages"] {
-            let blocks = blocks_on(&plan, relation);
-            assert!(
-                blocks <= 25.0 * SHARDS as f64,
-                "{begin}; {costs}: the claim read {blocks} buffers of {relation} for {SHARDS} shards\n{plan:#}"
-            );
-        }
+        let plan = explained_under(pool, begin, costs, claim(explain(CLAIM_MANY))).await;
+        assert_few_buffers(&plan, "claim", SHARDS, &format!("{begin}; {costs}"));
     }
 
     // The claim, run, then its acknowledgement explained (and rolled back).
@@ -536,38 +519,56 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
     }
     assert_eq!(tokens.len(), SHARDS as usize);
     for (begin, costs) in RUNS {
-        let mut tx = pool.begin_with(begin).await.expect("begin");
-        sqlx::raw_sql(AssertSqlSafe(costs))
-            .execute(&mut *tx)
-            .await
-            .expect(costs);
-        let text: String = sqlx::query(AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {ACK_AND_RELEASE_MANY}"
-        )))
-        .bind(vec![1_i16; keys.len()])
-        .bind(keys.clone())
-        .bind(vec![String::new(); keys.len()])
-        .bind(tokens.clone())
-        .bind(places.clone())
-        .bind(ids.clone())
-        .bind(vec![true; keys.len()])
-        .try_map(|row: PgRow| row.try_get_unchecked(0))
-        .fetch_one(&mut *tx)
-        .await
-        .expect("the acknowledgement's plan");
-        tx.rollback().await.expect("rollback");
-        let plan: Value = serde_json::from_str(&text).expect("EXPLAIN returns JSON");
-        for relation in ["outbox_leases", "outbox_messages"] {
-            let blocks = blocks_on(&plan, relation);
-            assert!(
-                blocks <= 25.0 * SHARDS as f64,
-                "{begin}; {costs}: the acknowledgement read {blocks} buffers of {relation} for {SHARDS} \
-                 shards\n{plan:#}"
-            );
-        }
+        let acknowledgement = sqlx::query(explain(ACK_AND_RELEASE_MANY))
+            .bind(vec![1_i16; keys.len()])
+            .bind(keys.clone())
+            .bind(vec![String::new(); keys.len()])
+            .bind(tokens.clone())
+            .bind(places.clone())
+            .bind(ids.clone())
+            .bind(vec![true; keys.len()]);
+        let plan = explained_under(pool, begin, costs, acknowledgement).await;
+        assert_few_buffers(
+            &plan,
+            "acknowledgement",
+            SHARDS,
+            &format!("{begin}; {costs}"),
+        );
     }
     sqlx::query("COMMIT")
         .execute(&mut *holder)
         .await
         .expect("commit");
+}
+
+/// The plan of `query` (an `EXPLAIN (ANALYZE, FORMAT JSON)`) run in a transaction begun by
+/// `begin` with the planner's `costs` set, and rolled back.
+async fn explained_under(pool: &PgPool, begin: &str, costs: &str, query: Query) -> Value {
+    let mut tx = pool
+        .begin_with(AssertSqlSafe(begin.to_owned()))
+        .await
+        .expect("begin");
+    sqlx::raw_sql(AssertSqlSafe(costs.to_owned()))
+        .execute(&mut *tx)
+        .await
+        .expect(costs);
+    let text: String = query
+        .try_map(|row: PgRow| row.try_get_unchecked(0))
+        .fetch_one(&mut *tx)
+        .await
+        .expect("the plan");
+    tx.rollback().await.expect("rollback");
+    serde_json::from_str(&text).expect("EXPLAIN returns JSON")
+}
+
+/// The nodes of `plan` (a `statement` over `shards` shards, run as `how`) read at most 25
+/// buffers a shard of each of the outbox's two hot tables.
+fn assert_few_buffers(plan: &Value, statement: &str, shards: i64, how: &str) {
+    for relation in ["outbox_leases", "outbox_messages"] {
+        let blocks = blocks_on(plan, relation);
+        assert!(
+            blocks <= 25.0 * shards as f64,
+            "{how}: the {statement} read {blocks} buffers of {relation} for {shards} shards\n{plan:#}"
+        );
+    }
 }

@@ -111,13 +111,18 @@ macro_rules! of_key {
 }
 pub(crate) use of_key;
 
-/// The newest row of a shard (three column expressions): its `seq`, by a backward seek.
-macro_rules! newest {
-    ($scope:literal, $identifier:literal, $destination:literal) => {
+/// The newest row of a shard (three column expressions) as a query of `$t`'s `$columns`: a
+/// backward seek that reads the newest entry first and stops there.
+macro_rules! newest_row {
+    ($columns:literal, $t:literal, $scope:expr, $identifier:expr, $destination:expr) => {
         concat!(
-            "(SELECT x.seq FROM outbox_leases x WHERE ",
+            "SELECT ",
+            $columns,
+            " FROM outbox_leases ",
+            $t,
+            " WHERE ",
             $crate::dialect::leases::of_key!(
-                "x",
+                $t,
                 "seq",
                 $scope,
                 $identifier,
@@ -125,8 +130,27 @@ macro_rules! newest {
                 ">=",
                 "0"
             ),
-            " ORDER BY x.shard_scope DESC, x.shard_identifier DESC, x.destination DESC, \
-                x.seq DESC LIMIT 1)"
+            " ORDER BY ",
+            $t,
+            ".shard_scope DESC, ",
+            $t,
+            ".shard_identifier DESC, ",
+            $t,
+            ".destination DESC, ",
+            $t,
+            ".seq DESC LIMIT 1"
+        )
+    };
+}
+pub(crate) use newest_row;
+
+/// The newest row of a shard (three column expressions): its `seq`.
+macro_rules! newest {
+    ($scope:literal, $identifier:literal, $destination:literal) => {
+        concat!(
+            "(",
+            $crate::dialect::leases::newest_row!("x.seq", "x", $scope, $identifier, $destination),
+            ")"
         )
     };
 }
@@ -136,19 +160,15 @@ pub(crate) use newest;
 macro_rules! head_of {
     ($k:literal) => {
         concat!(
-            "LEFT JOIN LATERAL (SELECT l.seq, l.lease_owner, l.lease_token, l.lease_expires_at \
-                FROM outbox_leases l WHERE ",
-            $crate::dialect::leases::of_key!(
+            "LEFT JOIN LATERAL (",
+            $crate::dialect::leases::newest_row!(
+                "l.seq, l.lease_owner, l.lease_token, l.lease_expires_at",
                 "l",
-                "seq",
                 concat!($k, ".shard_scope"),
                 concat!($k, ".shard_identifier"),
-                concat!($k, ".destination"),
-                ">=",
-                "0"
+                concat!($k, ".destination")
             ),
-            " ORDER BY l.shard_scope DESC, l.shard_identifier DESC, l.destination DESC, \
-                l.seq DESC LIMIT 1) h ON true"
+            ") h ON true"
         )
     };
 }

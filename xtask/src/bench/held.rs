@@ -24,7 +24,7 @@ use outbox_core::{Relay, RelayConfig};
 use sqlx::{Connection, MySqlPool, SqliteConnection, SqlitePool};
 
 use super::BenchArgs;
-use super::horizon::figures;
+use super::horizon::{figures, ratio};
 use super::latency::{
     Instants, delivered, live_message, live_traffic_with, noting_registry, percentile, run_relay,
     stopped,
@@ -73,39 +73,20 @@ pub(crate) async fn mariadb(args: &BenchArgs) -> Result<Vec<Row>, String> {
     let mut holder = sqlx::MySqlConnection::connect(&server.url())
         .await
         .map_err(failed("connecting the long transaction"))?;
-    let hold = async |begin: bool| {
-        let statements: &[&'static str] = if begin {
-            &[
-                "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-                "START TRANSACTION WITH CONSISTENT SNAPSHOT",
-                "SELECT count(*) FROM outbox_messages",
-                "SELECT count(*) FROM outbox_shards",
-            ]
-        } else {
-            &["COMMIT"]
-        };
-        for statement in statements {
-            sqlx::raw_sql(*statement)
-                .execute(&mut holder)
-                .await
-                .map_err(failed("the long transaction"))?;
-        }
-        Ok(())
-    };
     drive(
         args,
         "13c. held horizon on MariaDB (3 min), ~800/s live",
         &pool,
-        |started| {
-            Ok(Relay::with_config(
-                outbox_mysql::MySqlStore::new(pool.clone()),
-                noting_registry(started)?,
-                RelayConfig::default(),
-            ))
-        },
+        outbox_mysql::MySqlStore::new(pool.clone()),
         commit,
         gauges,
-        hold,
+        &mut holder,
+        &[
+            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT",
+            "SELECT count(*) FROM outbox_messages",
+            "SELECT count(*) FROM outbox_shards",
+        ],
     )
     .await
 }
@@ -135,64 +116,46 @@ pub(crate) async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
     let mut holder = SqliteConnection::connect_with(&outbox_sqlite::connect_options(&path))
         .await
         .map_err(failed("opening the reader"))?;
-    let hold = async |begin: bool| {
-        let statements: &[&'static str] = if begin {
-            &[
-                "BEGIN",
-                "SELECT count(*) FROM outbox_messages",
-                "SELECT count(*) FROM outbox_shards",
-            ]
-        } else {
-            &["COMMIT"]
-        };
-        for statement in statements {
-            sqlx::raw_sql(*statement)
-                .execute(&mut holder)
-                .await
-                .map_err(failed("the long reader"))?;
-        }
-        Ok(())
-    };
     drive(
         args,
         "13d. held horizon on SQLite (3 min), ~800/s live",
         &pool,
-        |started| {
-            Ok(Relay::with_config(
-                outbox_sqlite::SqliteStore::new(pool.clone()),
-                noting_registry(started)?,
-                RelayConfig::default(),
-            ))
-        },
+        outbox_sqlite::SqliteStore::new(pool.clone()),
         commit,
         gauges,
-        hold,
+        &mut holder,
+        &[
+            "BEGIN",
+            "SELECT count(*) FROM outbox_messages",
+            "SELECT count(*) FROM outbox_shards",
+        ],
     )
     .await
 }
 
-/// The scenario on one database: `relay` is made with the registry that notes each handler's
-/// start, `commit` writes one live message, `gauges` reads the phase's gauges, `hold(true)`
-/// begins the hold and `hold(false)` ends it.
+/// The scenario on one database: the relay runs on `store` with the registry that notes each
+/// handler's start, `commit` writes one live message, `gauges` reads the phase's gauges, and
+/// `holder` holds the horizon from its `begin` statements to its `COMMIT`.
 #[allow(clippy::too_many_arguments)]
-async fn drive<P, S, R, C, CF, G, GF, H>(
+async fn drive<P, S, C, CF, G, GF, H>(
     args: &BenchArgs,
     title: &str,
     pool: &P,
-    relay: R,
+    store: S,
     commit: C,
     gauges: G,
-    mut hold: H,
+    holder: &mut H,
+    begin: &[&'static str],
 ) -> Result<Vec<Row>, String>
 where
     P: Clone + Send + Sync + 'static,
     S: Store,
-    R: FnOnce(&Instants) -> Result<Relay<S>, String>,
     C: Fn(P, i64) -> CF + Clone + Send + 'static,
     CF: Future<Output = Result<(), String>> + Send,
     G: Fn(P) -> GF,
     GF: Future<Output = Result<Vec<Gauge>, String>>,
-    H: AsyncFnMut(bool) -> Result<(), String>,
+    H: Connection,
+    for<'c> &'c mut H: sqlx::Executor<'c, Database = H::Database>,
 {
     let (quiet, minute, after) = (
         args.seconds(30, 3),
@@ -200,7 +163,7 @@ where
         args.seconds(120, 4),
     );
     let (committed, started): (Instants, Instants) = Default::default();
-    let relay = relay(&started)?;
+    let relay = Relay::with_config(store, noting_registry(&started)?, RelayConfig::default());
     let (stop_relay, running) = run_relay(&relay);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (stop_live, live) = {
@@ -234,7 +197,12 @@ where
     tokio::time::sleep(quiet).await;
     end_phase("before".to_owned(), &mut from).await?;
 
-    hold(true).await?;
+    for statement in begin.iter().copied() {
+        sqlx::raw_sql(statement)
+            .execute(&mut *holder)
+            .await
+            .map_err(failed("beginning the hold"))?;
+    }
     for held in 1..=MINUTES {
         tokio::time::sleep_until((from + minute).into()).await;
         end_phase(
@@ -243,7 +211,10 @@ where
         )
         .await?;
     }
-    hold(false).await?;
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .map_err(failed("ending the hold"))?;
     tokio::time::sleep_until((from + after).into()).await;
     end_phase(
         format!("the {} s after it is released", after.as_secs()),
@@ -293,13 +264,6 @@ fn rows(title: &str, phases: &[Phase], committed: &Instants, started: &Instants)
             ));
         }
     }
-    let ratio = |now: f64, then: f64| {
-        if then > 0.0 {
-            now / then
-        } else {
-            f64::INFINITY
-        }
-    };
     if let (Some(before), Some(last)) = (p99s.first(), p99s.iter().rev().nth(1)) {
         rows.push(Row::measured(
             &format!("{title}: live p99 in the hold's last minute ÷ before"),

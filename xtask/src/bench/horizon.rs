@@ -164,6 +164,15 @@ async fn statements(pool: &PgPool, since: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
+/// `now` ÷ `then` (infinite when `then` is 0).
+pub(super) fn ratio(now: f64, then: f64) -> f64 {
+    if then > 0.0 {
+        now / then
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// A stretch of the run, and the tables at its end.
 struct Phase {
     name: String,
@@ -439,13 +448,6 @@ fn rows(hold: &Hold, phases: &[Phase], outbox: [&Instants; 2], queue: [&Instants
         phases.last(),
     ) else {
         return rows;
-    };
-    let ratio = |now: f64, then: f64| {
-        if then > 0.0 {
-            now / then
-        } else {
-            f64::INFINITY
-        }
     };
     let mut target = |what: &str, engine: f64, baseline: f64, below: f64| {
         rows.push(Row::compared(
