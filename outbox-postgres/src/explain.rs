@@ -421,6 +421,8 @@ async fn a_batch_claim_reads_its_steps_a_bounded_number_of_times_per_shard() {
 /// both under the planner's guard then (`space`), and so are they explained here.
 #[tokio::test]
 async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard() {
+    use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
+
     // The planner's costs the statements are explained at: the defaults, and a server's on
     // solid-state storage (random reads about as cheap as sequential ones).
     const COSTS: [&str; 2] = [
@@ -433,8 +435,6 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
         (GUARD, COSTS[0]),
         (GUARD, COSTS[1]),
     ];
-    use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
-
     const SHARDS: i64 = 40;
     const DRAINS: usize = 3;
     let database = PgTestDatabase::create().await;

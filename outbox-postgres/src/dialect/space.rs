@@ -185,16 +185,15 @@ impl Space {
     /// it changes.
     pub(crate) fn guard(&self, heavy: bool) {
         if self.guarded.swap(heavy, Ordering::Relaxed) != heavy {
+            let (tables, statements) = if heavy {
+                ("hold", "run under")
+            } else {
+                ("no longer hold", "no longer run under")
+            };
             tracing::info!(
                 guarded = heavy,
-                "the outbox's tables {} many deleted rows not yet removed (a held vacuum \
-                 horizon): the relay's batch statements {} the planner's guard",
-                if heavy { "hold" } else { "no longer hold" },
-                if heavy {
-                    "run under"
-                } else {
-                    "no longer run under"
-                },
+                "the outbox's tables {tables} many deleted rows not yet removed (a held vacuum \
+                 horizon): the relay's batch statements {statements} the planner's guard"
             );
         }
     }

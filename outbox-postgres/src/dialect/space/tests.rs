@@ -176,8 +176,13 @@ async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
     let mut conn = pool.acquire().await.expect("connect");
+    // The statistics' counters of `conn`'s session reach shared memory now, not within the
+    // second; then the store's check reads them.
     let heavy = async |conn: &mut sqlx::PgConnection| {
-        flush_statistics_on(conn).await;
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(conn)
+            .await
+            .expect("flush the statistics");
         super::dead_heavy(pool, 1_000).await.expect("dead rows")
     };
     assert!(!heavy(&mut conn).await, "an empty outbox");
@@ -211,13 +216,4 @@ async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
         assert_eq!(seen, expected, "guarded: {guarded}");
         assert!(!sqlx::Connection::is_in_transaction(&*conn));
     }
-}
-
-/// The statistics' counters of `conn`'s session reach shared memory now, not within the
-/// second.
-async fn flush_statistics_on(conn: &mut sqlx::PgConnection) {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(conn)
-        .await
-        .expect("flush the statistics");
 }
