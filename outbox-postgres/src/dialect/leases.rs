@@ -77,15 +77,9 @@ macro_rules! of_key {
             $t,
             ".shard_scope = ",
             $scope,
-            " AND (",
-            $t,
-            ".shard_identifier, ",
-            $t,
-            ".destination, ",
-            $t,
-            ".",
-            $column,
-            ") ",
+            " AND ",
+            $crate::dialect::leases::key_row!($t, $column),
+            " ",
             $op,
             " (",
             $identifier,
@@ -93,15 +87,9 @@ macro_rules! of_key {
             $destination,
             ", ",
             $low,
-            ") AND (",
-            $t,
-            ".shard_identifier, ",
-            $t,
-            ".destination, ",
-            $t,
-            ".",
-            $column,
-            ") <= (",
+            ") AND ",
+            $crate::dialect::leases::key_row!($t, $column),
+            " <= (",
             $identifier,
             ", ",
             $destination,
@@ -110,6 +98,24 @@ macro_rules! of_key {
     };
 }
 pub(crate) use of_key;
+
+/// The row `of_key!` compares: `$t`'s shard identifier, destination and `$column`.
+macro_rules! key_row {
+    ($t:literal, $column:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".shard_identifier, ",
+            $t,
+            ".destination, ",
+            $t,
+            ".",
+            $column,
+            ")"
+        )
+    };
+}
+pub(crate) use key_row;
 
 /// The newest row of a shard (three column expressions) as a query of `$t`'s `$columns`: a
 /// backward seek that reads the newest entry first and stops there.
