@@ -6,9 +6,20 @@
 //! the commit rate of many concurrent writers. Instead, once a transaction has committed, this
 //! process sends one `NOTIFY` on a pooled connection, naming the shards written since its last
 //! one; while one is in flight, the announcements wait and go in the next.
+//!
+//! Nor does it send one that nobody would hear. A relay's `LISTEN` connection names itself
+//! (its `application_name` is [`listener_name`] of its process and database), so that a
+//! process can tell from `pg_stat_activity` whether a relay of *another* process listens: a
+//! relay of its own is woken directly, and a `NOTIFY` it alone would hear is a transaction
+//! spent for nothing (at one writer, 70% of plain SQL's commit rate with it, 88% without). What it read is kept for
+//! [`LISTENERS_KNOWN_FOR`]: a relay of another process that starts listening hears this
+//! process's commits within that (and finds those made before by its sweep and polling).
+//! A listener that does not name itself (a relay of an earlier version, a program of the
+//! user's) counts while `LISTEN` is the last statement it ran.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
@@ -18,7 +29,7 @@ use outbox_core::{Error, ShardKey};
 use outbox_sqlx::error::database;
 use outbox_sqlx::wake::{Announced, process_nonce};
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use tracing::debug;
 
 use super::{PgDialect, shard_from_stored, stored_shard};
@@ -41,6 +52,31 @@ pub(crate) fn database_key(pool: &PgPool) -> String {
     )
 }
 
+/// What a relay's `LISTEN` connection to `database` ([`database_key`]) is named in a process:
+/// a digest of the process's nonce and the database, so that this process's writers know it
+/// for their own (a relay they wake directly) and every other process's for another's.
+fn listener_name(database: &str) -> String {
+    let own = format!("@{:016x} {database}", process_nonce());
+    let digest = BuildHasherDefault::<DefaultHasher>::default().hash_one(own);
+    format!("{LISTENER_PREFIX}{digest:016x}")
+}
+
+/// How the names of relays' `LISTEN` connections begin.
+const LISTENER_PREFIX: &str = "outbox-listener ";
+
+/// Whether a relay of another process listens on the database: a connection named as a
+/// relay's listener but not this process's (`$1`), or one that does not name itself whose last
+/// statement was a `LISTEN` on the channel.
+const LISTENERS: &str = "\
+    SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+        WHERE datname = current_database() AND pid <> pg_backend_pid() \
+            AND CASE WHEN application_name LIKE 'outbox-listener %' \
+                THEN application_name <> $1 \
+                ELSE query LIKE 'LISTEN%outbox_messages%' END)";
+
+/// How long what [`LISTENERS`] read is taken for true.
+const LISTENERS_KNOWN_FOR: Duration = Duration::from_secs(1);
+
 /// Announcements waiting for this process's next `NOTIFY` to a database.
 #[derive(Debug, Default)]
 struct Outgoing {
@@ -49,6 +85,54 @@ struct Outgoing {
     sending: bool,
     /// When the last one was sent.
     sent_at: Option<tokio::time::Instant>,
+    /// Whether a relay of another process listened, and when that was read.
+    listeners: Option<(bool, tokio::time::Instant)>,
+}
+
+impl Outgoing {
+    /// Whether no relay of another process listened a moment ago: nothing to announce.
+    fn unheard(&self) -> bool {
+        matches!(self.listeners, Some((false, at)) if at.elapsed() < LISTENERS_KNOWN_FOR)
+    }
+
+    /// Whether to read again who listens before the next announcement goes: not yet read, or
+    /// not lately. While another process listens the announcement goes first (what was read
+    /// is read again after it), so that its relays hear it without a round trip more.
+    fn ask_first(&self) -> bool {
+        match self.listeners {
+            None => true,
+            Some((listening, at)) => !listening && at.elapsed() >= LISTENERS_KNOWN_FOR,
+        }
+    }
+
+    fn stale(&self) -> bool {
+        self.listeners
+            .is_none_or(|(_, at)| at.elapsed() >= LISTENERS_KNOWN_FOR)
+    }
+}
+
+/// Whether a relay of another process listens on `pool`'s database (`database`); `true` if it
+/// cannot be read (an announcement too many costs less than one missed).
+async fn listened(pool: &PgPool, database: &str) -> bool {
+    sqlx::query_scalar(LISTENERS)
+        .bind(listener_name(database))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|error: sqlx::Error| {
+            debug!(%error, "cannot read whether relays of other processes listen; announcing");
+            true
+        })
+}
+
+/// Reads who listens into `outgoing` if `due`.
+async fn read_listeners(outgoing: &Mutex<Outgoing>, pool: &PgPool, database: &str, due: bool) {
+    if due {
+        let listening = listened(pool, database).await;
+        outgoing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .listeners = Some((listening, tokio::time::Instant::now()));
+    }
 }
 
 /// The shortest time between two of this process's `NOTIFY`s to one database, in
@@ -106,6 +190,9 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
     };
     {
         let mut outgoing = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+        if outgoing.unheard() {
+            return;
+        }
         outgoing.waiting.add(shards);
         if std::mem::replace(&mut outgoing.sending, true) {
             return;
@@ -124,7 +211,12 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
             if let Some(next) = next {
                 tokio::time::sleep_until(next).await;
             }
-            let payload = {
+            let first = outgoing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ask_first();
+            read_listeners(&outgoing, &pool, &database, first).await;
+            let (payload, again) = {
                 let mut outgoing = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
                 let Some(wakeup) = outgoing.waiting.take() else {
                     // Under the lock: an announcement made after this starts a new task.
@@ -132,8 +224,12 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                     sender.0 = None;
                     break;
                 };
+                if outgoing.unheard() {
+                    // Nobody else would hear it; those made meanwhile are dropped as they come.
+                    continue;
+                }
                 outgoing.sent_at = Some(tokio::time::Instant::now());
-                payload(&database, &wakeup)
+                (payload(&database, &wakeup), outgoing.stale())
             };
             if let Err(error) = sqlx::query(ANNOUNCE)
                 .bind(NOTIFY_CHANNEL)
@@ -143,6 +239,7 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
             {
                 debug!(%error, "announcing committed messages to other processes failed; their relays will poll");
             }
+            read_listeners(&outgoing, &pool, &database, again).await;
         }
     });
 }
@@ -188,16 +285,26 @@ pub struct PgWakeups {
 }
 
 impl PgWakeups {
-    /// Listens on [`NOTIFY_CHANNEL`] with a connection of its own.
+    /// Listens on [`NOTIFY_CHANNEL`] with a connection of its own, named for this process
+    /// ([`listener_name`]): from a pool of one connection beside `pool`'s, with its options,
+    /// so that the name stays with the listener when it connects again and goes with it.
     pub(crate) async fn listen(pool: &PgPool) -> Result<Self, Error> {
-        let mut listener = PgListener::connect_with(pool)
+        let key = database_key(pool);
+        let options = (*pool.connect_options())
+            .clone()
+            .application_name(&listener_name(&key));
+        let own_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&own_pool)
             .await
             .map_err(database::<PgDialect>("listening for commits"))?;
         listener
             .listen(NOTIFY_CHANNEL)
             .await
             .map_err(database::<PgDialect>("listening for commits"))?;
-        let own = format!("@{:016x} {}", process_nonce(), database_key(pool));
+        let own = format!("@{:016x} {key}", process_nonce());
         Ok(Self { listener, own })
     }
 }
@@ -253,10 +360,97 @@ fn parse_wakeup(payload: &str) -> Wakeup {
     }
 }
 
+/// Forgets who was read to listen on `database`, as if [`LISTENERS_KNOWN_FOR`] had passed.
+#[cfg(test)]
+fn forget_listeners(database: &str) {
+    if let Some(outgoing) = OUTGOING
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(database)
+    {
+        outgoing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .listeners = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use outbox_core::{Destination, Id, ScopeId, ShardKey};
+    use outbox_testkit::postgres::PgTestDatabase;
+
+    /// A connection listening on the relays' channel, named `name` (none: as it comes).
+    async fn listening(pool: &PgPool, name: Option<&str>) -> PgListener {
+        let mut options = (*pool.connect_options()).clone();
+        if let Some(name) = name {
+            options = options.application_name(name);
+        }
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .expect("a listener's pool");
+        let mut listener = PgListener::connect_with(&own).await.expect("connect");
+        listener.listen(NOTIFY_CHANNEL).await.expect("listen");
+        listener
+    }
+
+    /// Announces a commit to shard `shard` after forgetting who listens, and returns what
+    /// `spy` (which listens on the channel) heard of it within `within`.
+    async fn announced(
+        pool: &PgPool,
+        spy: &mut PgListener,
+        shard: i64,
+        within: Duration,
+    ) -> Option<String> {
+        let database = database_key(pool);
+        forget_listeners(&database);
+        notify(pool, &database, &[ShardKey::local(ScopeId(1), shard)]);
+        tokio::time::timeout(within, spy.recv())
+            .await
+            .ok()
+            .map(|heard| heard.expect("a notification").payload().to_owned())
+    }
+
+    /// A commit is announced while a relay of another process listens (one that names itself,
+    /// or an earlier version's whose last statement was its `LISTEN`), and not while only
+    /// this process's relay does: it is woken directly.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_are_announced_only_while_another_process_listens() {
+        let database = PgTestDatabase::create().await;
+        let pool = database.pool();
+        let database = database_key(pool);
+        let mut mine = listening(pool, Some(&listener_name(&database))).await;
+        let quiet = Duration::from_millis(300);
+        assert_eq!(
+            announced(pool, &mut mine, 1, quiet).await,
+            None,
+            "only this process's relay listens"
+        );
+
+        let other = listening(pool, Some("outbox-listener 0000000000000001")).await;
+        let heard = announced(pool, &mut mine, 2, Duration::from_secs(10)).await;
+        assert!(heard.is_some_and(|heard| heard.ends_with("\n1:2:")));
+        drop(other);
+
+        let unnamed = listening(pool, None).await;
+        let heard = announced(pool, &mut mine, 3, Duration::from_secs(10)).await;
+        assert!(heard.is_some_and(|heard| heard.ends_with("\n1:3:")));
+        drop(unnamed);
+
+        // The connections of the dropped listeners close as their pools go.
+        let gone = async {
+            while listened(pool, &database).await {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .expect("the other listeners went");
+        assert_eq!(announced(pool, &mut mine, 4, quiet).await, None);
+    }
 
     #[test]
     fn parses_notification_payloads() {
