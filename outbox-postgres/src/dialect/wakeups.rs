@@ -11,9 +11,10 @@
 //! (its `application_name` is [`listener_name`] of its process and database), so that a
 //! process can tell from `pg_stat_activity` whether a relay of *another* process listens: a
 //! relay of its own is woken directly, and a `NOTIFY` it alone would hear is a transaction
-//! spent for nothing (at one writer, 70% of plain SQL's commit rate with it, 88% without). What it read is kept for
-//! [`LISTENERS_KNOWN_FOR`]: a relay of another process that starts listening hears this
-//! process's commits within that (and finds those made before by its sweep and polling).
+//! spent for nothing (at one writer, 70% of plain SQL's commit rate with it, 88% without).
+//! What it read is kept for [`LISTENERS_KNOWN_FOR`]: a relay of another process that starts
+//! listening hears this process's commits within that (and finds those made before by its
+//! sweep and polling).
 //! A listener that does not name itself (a relay of an earlier version, a program of the
 //! user's) counts while `LISTEN` is the last statement it ran.
 
