@@ -507,7 +507,7 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     gate.add_permits(1);
     let waiting = format!(
         "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE '%FROM tops t JOIN outbox_leases l%'",
+         AND query LIKE '%DELETE FROM outbox_leases l USING tops t%'",
         database.name()
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
