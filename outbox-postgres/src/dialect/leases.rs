@@ -559,6 +559,10 @@ macro_rules! same_key {
 // into: a custom plan then estimates what a generic one does, so after its first executions
 // PostgreSQL keeps the generic plan of the prepared statement instead of planning this
 // statement anew at every claim.
+//
+// A first row's conflict is looked for in the index of first rows alone: its `seq` is a new
+// token, which no row has, and a conflict looked for in every unique index read the primary
+// key once more per row.
 pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want AS ( \
         SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination, w.after \
@@ -574,7 +578,7 @@ pub(crate) const CLAIM_MANY: &str = concat!(
                 nextval('outbox_lease_tokens') AS token \
             FROM due d WHERE d.seq IS NULL \
             ORDER BY d.shard_scope, d.shard_identifier, d.destination) n \
-        ON CONFLICT DO NOTHING \
+        ON CONFLICT (shard_scope, shard_identifier, destination) WHERE first DO NOTHING \
         RETURNING shard_scope, shard_identifier, destination, lease_token), \
      claimed AS MATERIALIZED ( \
         SELECT u.shard_scope, u.shard_identifier, u.destination, max(u.token) AS lease_token, \
