@@ -201,28 +201,19 @@ macro_rules! mine {
     };
 }
 
-/// The end of the rows `$rows` names (its columns: the key, `seq`, `first`, and `keep`
-/// where the chain stays though its first row is the one ending): deleted, or a first row
-/// that stays marked superseded.
+/// The end of the rows `$rows` names (its columns: the key, `seq` and `first`): deleted, or
+/// a chain's first row, which stays, marked superseded.
 macro_rules! superseded {
     ($rows:literal) => {
-        superseded!($rows, "true")
-    };
-    ($rows:literal, $keep:literal) => {
         concat!(
             "gone AS (DELETE FROM outbox_leases l USING ",
             $rows,
             " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
-                AND l.destination = m.destination AND l.seq = m.seq \
-                AND NOT (m.first AND ",
-            $keep,
-            ")), \
+                AND l.destination = m.destination AND l.seq = m.seq AND NOT m.first), \
              marked AS (UPDATE outbox_leases l SET superseded = true FROM ",
             $rows,
             " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
-                AND l.destination = m.destination AND l.seq = m.seq AND m.first AND ",
-            $keep,
-            ")"
+                AND l.destination = m.destination AND l.seq = m.seq AND m.first)"
         )
     };
 }
