@@ -57,21 +57,40 @@ pub(crate) fn database_key(pool: &PgPool) -> String {
 /// a digest of the process's nonce and the database, so that this process's writers know it
 /// for their own (a relay they wake directly) and every other process's for another's.
 fn listener_name(database: &str) -> String {
-    let own = format!("@{:016x} {database}", process_nonce());
-    let digest = BuildHasherDefault::<DefaultHasher>::default().hash_one(own);
+    let digest = BuildHasherDefault::<DefaultHasher>::default().hash_one(sender(database));
     format!("{LISTENER_PREFIX}{digest:016x}")
+}
+
+/// How this process signs what it sends to `database` ([`database_key`]): the first line of
+/// its notifications, by which its own relays know them.
+fn sender(database: &str) -> String {
+    format!("@{:016x} {database}", process_nonce())
+}
+
+/// A pool of one connection to `pool`'s database, with its options, named `name` (if any):
+/// where a listener's connection comes from, so that its name stays with it when it connects
+/// again and goes with it.
+fn listener_pool(pool: &PgPool, name: Option<&str>) -> PgPool {
+    let mut options = (*pool.connect_options()).clone();
+    if let Some(name) = name {
+        options = options.application_name(name);
+    }
+    PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .connect_lazy_with(options)
 }
 
 /// How the names of relays' `LISTEN` connections begin.
 const LISTENER_PREFIX: &str = "outbox-listener ";
 
 /// Whether a relay of another process listens on the database: a connection named as a
-/// relay's listener but not this process's (`$1`), or one that does not name itself whose last
-/// statement was a `LISTEN` on the channel.
+/// relay's listener (`$2`: [`LISTENER_PREFIX`] then `%`) but not this process's (`$1`), or one
+/// that does not name itself whose last statement was a `LISTEN` on the channel.
 const LISTENERS: &str = "\
     SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
         WHERE datname = current_database() AND pid <> pg_backend_pid() \
-            AND CASE WHEN application_name LIKE 'outbox-listener %' \
+            AND CASE WHEN application_name LIKE $2 \
                 THEN application_name <> $1 \
                 ELSE query LIKE 'LISTEN%outbox_messages%' END)";
 
@@ -100,12 +119,10 @@ impl Outgoing {
     /// not lately. While another process listens the announcement goes first (what was read
     /// is read again after it), so that its relays hear it without a round trip more.
     fn ask_first(&self) -> bool {
-        match self.listeners {
-            None => true,
-            Some((listening, at)) => !listening && at.elapsed() >= LISTENERS_KNOWN_FOR,
-        }
+        self.stale() && !self.listeners.is_some_and(|(listening, _)| listening)
     }
 
+    /// Whether who listens was not read lately (or ever).
     fn stale(&self) -> bool {
         self.listeners
             .is_none_or(|(_, at)| at.elapsed() >= LISTENERS_KNOWN_FOR)
@@ -117,6 +134,7 @@ impl Outgoing {
 async fn listened(pool: &PgPool, database: &str) -> bool {
     sqlx::query_scalar(LISTENERS)
         .bind(listener_name(database))
+        .bind(format!("{LISTENER_PREFIX}%"))
         .fetch_one(pool)
         .await
         .unwrap_or_else(|error: sqlx::Error| {
@@ -263,7 +281,7 @@ impl Drop for Sending {
 /// A notification's text: `@` this process's nonce and the database, then one
 /// `scope:shard:destination` per line, or `*` (any).
 fn payload(database: &str, wakeup: &Wakeup) -> String {
-    let mut text = format!("@{:016x} {database}", process_nonce());
+    let mut text = sender(database);
     match wakeup {
         Wakeup::Shards(shards) if shards.len() <= MOST_SHARDS => {
             for shard in shards {
@@ -287,17 +305,10 @@ pub struct PgWakeups {
 
 impl PgWakeups {
     /// Listens on [`NOTIFY_CHANNEL`] with a connection of its own, named for this process
-    /// ([`listener_name`]): from a pool of one connection beside `pool`'s, with its options,
-    /// so that the name stays with the listener when it connects again and goes with it.
+    /// ([`listener_name`], from [`listener_pool`]).
     pub(crate) async fn listen(pool: &PgPool) -> Result<Self, Error> {
         let key = database_key(pool);
-        let options = (*pool.connect_options())
-            .clone()
-            .application_name(&listener_name(&key));
-        let own_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .connect_lazy_with(options);
+        let own_pool = listener_pool(pool, Some(&listener_name(&key)));
         let mut listener = PgListener::connect_with(&own_pool)
             .await
             .map_err(database::<PgDialect>("listening for commits"))?;
@@ -305,8 +316,10 @@ impl PgWakeups {
             .listen(NOTIFY_CHANNEL)
             .await
             .map_err(database::<PgDialect>("listening for commits"))?;
-        let own = format!("@{:016x} {key}", process_nonce());
-        Ok(Self { listener, own })
+        Ok(Self {
+            listener,
+            own: sender(&key),
+        })
     }
 }
 
@@ -384,16 +397,9 @@ mod tests {
 
     /// A connection listening on the relays' channel, named `name` (none: as it comes).
     async fn listening(pool: &PgPool, name: Option<&str>) -> PgListener {
-        let mut options = (*pool.connect_options()).clone();
-        if let Some(name) = name {
-            options = options.application_name(name);
-        }
-        let own = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
+        let mut listener = PgListener::connect_with(&listener_pool(pool, name))
             .await
-            .expect("a listener's pool");
-        let mut listener = PgListener::connect_with(&own).await.expect("connect");
+            .expect("connect");
         listener.listen(NOTIFY_CHANNEL).await.expect("listen");
         listener
     }
