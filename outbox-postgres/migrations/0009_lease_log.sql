@@ -2,17 +2,19 @@
 -- place, so that a held vacuum horizon does not make each claim walk the versions every earlier
 -- drain left. A shard's lease is its newest row (found by a backward seek of the key, which
 -- visits no older entry); a change deletes that row and inserts the next. The chain's first
--- row stays, marked superseded, until the chain ends: two claimers that both found no row
--- conflict on it. A claim of a shard that holds one message inserts one row and its release
--- deletes it; a shard drained again and again keeps two rows. Failures, backoff and parking
--- stay in outbox_shards, which a shard that never fails no longer touches.
+-- row (seq 0) stays, marked superseded, until the chain ends: two claimers that both found no
+-- row conflict on it in the primary key. A drain's claim inserts one row and its release
+-- deletes it; while the horizon is held, a shard drained again and again keeps two rows.
+-- Failures, backoff and parking stay in outbox_shards, which a shard that never fails no
+-- longer touches.
 CREATE TABLE outbox_leases (
     shard_scope      SMALLINT    NOT NULL,
     shard_identifier BIGINT      NOT NULL,
     destination      TEXT        NOT NULL,
-    -- From outbox_lease_tokens: a later row of a shard has a greater one.
+    -- 0 for the chain's first row; the others' from outbox_lease_tokens: a later row of a
+    -- shard has a greater one.
     seq              BIGINT      NOT NULL,
-    -- The chain's first row: at most one live per shard.
+    -- The chain's first row (seq 0): at most one per shard.
     first            BOOLEAN     NOT NULL,
     -- The first row once another follows it (the others are deleted then).
     superseded       BOOLEAN     NOT NULL DEFAULT false,
@@ -23,9 +25,6 @@ CREATE TABLE outbox_leases (
     written_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (shard_scope, shard_identifier, destination, seq)
 );
-
-CREATE UNIQUE INDEX outbox_leases_first ON outbox_leases
-    (shard_scope, shard_identifier, destination) WHERE first;
 
 -- Which lease protocol each relay speaks: a binary from before this migration leaves the
 -- default, 1 (leases in outbox_shards).

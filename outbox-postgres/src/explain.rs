@@ -421,7 +421,8 @@ async fn a_batch_claim_reads_its_steps_a_bounded_number_of_times_per_shard() {
 /// both under the planner's guard then (`space`), and so are they explained here.
 #[tokio::test]
 async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard() {
-    use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
+    use crate::dialect::leases::tests::horizon_held;
+    use crate::dialect::positions::tests::{drain, insert, shard, store};
 
     // The planner's costs the statements are explained at: the defaults, and a server's on
     // solid-state storage (random reads about as cheap as sequential ones).
@@ -440,7 +441,9 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    let mut holder = snapshot_held(pool, "outbox_leases").await;
+    let (store, dialect) = store(pool);
+    // The relay sees the horizon held: its busy shards keep their chains.
+    let mut holder = horizon_held(pool, &dialect).await;
     // What 4,000 earlier drains of each shard left: their lease rows and messages, deleted,
     // each drain's rows beside the other shards' (as a busy relay's land in the pages).
     for statement in [
@@ -457,7 +460,6 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
     ] {
         sqlx::query(statement).execute(pool).await.expect(statement);
     }
-    let (store, dialect) = store(pool);
     let mut writes = pool.acquire().await.expect("connect");
     let shards: Vec<_> = (1..=SHARDS).map(shard).collect();
     for _ in 0..DRAINS {

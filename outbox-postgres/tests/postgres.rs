@@ -662,7 +662,7 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
         .expect("another connection");
     sqlx::query(
         "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first) \
-         VALUES ($1, 1, '', nextval('outbox_lease_tokens'), true)",
+         VALUES ($1, 1, '', 0, true)",
     )
     .bind(scope)
     .execute(&mut other)
@@ -687,8 +687,8 @@ async fn claiming_many_shards_skips_held_rows_and_waits_for_inserted_ones() {
     sqlx::query(
         "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
          lease_owner, lease_token, lease_expires_at) \
-         VALUES ($1, 2, '', nextval('outbox_lease_tokens'), true, 'other', \
-             currval('outbox_lease_tokens'), now() + interval '1 hour')",
+         VALUES ($1, 2, '', 0, true, 'other', nextval('outbox_lease_tokens'), \
+             now() + interval '1 hour')",
     )
     .bind(scope)
     .execute(&mut other)
@@ -728,8 +728,8 @@ async fn a_commits_claim_does_not_queue_behind_a_sweeps_claim() {
         &format!(
             "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
              lease_owner, lease_token, lease_expires_at) \
-             VALUES ({scope}, 1, '', nextval('outbox_lease_tokens'), true, 'other', \
-             currval('outbox_lease_tokens'), now() + interval '1 hour')"
+             VALUES ({scope}, 1, '', 0, true, 'other', nextval('outbox_lease_tokens'), \
+             now() + interval '1 hour')"
         ),
     )
     .await;
@@ -788,8 +788,8 @@ async fn a_claims_read_never_holds_rows_acknowledged_since_it_began() {
     for sql in [
         "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
             lease_owner, lease_token, lease_expires_at) \
-         VALUES ($1, 7, '', nextval('outbox_lease_tokens'), true, 'first', \
-            currval('outbox_lease_tokens'), now() + interval '30 seconds')",
+         VALUES ($1, 7, '', 0, true, 'first', nextval('outbox_lease_tokens'), \
+            now() + interval '30 seconds')",
         "DELETE FROM outbox_messages WHERE shard_scope = $1 AND shard_identifier = 7",
     ] {
         sqlx::query(sql)
@@ -1036,7 +1036,7 @@ async fn a_set_aside_is_refused_while_a_transaction_holds_the_shard() {
     let first = outbox_core::MessageId(ids[0]);
     sqlx::query(
         "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first) \
-         VALUES (1, 1, '', nextval('outbox_lease_tokens'), true)",
+         VALUES (1, 1, '', 0, true)",
     )
     .execute(database.pool())
     .await

@@ -14,12 +14,15 @@
 //! - *An extension* updates the holder's row in place: a release that waits on it then finds
 //!   the row still its own. A lease is extended a few times in its life, and each claim starts
 //!   a new row, so a row's versions do not grow with the hold.
-//! - *A chain's first row* is not deleted when another follows it, only marked superseded: the
-//!   unique index on the first rows makes two claimers that both found no row conflict.
-//! - *A one-message shard*'s claim inserts one row (the first) and its release deletes it. A
-//!   shard drained again within [`HOT`] keeps its chain, two live rows, and its idle chain
-//!   is deleted later: a chain ended at every drain would give each claim of a busy shard a
-//!   walk of the first rows of all its earlier chains.
+//! - *A chain's first row* has `seq` 0 and is not deleted when another follows it, only
+//!   marked superseded: two claimers that both found no row conflict on it in the primary key.
+//! - *A drain* ends its chain: its claim inserts one row (the first) and its release deletes
+//!   it (with the chain's first row, if another). While the vacuum horizon is held, a shard
+//!   drained again within [`HOT`] keeps its chain instead, two live rows, and its idle chain
+//!   is deleted later: a chain ended at every drain would then give each claim of a busy shard
+//!   a walk of the first rows of all its earlier chains, dead but not removable. A kept chain
+//!   costs each drain two writes more, so chains are kept only then
+//!   ([`Leases::watch_horizon`]).
 //!
 //! Failures, backoff and parking stay in `outbox_shards`, which a shard that never fails no
 //! longer touches.
@@ -31,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use outbox_core::{Error, ShardKey};
@@ -40,8 +43,18 @@ use sqlx::PgPool;
 
 use super::{PgDialect, lock_not_available, shard_arrays};
 
-/// A shard released again within this time of its last release keeps its chain.
+/// While the horizon is held, a shard released again within this time of its last release
+/// keeps its chain.
 pub(crate) const HOT: Duration = Duration::from_secs(10);
+
+/// The horizon is held while its oldest holder is at least this many transactions behind.
+/// A chain ended then leaves its first row dead in the primary key, where the next first row
+/// of the same shard looks for a conflict: at most this many such rows a shard before chains
+/// are kept.
+pub(crate) const HELD_BEHIND: i64 = 1_000;
+
+/// How often a store looks whether the horizon is held (at most).
+const HORIZON_EVERY: Duration = Duration::from_secs(2);
 
 /// A kept chain idle this long is deleted by the relay that kept it.
 pub(crate) const IDLE: Duration = Duration::from_secs(30);
@@ -393,6 +406,9 @@ macro_rules! held_columns {
 // lease, in order: its place, whether it was held, the rows deleted (counted by grouping, not
 // by a scan of the deletions per lease), and the released row's `seq` if the chain stays.
 //
+// A chain that does not stay ends here: its held row goes, and so does its first row (`seq`
+// 0) if that is another, superseded row.
+//
 // Each lease row is found by its whole key (`tops` first finds each shard's newest `seq`),
 // and each acknowledged row by its shard and id together (`targets` pairs them first): a plan
 // that joined the messages by the shard's key alone read every row of the shard that the
@@ -427,10 +443,13 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
     held_columns!(),
     "), \
      held AS MATERIALIZED (SELECT * FROM gone UNION ALL SELECT * FROM marked), \
+     ended AS (DELETE FROM outbox_leases l USING held h \
+        WHERE NOT h.keep AND NOT h.first AND l.shard_scope = h.shard_scope \
+            AND l.shard_identifier = h.shard_identifier AND l.destination = h.destination \
+            AND l.seq = 0), \
      released AS (",
     released!("held"),
-    " WHERE m.keep OR NOT m.first \
-        RETURNING shard_scope, shard_identifier, destination, seq), \
+    " WHERE m.keep RETURNING shard_scope, shard_identifier, destination, seq), \
      reset AS (DELETE FROM outbox_shards s USING held m \
         WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
             AND s.destination = m.destination), \
@@ -551,9 +570,9 @@ macro_rules! same_key {
 // PostgreSQL keeps the generic plan of the prepared statement instead of planning this
 // statement anew at every claim.
 //
-// A first row's conflict is looked for in the index of first rows alone: its `seq` is a new
-// token, which no row has, and a conflict looked for in every unique index read the primary
-// key once more per row.
+// A first row has `seq` 0: two claimers that both found no row conflict on it in the
+// primary key, the table's one index (a second, unique index of the first rows cost each
+// claim's insert a third more).
 pub(crate) const CLAIM_MANY: &str = concat!(
     "WITH want AS ( \
         SELECT DISTINCT w.shard_scope, w.shard_identifier, w.destination, w.after \
@@ -563,13 +582,13 @@ pub(crate) const CLAIM_MANY: &str = concat!(
     take_over!(),
     ", fresh AS (",
     log_columns!(),
-    "SELECT n.shard_scope, n.shard_identifier, n.destination, n.token, true, $4::text, \
+    "SELECT n.shard_scope, n.shard_identifier, n.destination, 0, true, $4::text, \
             n.token, now() + $5::bigint * interval '1 millisecond' \
         FROM (SELECT d.shard_scope, d.shard_identifier, d.destination, \
                 nextval('outbox_lease_tokens') AS token \
             FROM due d WHERE d.seq IS NULL \
             ORDER BY d.shard_scope, d.shard_identifier, d.destination) n \
-        ON CONFLICT (shard_scope, shard_identifier, destination) WHERE first DO NOTHING \
+        ON CONFLICT (shard_scope, shard_identifier, destination, seq) DO NOTHING \
         RETURNING shard_scope, shard_identifier, destination, lease_token), \
      claimed AS MATERIALIZED ( \
         SELECT u.shard_scope, u.shard_identifier, u.destination, max(u.token) AS lease_token, \
@@ -633,8 +652,7 @@ pub(crate) const TAKE_LEASE: &str = concat!(
 /// A released chain for the shard if it has none (its first row).
 pub(crate) const ENSURE_CHAIN: &str = concat!(
     log_columns!(),
-    "SELECT $1::smallint, $2::bigint, $3::text, nextval('outbox_lease_tokens'), true, NULL, \
-        NULL, NULL \
+    "SELECT $1::smallint, $2::bigint, $3::text, 0, true, NULL, NULL, NULL \
     WHERE NOT EXISTS (SELECT 1 FROM outbox_leases \
         WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3) \
     ON CONFLICT DO NOTHING"
@@ -680,9 +698,9 @@ const SWEEP: &str = concat!(
 );
 
 // The switch to the log, in one transaction: no live relay of protocol 1 (the heartbeats), then
-// the live leases of `outbox_shards` copied into the log (their tokens as their `seq`: later
-// rows draw greater ones from the same sequence) and cleared there, so that a relay from
-// before the switch finds its lease gone, and its next claim refused by the trigger.
+// the live leases of `outbox_shards` copied into the log (as their chains' first rows) and
+// cleared there, so that a relay from before the switch finds its lease gone, and its next
+// claim refused by the trigger.
 const SWITCH: &str = "\
     INSERT INTO outbox_protocol (version) \
     SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM outbox_relays \
@@ -691,8 +709,8 @@ const SWITCH: &str = "\
 const MOVE_LEASES: &str = "\
     INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
         lease_owner, lease_token, lease_expires_at) \
-    SELECT shard_scope, shard_identifier, destination, lease_token, true, lease_owner, \
-        lease_token, lease_expires_at \
+    SELECT shard_scope, shard_identifier, destination, 0, true, lease_owner, lease_token, \
+        lease_expires_at \
     FROM outbox_shards WHERE lease_owner IS NOT NULL AND lease_token IS NOT NULL \
     ON CONFLICT DO NOTHING";
 const DROP_LEASE_ROWS: &str = "\
@@ -709,6 +727,10 @@ const SWITCH_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Leases {
     switched: AtomicBool,
+    /// The vacuum horizon is held: busy shards keep their chains.
+    held: Arc<AtomicBool>,
+    /// A look at the horizon is running.
+    looking: Arc<AtomicBool>,
     /// When it last looked for the switch.
     looked: tokio::sync::Mutex<Option<Instant>>,
     state: Mutex<State>,
@@ -723,6 +745,8 @@ struct State {
     /// When it last deleted its idle chains, and everyone's.
     tidied: Option<Instant>,
     swept: Option<Instant>,
+    /// When it last looked whether the horizon is held.
+    probed: Option<Instant>,
 }
 
 impl Leases {
@@ -760,10 +784,11 @@ impl Leases {
         Ok(switched)
     }
 
-    /// Whether the chain of each of `shards`, drained now, stays (it was released within
-    /// [`HOT`]).
+    /// Whether the chain of each of `shards`, drained now, stays: the horizon is held and
+    /// the shard was released within [`HOT`].
     pub(crate) fn keep<'a>(&self, shards: impl Iterator<Item = &'a ShardKey>) -> Vec<bool> {
         let now = Instant::now();
+        let held = self.held.load(Ordering::Acquire);
         let mut state = self.state();
         if state.released.len() >= REMEMBERED {
             state.released.retain(|_, at| now.duration_since(*at) < HOT);
@@ -771,7 +796,7 @@ impl Leases {
         shards
             .map(|shard| {
                 let last = state.released.insert(shard.clone(), now);
-                last.is_some_and(|last| now.duration_since(last) < HOT)
+                held && last.is_some_and(|last| now.duration_since(last) < HOT)
             })
             .collect()
     }
@@ -795,6 +820,7 @@ impl Leases {
     /// often).
     pub(crate) fn tidy(&self, pool: &PgPool) {
         let now = Instant::now();
+        self.watch_horizon(pool, now);
         let (idle, sweep) = {
             let mut state = self.state();
             if state
@@ -829,8 +855,68 @@ impl Leases {
     }
 }
 
+impl Leases {
+    /// Looks, in a task of its own and at most every [`HORIZON_EVERY`], whether the vacuum
+    /// horizon is held.
+    ///
+    /// While it is not, every drain ends its shard's chain: the claim inserts one row and
+    /// the release deletes it, which vacuum (or the next insert into the same index page)
+    /// removes at once. While it is, a chain ended and begun anew at every drain of a busy
+    /// shard would leave its first rows dead under the shard's key, each walked by the next
+    /// claim's conflict check: busy shards keep their chains then (two writes more a drain).
+    fn watch_horizon(&self, pool: &PgPool, now: Instant) {
+        {
+            let mut state = self.state();
+            if state
+                .probed
+                .is_some_and(|probed| now.duration_since(probed) < HORIZON_EVERY)
+            {
+                return;
+            }
+            state.probed = Some(now);
+        }
+        if self.looking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (pool, held, looking) = (
+            pool.clone(),
+            Arc::clone(&self.held),
+            Arc::clone(&self.looking),
+        );
+        tokio::spawn(async move {
+            match horizon_held(&pool).await {
+                Ok(now_held) => held.store(now_held, Ordering::Release),
+                Err(error) => {
+                    tracing::debug!(%error, "could not read the vacuum horizon; chains are kept");
+                    held.store(true, Ordering::Release);
+                }
+            }
+            looking.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Whether the oldest holder of the vacuum horizon is [`HELD_BEHIND`] transactions behind or
+/// more.
+async fn horizon_held(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    let oldest: Option<(String, Option<i64>, Option<i64>)> =
+        sqlx::query_as(super::HORIZON).fetch_optional(pool).await?;
+    Ok(oldest.is_some_and(|(_, _, behind)| behind.is_some_and(|behind| behind >= HELD_BEHIND)))
+}
+
 #[cfg(test)]
 impl Leases {
+    /// Looks whether the horizon is held now, once a look already running has ended, and
+    /// stops looking by itself for an hour.
+    pub(crate) async fn look_at_horizon(&self, pool: &PgPool) {
+        self.state().probed = Some(Instant::now() + Duration::from_secs(3600));
+        while self.looking.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let held = horizon_held(pool).await.expect("the horizon");
+        self.held.store(held, Ordering::Release);
+    }
+
     /// Looks for the switch at the next claim, however recently it looked.
     pub(crate) async fn look_again(&self) {
         *self.looked.lock().await = None;

@@ -1,14 +1,60 @@
 //! The lease log against a real PostgreSQL: connections stepped in a fixed order, with no
 //! sleeps.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outbox_core::store::{Admin, ClaimOptions, HandlerMode, ShardSession, Store};
 use outbox_testkit::postgres::PgTestDatabase;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 
-use super::CLAIM_MANY;
+use super::{CLAIM_MANY, HELD_BEHIND};
+use crate::PgDialect;
 use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
+
+/// Holds the vacuum horizon (a `REPEATABLE READ` snapshot that read the log), puts it
+/// [`HELD_BEHIND`] transactions and more behind (subtransactions that each write), and has
+/// `dialect` look: from here on its busy shards keep their chains. The holder, to commit.
+pub(crate) async fn horizon_held(pool: &PgPool, dialect: &PgDialect) -> PoolConnection<Postgres> {
+    let holder = snapshot_held(pool, "outbox_leases").await;
+    let burn = format!(
+        "CREATE TEMP TABLE burnt (i integer); \
+         DO $$ BEGIN FOR i IN 1..{} LOOP \
+             BEGIN INSERT INTO burnt VALUES (i); EXCEPTION WHEN OTHERS THEN NULL; END; \
+         END LOOP; END $$",
+        HELD_BEHIND + 100
+    );
+    let mut burner = pool.acquire().await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(burn))
+        .execute(&mut *burner)
+        .await
+        .expect("transactions");
+    burner.detach();
+    dialect.leases.look_at_horizon(pool).await;
+    assert!(
+        dialect.leases.held.load(Ordering::Acquire),
+        "a snapshot {HELD_BEHIND} transactions behind holds the horizon"
+    );
+    holder
+}
+
+/// Commits `holder` and has `dialect` look again: the horizon is no longer held.
+async fn horizon_released(
+    pool: &PgPool,
+    dialect: &PgDialect,
+    mut holder: PoolConnection<Postgres>,
+) {
+    sqlx::query("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .expect("commit");
+    dialect.leases.look_at_horizon(pool).await;
+    assert!(
+        !dialect.leases.held.load(Ordering::Acquire),
+        "nothing holds the horizon"
+    );
+}
 
 fn options(worker: &str) -> ClaimOptions {
     ClaimOptions {
@@ -46,7 +92,7 @@ pub(crate) fn claim_of<'q>(
     worker: &'q str,
     first_read: i64,
     after: i64,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(vec![1_i16])
         .bind(vec![identifier])
@@ -77,11 +123,11 @@ async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_he
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    let (store, _) = store(pool);
+    let (store, dialect) = store(pool);
     let mut writes = pool.acquire().await.expect("connect");
     insert(&mut writes, 5, 0).await;
     drain(&store, &shard(5)).await;
-    let mut holder = snapshot_held(pool, "outbox_leases").await;
+    let holder = horizon_held(pool, &dialect).await;
     for _ in 0..150 {
         insert(&mut writes, 5, 0).await;
         drain(&store, &shard(5)).await;
@@ -116,10 +162,7 @@ async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_he
         "entries the claim read: {by_claim}; a forward read of the key: {by_forward}"
     );
     claim.rollback().await.expect("rollback");
-    sqlx::query("COMMIT")
-        .execute(&mut *holder)
-        .await
-        .expect("commit");
+    horizon_released(pool, &dialect, holder).await;
 }
 
 /// Two claimers that both found no row for a shard both insert its chain's first row: the
@@ -178,9 +221,11 @@ async fn a_claimer_that_read_a_followed_row_claims_nothing() {
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    let (store, _) = store(pool);
+    let (store, dialect) = store(pool);
     let mut writes = pool.acquire().await.expect("connect");
-    // Two drains: the chain stays (a busy shard), its newest row released.
+    let holder = horizon_held(pool, &dialect).await;
+    // Two drains under the held horizon: the chain stays (a busy shard), its newest row
+    // released.
     for _ in 0..2 {
         insert(&mut writes, 3, 0).await;
         drain(&store, &shard(3)).await;
@@ -208,12 +253,15 @@ async fn a_claimer_that_read_a_followed_row_claims_nothing() {
     let rows = log(pool).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(rows[1].3.as_deref(), Some("first"));
+    horizon_released(pool, &dialect, holder).await;
 }
 
-/// A shard drained once leaves no row in the log; one drained again soon keeps its chain
-/// (its first row, superseded, and its newest, released), which the store deletes once idle.
+/// A drained shard leaves no row in the log, however often it is drained. While the horizon is
+/// held, one drained again soon keeps its chain (its first row, superseded, and its newest,
+/// released), which the store deletes once idle; a chain kept then ends at the shard's first
+/// drain after the horizon moves.
 #[tokio::test]
-async fn a_one_message_shard_leaves_no_row_and_a_busy_shards_chain_goes_once_idle() {
+async fn a_drained_shard_leaves_no_row_unless_the_horizon_is_held() {
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -224,16 +272,25 @@ async fn a_one_message_shard_leaves_no_row_and_a_busy_shards_chain_goes_once_idl
     drain(&store, &shard(1)).await;
     drain(&store, &shard(2)).await;
     assert_eq!(log(pool).await, [], "drained once: no row");
-
     insert(&mut writes, 2, 0).await;
     drain(&store, &shard(2)).await;
     assert_eq!(
         log(pool).await,
-        [
-            (2, true, true, Some("positions".to_owned())),
-            (2, false, false, None)
-        ],
-        "drained again: the chain stays"
+        [],
+        "drained again, nothing holding the horizon: no row"
+    );
+
+    let holder = horizon_held(pool, &dialect).await;
+    insert(&mut writes, 2, 0).await;
+    drain(&store, &shard(2)).await;
+    let kept = [
+        (2, true, true, Some("positions".to_owned())),
+        (2, false, false, None),
+    ];
+    assert_eq!(
+        log(pool).await,
+        kept,
+        "drained again, the horizon held: the chain stays"
     );
     assert!(
         store.shard_states().await.expect("states").is_empty(),
@@ -241,10 +298,17 @@ async fn a_one_message_shard_leaves_no_row_and_a_busy_shards_chain_goes_once_idl
     );
     dialect.leases.tidy_now(pool).await.expect("tidy");
     assert_eq!(log(pool).await, [], "idle: the chain goes");
-
-    // The shard claims as new after that.
+    // The shard claims as new after that, and keeps its chain again.
     insert(&mut writes, 2, 0).await;
     assert_eq!(drain(&store, &shard(2)).await.len(), 1);
+    assert_eq!(log(pool).await, kept);
+
+    // The horizon moves: the next drain follows the kept chain and ends it, its first row
+    // with it.
+    horizon_released(pool, &dialect, holder).await;
+    insert(&mut writes, 2, 0).await;
+    assert_eq!(drain(&store, &shard(2)).await.len(), 1);
+    assert_eq!(log(pool).await, [], "the kept chain ended");
 }
 
 /// A relay of this version claims nothing while a relay of the protocol before the log runs

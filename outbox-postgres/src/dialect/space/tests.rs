@@ -50,7 +50,7 @@ async fn a_sparse_lease_log_is_rewritten_once_its_dead_rows_are_removed() {
          SELECT 1, n, '', n, false FROM generate_series(1, 20000) AS n",
         "INSERT INTO outbox_leases (shard_scope, shard_identifier, destination, seq, first, \
             lease_owner, lease_token, lease_expires_at) \
-         VALUES (1, 0, '', 1, true, 'relay', 7, now() + interval '1 hour')",
+         VALUES (1, 0, '', 0, true, 'relay', 7, now() + interval '1 hour')",
         "DELETE FROM outbox_leases WHERE shard_identifier > 0",
     ] {
         sqlx::query(statement).execute(pool).await.expect(statement);
