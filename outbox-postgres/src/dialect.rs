@@ -773,8 +773,14 @@ impl PgDialect {
     ) -> Result<Vec<Claim<Self>>, Error> {
         const OPERATION: &str = "claiming shards";
         let (scopes, identifiers, destinations) = shard_arrays(shards.iter());
-        self.positions.refresh(pool).await;
-        let (settled, afters) = self.positions.before_claim(shards);
+        // Positions spare the reads what a held horizon keeps; while none is held, vacuum (or
+        // the next scan) removes what drains delete, and heads are read from their start.
+        let (settled, afters) = if self.leases.held() {
+            self.positions.refresh(pool).await;
+            self.positions.before_claim(shards)
+        } else {
+            (0, vec![0; shards.len()])
+        };
         let query = sqlx::query(leases::CLAIM_MANY)
             .bind(scopes)
             .bind(identifiers)
@@ -1196,6 +1202,7 @@ impl Dialect for PgDialect {
         let (scopes, identifiers, destinations) =
             shard_arrays(batch.iter().map(|(lease, _, _)| &lease.shard));
         let tokens: Vec<i64> = batch.iter().map(|(lease, _, _)| lease.token).collect();
+        let horizon_held = self.leases.held();
         let keep = self
             .leases
             .keep(batch.iter().map(|(lease, _, _)| &lease.shard));
@@ -1240,7 +1247,7 @@ impl Dialect for PgDialect {
                     })
                 } else {
                     let highest = acks.iter().flat_map(|ack| &ack.ids).map(|id| id.0).max();
-                    if let Some(highest) = highest {
+                    if let Some(highest) = highest.filter(|_| horizon_held) {
                         self.positions.drained(&lease.shard, lease.token, highest);
                     }
                     kept.extend(released.map(|seq| (&lease.shard, seq)));

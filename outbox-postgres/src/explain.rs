@@ -321,13 +321,15 @@ fn blocks_on(plan: &Value, relation: &str) -> f64 {
 /// left nothing pending) visits none of them; read from the shard's start, it visits each.
 #[tokio::test]
 async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
-    use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
+    use crate::dialect::leases::tests::horizon_held;
+    use crate::dialect::positions::tests::{drain, insert, shard, store};
 
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    let mut holder = snapshot_held(pool, "outbox_messages").await;
     let (store, dialect) = store(pool);
+    // Positions are kept while the relay sees the horizon held.
+    let mut holder = horizon_held(pool, &dialect).await;
     let mut writes = pool.acquire().await.expect("connect");
     // 120 drains of a shard, each of one message of about 1.2 kB (six to a page).
     for _ in 0..120 {

@@ -784,11 +784,18 @@ impl Leases {
         Ok(switched)
     }
 
+    /// Whether the vacuum horizon is held, as last seen ([`Leases::watch_horizon`]).
+    pub(crate) fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
     /// Whether the chain of each of `shards`, drained now, stays: the horizon is held and
-    /// the shard was released within [`HOT`].
+    /// the shard was released within [`HOT`] (releases are remembered only while it is).
     pub(crate) fn keep<'a>(&self, shards: impl Iterator<Item = &'a ShardKey>) -> Vec<bool> {
+        if !self.held() {
+            return shards.map(|_| false).collect();
+        }
         let now = Instant::now();
-        let held = self.held.load(Ordering::Acquire);
         let mut state = self.state();
         if state.released.len() >= REMEMBERED {
             state.released.retain(|_, at| now.duration_since(*at) < HOT);
@@ -796,7 +803,7 @@ impl Leases {
         shards
             .map(|shard| {
                 let last = state.released.insert(shard.clone(), now);
-                held && last.is_some_and(|last| now.duration_since(last) < HOT)
+                last.is_some_and(|last| now.duration_since(last) < HOT)
             })
             .collect()
     }
@@ -909,12 +916,24 @@ impl Leases {
     /// Looks whether the horizon is held now, once a look already running has ended, and
     /// stops looking by itself for an hour.
     pub(crate) async fn look_at_horizon(&self, pool: &PgPool) {
+        self.stop_looking().await;
+        let held = horizon_held(pool).await.expect("the horizon");
+        self.held.store(held, Ordering::Release);
+    }
+
+    /// Takes the horizon as held from here on, without looking: for tests of what a store
+    /// does then that need no holder.
+    pub(crate) async fn assume_held(&self) {
+        self.stop_looking().await;
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Stops looking by itself for an hour, once a look already running has ended.
+    async fn stop_looking(&self) {
         self.state().probed = Some(Instant::now() + Duration::from_secs(3600));
         while self.looking.load(Ordering::Acquire) {
             tokio::task::yield_now().await;
         }
-        let held = horizon_held(pool).await.expect("the horizon");
-        self.held.store(held, Ordering::Release);
     }
 
     /// Looks for the switch at the next claim, however recently it looked.

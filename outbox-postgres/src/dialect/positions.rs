@@ -25,6 +25,12 @@
 //! reused), kept in this process only; losing them (a restart, another relay draining the
 //! shard) costs a read from an older position, never a row.
 //!
+//! Positions are used while the horizon is held ([`Leases::held`](super::leases::Leases::held)):
+//! while it is not, what a drain deletes is removed by vacuum, or marked dead in the index by
+//! the next scan that meets it, and a head read from the shard's start costs no more; a
+//! position then costs its bookkeeping for nothing. A shard's first claim after the horizon is
+//! found held reads from its start and founds its position.
+//!
 //! One kind of row can land below a position: one written with an id of its own rather than
 //! the sequence's (`OVERRIDING SYSTEM VALUE`, as a restore writes it). So a position holds for
 //! [`EXPIRE`] after the read from the shard's start it grew from; then the shard is read from

@@ -1,7 +1,6 @@
 //! The lease log against a real PostgreSQL: connections stepped in a fixed order, with no
 //! sleeps.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outbox_core::store::{Admin, ClaimOptions, HandlerMode, ShardSession, Store};
@@ -33,7 +32,7 @@ pub(crate) async fn horizon_held(pool: &PgPool, dialect: &PgDialect) -> PoolConn
     burner.detach();
     dialect.leases.look_at_horizon(pool).await;
     assert!(
-        dialect.leases.held.load(Ordering::Acquire),
+        dialect.leases.held(),
         "a snapshot {HELD_BEHIND} transactions behind holds the horizon"
     );
     holder
@@ -50,10 +49,7 @@ async fn horizon_released(
         .await
         .expect("commit");
     dialect.leases.look_at_horizon(pool).await;
-    assert!(
-        !dialect.leases.held.load(Ordering::Acquire),
-        "nothing holds the horizon"
-    );
+    assert!(!dialect.leases.held(), "nothing holds the horizon");
 }
 
 fn options(worker: &str) -> ClaimOptions {
@@ -280,7 +276,16 @@ async fn a_drained_shard_leaves_no_row_unless_the_horizon_is_held() {
         "drained again, nothing holding the horizon: no row"
     );
 
+    // Releases are remembered only while the horizon is held: the first drain then ends its
+    // chain, the next keeps it.
     let holder = horizon_held(pool, &dialect).await;
+    insert(&mut writes, 2, 0).await;
+    drain(&store, &shard(2)).await;
+    assert_eq!(
+        log(pool).await,
+        [],
+        "drained first under the held horizon: no row"
+    );
     insert(&mut writes, 2, 0).await;
     drain(&store, &shard(2)).await;
     let kept = [

@@ -90,6 +90,8 @@ async fn a_row_committed_after_higher_ids_were_drained_is_still_read() {
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
     let (store, dialect) = store(pool);
+    // Positions are kept while the horizon is held.
+    dialect.leases.assume_held().await;
     let positions = &dialect.positions;
     let mut writes = pool.acquire().await.expect("connect");
 
@@ -180,6 +182,7 @@ async fn a_row_below_the_position_is_read_from_the_start() {
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
     let (store, dialect) = store(pool);
+    dialect.leases.assume_held().await;
     let mut writes = pool.acquire().await.expect("connect");
     let mut ids = Vec::new();
     for _ in 0..3 {
