@@ -795,10 +795,13 @@ impl PgDialect {
             .map_err(database::<Self>(OPERATION))?;
         // By claim (in token order), each claim's rows in id order.
         let mut claims: Vec<Claim<Self>> = Vec::new();
+        let mut seqs = Vec::new();
         for row in &rows {
             let token: i64 = row.try_get(11).map_err(database::<Self>(OPERATION))?;
             if claims.last().is_none_or(|claim| claim.lease.token != token) {
                 claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
+                let seq: i64 = row.try_get(15).map_err(database::<Self>(OPERATION))?;
+                seqs.push((token, seq));
             }
             let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
             let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
@@ -828,6 +831,7 @@ impl PgDialect {
             )
         });
         self.positions.claimed(settled, leases);
+        self.leases.claimed(seqs.into_iter());
         Ok(claims)
     }
 }
@@ -1202,6 +1206,7 @@ impl Dialect for PgDialect {
         let (scopes, identifiers, destinations) =
             shard_arrays(batch.iter().map(|(lease, _, _)| &lease.shard));
         let tokens: Vec<i64> = batch.iter().map(|(lease, _, _)| lease.token).collect();
+        let seqs = self.leases.seqs(tokens.iter().copied());
         let horizon_held = self.leases.held();
         let keep = self
             .leases
@@ -1220,7 +1225,8 @@ impl Dialect for PgDialect {
             .bind(tokens)
             .bind(places)
             .bind(ids)
-            .bind(keep);
+            .bind(keep)
+            .bind(seqs);
         let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(OPERATION))?;

@@ -512,9 +512,10 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
         .await
         .expect("the claim");
     let (mut tokens, mut places, mut ids) = (Vec::new(), Vec::new(), Vec::new());
-    let mut keys = Vec::new();
+    let (mut keys, mut seqs) = (Vec::new(), Vec::new());
     for row in &rows {
         let token: i64 = row.try_get(11).expect("token");
+        seqs.push(Some(row.try_get::<i64, _>(15).expect("the held row's seq")));
         let id: i64 = row.try_get(0).expect("a head row");
         keys.push(row.try_get::<i64, _>(9).expect("identifier"));
         tokens.push(token);
@@ -522,7 +523,11 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
         ids.push(id);
     }
     assert_eq!(tokens.len(), SHARDS as usize);
-    for (begin, costs) in RUNS {
+    // Each held row's `seq` as the claim said it, and sought (a claim the store forgot).
+    let runs = RUNS
+        .iter()
+        .flat_map(|run| [(run, seqs.clone()), (run, vec![None; seqs.len()])]);
+    for ((begin, costs), seqs) in runs {
         let acknowledgement = sqlx::query(explain(ACK_AND_RELEASE_MANY))
             .bind(vec![1_i16; keys.len()])
             .bind(keys.clone())
@@ -530,7 +535,8 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
             .bind(tokens.clone())
             .bind(places.clone())
             .bind(ids.clone())
-            .bind(vec![true; keys.len()]);
+            .bind(vec![true; keys.len()])
+            .bind(seqs);
         let plan = explained_under(pool, begin, costs, acknowledgement).await;
         assert_few_buffers(
             &plan,

@@ -400,8 +400,9 @@ macro_rules! held_columns {
 
 // Drained shards' acknowledgements and releases in one statement: ACK_AND_RELEASE for each
 // lease of `$1..$4` (arrays: scope, identifier, destination, token), numbered by its place,
-// `$7` whether its chain stays (see `HOT`); `$5` and `$6` the acknowledged ids and the place
-// of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
+// `$7` whether its chain stays (see `HOT`), `$8` the `seq` of its row if known (the claim
+// said it; NULL: the shard's newest row is sought); `$5` and `$6` the acknowledged ids and
+// the place of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
 // longer held deletes nothing of its shard, and takes nothing from the others. One row per
 // lease, in order: its place, whether it was held, the rows deleted (counted by grouping, not
 // by a scan of the deletions per lease), and the released row's `seq` if the chain stays.
@@ -409,12 +410,17 @@ macro_rules! held_columns {
 // A chain that does not stay ends here: its held row goes, and so does its first row (`seq`
 // 0) if that is another, superseded row.
 //
-// Each lease row is found by its whole key (`tops` first finds each shard's newest `seq`),
-// and each acknowledged row by its shard and id together (`targets` pairs them first): a plan
-// that joined the messages by the shard's key alone read every row of the shard that the
-// earlier drains deleted, which a held vacuum horizon keeps, and one that looked an id up in
-// the shard index without the key walked the whole index for each (13 s for 388 shards in the
-// 15-minute hold).
+// Each lease row is found by its whole key (`tops` seeks each shard's newest `seq` where the
+// claim's is not known: a held row with its token and not superseded is the newest, as
+// whoever follows a row deletes it or marks it superseded), and each acknowledged row by its
+// shard and id together (`targets` pairs them first): a plan that joined the messages by the
+// shard's key alone read every row of the shard that the earlier drains deleted, which a held
+// vacuum horizon keeps, and one that looked an id up in the shard index without the key
+// walked the whole index for each (13 s for 388 shards in the 15-minute hold).
+//
+// The arrays are read through sub-selects, as the claim's are: the generic plan is then kept
+// instead of the statement being planned anew at each batch (as long as it runs, for a batch
+// of one shard).
 //
 // A held row is deleted (or, a kept chain's first row, marked) by the statement that fences
 // it, with no lock taken first: a delete that waits for another transaction's change checks
@@ -425,13 +431,16 @@ macro_rules! held_columns {
 // two statements wait on each other.
 pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
     "WITH want AS ( \
-        SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::text[], $4::bigint[], \
-                $7::boolean[]) \
-            WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, keep, n)), \
+        SELECT * FROM unnest((SELECT $1::smallint[]), (SELECT $2::bigint[]), \
+                (SELECT $3::text[]), (SELECT $4::bigint[]), (SELECT $7::boolean[]), \
+                (SELECT $8::bigint[])) \
+            WITH ORDINALITY AS w(shard_scope, shard_identifier, destination, lease_token, keep, \
+                seq, n)), \
      tops AS MATERIALIZED ( \
-        SELECT w.n, w.keep, w.shard_scope, w.shard_identifier, w.destination, w.lease_token, ",
+        SELECT w.n, w.keep, w.shard_scope, w.shard_identifier, w.destination, w.lease_token, \
+            coalesce(w.seq, ",
     newest!("w.shard_scope", "w.shard_identifier", "w.destination"),
-    " AS seq FROM want w), \
+    ") AS seq FROM want w), \
      gone AS (DELETE FROM outbox_leases l USING tops t WHERE ",
     held_by_top!(),
     " AND NOT (l.first AND t.keep) RETURNING ",
@@ -455,7 +464,8 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
             AND s.destination = m.destination), \
      targets AS MATERIALIZED ( \
         SELECT h.n, h.shard_scope, h.shard_identifier, h.destination, a.id \
-        FROM held h JOIN unnest($5::bigint[], $6::bigint[]) AS a(n, id) ON a.n = h.n), \
+        FROM held h JOIN unnest((SELECT $5::bigint[]), (SELECT $6::bigint[])) AS a(n, id) \
+            ON a.n = h.n), \
      acked AS ( \
         DELETE FROM outbox_messages o USING targets t \
         WHERE o.shard_scope = t.shard_scope AND o.shard_identifier = t.shard_identifier \
@@ -593,29 +603,30 @@ pub(crate) const CLAIM_MANY: &str = concat!(
      claimed AS MATERIALIZED ( \
         SELECT u.shard_scope, u.shard_identifier, u.destination, max(u.token) AS lease_token, \
             max(u.previous_owner) AS previous_owner, \
-            coalesce(max(u.counted), max(u.attempts)) AS attempts, max(u.after) AS after \
+            coalesce(max(u.counted), max(u.attempts)) AS attempts, max(u.after) AS after, \
+            max(u.seq) AS seq \
         FROM ( \
             SELECT f.shard_scope, f.shard_identifier, f.destination, f.lease_token AS token, \
                 NULL::text AS previous_owner, NULL::integer AS attempts, NULL::bigint AS after, \
-                NULL::integer AS counted \
+                NULL::integer AS counted, 0::bigint AS seq \
             FROM fresh f \
             UNION ALL \
             SELECT d.shard_scope, d.shard_identifier, d.destination, NULL, NULL, d.attempts, \
-                d.after, NULL \
+                d.after, NULL, NULL \
             FROM due d WHERE d.seq IS NULL \
             UNION ALL \
             SELECT b.shard_scope, b.shard_identifier, b.destination, b.token, b.lease_owner, \
-                b.attempts, b.after, NULL \
+                b.attempts, b.after, NULL, b.token \
             FROM based b \
             UNION ALL \
             SELECT k.shard_scope, k.shard_identifier, k.destination, NULL, NULL, NULL, NULL, \
-                k.attempts \
+                k.attempts, NULL \
             FROM counted k) u \
         GROUP BY u.shard_scope, u.shard_identifier, u.destination \
         HAVING max(u.token) IS NOT NULL) \
     SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
         h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
-        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false) \
+        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false), c.seq \
     FROM claimed c LEFT JOIN LATERAL ( \
         SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
             m.payload::text AS payload, \
@@ -747,6 +758,8 @@ struct State {
     swept: Option<Instant>,
     /// When it last looked whether the horizon is held.
     probed: Option<Instant>,
+    /// The `seq` of the row each of its claims holds, by token, until its acknowledgement.
+    seqs: HashMap<i64, i64>,
 }
 
 impl Leases {
@@ -806,6 +819,23 @@ impl Leases {
                 last.is_some_and(|last| now.duration_since(last) < HOT)
             })
             .collect()
+    }
+
+    /// Claims were made: each token's row has this `seq`.
+    pub(crate) fn claimed(&self, rows: impl Iterator<Item = (i64, i64)>) {
+        let mut state = self.state();
+        if state.seqs.len() >= REMEMBERED {
+            // Claims that ended otherwise than by a batch acknowledgement (a release, a
+            // failure, a lost lease): their rows are sought instead.
+            state.seqs.clear();
+        }
+        state.seqs.extend(rows);
+    }
+
+    /// The `seq` of the row each of these tokens' claims holds, where known; forgotten.
+    pub(crate) fn seqs(&self, tokens: impl Iterator<Item = i64>) -> Vec<Option<i64>> {
+        let mut state = self.state();
+        tokens.map(|token| state.seqs.remove(&token)).collect()
     }
 
     /// The chains of these shards were kept, each with its released row's `seq`.
