@@ -193,10 +193,9 @@ macro_rules! head_of {
 }
 pub(crate) use head_of;
 
-/// The lease of `$1..$3` with token `$4`, if it is the shard's newest row (`mine`, locked), and
-/// its end: deleted, or marked superseded if it is the chain's first row. `$extra` adds a
-/// condition.
-macro_rules! mine {
+/// The lease of `$1..$3` with token `$4`, if it is the shard's newest row (`mine`, locked).
+/// `$extra` adds a condition.
+macro_rules! held_lease {
     ($extra:literal) => {
         concat!(
             "mine AS MATERIALIZED ( \
@@ -208,9 +207,35 @@ macro_rules! mine {
             newest!("$1", "$2", "$3"),
             " AND l.lease_token = $4 AND l.lease_owner IS NOT NULL AND NOT l.superseded ",
             $extra,
-            " FOR UPDATE OF l), ",
-            superseded!("mine")
+            " FOR UPDATE OF l)"
         )
+    };
+}
+
+/// The held lease (`held_lease!`) and its end: deleted, or marked superseded if it is the
+/// chain's first row (the chain stays, for a released row to follow).
+macro_rules! mine {
+    ($extra:literal) => {
+        concat!(held_lease!($extra), ", ", superseded!("mine"))
+    };
+}
+
+/// The held lease (`held_lease!`), deleted (as a statement: its count says whether the lease
+/// was held): a chain of that one row ends there; a row that follows a first row is followed
+/// in turn by a released row (`released_after!`).
+macro_rules! ended {
+    () => {
+        "DELETE FROM outbox_leases l USING mine m \
+        WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
+            AND l.destination = m.destination AND l.seq = m.seq"
+    };
+}
+
+/// The next row of `mine` (ended by `ended!`) if it followed its chain's first row: released.
+/// A chain of one row ends with it.
+macro_rules! released_after {
+    () => {
+        concat!(released!("mine"), " WHERE NOT m.first")
     };
 }
 
@@ -306,23 +331,40 @@ pub(crate) const EXTEND_LEASE: &str = extended!("now() + $5::bigint * interval '
 pub(crate) const RELEASE_INTERRUPTED: &str = extended!("now()");
 
 /// A lease released, the shard's failures kept.
-pub(crate) const RELEASE_LEASE: &str = concat!("WITH ", mine!(""), " ", released!("mine"));
+pub(crate) const RELEASE_LEASE: &str = concat!(
+    "WITH ",
+    held_lease!(""),
+    ", released AS (",
+    released_after!(),
+    ") ",
+    ended!()
+);
 
 /// A lease released, the shard's failures forgotten.
-pub(crate) const RELEASE: &str =
-    concat!("WITH ", mine!(""), ", ", reset!(), " ", released!("mine"));
+pub(crate) const RELEASE: &str = concat!(
+    "WITH ",
+    held_lease!(""),
+    ", ",
+    reset!(),
+    ", released AS (",
+    released_after!(),
+    ") ",
+    ended!()
+);
 
 /// RELEASE, if the shard has no message.
 pub(crate) const DELETE_IF_EMPTY: &str = concat!(
     "WITH ",
-    mine!(
+    held_lease!(
         "AND NOT EXISTS (SELECT 1 FROM outbox_messages o \
             WHERE o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3)"
     ),
     ", ",
     reset!(),
-    " ",
-    released!("mine")
+    ", released AS (",
+    released_after!(),
+    ") ",
+    ended!()
 );
 
 // A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
@@ -369,11 +411,13 @@ pub(crate) const ACK: &str = concat!(
 // failures are all reset (no attempts, no backoff, not parked).
 pub(crate) const ACK_AND_RELEASE: &str = concat!(
     "WITH ",
-    mine!(""),
-    ", ",
+    held_lease!(""),
+    ", gone AS (",
+    ended!(),
+    "), ",
     reset!(),
     ", released AS (",
-    released!("mine"),
+    released_after!(),
     "), ",
     acked!("mine", "$5", "$6", "$7"),
     " SELECT (SELECT count(*) FROM mine), (SELECT count(*) FROM acked), \

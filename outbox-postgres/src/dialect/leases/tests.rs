@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_core::store::{Admin, ClaimOptions, HandlerMode, ShardSession, Store};
+use outbox_core::store::{Admin, ClaimOptions, HandlerMode, Outcome, ShardSession, Store};
 use outbox_testkit::postgres::PgTestDatabase;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
@@ -314,6 +314,67 @@ async fn a_drained_shard_leaves_no_row_unless_the_horizon_is_held() {
     insert(&mut writes, 2, 0).await;
     assert_eq!(drain(&store, &shard(2)).await.len(), 1);
     assert_eq!(log(pool).await, [], "the kept chain ended");
+}
+
+/// A claim whose drain ends without an acknowledgement (its shard found empty, or given up
+/// with messages left) deletes its lease row: a chain of one row ends there, and nothing is
+/// left for a later claim to follow. A chain's later row is followed by a released row, as
+/// before.
+#[tokio::test]
+async fn a_claim_released_without_an_acknowledgement_leaves_no_row() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (store, dialect) = store(pool);
+    let mut writes = pool.acquire().await.expect("connect");
+    insert(&mut writes, 4, 0).await;
+    insert(&mut writes, 6, 0).await;
+    let mut sessions = store
+        .claim_many(&[shard(4), shard(6)], &options("worker"), 0)
+        .await
+        .expect("claim");
+    assert_eq!(sessions.len(), 2);
+    // Shard 4's message goes behind the relay's back: its drain finds it empty.
+    sqlx::query("DELETE FROM outbox_messages WHERE shard_identifier = 4")
+        .execute(pool)
+        .await
+        .expect("delete");
+    let six = sessions.pop().expect("shard 6");
+    let four = sessions.pop().expect("shard 4");
+    four.finish(Outcome::Drained).await.expect("finish shard 4");
+    six.finish(Outcome::Released)
+        .await
+        .expect("give shard 6 up");
+    assert_eq!(log(pool).await, [], "both chains of one row ended");
+    // Shard 6 is claimed anew, and drained.
+    assert_eq!(drain(&store, &shard(6)).await.len(), 1);
+
+    // Under a held horizon a busy shard keeps its chain; a claim of it given up leaves the
+    // chain's first row and a released row, as before.
+    let holder = horizon_held(pool, &dialect).await;
+    for _ in 0..2 {
+        insert(&mut writes, 6, 0).await;
+        drain(&store, &shard(6)).await;
+    }
+    insert(&mut writes, 6, 0).await;
+    let session = store
+        .claim_many(&[shard(6)], &options("worker"), 0)
+        .await
+        .expect("claim")
+        .pop()
+        .expect("shard 6");
+    session
+        .finish(Outcome::Released)
+        .await
+        .expect("give shard 6 up");
+    assert_eq!(
+        log(pool).await,
+        [
+            (6, true, true, Some("positions".to_owned())),
+            (6, false, false, None)
+        ]
+    );
+    horizon_released(pool, &dialect, holder).await;
 }
 
 /// A relay of this version claims nothing while a relay of the protocol before the log runs
