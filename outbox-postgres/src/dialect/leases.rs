@@ -904,13 +904,9 @@ impl Leases {
         self.watch_horizon(pool, now);
         let (idle, sweep) = {
             let mut state = self.state();
-            if state
-                .tidied
-                .is_some_and(|tidied| now.duration_since(tidied) < TIDY_EVERY)
-            {
+            if !due(&mut state.tidied, now, TIDY_EVERY) {
                 return;
             }
-            state.tidied = Some(now);
             let mut idle = Vec::new();
             state.kept.retain(|shard, (seq, at)| {
                 let stays = now.duration_since(*at) < IDLE;
@@ -934,9 +930,7 @@ impl Leases {
             }
         });
     }
-}
 
-impl Leases {
     /// Looks, in a task of its own and at most every [`HORIZON_EVERY`], whether the vacuum
     /// horizon is held.
     ///
@@ -946,15 +940,8 @@ impl Leases {
     /// shard would leave its first rows dead under the shard's key, each walked by the next
     /// claim's conflict check: busy shards keep their chains then (two writes more a drain).
     fn watch_horizon(&self, pool: &PgPool, now: Instant) {
-        {
-            let mut state = self.state();
-            if state
-                .probed
-                .is_some_and(|probed| now.duration_since(probed) < HORIZON_EVERY)
-            {
-                return;
-            }
-            state.probed = Some(now);
+        if !due(&mut self.state().probed, now, HORIZON_EVERY) {
+            return;
         }
         if self.looking.swap(true, Ordering::AcqRel) {
             return;
@@ -975,6 +962,15 @@ impl Leases {
             looking.store(false, Ordering::Release);
         });
     }
+}
+
+/// Whether a pass done `every` so often, last at `last`, is due `now`; if so, it is done now.
+fn due(last: &mut Option<Instant>, now: Instant, every: Duration) -> bool {
+    if last.is_some_and(|at| now.duration_since(at) < every) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }
 
 /// Whether the oldest holder of the vacuum horizon is [`HELD_BEHIND`] transactions behind or
