@@ -239,6 +239,23 @@ macro_rules! released_after {
     };
 }
 
+/// A lease released without an acknowledgement: the held lease (`held_lease!`, with
+/// `$extra`), the CTE `$step` if given, the next row (`released_after!`), and its end
+/// (`ended!`, whose count says whether the lease was held).
+macro_rules! release {
+    ($extra:literal $(, $step:expr)?) => {
+        concat!(
+            "WITH ",
+            held_lease!($extra),
+            $(", ", $step,)?
+            ", released AS (",
+            released_after!(),
+            ") ",
+            ended!()
+        )
+    };
+}
+
 /// The end of the rows `$rows` names (its columns: the key, `seq` and `first`): deleted, or
 /// a chain's first row, which stays, marked superseded.
 macro_rules! superseded {
@@ -331,40 +348,16 @@ pub(crate) const EXTEND_LEASE: &str = extended!("now() + $5::bigint * interval '
 pub(crate) const RELEASE_INTERRUPTED: &str = extended!("now()");
 
 /// A lease released, the shard's failures kept.
-pub(crate) const RELEASE_LEASE: &str = concat!(
-    "WITH ",
-    held_lease!(""),
-    ", released AS (",
-    released_after!(),
-    ") ",
-    ended!()
-);
+pub(crate) const RELEASE_LEASE: &str = release!("");
 
 /// A lease released, the shard's failures forgotten.
-pub(crate) const RELEASE: &str = concat!(
-    "WITH ",
-    held_lease!(""),
-    ", ",
-    reset!(),
-    ", released AS (",
-    released_after!(),
-    ") ",
-    ended!()
-);
+pub(crate) const RELEASE: &str = release!("", reset!());
 
 /// RELEASE, if the shard has no message.
-pub(crate) const DELETE_IF_EMPTY: &str = concat!(
-    "WITH ",
-    held_lease!(
-        "AND NOT EXISTS (SELECT 1 FROM outbox_messages o \
-            WHERE o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3)"
-    ),
-    ", ",
-    reset!(),
-    ", released AS (",
-    released_after!(),
-    ") ",
-    ended!()
+pub(crate) const DELETE_IF_EMPTY: &str = release!(
+    "AND NOT EXISTS (SELECT 1 FROM outbox_messages o \
+        WHERE o.shard_scope = $1 AND o.shard_identifier = $2 AND o.destination = $3)",
+    reset!()
 );
 
 // A first failure (attempt 1, or none recorded) starts the failures' clock. A park (S26)
