@@ -820,17 +820,20 @@ impl PgDialect {
                 (_, _, head) => *head = None,
             }
         }
-        // Where each claim read from: a position, or the shard's start.
-        let from: HashMap<&ShardKey, i64> = shards.iter().zip(afters.iter().copied()).collect();
-        let leases = claims.iter().map(|claim| {
-            let shard = &claim.lease.shard;
-            (
-                shard,
-                claim.lease.token,
-                from.get(shard).copied().unwrap_or(0),
-            )
-        });
-        self.positions.claimed(settled, leases);
+        // Where each claim read from (a position, or the shard's start), while positions are
+        // kept (a frontier is known).
+        if settled > 0 {
+            let from: HashMap<&ShardKey, i64> = shards.iter().zip(afters.iter().copied()).collect();
+            let leases = claims.iter().map(|claim| {
+                let shard = &claim.lease.shard;
+                (
+                    shard,
+                    claim.lease.token,
+                    from.get(shard).copied().unwrap_or(0),
+                )
+            });
+            self.positions.claimed(settled, leases);
+        }
         self.leases.claimed(seqs.into_iter());
         Ok(claims)
     }
