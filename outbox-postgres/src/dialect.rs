@@ -130,26 +130,29 @@ pub(crate) const FETCH_NEWEST: &str = "\
 // is the whole page), then a skip-scan from the last of them for the rest: one index descent
 // per shard, never a read of every row of a deep shard. Shards are due when no pause holds
 // them, nobody holds a live lease on them and they are not backing off, or have a message
-// newer than their failure.
+// newer than their failure. Each shard's lowest pending id comes with it (the first entry of
+// its key that either way reads): a position above it is lowered (see `positions`).
 pub(crate) const DISCOVER: &str = concat!(
     "\
     WITH RECURSIVE near AS ( \
-        SELECT shard_scope, shard_identifier, destination, \
+        SELECT shard_scope, shard_identifier, destination, lowest, \
             row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) AS n \
-        FROM (SELECT DISTINCT shard_scope, shard_identifier, destination \
-              FROM (SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
+        FROM (SELECT shard_scope, shard_identifier, destination, min(id) AS lowest \
+              FROM (SELECT shard_scope, shard_identifier, destination, id FROM outbox_messages \
                     WHERE (shard_scope, shard_identifier, destination) \
                         > ($1::integer, $2::bigint, $3::text) \
-                    ORDER BY shard_scope, shard_identifier, destination LIMIT $4::integer) r) d), \
-     far(shard_scope, shard_identifier, destination, n) AS ( \
-        (SELECT shard_scope, shard_identifier, destination, n FROM near ORDER BY n DESC LIMIT 1) \
+                    ORDER BY shard_scope, shard_identifier, destination, id LIMIT $4::integer) r \
+              GROUP BY shard_scope, shard_identifier, destination) d), \
+     far(shard_scope, shard_identifier, destination, lowest, n) AS ( \
+        (SELECT shard_scope, shard_identifier, destination, lowest, n \
+         FROM near ORDER BY n DESC LIMIT 1) \
         UNION ALL \
-        SELECT next.shard_scope, next.shard_identifier, next.destination, k.n + 1 \
+        SELECT next.shard_scope, next.shard_identifier, next.destination, next.id, k.n + 1 \
         FROM far k CROSS JOIN LATERAL ( \
-            SELECT x.shard_scope, x.shard_identifier, x.destination FROM outbox_messages x \
+            SELECT x.shard_scope, x.shard_identifier, x.destination, x.id FROM outbox_messages x \
             WHERE (x.shard_scope, x.shard_identifier, x.destination) \
                 > (k.shard_scope, k.shard_identifier, k.destination) \
-            ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1) next \
+            ORDER BY x.shard_scope, x.shard_identifier, x.destination, x.id LIMIT 1) next \
         WHERE k.n < $4 \
     ), \
      keys AS ( \
@@ -159,9 +162,9 @@ pub(crate) const DISCOVER: &str = concat!(
     due_keys!()
 );
 
-// A discovery page's answer: each of the shards `keys` (its key and `n`, its place) with
-// whether it is due: its newest lease row released or lapsed, not backing off (or with a
-// message newer than its failure), not paused.
+// A discovery page's answer: each of the shards `keys` (its key, its lowest pending id if
+// known and `n`, its place) with whether it is due: its newest lease row released or lapsed,
+// not backing off (or with a message newer than its failure), not paused; then that id.
 macro_rules! due_keys {
     () => {
         concat!(
@@ -174,7 +177,7 @@ macro_rules! due_keys {
                 AND m.destination = k.destination AND m.id > s.watermark)) \
         AND NOT ",
             outbox_sqlx::paused!("k.shard_scope", "k.shard_identifier", "k.destination"),
-            " AS due \
+            " AS due, k.lowest \
     FROM keys k ",
             leases::head_of!("k"),
             " LEFT JOIN outbox_shards s \
@@ -188,11 +191,12 @@ use due_keys;
 
 // A page of a recent sweep (see `sweeps`): as DISCOVER, of the shards with rows above `$5`
 // only, found by a range of the primary key (the rows written since the last sweep began)
-// rather than a walk of the shard index (every row acknowledged while a horizon is held).
+// rather than a walk of the shard index (every row acknowledged while a horizon is held). It
+// says no shard's lowest pending id: it reads the rows above `$5` only.
 pub(crate) const DISCOVER_RECENT: &str = concat!(
     "\
     WITH keys AS ( \
-        SELECT shard_scope, shard_identifier, destination, \
+        SELECT shard_scope, shard_identifier, destination, NULL::bigint AS lowest, \
             row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) AS n \
         FROM (SELECT DISTINCT shard_scope, shard_identifier, destination \
               FROM outbox_messages \
@@ -1184,18 +1188,32 @@ impl Dialect for PgDialect {
         }
         let above = self.sweeps.page(first, self.positions.settled());
         let started = std::time::Instant::now();
-        let page = match above {
-            None => outbox_sqlx::store::discover_rows::<Self>(pool, scope, cursor, limit).await,
-            Some(above) => {
-                let query = Self::bind_shard(sqlx::query(DISCOVER_RECENT).bind(scope), cursor)
-                    .bind(limit)
-                    .bind(above);
-                outbox_sqlx::store::discovered::<Self>(pool, query).await
-            }
-        }?;
+        let query = Self::bind_shard(
+            sqlx::query(if above.is_some() {
+                DISCOVER_RECENT
+            } else {
+                DISCOVER
+            })
+            .bind(scope),
+            cursor,
+        )
+        .bind(limit);
+        let query = match above {
+            Some(above) => query.bind(above),
+            None => query,
+        };
+        let lowest = |row: &PgRow| row.try_get::<Option<i64>, _>(4);
+        let page = outbox_sqlx::store::discovered_with::<Self, _>(pool, query, lowest).await?;
         let last = page.len() < usize::try_from(limit).unwrap_or(usize::MAX);
         self.sweeps.read(started.elapsed(), last);
-        Ok(page)
+        self.positions.seen(
+            page.iter()
+                .filter_map(|(shard, _, lowest)| Some((shard, (*lowest)?))),
+        );
+        Ok(page
+            .into_iter()
+            .map(|(shard, due, _)| (shard, due))
+            .collect())
     }
 
     const FINISHES_IN_ONE_STATEMENT: bool = true;

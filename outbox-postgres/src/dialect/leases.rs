@@ -834,7 +834,8 @@ impl Leases {
         Ok(switched)
     }
 
-    /// Whether the vacuum horizon is held, as last seen ([`Leases::watch_horizon`]).
+    /// Whether the vacuum horizon is held, or was and the rows it kept are not yet removed,
+    /// as last seen ([`Leases::watch_horizon`]).
     pub(crate) fn held(&self) -> bool {
         self.held.load(Ordering::Acquire)
     }
@@ -931,7 +932,9 @@ impl Leases {
     /// the release deletes it, which vacuum (or the next insert into the same index page)
     /// removes at once. While it is, a chain ended and begun anew at every drain of a busy
     /// shard would leave its first rows dead under the shard's key, each walked by the next
-    /// claim's conflict check: busy shards keep their chains then (two writes more a drain).
+    /// claim's conflict check and newest-row seek: busy shards keep their chains then (two
+    /// writes more a drain), and after it until vacuum has removed the rows it kept
+    /// ([`still_held`]).
     fn watch_horizon(&self, pool: &PgPool, now: Instant) {
         if !due(&mut self.state().probed, now, HORIZON_EVERY) {
             return;
@@ -945,7 +948,8 @@ impl Leases {
             Arc::clone(&self.looking),
         );
         tokio::spawn(async move {
-            match horizon_held(&pool).await {
+            let was = held.load(Ordering::Acquire);
+            match still_held(&pool, was, super::space::DEAD_HEAVY).await {
                 Ok(now_held) => held.store(now_held, Ordering::Release),
                 Err(error) => {
                     tracing::debug!(%error, "could not read the vacuum horizon; chains are kept");
@@ -974,14 +978,38 @@ async fn horizon_held(pool: &PgPool) -> Result<bool, sqlx::Error> {
     Ok(oldest.is_some_and(|(_, _, behind)| behind.is_some_and(|behind| behind >= HELD_BEHIND)))
 }
 
+/// Whether the horizon is held ([`horizon_held`]), or was (`was`) and the outbox's tables
+/// still hold more than `dead` rows it kept (beyond four times their live ones): until
+/// vacuum has removed them, the first scans to meet them would walk each one, so chains and
+/// positions stay as they were during the hold. After a 15-minute hold, claims made in the
+/// seconds after its end walked millions of them (2.4 s for 342 shards).
+async fn still_held(pool: &PgPool, was: bool, dead: i64) -> Result<bool, sqlx::Error> {
+    if horizon_held(pool).await? {
+        return Ok(true);
+    }
+    if !was {
+        return Ok(false);
+    }
+    super::space::dead_heavy(pool, dead).await
+}
+
 #[cfg(test)]
 impl Leases {
-    /// Looks whether the horizon is held now, once a look already running has ended, and
-    /// stops looking by itself for an hour.
-    pub(crate) async fn look_at_horizon(&self, pool: &PgPool) {
+    /// Looks whether the horizon is held now (or its dead rows are more than `dead`, if it
+    /// was: [`still_held`]), once a look already running has ended, and stops looking by
+    /// itself for an hour.
+    pub(crate) async fn look_at_horizon_counting(&self, pool: &PgPool, dead: i64) {
         self.stop_looking().await;
-        let held = horizon_held(pool).await.expect("the horizon");
+        let held = still_held(pool, self.held(), dead)
+            .await
+            .expect("the horizon");
         self.held.store(held, Ordering::Release);
+    }
+
+    /// As [`Leases::look_at_horizon_counting`], with the relay's own count of dead rows.
+    pub(crate) async fn look_at_horizon(&self, pool: &PgPool) {
+        self.look_at_horizon_counting(pool, super::space::DEAD_HEAVY)
+            .await;
     }
 
     /// Takes the horizon as held from here on, without looking: for tests of what a store

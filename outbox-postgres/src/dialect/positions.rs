@@ -32,9 +32,14 @@
 //! found held reads from its start and founds its position.
 //!
 //! One kind of row can land below a position: one written with an id of its own rather than
-//! the sequence's (`OVERRIDING SYSTEM VALUE`, as a restore writes it). So a position holds for
-//! [`EXPIRE`] after the read from the shard's start it grew from; then the shard is read from
-//! its start once more, and such a row is delivered then.
+//! the sequence's (`OVERRIDING SYSTEM VALUE`, as a restore writes it). A whole discovery sweep
+//! meets it: each of its pages says the lowest pending id of every shard it lists (the first
+//! live entry of the shard's index, which the sweep reads anyway), and a position at or above
+//! it is lowered below it ([`Positions::seen`]), so the shard's next claim reads the row. A
+//! position is never re-read from the shard's start on a timer: under a held horizon such a
+//! read walks every row the shard's drains acknowledged since the hold began, and reads of
+//! every shard from its start, once a minute, made the claims of a 15-minute hold slower
+//! with each minute.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,9 +52,6 @@ use tracing::debug;
 
 /// How often the frontier is sampled (at most).
 const REFRESH: Duration = Duration::from_millis(100);
-
-/// How long a position holds after the read from its shard's start that it grew from.
-const EXPIRE: Duration = Duration::from_secs(60);
 
 /// Shards whose positions are kept; past this the map starts again (positions are hints).
 const MOST_SHARDS: usize = 200_000;
@@ -90,23 +92,21 @@ struct State {
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Position {
-    /// Nothing of the shard at or below this id is pending.
+    /// Nothing of the shard at or below this id is pending (if `founded`).
     after: i64,
-    /// When the read from the shard's start that `after` grew from was made: `after` holds
-    /// until [`EXPIRE`] after it.
-    founded: Option<Instant>,
-    /// The newest claim: its token, the frontier before it, and when it was made if it read
-    /// from the shard's start.
-    claim: Option<(i64, i64, Option<Instant>)>,
+    /// A read from the shard's start founded `after`.
+    founded: bool,
+    /// How many times a sweep lowered `after` ([`Positions::seen`]).
+    lowered: u64,
+    /// The newest claim: its token, the frontier before it, whether it read from the shard's
+    /// start, and `lowered` when it was made.
+    claim: Option<(i64, i64, bool, u64)>,
 }
 
 impl Position {
     /// Where a claim made now reads from.
     fn after(&self) -> i64 {
-        match self.founded {
-            Some(founded) if founded.elapsed() < EXPIRE => self.after,
-            _ => 0,
-        }
+        if self.founded { self.after } else { 0 }
     }
 }
 
@@ -189,15 +189,32 @@ impl Positions {
         if settled <= 0 {
             return;
         }
-        let now = Instant::now();
         let mut state = self.state();
         for (shard, token, after) in claims {
             if state.shards.len() >= MOST_SHARDS && !state.shards.contains_key(shard) {
                 state.shards.clear();
             }
-            let from_start = (after == 0).then_some(now);
-            state.shards.entry(shard.clone()).or_default().claim =
-                Some((token, settled, from_start));
+            let position = state.shards.entry(shard.clone()).or_default();
+            position.claim = Some((token, settled, after == 0, position.lowered));
+        }
+    }
+
+    /// A whole sweep's page saw each shard's lowest pending id: a position at or above it
+    /// (a row written below it with an id of its own) is lowered below it, so that the
+    /// shard's next claim reads the row.
+    pub(crate) fn seen<'k>(&self, lowest: impl Iterator<Item = (&'k ShardKey, i64)>) {
+        let mut state = self.state();
+        if state.shards.is_empty() {
+            return;
+        }
+        for (shard, id) in lowest {
+            if let Some(position) = state.shards.get_mut(shard)
+                && position.founded
+                && id <= position.after
+            {
+                position.after = id - 1;
+                position.lowered += 1;
+            }
         }
     }
 
@@ -205,25 +222,21 @@ impl Positions {
     pub(crate) fn drained(&self, shard: &ShardKey, token: i64, highest: i64) {
         let mut state = self.state();
         if let Some(position) = state.shards.get_mut(shard)
-            && let Some((claimed, settled, from_start)) = position.claim
+            && let Some((claimed, settled, from_start, lowered)) = position.claim
             && claimed == token
         {
-            if let Some(at) = from_start {
-                // Read from the start: the position is founded anew.
-                position.after = settled.min(highest);
-                position.founded = Some(at);
-            } else if position.founded.is_some() {
-                position.after = position.after.max(settled.min(highest));
+            // A sweep that lowered the position since the claim saw a row the claim may not
+            // have read: the position stays where the sweep put it.
+            if lowered == position.lowered {
+                if from_start {
+                    // Read from the start: the position is founded anew.
+                    position.after = settled.min(highest);
+                    position.founded = true;
+                } else if position.founded {
+                    position.after = position.after.max(settled.min(highest));
+                }
             }
             position.claim = None;
-        }
-    }
-
-    /// Ends `shard`'s position now, as [`EXPIRE`] does: its next claim reads from the start.
-    #[cfg(test)]
-    pub(crate) fn expire(&self, shard: &ShardKey) {
-        if let Some(position) = self.state().shards.get_mut(shard) {
-            position.founded = None;
         }
     }
 

@@ -471,3 +471,46 @@ async fn a_relay_waits_for_older_relays_then_takes_over_their_leases() {
     );
     assert_eq!(refused.expect("nothing left to update").rows_affected(), 0);
 }
+
+/// Once the horizon was held, it counts as held until vacuum has removed what it kept: the
+/// first scans to meet those rows would walk each one. A store that never saw it held does
+/// not look at the dead rows.
+#[tokio::test]
+async fn after_a_hold_it_counts_as_held_until_vacuum_removes_what_it_kept() {
+    let database = PgTestDatabase::create().await;
+    let pool = database.pool();
+    crate::migrate(pool).await.expect("migrate");
+    let (_, dialect) = store(pool);
+    let (_, unaware) = store(pool);
+    let mut holder = horizon_held(pool, &dialect).await;
+    let mut conn = pool.acquire().await.expect("connect");
+    // The deletes' counters reach the statistics at once (`pg_stat_force_next_flush`), and
+    // vacuum counts the rows the horizon keeps.
+    for statement in [
+        "INSERT INTO outbox_messages \
+            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+         SELECT 1, n % 40, '', 1, 1, '{}' FROM generate_series(1, 3000) AS n",
+        "DELETE FROM outbox_messages",
+        "SELECT pg_stat_force_next_flush()",
+        "VACUUM outbox_messages",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .expect(statement);
+    }
+    sqlx::query("COMMIT")
+        .execute(&mut *holder)
+        .await
+        .expect("commit");
+    dialect.leases.look_at_horizon_counting(pool, 1_000).await;
+    assert!(dialect.leases.held(), "3,000 dead rows not yet removed");
+    unaware.leases.look_at_horizon_counting(pool, 1_000).await;
+    assert!(!unaware.leases.held(), "never held");
+    sqlx::query("VACUUM outbox_messages")
+        .execute(&mut *conn)
+        .await
+        .expect("vacuum");
+    dialect.leases.look_at_horizon_counting(pool, 1_000).await;
+    assert!(!dialect.leases.held(), "the rows removed");
+}
