@@ -338,7 +338,7 @@ pub(crate) const BACKFILL: BackfillStatements = BackfillStatements {
             WHERE category = $1 AND target_version > done_version",
 };
 
-const COMPACT_PAUSED: &str = outbox_sqlx::compact_paused!(
+pub(crate) const COMPACT_PAUSED: &str = outbox_sqlx::compact_paused!(
     "x.category = ANY($1)",
     "AND o.object_wide = x.object_wide",
     "$2"

@@ -384,11 +384,15 @@ macro_rules! paused {
 /// condition that `x.category` is one of the categories given (in the dialect's way of binding
 /// a list), `$same_object` what more than `object_identifier` rows `o` and `x` share to hold
 /// the same object ("" if nothing), `$limit` the limit's parameter.
+///
+/// Without a pause, the statement reads nothing: the pauses are looked at first, once. A
+/// plan that read `outbox_messages` before finding no pause took 15 s in a 15-minute held
+/// horizon (every row the hold kept, for each live row).
 #[macro_export]
 macro_rules! compact_paused {
     ($categories:literal, $same_object:literal, $limit:literal) => {
         concat!(
-            "DELETE FROM outbox_messages WHERE id IN ( \
+            "DELETE FROM outbox_messages WHERE EXISTS (SELECT 1 FROM outbox_pauses) AND id IN ( \
                 SELECT x.id FROM ( \
                     SELECT x.* FROM outbox_pauses p JOIN outbox_messages x \
                         ON x.shard_scope = p.shard_scope \
