@@ -137,12 +137,13 @@ pub(crate) const DISCOVER: &str = concat!(
     WITH RECURSIVE near AS ( \
         SELECT shard_scope, shard_identifier, destination, lowest, \
             row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) AS n \
-        FROM (SELECT shard_scope, shard_identifier, destination, min(id) AS lowest \
+        FROM (SELECT DISTINCT ON (shard_scope, shard_identifier, destination) \
+                  shard_scope, shard_identifier, destination, id AS lowest \
               FROM (SELECT shard_scope, shard_identifier, destination, id FROM outbox_messages \
                     WHERE (shard_scope, shard_identifier, destination) \
                         > ($1::integer, $2::bigint, $3::text) \
                     ORDER BY shard_scope, shard_identifier, destination, id LIMIT $4::integer) r \
-              GROUP BY shard_scope, shard_identifier, destination) d), \
+              ORDER BY shard_scope, shard_identifier, destination, id) d), \
      far(shard_scope, shard_identifier, destination, lowest, n) AS ( \
         (SELECT shard_scope, shard_identifier, destination, lowest, n \
          FROM near ORDER BY n DESC LIMIT 1) \
