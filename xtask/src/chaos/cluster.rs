@@ -33,6 +33,11 @@ impl Cluster {
 
     /// Creates a cluster with `settings` (lines of `postgresql.conf`) after this module's own
     /// (port, sockets, connections, memory), and starts it.
+    ///
+    /// With `BENCH_EXPLAIN=<ms>` in the environment, the server logs the plan of every
+    /// statement that ran that long or longer (`auto_explain`, with its buffers), and its log
+    /// is copied to `target/private-pg-<port>.log` when the cluster is dropped: what a held
+    /// horizon made slow, read after the run.
     pub(crate) fn start_with(settings: &str) -> Result<Self, String> {
         let bin = binaries()?;
         let dir = tempfile::Builder::new()
@@ -75,8 +80,9 @@ impl Cluster {
              max_connections = 200\n\
              shared_buffers = 128MB\n\
              log_min_messages = warning\n\
-             {settings}",
-            cluster.dir.path().display()
+             {settings}{}",
+            cluster.dir.path().display(),
+            explain_settings(settings).unwrap_or_default(),
         );
         let config = cluster.data().join("postgresql.conf");
         let mut text = std::fs::read_to_string(&config)
@@ -146,7 +152,42 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // Stopped whether or not it runs (a failed restart may have left a server up).
         let _ = self.pg_ctl(&["stop", "-w", "-t", "30", "-m", "immediate"]);
+        if explain_settings("").is_some() {
+            // The workspace's `target/`, wherever the command was run from.
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(Path::new("."));
+            let kept = workspace.join(format!("target/private-pg-{}.log", self.port));
+            match std::fs::copy(self.dir.path().join("server.log"), &kept) {
+                Ok(_) => eprintln!("  the private server's log: {}", kept.display()),
+                Err(error) => eprintln!("  the private server's log was not kept: {error}"),
+            }
+        }
     }
+}
+
+/// The settings `BENCH_EXPLAIN=<ms>` adds after `settings`: `auto_explain` loaded (beside
+/// the libraries `settings` loads) and logging the plans of statements of that many
+/// milliseconds or more, with their buffers. `None` without it.
+fn explain_settings(settings: &str) -> Option<String> {
+    let ms: u32 = std::env::var("BENCH_EXPLAIN").ok()?.parse().ok()?;
+    let libraries = settings
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("shared_preload_libraries"))
+        .filter_map(|value| value.split('\'').nth(1))
+        .next_back()
+        .filter(|libraries| !libraries.is_empty())
+        .map_or_else(
+            || "auto_explain".to_owned(),
+            |libraries| format!("{libraries},auto_explain"),
+        );
+    Some(format!(
+        "\nshared_preload_libraries = '{libraries}'\n\
+         auto_explain.log_min_duration = '{ms}ms'\n\
+         auto_explain.log_analyze = on\n\
+         auto_explain.log_buffers = on\n\
+         auto_explain.log_timing = off\n"
+    ))
 }
 
 /// The newest installed PostgreSQL's `bin` directory (`/usr/lib/postgresql/<version>/bin`).
