@@ -17,6 +17,8 @@ pub(crate) struct Cluster {
     as_postgres: bool,
     /// The port it listens on.
     port: u16,
+    /// Its log is kept when it is dropped (`BENCH_EXPLAIN` set it to log slow plans).
+    keep_log: bool,
 }
 
 impl Cluster {
@@ -51,11 +53,13 @@ impl Cluster {
                 .arg(dir.path()))?;
         }
         let port = free_port()?;
+        let explain = explain_settings(settings);
         let cluster = Self {
             dir,
             bin,
             as_postgres,
             port,
+            keep_log: explain.is_some(),
         };
         let data = cluster.data();
         let mut initdb: Vec<&OsStr> = [
@@ -82,7 +86,7 @@ impl Cluster {
              log_min_messages = warning\n\
              {settings}{}",
             cluster.dir.path().display(),
-            explain_settings(settings).unwrap_or_default(),
+            explain.unwrap_or_default(),
         );
         let config = cluster.data().join("postgresql.conf");
         let mut text = std::fs::read_to_string(&config)
@@ -152,7 +156,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // Stopped whether or not it runs (a failed restart may have left a server up).
         let _ = self.pg_ctl(&["stop", "-w", "-t", "30", "-m", "immediate"]);
-        if explain_settings("").is_some() {
+        if self.keep_log {
             // The workspace's `target/`, wherever the command was run from.
             let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .parent()
