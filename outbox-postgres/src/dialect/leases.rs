@@ -976,7 +976,7 @@ fn due(last: &mut Option<Instant>, now: Instant, every: Duration) -> bool {
 
 /// Whether the oldest holder of the vacuum horizon is [`HELD_BEHIND`] transactions behind or
 /// more.
-async fn horizon_held(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub(crate) async fn horizon_held(pool: &PgPool) -> Result<bool, sqlx::Error> {
     let oldest: Option<(String, Option<i64>, Option<i64>)> =
         sqlx::query_as(super::HORIZON).fetch_optional(pool).await?;
     Ok(oldest.is_some_and(|(_, _, behind)| behind.is_some_and(|behind| behind >= HELD_BEHIND)))

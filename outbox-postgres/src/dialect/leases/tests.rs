@@ -17,6 +17,18 @@ use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, stor
 /// `dialect` look: from here on its busy shards keep their chains. The holder, to commit.
 pub(crate) async fn horizon_held(pool: &PgPool, dialect: &PgDialect) -> PoolConnection<Postgres> {
     let holder = snapshot_held(pool, "outbox_leases").await;
+    transactions_pass(pool).await;
+    dialect.leases.look_at_horizon(pool).await;
+    assert!(
+        dialect.leases.held(),
+        "a snapshot {HELD_BEHIND} transactions behind holds the horizon"
+    );
+    holder
+}
+
+/// [`HELD_BEHIND`] transactions and more (subtransactions that each write) begin and end: a
+/// snapshot taken before is that far behind.
+pub(crate) async fn transactions_pass(pool: &PgPool) {
     let burn = format!(
         "CREATE TEMP TABLE burnt (i integer); \
          DO $$ BEGIN FOR i IN 1..{} LOOP \
@@ -30,12 +42,6 @@ pub(crate) async fn horizon_held(pool: &PgPool, dialect: &PgDialect) -> PoolConn
         .await
         .expect("transactions");
     burner.detach();
-    dialect.leases.look_at_horizon(pool).await;
-    assert!(
-        dialect.leases.held(),
-        "a snapshot {HELD_BEHIND} transactions behind holds the horizon"
-    );
-    holder
 }
 
 /// Commits `holder` and has `dialect` look again: the horizon is no longer held.
