@@ -26,8 +26,13 @@ use crate::relay::*;
 /// The relay's transactions run at `READ COMMITTED` ([`Dialect::BEGIN`]): a claim locks only
 /// the state row it finds, never a gap of the index, and each statement reads what is
 /// committed when it runs.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct MySqlDialect;
+///
+/// A store's dialect keeps when it last rebuilt the outbox's tables to give back the space a
+/// long transaction left (see `space`): its clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct MySqlDialect {
+    space: std::sync::Arc<crate::space::Space>,
+}
 
 /// The embedded migrations, in order.
 pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
@@ -37,7 +42,7 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
 }];
 
 /// MariaDB's error numbers the outbox reads.
-mod code {
+pub(crate) mod code {
     /// `ER_NO_SUCH_TABLE`.
     pub(super) const NO_SUCH_TABLE: u16 = 1146;
     /// `ER_BAD_FIELD_ERROR`: an unknown column.
@@ -47,7 +52,7 @@ mod code {
     /// `ER_DUP_ENTRY`: another claim created the shard's state row first.
     pub(super) const DUPLICATE: u16 = 1062;
     /// `ER_LOCK_WAIT_TIMEOUT`: another transaction holds the row a claim would create.
-    pub(super) const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
     /// `ER_BAD_DB_ERROR`: the database does not exist (yet).
     pub(super) const BAD_DB: u16 = 1049;
     /// `ER_CON_COUNT_ERROR`, `ER_SERVER_SHUTDOWN`, `ER_QUERY_INTERRUPTED`,
@@ -56,7 +61,7 @@ mod code {
 }
 
 /// The error number of a MariaDB error.
-fn number(error: &dyn DatabaseError) -> Option<u16> {
+pub(crate) fn number(error: &dyn DatabaseError) -> Option<u16> {
     error
         .try_downcast_ref::<MySqlDatabaseError>()
         .map(MySqlDatabaseError::number)
@@ -717,6 +722,9 @@ impl Dialect for MySqlDialect {
         limit: i32,
     ) -> Result<Vec<(ShardKey, bool)>, Error> {
         const OPERATION: &str = "discovering due shards";
+        if scope == outbox_sqlx::store::FIRST_PAGE_SCOPE {
+            self.space.now_and_then(pool);
+        }
         let (identifier, destination) = stored_shard(cursor);
         let rows = sqlx::query(DISCOVER)
             .bind(scope)

@@ -39,6 +39,7 @@ mod connect;
 mod dialect;
 mod model;
 mod relay;
+mod space;
 
 use outbox_core::Error;
 use sqlx::MySqlPool;

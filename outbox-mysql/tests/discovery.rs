@@ -15,8 +15,11 @@ use support::{index_reads, one_connection, seed, shard};
 /// Index entries the one connection of `pool` read during a discovery of `limit` shards after
 /// `cursor`, and the shards found.
 async fn discovery_reads(pool: &MySqlPool, cursor: i64, limit: i32) -> (i64, Vec<ShardKey>) {
-    let (reads, found) =
-        index_reads(pool, MySqlDialect.discover(pool, 1, &shard(cursor), limit)).await;
+    let (reads, found) = index_reads(
+        pool,
+        MySqlDialect::default().discover(pool, 1, &shard(cursor), limit),
+    )
+    .await;
     let found = found.expect("discover");
     (reads, found.into_iter().map(|(shard, _)| shard).collect())
 }

@@ -568,7 +568,8 @@ pub(crate) const GAUGES: &str = concat!(
 );
 
 // The oldest holder of the vacuum horizon of this database's tables: a session of this
-// database with a snapshot or a transaction id, a replication slot or a standby's feedback
+// database with a snapshot or a transaction id (not an autovacuum worker: a vacuum's snapshot
+// holds back no other vacuum), a replication slot or a standby's feedback
 // (which hold every database's), or a prepared transaction; by how many transactions it is
 // behind (the age of its xmin; xid has no order, so the oldest is the one with the greatest
 // age).
@@ -582,6 +583,7 @@ const HORIZON: &str = "\
             greatest(age(backend_xmin), age(backend_xid))::bigint AS behind \
         FROM pg_stat_activity \
         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+            AND backend_type <> 'autovacuum worker' \
             AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
         UNION ALL \
         SELECT format('replication slot %s', slot_name), NULL, age(xmin)::bigint \
