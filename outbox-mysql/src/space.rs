@@ -8,7 +8,7 @@
 //! holds alive is little: the messages not yet delivered, a state row per shard being drained
 //! or failing.
 //!
-//! So a relay, at most every [`EVERY`] (from the first page of a discovery sweep, in a task of
+//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a discovery sweep, in a task of
 //! its own), rebuilds a table of the outbox online (`ALTER TABLE … FORCE, ALGORITHM =
 //! INPLACE, LOCK = NONE`: writers and the relay go on while it copies the live rows) when all
 //! of these hold:
@@ -22,20 +22,15 @@
 //!   ("table definition has changed"), `mysqldump --single-transaction` among them;
 //! - its lock is granted within a second (`lock_wait_timeout`): else the rebuild gives up,
 //!   and the next pass tries again;
-//! - this store has not rebuilt it within [`REBUILD_EVERY`]: a table that a high rate makes
+//! - this store has not rebuilt it within [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate makes
 //!   this large in its steady state is not rebuilt again and again.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
+use outbox_sqlx::space::{Passes, Rewrites};
 use sqlx::{AssertSqlSafe, MySqlPool};
 
 use crate::dialect::code;
-
-/// How often a store looks (at most).
-const EVERY: Duration = Duration::from_secs(5);
 
 /// A tablespace this many times larger than its table's live rows, and at least [`BLOATED`],
 /// is rebuilt.
@@ -50,9 +45,6 @@ pub(crate) const LARGEST_MESSAGES: i64 = 1 << 30;
 /// A transaction on the server that began this many seconds ago or more keeps the tables from
 /// being rebuilt.
 const OLD: i64 = 1;
-
-/// How often a store rebuilds a table (at most).
-const REBUILD_EVERY: Duration = Duration::from_secs(300);
 
 /// The tables of the outbox sparse enough to be rebuilt ([module documentation](self)), each
 /// with whether a transaction on the server (other than this session's) began that many
@@ -73,72 +65,23 @@ const SPARSE_TABLES: &str = "\
         AND (t.TABLE_NAME <> 'outbox_messages' OR s.ALLOCATED_SIZE <= p.largest) \
     ORDER BY t.TABLE_NAME";
 
-/// What one pass did with each table it found sparse.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Rebuilds {
-    /// Rebuilt.
-    pub(crate) rebuilt: Vec<String>,
-    /// A transaction older than a second was open, or the lock was not granted in time:
-    /// tried again at the next pass.
-    pub(crate) refused: Vec<String>,
-}
-
 /// The giving back of one store.
 #[derive(Debug, Default)]
 pub(crate) struct Space {
-    last: Mutex<Option<Instant>>,
-    /// The tables this store rebuilt, and when.
-    rebuilt: Mutex<HashMap<String, Instant>>,
-    running: AtomicBool,
-    /// A pass failed for a reason other than a lock (a missing right): said once.
-    warned: AtomicBool,
+    passes: Arc<Passes>,
 }
 
 impl Space {
-    /// Starts a pass in a task of its own, unless one ran within [`EVERY`] or is running.
-    pub(crate) fn now_and_then(self: &Arc<Self>, pool: &MySqlPool) {
-        {
-            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = Instant::now();
-            if last.is_some_and(|at| now.duration_since(at) < EVERY) {
-                return;
-            }
-            *last = Some(now);
-        }
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let (this, pool) = (Arc::clone(self), pool.clone());
-        tokio::spawn(async move {
-            let recent = {
-                let mut rebuilt = this.rebuilt.lock().unwrap_or_else(PoisonError::into_inner);
-                rebuilt.retain(|_, at| at.elapsed() < REBUILD_EVERY);
-                rebuilt.keys().cloned().collect::<Vec<_>>()
-            };
-            match rebuild(&pool, BLOATED, SPARSE, LARGEST_MESSAGES, OLD, &recent).await {
-                Ok(rebuilds) if !rebuilds.rebuilt.is_empty() => {
-                    tracing::info!(
-                        tables = ?rebuilds.rebuilt,
-                        "outbox tables rebuilt: the space a long transaction left is given back"
-                    );
-                    let mut rebuilt = this.rebuilt.lock().unwrap_or_else(PoisonError::into_inner);
-                    for table in rebuilds.rebuilt {
-                        rebuilt.insert(table, Instant::now());
-                    }
-                }
-                Ok(_) => {}
-                Err(error) if this.warned.swap(true, Ordering::AcqRel) => {
-                    tracing::debug!(%error, "rebuilding the outbox's sparse tables failed");
-                }
-                Err(error) => tracing::warn!(
-                    %error,
-                    "the outbox's tables cannot give back the space a long transaction \
-                     leaves: it is only reused (the relay's user needs the ALTER privilege on \
-                     outbox_messages and outbox_shards to rebuild them)"
-                ),
-            }
-            this.running.store(false, Ordering::Release);
-        });
+    /// Starts a pass in a task of its own, unless one ran within [`EVERY`](outbox_sqlx::space::EVERY) or is running.
+    pub(crate) fn now_and_then(&self, pool: &MySqlPool) {
+        let pool = pool.clone();
+        self.passes.now_and_then(
+            "the relay's user needs the ALTER privilege on outbox_messages and outbox_shards \
+             to rebuild them",
+            async move |recent| {
+                rebuild(&pool, BLOATED, SPARSE, LARGEST_MESSAGES, OLD, &recent).await
+            },
+        );
     }
 }
 
@@ -153,7 +96,7 @@ pub(crate) async fn rebuild(
     largest_messages: i64,
     old: i64,
     recent: &[String],
-) -> Result<Rebuilds, sqlx::Error> {
+) -> Result<Rewrites, sqlx::Error> {
     let candidates: Vec<(String, bool)> = sqlx::query_as(SPARSE_TABLES)
         .bind(large)
         .bind(sparse)
@@ -161,7 +104,7 @@ pub(crate) async fn rebuild(
         .bind(old)
         .fetch_all(pool)
         .await?;
-    let mut rebuilds = Rebuilds::default();
+    let mut rebuilds = Rewrites::default();
     for (table, held) in candidates {
         if recent.contains(&table) {
             continue;
@@ -178,7 +121,7 @@ pub(crate) async fn rebuild(
         .execute(pool)
         .await;
         match done {
-            Ok(_) => rebuilds.rebuilt.push(table),
+            Ok(_) => rebuilds.rewritten.push(table),
             Err(error) if timed_out(&error) => rebuilds.refused.push(table),
             Err(error) => return Err(error),
         }

@@ -39,6 +39,7 @@ pub mod migrate;
 pub mod model;
 pub mod model_sql;
 pub mod session;
+pub mod space;
 pub mod sql;
 pub mod store;
 pub mod stored;

@@ -4,7 +4,7 @@
 use outbox_testkit::mysql::MySqlTestDatabase;
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
-use super::{Rebuilds, rebuild};
+use super::{Rewrites, rebuild};
 
 /// The least size the test rebuilds (the relay's is larger).
 const LARGE: i64 = 1 << 20;
@@ -44,10 +44,10 @@ async fn until_no_transaction_is_listed(pool: &MySqlPool) {
     }
 }
 
-fn rebuilds(rebuilt: &[&str], refused: &[&str]) -> Rebuilds {
+fn rebuilds(rebuilt: &[&str], refused: &[&str]) -> Rewrites {
     let names = |names: &[&str]| names.iter().map(|name| (*name).to_owned()).collect();
-    Rebuilds {
-        rebuilt: names(rebuilt),
+    Rewrites {
+        rewritten: names(rebuilt),
         refused: names(refused),
     }
 }

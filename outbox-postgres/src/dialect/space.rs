@@ -6,7 +6,7 @@
 //! them to, and their indexes too. Yet what they hold alive is little: the messages not yet
 //! delivered, a lease per shard being drained, a state per failing shard.
 //!
-//! So a relay, at most every [`EVERY`] (from the first page of a discovery sweep, in a task of
+//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a discovery sweep, in a task of
 //! its own), rewrites a table of the outbox with `VACUUM FULL` when all of these hold:
 //!
 //! - it is at least [`BLOATED`] (table and indexes) and more than [`SPARSE`] times the size of
@@ -26,7 +26,7 @@
 //!   which makes the server cancel that worker after `deadlock_timeout`;
 //! - its lock is granted within [`LOCK_TIMEOUT`]: the statements that queue behind the
 //!   request wait at most that long if it is not;
-//! - this store has not rewritten it within [`REWRITE_EVERY`]: a table that a high rate and
+//! - this store has not rewritten it within [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate and
 //!   vacuums far apart make this large in its steady state is not rewritten again and again.
 //!
 //! The rewrite holds its lock for as long as it reads the table: tens of milliseconds for tens
@@ -46,18 +46,15 @@
 //! an entry. Such plans made claims of a few hundred shards take 3 to 5 s in the 15-minute
 //! hold. The guard costs two round trips a batch, so it is used only then.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Postgres};
 
-use super::lock_not_available;
+use outbox_sqlx::space::{Passes, Rewrites};
 
-/// How often a store looks (at most).
-pub(crate) const EVERY: Duration = Duration::from_secs(5);
+use super::lock_not_available;
 
 /// A table this many times larger than its live rows, and at least [`BLOATED`], is rewritten.
 pub(crate) const SPARSE: i64 = 16;
@@ -74,23 +71,25 @@ pub(crate) const LARGEST_MESSAGES: i64 = 384 << 20;
 pub(crate) const DEAD_HEAVY: i64 = 50_000;
 
 /// How the batch statements' transaction begins while the tables are dead-heavy: the planner
-/// may not gather an index's entries into a bitmap, nor compile the plan (the estimates of a
-/// dead-heavy table can pass `jit_above_cost`, and compiling costs tens of milliseconds).
+/// may not gather an index's entries into a bitmap, nor read a table whole, nor compile the
+/// plan (the estimates of a dead-heavy table can pass `jit_above_cost`, and compiling costs
+/// tens of milliseconds).
 ///
-/// Sequential scans stay allowed: a table's size in pages is kept current, so the planner
-/// prices reading it whole at what it costs. With them off, it read an index whole instead
-/// (an index's size is not updated while vacuum can remove nothing, so it looked a page
-/// long): an acknowledgement of 510 shards walked the whole shard index, 4.6 s.
-pub(crate) const GUARD: &str = "BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off";
+/// Every read of these statements has an index condition (each shard's key, each message's
+/// id looked up as one array), so with sequential scans off the planner seeks. With them on,
+/// statistics gathered under the hold (an index of tens of thousands of pages counted at a few
+/// hundred rows) once priced each head's seek above reading `outbox_messages` whole: a claim of
+/// 508 shards read the table once per shard (9.6 million buffers, 49 s) in the 15-minute hold.
+/// (When the acknowledgement still joined its targets to the table, sequential scans off made
+/// it read the shard index whole instead; it looks its ids up as an array now.)
+pub(crate) const GUARD: &str = "BEGIN; SET LOCAL enable_bitmapscan = off; \
+    SET LOCAL enable_seqscan = off; SET LOCAL jit = off";
 
 /// Whether `outbox_messages` or `outbox_leases` holds more than `$1` dead rows beyond four
 /// times its live ones (statistics).
 const DEAD_ROWS: &str = "\
     SELECT coalesce(bool_or(n_dead_tup > $1 + 4 * n_live_tup), false) FROM pg_stat_user_tables \
     WHERE relid IN ('outbox_messages'::regclass, 'outbox_leases'::regclass)";
-
-/// How often a store rewrites a table (at most).
-const REWRITE_EVERY: Duration = Duration::from_secs(300);
 
 /// How long a rewrite waits for its lock.
 const LOCK_TIMEOUT: &str = "50ms";
@@ -123,77 +122,28 @@ const SPARSE_TABLES: &str = "\
     GROUP BY c.oid \
     ORDER BY 1";
 
-/// What one pass did with each table it found sparse.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Rewrites {
-    /// Rewritten.
-    pub(crate) rewritten: Vec<String>,
-    /// Locked by a transaction older than a second, or their lock was not granted within the
-    /// timeout: tried again at the next pass.
-    pub(crate) refused: Vec<String>,
-}
-
 /// The giving back of one store.
 #[derive(Debug, Default)]
 pub(crate) struct Space {
-    last: Mutex<Option<Instant>>,
-    /// The tables this store rewrote, and when.
-    rewritten: Mutex<HashMap<String, Instant>>,
-    running: AtomicBool,
-    /// A pass failed for a reason other than a lock (a missing right): said once.
-    warned: AtomicBool,
+    passes: Arc<Passes>,
     /// The tables are dead-heavy: the batch statements run under the [`GUARD`].
     guarded: AtomicBool,
 }
 
 impl Space {
-    /// Starts a pass in a task of its own, unless one ran within [`EVERY`] or is running.
-    pub(crate) fn now_and_then(self: &std::sync::Arc<Self>, pool: &PgPool) {
-        {
-            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = Instant::now();
-            if last.is_some_and(|at| now.duration_since(at) < EVERY) {
-                return;
-            }
-            *last = Some(now);
-        }
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let (this, pool) = (std::sync::Arc::clone(self), pool.clone());
-        tokio::spawn(async move {
-            if let Ok(heavy) = dead_heavy(&pool, DEAD_HEAVY).await {
-                this.guard(heavy);
-            }
-            let recent = this.recent();
-            match rewrite(&pool, BLOATED, SPARSE, LARGEST_MESSAGES, &recent).await {
-                Ok(rewrites) if !rewrites.rewritten.is_empty() => {
-                    tracing::info!(
-                        tables = ?rewrites.rewritten,
-                        "outbox tables rewritten: the space a held vacuum horizon left is \
-                         given back"
-                    );
-                    let mut rewritten = this
-                        .rewritten
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    for table in rewrites.rewritten {
-                        rewritten.insert(table, Instant::now());
-                    }
+    /// Starts a pass in a task of its own, unless one ran within [`EVERY`](outbox_sqlx::space::EVERY) or is running.
+    pub(crate) fn now_and_then(self: &Arc<Self>, pool: &PgPool) {
+        let (this, pool) = (Arc::clone(self), pool.clone());
+        self.passes.now_and_then(
+            "the relay's role needs to own outbox_messages, outbox_leases and outbox_shards to \
+             rewrite them",
+            async move |recent| {
+                if let Ok(heavy) = dead_heavy(&pool, DEAD_HEAVY).await {
+                    this.guard(heavy);
                 }
-                Ok(_) => {}
-                Err(error) if this.warned.swap(true, Ordering::AcqRel) => {
-                    tracing::debug!(%error, "rewriting the outbox's sparse tables failed");
-                }
-                Err(error) => tracing::warn!(
-                    %error,
-                    "the outbox's tables cannot give back the space a held vacuum horizon \
-                     leaves: it is only reused (the relay's role needs to own \
-                     outbox_messages, outbox_leases and outbox_shards to rewrite them)"
-                ),
-            }
-            this.running.store(false, Ordering::Release);
-        });
+                rewrite(&pool, BLOATED, SPARSE, LARGEST_MESSAGES, &recent).await
+            },
+        );
     }
 
     /// Whether the batch statements run under the [`GUARD`].
@@ -216,16 +166,6 @@ impl Space {
                  horizon): the relay's batch statements {statements} the planner's guard"
             );
         }
-    }
-
-    /// The tables this store rewrote within [`REWRITE_EVERY`].
-    fn recent(&self) -> Vec<String> {
-        let mut rewritten = self
-            .rewritten
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        rewritten.retain(|_, at| at.elapsed() < REWRITE_EVERY);
-        rewritten.keys().cloned().collect()
     }
 }
 

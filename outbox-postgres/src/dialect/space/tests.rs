@@ -181,8 +181,8 @@ async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
 }
 
 /// The tables are dead-heavy while a horizon holds the rows the drains deleted, and no longer
-/// once vacuum has removed them; a statement run under the guard plans with bitmap scans and
-/// compilation off, in its own transaction, and the connection keeps its own settings after.
+/// once vacuum has removed them; a statement run under the guard plans with bitmap scans,
+/// sequential scans and compilation off, in its own transaction, and the connection keeps its own settings after.
 #[tokio::test]
 async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
     let database = PgTestDatabase::create().await;
@@ -220,8 +220,9 @@ async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
     vacuum(pool, "outbox_messages").await;
     assert!(!heavy(&mut conn).await, "the rows removed");
 
-    let settings = "SELECT current_setting('enable_bitmapscan') || current_setting('jit')";
-    for (guarded, expected) in [(true, "offoff"), (false, "onon")] {
+    let settings = "SELECT current_setting('enable_bitmapscan') \
+        || current_setting('enable_seqscan') || current_setting('jit')";
+    for (guarded, expected) in [(true, "offoffoff"), (false, "ononon")] {
         let rows = super::fetch_all(&mut conn, sqlx::query(settings), guarded)
             .await
             .expect("the settings");
