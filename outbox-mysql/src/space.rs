@@ -8,22 +8,27 @@
 //! holds alive is little: the messages not yet delivered, a state row per shard being drained
 //! or failing.
 //!
-//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a discovery sweep, in a task of
-//! its own), rebuilds a table of the outbox online (`ALTER TABLE … FORCE, ALGORITHM =
-//! INPLACE, LOCK = NONE`: writers and the relay go on while it copies the live rows) when all
-//! of these hold:
+//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a
+//! discovery sweep, in a task of its own), rebuilds a table of the outbox online (`ALTER TABLE
+//! … FORCE, ALGORITHM = INPLACE, LOCK = NONE`: writers and the relay go on while it copies the
+//! live rows) when all of these hold:
 //!
 //! - its tablespace is at least [`BLOATED`] and more than [`SPARSE`] times the size of its
 //!   live rows (InnoDB's count, at most 256 bytes a row);
 //! - `outbox_messages`' tablespace is at most [`LARGEST_MESSAGES`];
-//! - no transaction on the server began a second ago or more ([`OLD`]): the rebuild's end waits for
-//!   every transaction that read the table, and writers queue behind it meanwhile; and a
-//!   transaction with an older read view that read the table after the rebuild would fail
-//!   ("table definition has changed"), `mysqldump --single-transaction` among them;
+//! - no transaction on the server began a second ago or more ([`OLD`]): the rebuild's end
+//!   waits for every transaction that read the table, and writers queue behind it meanwhile;
+//!   and a transaction with an older read view that read the table after the rebuild would
+//!   fail ("table definition has changed"), `mysqldump --single-transaction` among them;
 //! - its lock is granted within a second (`lock_wait_timeout`): else the rebuild gives up,
 //!   and the next pass tries again;
-//! - this store has not rebuilt it within [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate makes
-//!   this large in its steady state is not rebuilt again and again.
+//! - this store has not rebuilt it within
+//!   [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate makes this
+//!   large in its steady state is not rebuilt again and again.
+//!
+//! The tablespace is found by its name, the database's and the table's joined by `/`: a
+//! database whose name MariaDB encodes in file names (one with characters other than letters,
+//! digits and `_`) has none found, and its tables are not rebuilt.
 
 use std::sync::Arc;
 
@@ -72,7 +77,8 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    /// Starts a pass in a task of its own, unless one ran within [`EVERY`](outbox_sqlx::space::EVERY) or is running.
+    /// Starts a pass in a task of its own, unless one ran within
+    /// [`EVERY`](outbox_sqlx::space::EVERY) or is running.
     pub(crate) fn now_and_then(&self, pool: &MySqlPool) {
         let pool = pool.clone();
         self.passes.now_and_then(

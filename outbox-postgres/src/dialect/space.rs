@@ -6,8 +6,9 @@
 //! them to, and their indexes too. Yet what they hold alive is little: the messages not yet
 //! delivered, a lease per shard being drained, a state per failing shard.
 //!
-//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a discovery sweep, in a task of
-//! its own), rewrites a table of the outbox with `VACUUM FULL` when all of these hold:
+//! So a relay, at most every [`EVERY`](outbox_sqlx::space::EVERY) (from the first page of a
+//! discovery sweep, in a task of its own), rewrites a table of the outbox with `VACUUM FULL`
+//! when all of these hold:
 //!
 //! - it is at least [`BLOATED`] (table and indexes) and more than [`SPARSE`] times the size of
 //!   its live rows (counted by the statistics, at most 256 bytes a row);
@@ -26,7 +27,8 @@
 //!   which makes the server cancel that worker after `deadlock_timeout`;
 //! - its lock is granted within [`LOCK_TIMEOUT`]: the statements that queue behind the
 //!   request wait at most that long if it is not;
-//! - this store has not rewritten it within [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate and
+//! - this store has not rewritten it within
+//!   [`REWRITE_EVERY`](outbox_sqlx::space::REWRITE_EVERY): a table that a high rate and
 //!   vacuums far apart make this large in its steady state is not rewritten again and again.
 //!
 //! The rewrite holds its lock for as long as it reads the table: tens of milliseconds for tens
@@ -131,7 +133,8 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    /// Starts a pass in a task of its own, unless one ran within [`EVERY`](outbox_sqlx::space::EVERY) or is running.
+    /// Starts a pass in a task of its own, unless one ran within
+    /// [`EVERY`](outbox_sqlx::space::EVERY) or is running.
     pub(crate) fn now_and_then(self: &Arc<Self>, pool: &PgPool) {
         let (this, pool) = (Arc::clone(self), pool.clone());
         self.passes.now_and_then(
