@@ -14,9 +14,11 @@ use outbox_sqlx::sql::Statement;
 use outbox_sqlx::stored::{shard_from_stored, stored_object, stored_shard};
 use outbox_sqlx::{Ack, Claim, Claiming, Dialect, Fault, Statements, Write};
 use sqlx::error::DatabaseError;
-use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult, MySqlRow, MySqlTypeInfo};
+use sqlx::mysql::{MySqlQueryResult, MySqlRow, MySqlTypeInfo};
 use sqlx::{AssertSqlSafe, Connection, MySql, MySqlConnection, MySqlPool, Row};
 use std::collections::{HashMap, HashSet};
+
+use crate::code::{self, number};
 
 use crate::admin::*;
 use crate::relay::*;
@@ -40,32 +42,6 @@ pub(crate) const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
     description: "outbox tables",
     sql: include_str!("../migrations/0001_outbox.sql"),
 }];
-
-/// MariaDB's error numbers the outbox reads.
-pub(crate) mod code {
-    /// `ER_NO_SUCH_TABLE`.
-    pub(super) const NO_SUCH_TABLE: u16 = 1146;
-    /// `ER_BAD_FIELD_ERROR`: an unknown column.
-    pub(super) const BAD_FIELD: u16 = 1054;
-    /// `ER_UNKNOWN_SEQUENCES`: the lease tokens' sequence is missing.
-    pub(super) const UNKNOWN_SEQUENCE: u16 = 4091;
-    /// `ER_DUP_ENTRY`: another claim created the shard's state row first.
-    pub(super) const DUPLICATE: u16 = 1062;
-    /// `ER_LOCK_WAIT_TIMEOUT`: another transaction holds the row a claim would create.
-    pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
-    /// `ER_BAD_DB_ERROR`: the database does not exist (yet).
-    pub(super) const BAD_DB: u16 = 1049;
-    /// `ER_CON_COUNT_ERROR`, `ER_SERVER_SHUTDOWN`, `ER_QUERY_INTERRUPTED`,
-    /// `ER_CONNECTION_KILLED`: the server is full or going away.
-    pub(super) const GOING_AWAY: [u16; 4] = [1040, 1053, 1317, 1927];
-}
-
-/// The error number of a MariaDB error.
-pub(crate) fn number(error: &dyn DatabaseError) -> Option<u16> {
-    error
-        .try_downcast_ref::<MySqlDatabaseError>()
-        .map(MySqlDatabaseError::number)
-}
 
 /// The keys of `shards` as the JSON array the batched claim's statements take, each
 /// `[scope, identifier, destination]` followed by `extra(i)`'s values. Written straight into

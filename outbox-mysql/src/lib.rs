@@ -35,6 +35,7 @@
 #[macro_use]
 mod sql;
 mod admin;
+mod code;
 mod connect;
 mod dialect;
 mod model;

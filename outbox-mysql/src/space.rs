@@ -35,7 +35,7 @@ use std::sync::Arc;
 use outbox_sqlx::space::{Passes, Rewrites};
 use sqlx::{AssertSqlSafe, MySqlPool};
 
-use crate::dialect::code;
+use crate::code::{self, number};
 
 /// A tablespace this many times larger than its table's live rows, and at least [`BLOATED`],
 /// is rebuilt.
@@ -137,7 +137,7 @@ pub(crate) async fn rebuild(
 
 /// Whether `error` is a lock wait that timed out (a metadata lock's too).
 fn timed_out(error: &sqlx::Error) -> bool {
-    error.as_database_error().and_then(crate::dialect::number) == Some(code::LOCK_WAIT_TIMEOUT)
+    error.as_database_error().and_then(number) == Some(code::LOCK_WAIT_TIMEOUT)
 }
 
 #[cfg(test)]
