@@ -33,7 +33,7 @@ use crate::relay::*;
 /// long transaction left (see `space`): its clones share it.
 #[derive(Debug, Clone, Default)]
 pub struct MySqlDialect {
-    space: std::sync::Arc<crate::space::Space>,
+    space: crate::space::Space,
 }
 
 /// The embedded migrations, in order.

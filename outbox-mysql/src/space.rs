@@ -70,8 +70,8 @@ const SPARSE_TABLES: &str = "\
         AND (t.TABLE_NAME <> 'outbox_messages' OR s.ALLOCATED_SIZE <= p.largest) \
     ORDER BY t.TABLE_NAME";
 
-/// The giving back of one store.
-#[derive(Debug, Default)]
+/// The giving back of one store (its clones share it).
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Space {
     passes: Arc<Passes>,
 }
