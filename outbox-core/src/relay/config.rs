@@ -607,6 +607,9 @@ impl RelayConfigBuilder {
     /// [`telemetry`](crate::telemetry)) with one query (15 s by default; not zero; `None`:
     /// never, for all relays but one of a deployment, or when no recorder is installed).
     /// [`Relay::refresh_gauges`](crate::Relay::refresh_gauges) does it once, on demand.
+    /// A reading that takes long (seconds, while a held vacuum horizon keeps every
+    /// acknowledged row in the tables) spaces the next out to twenty times its length, so the
+    /// gauges never keep the database busy beside the relay.
     pub fn gauge_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.gauge_interval = interval;
         self

@@ -440,7 +440,7 @@ impl Upkeep {
             }
         })];
         if let Some(interval) = config.gauge_interval {
-            tasks.push(every(inner, Duration::ZERO, interval, |inner| async move {
+            tasks.push(paced(inner, interval, |inner| async move {
                 if let Err(error) = inner.refresh_gauges().await {
                     debug!(error = %error_chain(&error), "refreshing the outbox's gauges failed; retried at the next interval");
                 }
@@ -559,6 +559,33 @@ where
         loop {
             ticks.tick().await;
             task(Arc::clone(&inner)).await;
+        }
+    })
+}
+
+/// A paced task waits at least this many times as long as its last run took before the
+/// next: it keeps the database busy for at most one part in `PACE + 1` of the time.
+const PACE: u32 = 20;
+
+/// Runs `task` at once, then again `interval` after each run began or, if that is later,
+/// [`PACE`] times the run's length after it ended. The gauges read the whole outbox; while a
+/// held vacuum horizon keeps every acknowledged row in the tables, one reading takes seconds,
+/// and at a fixed interval it would keep one of the database's cores busy beside the relay's
+/// claims.
+fn paced<C, F, Fut>(context: &C, interval: Duration, task: F) -> tokio::task::JoinHandle<()>
+where
+    C: Clone + Send + 'static,
+    F: Fn(C) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let context = context.clone();
+    tokio::spawn(async move {
+        loop {
+            let began = Instant::now();
+            task(context.clone()).await;
+            let took = began.elapsed();
+            let next = (began + interval).max(Instant::now() + took * PACE);
+            tokio::time::sleep_until(next).await;
         }
     })
 }
@@ -909,6 +936,24 @@ impl Reconnect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_task_rests_twenty_times_a_slow_run_and_keeps_its_interval_when_quick() {
+        let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let start = Instant::now();
+        // Each run takes 2 s at first, then 10 ms: the interval is 1 s.
+        let task = paced(&runs, Duration::from_secs(1), move |runs| async move {
+            let slow = runs.lock().unwrap().len() < 2;
+            runs.lock().unwrap().push(start.elapsed().as_millis());
+            let took = if slow { 2_000 } else { 10 };
+            tokio::time::sleep(Duration::from_millis(took)).await;
+        });
+        tokio::time::sleep(Duration::from_millis(87_500)).await;
+        task.abort();
+        let runs = runs.lock().unwrap().clone();
+        // 0 → 2 s, then rests 40 s; 42 → 44 s, rests 40 s; then every second from 84 s.
+        assert_eq!(runs, [0, 42_000, 84_000, 85_000, 86_000, 87_000]);
+    }
 
     #[test]
     fn polling_speeds_up_after_work_and_slows_down_to_the_poll_interval() {
