@@ -449,14 +449,19 @@ macro_rules! held_columns {
 //
 // Each lease row is found by its whole key (`tops` seeks each shard's newest `seq` where the
 // claim's is not known: a held row with its token and not superseded is the newest, as
-// whoever follows a row deletes it or marks it superseded), and each acknowledged row by its
-// shard and id together (`targets` pairs them first): a plan that joined the messages by the
+// whoever follows a row deletes it or marks it superseded), and the acknowledged rows by
+// their ids alone, looked up as one array in the primary key: the ids of the leases still
+// held (`targets`: one row, the array), each read by the lease's claim from its shard (an id is never reused and
+// a message never changes shard, so its id alone names it), then counted by shard (a batch
+// holds one lease a shard), so that no join pairs each deleted row with each acknowledged
+// id. The delete joins only the one row that holds the array, so no plan can walk more than
+// it deletes (the array is gathered before the primary key is read): a join by the
 // shard's key alone read every row of the shard that the earlier drains deleted, which a held
-// vacuum horizon keeps, and one that looked an id up in the shard index without the key
-// walked the whole index for each (13 s for 388 shards in the 15-minute hold). The ids are
-// also looked up as one array in the primary key: a generic plan made while the table held
-// few live rows joined the targets to a read of the whole primary key instead (900,000
-// buffers for 3 shards, every entry a dead row the hold kept).
+// vacuum horizon keeps; one that looked an id up in the shard index without the key walked
+// the whole index for each (13 s for 388 shards in the 15-minute hold); a generic plan made
+// while the table held few live rows joined the targets to a read of the whole primary key
+// (900,000 buffers for 3 shards); and a nested loop that paired each target with the
+// array's rows stepped through the whole array once per target (a batch's thousands of ids).
 //
 // The arrays are read through sub-selects, as the claim's are: the generic plan is then kept
 // instead of the statement being planned anew at each batch (as long as it runs, for a batch
@@ -503,19 +508,19 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
         WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
             AND s.destination = m.destination), \
      targets AS MATERIALIZED ( \
-        SELECT h.n, h.shard_scope, h.shard_identifier, h.destination, a.id \
-        FROM held h JOIN unnest((SELECT $5::bigint[]), (SELECT $6::bigint[])) AS a(n, id) \
-            ON a.n = h.n), \
+        SELECT ARRAY(SELECT a.id FROM held h \
+            JOIN unnest((SELECT $5::bigint[]), (SELECT $6::bigint[])) AS a(n, id) \
+            ON a.n = h.n) AS ids), \
      acked AS ( \
-        DELETE FROM outbox_messages o USING targets t \
-        WHERE o.id = ANY (ARRAY(SELECT x.id FROM targets x)) \
-            AND o.shard_scope = t.shard_scope AND o.shard_identifier = t.shard_identifier \
-            AND o.destination = t.destination AND o.id = t.id \
-        RETURNING t.n) \
+        DELETE FROM outbox_messages o USING targets t WHERE o.id = ANY (t.ids) \
+        RETURNING o.shard_scope, o.shard_identifier, o.destination) \
     SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0), r.seq \
     FROM want w \
         LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
-        LEFT JOIN (SELECT n, count(*) AS count FROM acked GROUP BY n) a ON a.n = w.n \
+        LEFT JOIN (SELECT shard_scope, shard_identifier, destination, count(*) AS count \
+            FROM acked GROUP BY shard_scope, shard_identifier, destination) a \
+            ON a.shard_scope = w.shard_scope AND a.shard_identifier = w.shard_identifier \
+            AND a.destination = w.destination \
         LEFT JOIN released r ON r.shard_scope = w.shard_scope \
             AND r.shard_identifier = w.shard_identifier AND r.destination = w.destination \
     ORDER BY w.n"
