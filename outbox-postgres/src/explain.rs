@@ -591,7 +591,7 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
         );
         // The acknowledged rows are looked up once, as one array: a plan that looked each
         // one up on its own and checked it against the array stepped through the whole array
-        // for each (a dense batch's thousands of ids: the drain ran at a sixth of its rate).
+        // for each (a dense batch's thousands of ids: the drain ran at a quarter of its rate).
         let mut scans = Vec::new();
         ran_on(&plan, "outbox_messages", &mut scans);
         for scan in &scans {
