@@ -451,17 +451,18 @@ macro_rules! held_columns {
 // claim's is not known: a held row with its token and not superseded is the newest, as
 // whoever follows a row deletes it or marks it superseded), and the acknowledged rows by
 // their ids alone, looked up as one array in the primary key: the ids of the leases still
-// held (`targets`: one row, the array), each read by the lease's claim from its shard (an id is never reused and
-// a message never changes shard, so its id alone names it), then counted by shard (a batch
-// holds one lease a shard), so that no join pairs each deleted row with each acknowledged
-// id. The delete joins only the one row that holds the array, so no plan can walk more than
-// it deletes (the array is gathered before the primary key is read): a join by the
-// shard's key alone read every row of the shard that the earlier drains deleted, which a held
-// vacuum horizon keeps; one that looked an id up in the shard index without the key walked
-// the whole index for each (13 s for 388 shards in the 15-minute hold); a generic plan made
-// while the table held few live rows joined the targets to a read of the whole primary key
-// (900,000 buffers for 3 shards); and a nested loop that paired each target with the
-// array's rows stepped through the whole array once per target (a batch's thousands of ids).
+// held (`targets`: one row, the array), each read by the lease's claim from its shard (an id
+// is never reused and a message never changes shard, so its id alone names it), then counted
+// by shard (a batch holds one lease a shard), so that no join pairs each deleted row with
+// each acknowledged id. The delete joins only the one row that holds the array, so no plan
+// can walk more than it deletes (the array is gathered before the primary key is read): a
+// join by the shard's key alone read every row of the shard that the earlier drains
+// deleted, which a held vacuum horizon keeps; one that looked an id up in the shard index
+// without the key walked the whole index for each (13 s for 388 shards in the 15-minute
+// hold); a generic plan made while the table held few live rows joined the targets to a read
+// of the whole primary key (900,000 buffers for 3 shards); and a nested loop that paired each
+// target with the array's rows stepped through the whole array once per target (a batch's
+// thousands of ids).
 //
 // The arrays are read through sub-selects, as the claim's are: the generic plan is then kept
 // instead of the statement being planned anew at each batch (as long as it runs, for a batch
