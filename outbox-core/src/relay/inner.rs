@@ -11,7 +11,7 @@ use super::config::RelayConfig;
 use super::health::Vitals;
 use super::pool::ShardPool;
 use super::report::MaintenanceReport;
-use super::shard::DrainMode;
+use super::shard::{DrainMode, Emptied, Ending};
 use super::slots::Lane;
 use super::{Drained, pool, shard, slots, together};
 use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
@@ -350,7 +350,9 @@ impl<S: Store> Inner<S> {
     }
 
     /// Drains claimed shards concurrently, in this task, reporting each shard's end as it
-    /// comes. `asked`: when the claim was asked for (its leases run from no earlier).
+    /// comes. The shards emptied at once are acknowledged and released in one batch
+    /// ([`Emptied::finish_together`]), while the others go on. `asked`: when the claim was
+    /// asked for (its leases run from no earlier).
     pub(super) async fn drain_sessions(
         &self,
         sessions: Vec<(ShardKey, S::Session)>,
@@ -360,19 +362,68 @@ impl<S: Store> Inner<S> {
         mode: DrainMode,
         lane: Lane,
     ) {
+        use futures_util::{FutureExt, StreamExt};
         let mut drains: futures_util::stream::FuturesUnordered<_> = sessions
             .into_iter()
             .map(|(shard, session)| async move {
+                let lease = session.lease().clone();
                 // Boxed, so that the set holds small futures (a few kilobytes each on
                 // PostgreSQL, unboxed).
-                let drained =
-                    Box::pin(self.drain_claimed(session, asked, stopping, mode, lane)).await;
-                (shard, drained)
+                let ending = Box::pin(self.drain_to_ending(session, asked, stopping, mode, lane));
+                (shard, lease, ending.await)
             })
             .collect();
-        while let Some((shard, drained)) = futures_util::StreamExt::next(&mut drains).await {
-            ends.end(shard, drained);
+        let mut finishing = futures_util::stream::FuturesUnordered::new();
+        let mut emptied = Vec::new();
+        loop {
+            tokio::select! {
+                biased;
+                Some(finished) = finishing.next() => {
+                    for (shard, drained) in finished {
+                        ends.end(shard, drained);
+                    }
+                }
+                Some(first) = drains.next() => {
+                    // With the drains that are ready now: one batch of those they emptied.
+                    let mut next = Some(first);
+                    while let Some((shard, lease, ending)) = next {
+                        match ending {
+                            Ok(Ending::Emptied(one)) => emptied.push((shard, one)),
+                            Ok(Ending::Ended(run)) => ends.end(shard, Ok(Some(run))),
+                            Err(error) => ends.end(shard, self.interrupted_drain(&lease, error)),
+                        }
+                        next = drains.next().now_or_never().flatten();
+                    }
+                    if !emptied.is_empty() {
+                        finishing.push(self.finish_emptied(std::mem::take(&mut emptied)));
+                    }
+                }
+                else => return,
+            }
         }
+    }
+
+    /// Acknowledges and releases the shards of `emptied` in one batch: each shard's end.
+    async fn finish_emptied(
+        &self,
+        emptied: Vec<(ShardKey, Emptied<'_, S>)>,
+    ) -> Vec<(ShardKey, Drained)> {
+        let (shards, emptied): (Vec<_>, Vec<_>) = emptied
+            .into_iter()
+            .map(|(shard, one)| ((shard, one.lease().clone()), one))
+            .unzip();
+        let runs = Emptied::finish_together(emptied).await;
+        shards
+            .into_iter()
+            .zip(runs)
+            .map(|((shard, lease), run)| {
+                let drained = match run {
+                    Ok(run) => Ok(Some(run)),
+                    Err(error) => self.interrupted_drain(&lease, error),
+                };
+                (shard, drained)
+            })
+            .collect()
     }
 
     /// Drains a claimed shard. A drain the database interrupted leaves its lease to be
@@ -387,35 +438,50 @@ impl<S: Store> Inner<S> {
         lane: Lane,
     ) -> Drained {
         let lease = session.lease().clone();
-        let shard = &lease.shard;
+        let ran = match self
+            .drain_to_ending(session, asked, stopping, mode, lane)
+            .await
+        {
+            Ok(Ending::Ended(run)) => Ok(run),
+            Ok(Ending::Emptied(emptied)) => Box::pin(emptied.finish()).await,
+            Err(error) => Err(error),
+        };
+        match ran {
+            Ok(run) => Ok(Some(run)),
+            Err(error) => self.interrupted_drain(&lease, error),
+        }
+    }
+
+    /// Drains a claimed shard until its drain ends or empties it ([`shard::drain`]), in the
+    /// drain's span.
+    async fn drain_to_ending<'a>(
+        &'a self,
+        session: S::Session,
+        asked: tokio::time::Instant,
+        stopping: &'a watch::Receiver<bool>,
+        mode: DrainMode,
+        lane: Lane,
+    ) -> Result<Ending<'a, S>, Error> {
+        let shard = &session.lease().shard;
         let span = info_span!(
             "outbox.drain_shard",
             scope = shard.scope.0,
             shard = %shard.shard_identifier,
             destination = shard.destination_str(),
         );
-        async {
-            let _in_flight = self.vitals.claimed();
-            let started = tokio::time::Instant::now();
-            let drained = shard::drain(session, self, stopping, mode, lane, asked).await;
-            if let Ok(run) = &drained {
-                self.metrics().drained(
-                    shard.scope,
-                    started.elapsed(),
-                    run.rows_acknowledged,
-                    run.lost_lease(),
-                );
-            }
-            if drained.is_err() {
-                self.interrupted
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(lease.clone());
-            }
-            drained.map(Some)
-        }
-        .instrument(span)
-        .await
+        shard::drain(session, self, stopping, mode, lane, asked)
+            .instrument(span)
+            .await
+    }
+
+    /// The end of a drain the database interrupted with `error`: its lease is released once
+    /// the database answers again ([`Inner::release_interrupted`]), rather than left to lapse.
+    fn interrupted_drain(&self, lease: &Lease, error: Error) -> Drained {
+        self.interrupted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(lease.clone());
+        Err(error)
     }
 
     /// Releases the leases of shards whose drain the database interrupted (see

@@ -10,10 +10,12 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Inner;
+use super::health::InFlight;
 use super::deliver::{deliver, deliver_all, keeping_the_lease};
 use super::plan::{Group, Plan};
 use super::pool::Pace;
 use super::slots::{Lane, Slot};
+use super::together::Finished;
 use crate::error::{Error, error_chain};
 use crate::handler::DeliveryError;
 use crate::handler::Pipeline;
@@ -200,6 +202,10 @@ struct ShardDrain<'a, St: Store> {
 struct DrainState<'a, St: Store> {
     lease: Lease,
     inner: &'a Inner<St>,
+    /// Counts the drain among the relay's claimed shards (its health) until it ends.
+    _in_flight: InFlight<'a>,
+    /// When the drain began, after its claim: its length, for the relay's metrics.
+    began: Instant,
     stopping: &'a watch::Receiver<bool>,
     mode: DrainMode,
     /// Where it waits for its handlers' turns.
@@ -220,23 +226,44 @@ struct DrainState<'a, St: Store> {
     dead_lettered: Vec<DeadLettered>,
 }
 
+/// Where a drain of a claimed shard stopped.
+pub(crate) enum Ending<'a, St: Store> {
+    /// It ended: released, its outcome recorded.
+    Ended(ShardRun),
+    /// It delivered everything its shard held: what got through is acknowledged with the
+    /// shard's release by [`Emptied::finish`], or with the other shards emptied now
+    /// ([`Emptied::finish_together`]).
+    Emptied(Emptied<'a, St>),
+}
+
+/// A drain that delivered every row its shard held, waiting to acknowledge them and release
+/// the shard in one statement.
+pub(crate) struct Emptied<'a, St: Store> {
+    session: St::Session,
+    state: DrainState<'a, St>,
+    acks: Vec<Acknowledgement>,
+    /// The last read's share of the rows held shards may hold, returned once it is settled.
+    _rows: Option<SemaphorePermit<'a>>,
+}
+
 /// Delivers a claimed shard's groups in order until it is empty (up to the mode's bound), a
 /// delivery fails, the budget is spent, or the relay stops; then records the outcome and
-/// releases the shard.
+/// releases the shard, or (emptied) leaves the last acknowledgement and the release to the
+/// caller, to write with the other shards emptied now.
 ///
 /// The steps that most drains never take (a wait, a second read, a failure, a yield) and the
 /// store's statements are boxed where they are awaited: a future is as large as its largest
 /// step, and a drain's future is made and moved whole for every shard (16 KB unboxed on
 /// PostgreSQL, against 2.5 KB; at one message per shard the copies cost a tenth of the relay's
 /// processor time).
-pub(crate) async fn drain<St: Store>(
+pub(crate) async fn drain<'a, St: Store>(
     session: St::Session,
-    inner: &Inner<St>,
-    stopping: &watch::Receiver<bool>,
+    inner: &'a Inner<St>,
+    stopping: &'a watch::Receiver<bool>,
     mode: DrainMode,
     lane: Lane,
     claimed: Instant,
-) -> Result<ShardRun, Error> {
+) -> Result<Ending<'a, St>, Error> {
     let lease = session.lease().clone();
     announce_takeover(&lease, &inner.config.worker_id);
     let mut drain = ShardDrain {
@@ -244,6 +271,8 @@ pub(crate) async fn drain<St: Store>(
         state: DrainState {
             lease,
             inner,
+            _in_flight: inner.vitals.claimed(),
+            began: Instant::now(),
             stopping,
             mode,
             lane,
@@ -260,16 +289,25 @@ pub(crate) async fn drain<St: Store>(
     loop {
         let read = match drain.read().await {
             Ok(Some(read)) => read,
-            Ok(None) => return Box::pin(drain.nothing_left()).await,
+            Ok(None) => return Box::pin(drain.nothing_left()).await.map(Ending::Ended),
             Err(error @ Error::Undecodable { .. }) => {
-                return Box::pin(drain.undecodable(error)).await;
+                return Box::pin(drain.undecodable(error)).await.map(Ending::Ended);
             }
             Err(error) => return Err(error),
         };
         let delivered = drain.deliver(&read.plan).await?;
+        if drain.state.emptied(&read, &delivered) {
+            let ShardDrain { session, state } = drain;
+            return Ok(Ending::Emptied(Emptied {
+                session,
+                state,
+                acks: delivered.acks,
+                _rows: read._rows,
+            }));
+        }
         drain = match Box::pin(drain.settle(read, delivered)).await? {
             ControlFlow::Continue(drain) => drain,
-            ControlFlow::Break(run) => return Ok(run),
+            ControlFlow::Break(run) => return Ok(Ending::Ended(run)),
         };
     }
 }
@@ -309,6 +347,39 @@ fn announce_takeover(lease: &Lease, worker_id: &str) {
 }
 
 impl<'a, St: Store> DrainState<'a, St> {
+    /// Whether `read` held every row the shard had and all got through: the drain ends by
+    /// acknowledging them and releasing the shard at once, with no read to learn that it is
+    /// empty (a row written since is not lost: releasing a shard that still has rows leaves it
+    /// due).
+    fn emptied(&self, read: &Read<'_>, delivered: &Delivered) -> bool {
+        !delivered.lease_lost
+            && delivered.failure.is_none()
+            && !delivered.out_of_budget
+            && !delivered.acks.is_empty()
+            && read.plan.blocked.is_none()
+            && !read.full
+            && !self.budget_spent()
+    }
+
+    /// What acknowledging an emptied shard's rows and releasing it did: the drain's result.
+    fn finished(mut self, finished: Finished) -> Result<ShardRun, Error> {
+        match finished {
+            Ok((rows, released)) => {
+                self.inner.vitals.acknowledged();
+                self.rows_acknowledged += rows;
+                if !released {
+                    warn!(shard = %self.lease.shard, "lease lost before releasing; another worker owns the shard");
+                }
+                Ok(self.end(DrainEnd::Drained, !released))
+            }
+            Err(Error::LeaseLost { shard, token }) => {
+                warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
+                Ok(self.end(DrainEnd::LeaseLost, false))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// Whether the drain should stop delivering: the relay is stopping, or (in the relay's
     /// drains) the row or time budget is spent.
     fn budget_spent(&self) -> bool {
@@ -447,16 +518,89 @@ impl<'a, St: Store> DrainState<'a, St> {
         }
     }
 
-    /// The drain's result, ending on `end`.
+    /// The drain's result, ending on `end`, counted in the relay's metrics.
     fn end(self, end: DrainEnd, lost_at_release: bool) -> ShardRun {
-        ShardRun {
+        let run = ShardRun {
             shard: self.lease.shard,
             end,
             lost_at_release,
             deliveries: self.deliveries,
             rows_acknowledged: self.rows_acknowledged,
             dead_lettered: self.dead_lettered,
+        };
+        self.inner.metrics().drained(
+            run.shard.scope,
+            self.began.elapsed(),
+            run.rows_acknowledged,
+            run.lost_lease(),
+        );
+        run
+    }
+}
+
+impl<'a, St: Store> Emptied<'a, St> {
+    /// The emptied shard's lease.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.state.lease
+    }
+
+    /// Acknowledges what got through and releases the shard: with the other shards finishing
+    /// now, outside the in-transaction mode, whose claiming transaction commits alone.
+    pub(crate) async fn finish(self) -> Result<ShardRun, Error> {
+        let Self {
+            session,
+            state,
+            acks,
+            _rows,
+        } = self;
+        let inner = state.inner;
+        let finished = match inner.config.handler_mode {
+            HandlerMode::InTransaction => {
+                Box::pin(session.ack_and_finish(&acks, Outcome::Drained)).await
+            }
+            HandlerMode::Leased => {
+                inner
+                    .together
+                    .finish(&inner.store, vec![(session, acks)])
+                    .await
+                    .pop()
+                    .unwrap_or_else(|| Err(super::together::abandoned("acknowledge")))
+            }
+        };
+        state.finished(finished)
+    }
+
+    /// Acknowledges what got through in each of `emptied` and releases their shards, in one
+    /// batch with the other shards finishing now: each drain's result, in order. In
+    /// transaction mode each commits alone.
+    pub(crate) async fn finish_together(emptied: Vec<Self>) -> Vec<Result<ShardRun, Error>> {
+        let Some(first) = emptied.first() else {
+            return Vec::new();
+        };
+        let inner = first.state.inner;
+        if inner.config.handler_mode == HandlerMode::InTransaction {
+            let mut runs = Vec::with_capacity(emptied.len());
+            for one in emptied {
+                runs.push(one.finish().await);
+            }
+            return runs;
         }
+        // The reads' shares of the rows held go back once their rows are acknowledged.
+        let (finishing, states): (Vec<_>, Vec<_>) = emptied
+            .into_iter()
+            .map(|one| ((one.session, one.acks), (one.state, one._rows)))
+            .unzip();
+        let mut finished = inner.together.finish(&inner.store, finishing).await.into_iter();
+        states
+            .into_iter()
+            .map(|(state, _rows)| {
+                state.finished(
+                    finished
+                        .next()
+                        .unwrap_or_else(|| Err(super::together::abandoned("acknowledge"))),
+                )
+            })
+            .collect()
     }
 }
 
@@ -629,19 +773,6 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             ));
         }
         let all_delivered = failure.is_none() && !out_of_budget;
-        // The read held every row the shard had and all are delivered: acknowledge and
-        // release at once (no need to read again to learn that it is empty; a row written
-        // since is not lost: releasing a shard that still has rows leaves it due).
-        let emptied = all_delivered
-            && read.plan.blocked.is_none()
-            && !read.full
-            && !self.state.budget_spent();
-        if emptied && !acks.is_empty() {
-            return self
-                .acknowledge_and_release(&acks)
-                .await
-                .map(ControlFlow::Break);
-        }
         if !acks.is_empty() && !Box::pin(self.acknowledge(&acks)).await? {
             return Ok(ControlFlow::Break(
                 self.state.end(DrainEnd::LeaseLost, false),
@@ -732,40 +863,6 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             Err(Error::LeaseLost { shard, token }) => {
                 warn!(%shard, token, "lease lost before setting a group aside; another worker owns the shard");
                 Ok(false)
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    /// The last step on a shard the drain emptied: acknowledge and release at once, with the
-    /// other shards finishing now (outside the in-transaction mode, whose claiming
-    /// transaction commits alone).
-    async fn acknowledge_and_release(self, acks: &[Acknowledgement]) -> Result<ShardRun, Error> {
-        let Self { session, mut state } = self;
-        let inner = state.inner;
-        let finished = match inner.config.handler_mode {
-            HandlerMode::InTransaction => {
-                Box::pin(session.ack_and_finish(acks, Outcome::Drained)).await
-            }
-            HandlerMode::Leased => {
-                inner
-                    .together
-                    .finish(&inner.store, session, acks.to_vec())
-                    .await
-            }
-        };
-        match finished {
-            Ok((rows, released)) => {
-                state.inner.vitals.acknowledged();
-                state.rows_acknowledged += rows;
-                if !released {
-                    warn!(shard = %state.lease.shard, "lease lost before releasing; another worker owns the shard");
-                }
-                Ok(state.end(DrainEnd::Drained, !released))
-            }
-            Err(Error::LeaseLost { shard, token }) => {
-                warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
-                Ok(state.end(DrainEnd::LeaseLost, false))
             }
             Err(error) => Err(error),
         }

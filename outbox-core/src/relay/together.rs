@@ -90,6 +90,9 @@ impl<I, R> Batches<I, R> {
 /// returns it).
 pub(super) type Finished = Result<(u64, bool), Error>;
 
+/// Drained shards to finish: each one's session, and the acknowledgements of what got through.
+pub(super) type Finishing<S> = Vec<(<S as Store>::Session, Vec<Acknowledgement>)>;
+
 /// A claim of one shard: its session, or `None` when another worker holds it (or it has
 /// nothing due).
 pub(super) type Claimed<S> = Result<Option<<S as Store>::Session>, Error>;
@@ -106,7 +109,8 @@ pub(super) struct Together<S: Store> {
     /// The claims of shards commits named: written beside a sweep's, never queued behind
     /// one, so that live messages do not wait for a backlog's (or a backfill's) large claims.
     urgent_claims: Batches<Vec<ShardKey>, Vec<Claimed<S>>>,
-    finishes: Batches<(S::Session, Vec<Acknowledgement>), Finished>,
+    /// The drained shards finishing: each item the shards one task emptied at once.
+    finishes: Batches<Finishing<S>, Vec<Finished>>,
     loads: Batches<(ModelTable, Vec<Id>), Loaded>,
     /// The heartbeats of the leases the relay keeps: one statement for all those due at
     /// once, so that a relay holding many shards asks for SQLite's write lock once a
@@ -276,20 +280,29 @@ impl<S: Store> Together<S> {
         }
     }
 
-    /// Acknowledges `acks` and releases `session`'s shard as drained, with the other shards
-    /// finishing now.
+    /// Acknowledges each of `finishing`'s rows and releases its session's shard as drained,
+    /// with the other shards finishing now: one answer per session, in order (fewer if the
+    /// batch was abandoned at shutdown).
     pub(super) async fn finish(
         &self,
         store: &S,
-        session: S::Session,
-        acks: Vec<Acknowledgement>,
-    ) -> Finished {
+        finishing: Finishing<S>,
+    ) -> Vec<Finished> {
+        let write = |batches: Vec<Finishing<S>>| async move {
+            let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
+            let mut finished = store
+                .ack_and_finish_many(batches.into_iter().flatten().collect())
+                .await
+                .into_iter();
+            counts
+                .into_iter()
+                .map(|count| finished.by_ref().take(count).collect())
+                .collect()
+        };
         self.finishes
-            .submit((session, acks), |finishing| {
-                store.ack_and_finish_many(finishing)
-            })
+            .submit(finishing, write)
             .await
-            .unwrap_or_else(|| Err(abandoned("acknowledge")))
+            .unwrap_or_default()
     }
 }
 
@@ -303,7 +316,7 @@ fn unclaimed<S: Store>(count: usize, mut error: Option<Error>) -> Vec<Claimed<S>
 
 /// The error of a shard whose batch was dropped unwritten (its writer's task aborted at
 /// shutdown): as a drain the database interrupted, its lease (if any) is released later.
-fn abandoned(what: &str) -> Error {
+pub(super) fn abandoned(what: &str) -> Error {
     Error::Unavailable {
         source: format!("the batch that was to {what} this shard was abandoned").into(),
     }
