@@ -374,7 +374,7 @@ impl<S: Store> Inner<S> {
             })
             .collect();
         let mut finishing = futures_util::stream::FuturesUnordered::new();
-        let mut emptied = Vec::new();
+        let mut emptied = Vec::with_capacity(drains.len());
         loop {
             tokio::select! {
                 biased;
@@ -395,7 +395,8 @@ impl<S: Store> Inner<S> {
                         next = drains.next().now_or_never().flatten();
                     }
                     if !emptied.is_empty() {
-                        finishing.push(self.finish_emptied(std::mem::take(&mut emptied)));
+                        let batch = std::mem::replace(&mut emptied, Vec::with_capacity(drains.len()));
+                        finishing.push(self.finish_emptied(batch));
                     }
                 }
                 else => return,

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Inner;
-use super::health::InFlight;
 use super::deliver::{deliver, deliver_all, keeping_the_lease};
+use super::health::InFlight;
 use super::plan::{Group, Plan};
 use super::pool::Pace;
 use super::slots::{Lane, Slot};
@@ -558,14 +558,12 @@ impl<'a, St: Store> Emptied<'a, St> {
             HandlerMode::InTransaction => {
                 Box::pin(session.ack_and_finish(&acks, Outcome::Drained)).await
             }
-            HandlerMode::Leased => {
-                inner
-                    .together
-                    .finish(&inner.store, vec![(session, acks)])
-                    .await
-                    .pop()
-                    .unwrap_or_else(|| Err(super::together::abandoned("acknowledge")))
-            }
+            HandlerMode::Leased => inner
+                .together
+                .finish(&inner.store, vec![(session, acks)])
+                .await
+                .pop()
+                .unwrap_or_else(|| Err(super::together::abandoned("acknowledge"))),
         };
         state.finished(finished)
     }
@@ -590,7 +588,11 @@ impl<'a, St: Store> Emptied<'a, St> {
             .into_iter()
             .map(|one| ((one.session, one.acks), (one.state, one._rows)))
             .unzip();
-        let mut finished = inner.together.finish(&inner.store, finishing).await.into_iter();
+        let mut finished = inner
+            .together
+            .finish(&inner.store, finishing)
+            .await
+            .into_iter();
         states
             .into_iter()
             .map(|(state, _rows)| {

@@ -283,11 +283,7 @@ impl<S: Store> Together<S> {
     /// Acknowledges each of `finishing`'s rows and releases its session's shard as drained,
     /// with the other shards finishing now: one answer per session, in order (fewer if the
     /// batch was abandoned at shutdown).
-    pub(super) async fn finish(
-        &self,
-        store: &S,
-        finishing: Finishing<S>,
-    ) -> Vec<Finished> {
+    pub(super) async fn finish(&self, store: &S, finishing: Finishing<S>) -> Vec<Finished> {
         let write = |batches: Vec<Finishing<S>>| async move {
             let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
             let mut finished = store
