@@ -18,7 +18,7 @@ use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
 use crate::error::Error;
 use crate::model::ShardKey;
 use crate::registry::Registry;
-use crate::store::{ClaimOptions, Lease, ShardSession, Store};
+use crate::store::{ClaimOptions, HandlerMode, Lease, ShardSession, Store};
 
 pub(super) struct Inner<S: Store> {
     pub(super) store: S,
@@ -394,9 +394,14 @@ impl<S: Store> Inner<S> {
                         }
                         next = drains.next().now_or_never().flatten();
                     }
-                    if !emptied.is_empty() {
-                        let batch = std::mem::replace(&mut emptied, Vec::with_capacity(drains.len()));
-                        finishing.push(self.finish_emptied(batch));
+                    if self.config.handler_mode == HandlerMode::InTransaction {
+                        // Each claiming transaction commits alone: none waits for another's.
+                        for one in emptied.drain(..) {
+                            finishing.push(self.finish_emptied(vec![one]));
+                        }
+                    } else if !emptied.is_empty() {
+                        let room = Vec::with_capacity(drains.len());
+                        finishing.push(self.finish_emptied(std::mem::replace(&mut emptied, room)));
                     }
                 }
                 else => return,
