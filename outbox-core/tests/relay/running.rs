@@ -159,6 +159,57 @@ async fn an_interrupted_drain_is_released_when_the_database_answers() {
     assert_eq!(attempts, [1, 2], "released at once, redelivered as a retry");
 }
 
+/// Shards that one claim's drains empty at once are acknowledged and released together; when
+/// the database interrupts that acknowledgement, every one of them fails with it, loses
+/// nothing and is released before the next drain, which redelivers each at once (as a retry).
+#[tokio::test]
+async fn shards_emptied_together_whose_acknowledgement_failed_are_each_released() {
+    let (store, _clock) = clocked(); // leases never lapse by themselves here
+    let recorder = Recorder::default();
+    let handler = {
+        let (store, recorder) = (store.clone(), recorder.clone());
+        move |delivery: Delivery<Update>| {
+            recorder.record(&delivery);
+            if delivery.attempt == 1 {
+                // The acknowledgements of the three shards (set again by each handler: the
+                // last one's count holds when the batch is written).
+                store.fail_next(3);
+            }
+            async { Ok::<(), BoxError>(()) }
+        }
+    };
+    let relay = relay(&store, recorder.registry_with(handler), config("together"));
+    for shard in 1..=3 {
+        store.write(&msg::<Update>(shard, 1, 1));
+    }
+
+    let error = relay.drain().await.expect_err("the acknowledgement failed");
+    assert!(error.is_unavailable(), "{error:?}");
+    assert_eq!(
+        store.pending_messages(10).await.unwrap().len(),
+        3,
+        "nothing lost"
+    );
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(
+        report.deliveries, 3,
+        "every shard released and drained again"
+    );
+    assert!(store.pending_messages(10).await.unwrap().is_empty());
+    let mut retries: Vec<(i64, u32)> = recorder
+        .seen()
+        .iter()
+        .filter(|seen| seen.attempt > 1)
+        .map(|seen| (seen.shard, seen.attempt))
+        .collect();
+    retries.sort_unstable();
+    assert_eq!(
+        retries,
+        [(1, 2), (2, 2), (3, 2)],
+        "each redelivered as a retry"
+    );
+}
+
 /// The background relay rides out an outage: drains it interrupts are released once the
 /// database answers again, and their shards are redelivered without waiting for the lease.
 #[tokio::test]
