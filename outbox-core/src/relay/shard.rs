@@ -558,12 +558,7 @@ impl<'a, St: Store> Emptied<'a, St> {
             HandlerMode::InTransaction => {
                 Box::pin(session.ack_and_finish(&acks, Outcome::Drained)).await
             }
-            HandlerMode::Leased => inner
-                .together
-                .finish(&inner.store, vec![(session, acks)])
-                .await
-                .pop()
-                .unwrap_or_else(|| Err(super::together::abandoned("acknowledge"))),
+            HandlerMode::Leased => inner.together.finish_one(&inner.store, session, acks).await,
         };
         state.finished(finished)
     }
@@ -588,20 +583,12 @@ impl<'a, St: Store> Emptied<'a, St> {
             .into_iter()
             .map(|one| ((one.session, one.acks), (one.state, one._rows)))
             .unzip();
-        let mut finished = inner
-            .together
-            .finish(&inner.store, finishing)
-            .await
-            .into_iter();
+        // One answer per session, in order.
+        let finished = inner.together.finish(&inner.store, finishing).await;
         states
             .into_iter()
-            .map(|(state, _rows)| {
-                state.finished(
-                    finished
-                        .next()
-                        .unwrap_or_else(|| Err(super::together::abandoned("acknowledge"))),
-                )
-            })
+            .zip(finished)
+            .map(|((state, _rows), finished)| state.finished(finished))
             .collect()
     }
 }

@@ -281,9 +281,10 @@ impl<S: Store> Together<S> {
     }
 
     /// Acknowledges each of `finishing`'s rows and releases its session's shard as drained,
-    /// with the other shards finishing now: one answer per session, in order (fewer if the
-    /// batch was abandoned at shutdown).
+    /// with the other shards finishing now: one answer per session, in order (a session whose
+    /// batch was abandoned at shutdown, or that the store did not answer, gets an error).
     pub(super) async fn finish(&self, store: &S, finishing: Finishing<S>) -> Vec<Finished> {
+        let count = finishing.len();
         let write = |batches: Vec<Finishing<S>>| async move {
             let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
             let mut finished = store
@@ -295,10 +296,26 @@ impl<S: Store> Together<S> {
                 .map(|count| finished.by_ref().take(count).collect())
                 .collect()
         };
-        self.finishes
+        let mut finished = self
+            .finishes
             .submit(finishing, write)
             .await
-            .unwrap_or_default()
+            .unwrap_or_default();
+        finished.resize_with(count, || Err(abandoned("acknowledge")));
+        finished
+    }
+
+    /// [`Together::finish`] of one session.
+    pub(super) async fn finish_one(
+        &self,
+        store: &S,
+        session: S::Session,
+        acks: Vec<Acknowledgement>,
+    ) -> Finished {
+        self.finish(store, vec![(session, acks)])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(abandoned("acknowledge")))
     }
 }
 
@@ -312,7 +329,7 @@ fn unclaimed<S: Store>(count: usize, mut error: Option<Error>) -> Vec<Claimed<S>
 
 /// The error of a shard whose batch was dropped unwritten (its writer's task aborted at
 /// shutdown): as a drain the database interrupted, its lease (if any) is released later.
-pub(super) fn abandoned(what: &str) -> Error {
+fn abandoned(what: &str) -> Error {
     Error::Unavailable {
         source: format!("the batch that was to {what} this shard was abandoned").into(),
     }
