@@ -121,40 +121,7 @@ async fn the_shutdown_deadline_abandons_a_stuck_shard() {
 /// once (as a retry) rather than after the lease lapses.
 #[tokio::test]
 async fn an_interrupted_drain_is_released_when_the_database_answers() {
-    let (store, _clock) = clocked(); // leases never lapse by themselves here
-    let recorder = Recorder::default();
-    let handler = {
-        let (store, recorder) = (store.clone(), recorder.clone());
-        move |delivery: Delivery<Update>| {
-            recorder.record(&delivery);
-            if delivery.attempt == 1 {
-                store.fail_next(1); // the acknowledgement
-            }
-            async { Ok::<(), BoxError>(()) }
-        }
-    };
-    let relay = relay(
-        &store,
-        recorder.registry_with(handler),
-        config("interrupted"),
-    );
-    store.write(&msg::<Update>(1, 1, 1));
-
-    let error = relay.drain().await.expect_err("the acknowledgement failed");
-    assert!(error.is_unavailable(), "{error:?}");
-    assert_eq!(
-        store.pending_messages(10).await.unwrap().len(),
-        1,
-        "nothing lost"
-    );
-    // The next drain gives the lease up (it lapses now) before it looks for due shards, so
-    // it redelivers the shard without waiting for the lease.
-    let report = relay.drain().await.expect("drain");
-    assert_eq!(
-        report.deliveries, 1,
-        "the first drain after the outage drains it"
-    );
-    assert!(store.pending_messages(10).await.unwrap().is_empty());
+    let recorder = acknowledgement_interrupted(1, "interrupted").await;
     let attempts: Vec<u32> = recorder.seen().iter().map(|seen| seen.attempt).collect();
     assert_eq!(attempts, [1, 2], "released at once, redelivered as a retry");
 }
@@ -164,38 +131,7 @@ async fn an_interrupted_drain_is_released_when_the_database_answers() {
 /// nothing and is released before the next drain, which redelivers each at once (as a retry).
 #[tokio::test]
 async fn shards_emptied_together_whose_acknowledgement_failed_are_each_released() {
-    let (store, _clock) = clocked(); // leases never lapse by themselves here
-    let recorder = Recorder::default();
-    let handler = {
-        let (store, recorder) = (store.clone(), recorder.clone());
-        move |delivery: Delivery<Update>| {
-            recorder.record(&delivery);
-            if delivery.attempt == 1 {
-                // The acknowledgements of the three shards (set again by each handler: the
-                // last one's count holds when the batch is written).
-                store.fail_next(3);
-            }
-            async { Ok::<(), BoxError>(()) }
-        }
-    };
-    let relay = relay(&store, recorder.registry_with(handler), config("together"));
-    for shard in 1..=3 {
-        store.write(&msg::<Update>(shard, 1, 1));
-    }
-
-    let error = relay.drain().await.expect_err("the acknowledgement failed");
-    assert!(error.is_unavailable(), "{error:?}");
-    assert_eq!(
-        store.pending_messages(10).await.unwrap().len(),
-        3,
-        "nothing lost"
-    );
-    let report = relay.drain().await.expect("drain");
-    assert_eq!(
-        report.deliveries, 3,
-        "every shard released and drained again"
-    );
-    assert!(store.pending_messages(10).await.unwrap().is_empty());
+    let recorder = acknowledgement_interrupted(3, "together").await;
     let mut retries: Vec<(i64, u32)> = recorder
         .seen()
         .iter()
@@ -208,6 +144,47 @@ async fn shards_emptied_together_whose_acknowledgement_failed_are_each_released(
         [(1, 2), (2, 2), (3, 2)],
         "each redelivered as a retry"
     );
+}
+
+/// Writes a message on each of `shards` shards and drains them with a relay whose first
+/// acknowledgement of them all fails: the drain fails with the error and loses nothing, and
+/// the next drains every shard at once. Returns what the handler saw.
+async fn acknowledgement_interrupted(shards: i64, worker: &str) -> Recorder {
+    let (store, _clock) = clocked(); // leases never lapse by themselves here
+    let recorder = Recorder::default();
+    let handler = {
+        let (store, recorder) = (store.clone(), recorder.clone());
+        move |delivery: Delivery<Update>| {
+            recorder.record(&delivery);
+            if delivery.attempt == 1 {
+                // The store's next operations: the shards' acknowledgements (set again by
+                // each handler; a shard whose read comes after another's handler fails there).
+                store.fail_next(shards as usize);
+            }
+            async { Ok::<(), BoxError>(()) }
+        }
+    };
+    let relay = relay(&store, recorder.registry_with(handler), config(worker));
+    for shard in 1..=shards {
+        store.write(&msg::<Update>(shard, 1, 1));
+    }
+
+    let error = relay.drain().await.expect_err("the acknowledgement failed");
+    assert!(error.is_unavailable(), "{error:?}");
+    assert_eq!(
+        store.pending_messages(10).await.unwrap().len(),
+        shards as usize,
+        "nothing lost"
+    );
+    // The next drain gives the leases up (they lapse now) before it looks for due shards, so
+    // it redelivers the shards without waiting for the leases.
+    let report = relay.drain().await.expect("drain");
+    assert_eq!(
+        report.deliveries, shards as u64,
+        "the first drain after the outage drains every shard"
+    );
+    assert!(store.pending_messages(10).await.unwrap().is_empty());
+    recorder
 }
 
 /// The background relay rides out an outage: drains it interrupts are released once the
