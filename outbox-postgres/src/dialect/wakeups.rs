@@ -4,8 +4,11 @@
 //! The writers' transactions queue no `NOTIFY`: PostgreSQL commits every transaction that did
 //! one after another (behind one lock, held through the commit's WAL flush), which would halve
 //! the commit rate of many concurrent writers. Instead, once a transaction has committed, this
-//! process sends one `NOTIFY` on a pooled connection, naming the shards written since its last
-//! one; while one is in flight, the announcements wait and go in the next.
+//! process sends one `NOTIFY`, naming the shards written since its last one; while one is in
+//! flight, the announcements wait and go in the next. It goes on a connection of its own (one
+//! per process and database, opened at the first announcement), never one of the writers'
+//! pool: a busy pool would make it wait for a writer, and each connection a pool lends is
+//! first tested with a round trip.
 //!
 //! Nor does it send one that nobody would hear. A relay's `LISTEN` connection names itself
 //! (its `application_name` is [`listener_name`] of its process and database), so that a
@@ -69,7 +72,9 @@ fn sender(database: &str) -> String {
 
 /// A pool of one connection to `pool`'s database, with its options, named `name` (if any):
 /// where a listener's connection comes from, so that its name stays with it when it connects
-/// again and goes with it.
+/// again and goes with it, and where a process's announcements go out
+/// ([`notify`]). Its connection is not tested before each use (a round trip to the server):
+/// one that broke fails its next statement, and the next use connects anew.
 fn listener_pool(pool: &PgPool, name: Option<&str>) -> PgPool {
     let mut options = (*pool.connect_options()).clone();
     if let Some(name) = name {
@@ -78,6 +83,7 @@ fn listener_pool(pool: &PgPool, name: Option<&str>) -> PgPool {
     PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
+        .test_before_acquire(false)
         .connect_lazy_with(options)
 }
 
@@ -107,6 +113,9 @@ struct Outgoing {
     sent_at: Option<tokio::time::Instant>,
     /// Whether a relay of another process listened, and when that was read.
     listeners: Option<(bool, tokio::time::Instant)>,
+    /// The connection announcements go out on (a [`listener_pool`] of the first writer's
+    /// pool): never one a writer waits for, nor one a writer's pool tests before lending it.
+    announcer: Option<PgPool>,
 }
 
 impl Outgoing {
@@ -217,8 +226,9 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
             return;
         }
     }
-    let (pool, database) = (pool.clone(), database.to_owned());
+    let (writers, database) = (pool.clone(), database.to_owned());
     runtime.spawn(async move {
+        let mut pool = announcer(&outgoing, &writers, false);
         // Cleared if the task is dropped mid-send (its runtime shutting down).
         let mut sender = Sending(Some(Arc::clone(&outgoing)));
         loop {
@@ -250,17 +260,42 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                 outgoing.sent_at = Some(tokio::time::Instant::now());
                 (payload(&database, &wakeup), outgoing.stale())
             };
-            if let Err(error) = sqlx::query(ANNOUNCE)
-                .bind(NOTIFY_CHANNEL)
-                .bind(payload)
-                .execute(&pool)
-                .await
-            {
+            let mut sent = announce(&pool, &payload).await;
+            if sent.is_err() {
+                // Its connection may have broken, or belong to a runtime that has ended:
+                // once more on a new one.
+                pool = announcer(&outgoing, &writers, true);
+                sent = announce(&pool, &payload).await;
+            }
+            if let Err(error) = sent {
                 debug!(%error, "announcing committed messages to other processes failed; their relays will poll");
             }
             read_listeners(&outgoing, &pool, &database, again).await;
         }
     });
+}
+
+/// The pool of one that `outgoing`'s announcements go out on, made from the writers' `pool`
+/// if there is none yet, or `anew`.
+fn announcer(outgoing: &Mutex<Outgoing>, pool: &PgPool, anew: bool) -> PgPool {
+    let mut outgoing = outgoing.lock().unwrap_or_else(PoisonError::into_inner);
+    if anew {
+        outgoing.announcer = None;
+    }
+    outgoing
+        .announcer
+        .get_or_insert_with(|| listener_pool(pool, None))
+        .clone()
+}
+
+/// Sends one announcement (`payload`) on `pool`.
+async fn announce(pool: &PgPool, payload: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(ANNOUNCE)
+        .bind(NOTIFY_CHANNEL)
+        .bind(payload)
+        .execute(pool)
+        .await
+        .map(drop)
 }
 
 /// Marks the database's announcements as no longer being sent if the task sending them is
@@ -457,6 +492,70 @@ mod tests {
             .await
             .expect("the other listeners went");
         assert_eq!(announced(pool, &mut mine, 4, quiet).await, None);
+    }
+
+    /// Announcements go out on a connection of their own: a writers' pool whose every
+    /// connection is taken delays none, and one whose connection broke is sent again on a new
+    /// one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn announcements_wait_for_no_writer_and_outlive_a_broken_connection() {
+        let database = PgTestDatabase::create().await;
+        let writers = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*database.pool().connect_options()).clone())
+            .await
+            .expect("the writers' pool");
+        let key = database_key(&writers);
+        let mut other = listening(&writers, Some("outbox-listener 0000000000000001")).await;
+        let held = writers
+            .acquire()
+            .await
+            .expect("the writers' only connection");
+        let heard = announced(&writers, &mut other, 1, Duration::from_secs(10)).await;
+        assert!(
+            heard.is_some_and(|heard| heard.ends_with("\n1:1:")),
+            "announced while every connection of the writers' pool is taken"
+        );
+
+        let ended: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                AND pid <> pg_backend_pid() AND query LIKE '%pg_notify%'",
+        )
+        .fetch_all(database.pool())
+        .await
+        .expect("the announcer's connection");
+        assert_eq!(ended.len(), 1, "one connection announces");
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(ended[0])
+            .execute(database.pool())
+            .await
+            .expect("terminate the announcer's connection");
+        let gone = async {
+            loop {
+                let left: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                        .bind(ended[0])
+                        .fetch_one(database.pool())
+                        .await
+                        .expect("the announcer's connection");
+                if left == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .expect("the announcer's connection ended");
+        // Another process listens (as read a moment ago): the announcement goes first, on the
+        // broken connection, then on a new one.
+        notify(&writers, &key, &[ShardKey::local(ScopeId(1), 2)]);
+        let heard = tokio::time::timeout(Duration::from_secs(10), other.recv())
+            .await
+            .expect("announced again on a new connection")
+            .expect("a notification");
+        assert!(heard.payload().ends_with("\n1:2:"));
+        drop(held);
     }
 
     #[test]
