@@ -517,10 +517,13 @@ mod tests {
             "announced while every connection of the writers' pool is taken"
         );
 
+        // The announcer's last statement: the announcement, or the read of who listens that
+        // may follow it.
         let ended: Vec<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-                AND pid <> pg_backend_pid() AND query LIKE '%pg_notify%'",
+                AND pid <> pg_backend_pid() AND query = ANY($1)",
         )
+        .bind([ANNOUNCE, LISTENERS])
         .fetch_all(database.pool())
         .await
         .expect("the announcer's connection");
