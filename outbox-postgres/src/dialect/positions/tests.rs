@@ -249,11 +249,19 @@ async fn a_cancelled_sample_does_not_stop_the_next() {
     crate::migrate(pool).await.expect("migrate");
     let (_, dialect) = store(pool);
     let positions = &dialect.positions;
-    let cancelled = tokio::time::timeout(Duration::ZERO, positions.sample(pool)).await;
+    // A pool whose one connection is taken: the sample waits for it, whatever the timing.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("a pool of one");
+    let taken = one.acquire().await.expect("its connection");
+    let cancelled = tokio::time::timeout(Duration::ZERO, positions.sample(&one)).await;
     assert!(cancelled.is_err(), "the sample waits on the database");
+    drop(taken);
     let mut writes = pool.acquire().await.expect("connect");
     let id = insert(&mut writes, 1, 0).await;
-    positions.sample(pool).await;
+    positions.sample(&one).await;
     assert_eq!(positions.settled(), id);
 }
 
