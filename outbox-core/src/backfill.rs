@@ -24,9 +24,7 @@
 //! Each tick writes at most [`backfill_budget`](crate::RelayConfigBuilder::backfill_budget)
 //! rows, less the messages already pending in the outbox, and at least one: live traffic
 //! goes first, and a batch is never empty by arithmetic (an empty batch would read as the end
-//! of the table, and complete a walk that skipped rows). Within that cap the running relay
-//! sets each tick's rows from the lag it measures on its deliveries, so that live messages
-//! wait for a walk at most about half again as long as without it (see `backfill_budget`).
+//! of the table, and complete a walk that skipped rows).
 
 use std::fmt;
 use std::time::SystemTime;

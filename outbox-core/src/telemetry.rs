@@ -32,7 +32,6 @@
 //! | `outbox_backfill_rows_walked` | gauge | `model` | rows the model's current (or last) walk has walked |
 //! | `outbox_backfill_target_version` | gauge | `model` | the version an operator started the model's backfill to |
 //! | `outbox_backfill_done_version` | gauge | `model` | the highest version whose walk completed |
-//! | `outbox_backfill_pace_rows` | gauge | | rows per tick this relay's walks may write now, as the delivery lag allows (under `backfill_budget`) |
 //! | `outbox_inbox_received_total` | counter | `consumer` | messages a consumer's inbox received, first or duplicate (counted at the record; a rollback after it does not take it back) |
 //! | `outbox_inbox_duplicates_total` | counter | `consumer` | messages a consumer's inbox had recorded already: redeliveries it skipped |
 //! | `outbox_inbox_handler_failures_total` | counter | `consumer`, `category` | attempts of a [`Consumer`](crate::inbox::Consumer)'s handlers that failed (each retried in place, or dead-lettered) |
@@ -111,9 +110,6 @@ pub const BACKFILL_ROWS: &str = "outbox_backfill_rows_total";
 pub const BACKFILL_ERRORS: &str = "outbox_backfill_errors_total";
 /// Rows the current (or last) walk of a model's backfill walked (gauge; `model`).
 pub const BACKFILL_ROWS_WALKED: &str = "outbox_backfill_rows_walked";
-/// The rows per tick this relay's backfill walks may write now: set by the delivery lag it
-/// measures, under [`backfill_budget`](crate::RelayConfigBuilder::backfill_budget) (gauge).
-pub const BACKFILL_PACE: &str = "outbox_backfill_pace_rows";
 /// The version a model's backfill was started to (gauge; `model`).
 pub const BACKFILL_TARGET_VERSION: &str = "outbox_backfill_target_version";
 /// The highest version whose backfill walk completed (gauge; `model`).
@@ -258,11 +254,6 @@ pub fn describe() {
         Unit::Count,
         "The highest version whose backfill walk completed"
     );
-    describe_gauge!(
-        BACKFILL_PACE,
-        Unit::Count,
-        "Rows per tick this relay's backfill walks may write, as the delivery lag allows"
-    );
 }
 
 /// Reports every counter at 0 for each category and scope of `registry` (and each database
@@ -304,11 +295,6 @@ pub(crate) fn backfilled(batch: &BackfillBatch) {
             .set(f64::from(state.target_version));
         metrics::gauge!(BACKFILL_DONE_VERSION, "model" => model).set(f64::from(state.done_version));
     }
-}
-
-/// The rows per tick the relay's backfill walks may write now, as the live lag allows.
-pub(crate) fn backfill_pace(rows_per_tick: f64) {
-    metrics::gauge!(BACKFILL_PACE).set(rows_per_tick);
 }
 
 /// A failed tick of a model's backfill.

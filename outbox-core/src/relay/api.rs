@@ -13,7 +13,7 @@ use super::pool::ShardPool;
 use super::report::{DrainReport, MaintenanceReport, RunReport};
 use super::run::RunLoop;
 use super::shard::DrainMode;
-use super::{Drained, pool, slots, together, walk};
+use super::{Drained, pool, slots, together};
 use crate::backfill::BackfillBatch;
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -101,10 +101,6 @@ impl<S: Store> Relay<S> {
             mode: config.handler_mode,
         };
         let handler_slots = slots::Slots::new(config.max_concurrent_shards);
-        // Only a relay that ticks backfills measures the lags that pace them.
-        let walk_pace = (config.backfill_interval.is_some()
-            && !registry.backfill_models().is_empty())
-        .then(|| walk::WalkPace::new(tokio::time::Instant::now()));
         let rows_read = tokio::sync::Semaphore::new(
             config
                 .rows_per_turns()
@@ -127,7 +123,6 @@ impl<S: Store> Relay<S> {
                 rows_read,
                 metrics: std::sync::OnceLock::new(),
                 lapse_told: std::sync::atomic::AtomicBool::new(false),
-                walk_pace,
             }),
         }
     }
@@ -275,7 +270,7 @@ impl<S: Store> Relay<S> {
     /// watermark).
     pub async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
         self.inner.prepare().await?;
-        self.inner.backfill(self.inner.config.backfill_budget).await
+        self.inner.backfill().await
     }
 
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.

@@ -619,23 +619,15 @@ impl RelayConfigBuilder {
     /// replicated models (see [`crate::backfill`]): 100 ms by default; not zero; `None`:
     /// never (this relay walks no backfill; others may). A tick that finds a model's backfill
     /// not started costs one short statement per model. [`Relay::backfill`](crate::Relay::backfill)
-    /// ticks once, on demand. A walk's batches are as large as the live lag allows (see
-    /// [`backfill_budget`](Self::backfill_budget)): live messages wait behind at most one
-    /// batch, so a shorter interval walks faster for the same wait.
+    /// ticks once, on demand.
     pub fn backfill_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.backfill_interval = interval;
         self
     }
 
-    /// The most rows one backfill tick walks per model (1,000 by default; at least 1): the
-    /// operator's cap. Within it, [`Relay::run`](crate::Relay::run) paces each walk by the
-    /// lag it measures on every delivery (from a message's creation to its handler's start):
-    /// it writes more rows per tick while the lag during the walk stays within 1.5× of the
-    /// lag measured without one (and at least a millisecond over it), fewer when it does not,
-    /// down to a row every 64 ticks, and pauses a second every minute to measure the lag
-    /// without the walk again. Each batch is also less the messages pending in the outbox,
-    /// and at least one row. The gauge `outbox_backfill_pace_rows` shows the pace;
-    /// [`Relay::backfill`](crate::Relay::backfill) walks the whole budget, unpaced.
+    /// The most rows one backfill tick walks per model (1,000 by default; at least 1), less
+    /// the messages pending in the outbox: a backfill goes behind live traffic, and walks one
+    /// row per tick while the backlog exceeds the budget.
     pub fn backfill_budget(mut self, rows: usize) -> Self {
         self.config.backfill_budget = rows;
         self

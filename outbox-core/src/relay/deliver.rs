@@ -122,9 +122,6 @@ fn reported<St: Store>(
     let lag = SystemTime::now()
         .duration_since(group.newest.created_at)
         .unwrap_or_default();
-    if let Some(pace) = &inner.walk_pace {
-        pace.meter.record(lag);
-    }
     match error {
         None => {
             if let Some(metrics) = metrics {

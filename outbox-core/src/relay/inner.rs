@@ -13,7 +13,7 @@ use super::pool::ShardPool;
 use super::report::MaintenanceReport;
 use super::shard::{DrainMode, Emptied, Ending};
 use super::slots::Lane;
-use super::{Drained, pool, shard, slots, together, walk};
+use super::{Drained, pool, shard, slots, together};
 use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -44,9 +44,6 @@ pub(super) struct Inner<S: Store> {
     pub(super) metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
     /// Whether the relay said that its leases lapse ([`Inner::lapsed`]).
     pub(super) lapse_told: std::sync::atomic::AtomicBool,
-    /// The pace of backfill walks, from the lags of deliveries (`None`: this relay ticks no
-    /// backfill).
-    pub(super) walk_pace: Option<walk::WalkPace>,
 }
 
 /// The fewest claimed shards a task of the relay drains, when a claim's shards are shared among
@@ -145,12 +142,11 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    /// See [`Relay::backfill`]: a tick of each model's backfill, walking at most `budget`
-    /// rows of each.
-    pub(super) async fn backfill(&self, budget: usize) -> Result<Vec<BackfillBatch>, Error> {
+    /// See [`Relay::backfill`].
+    pub(super) async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
         let options = BackfillOptions {
             worker: self.config.worker_id.clone(),
-            budget,
+            budget: self.config.backfill_budget,
         };
         let mut batches = Vec::new();
         let mut first_error = None;
@@ -179,36 +175,6 @@ impl<S: Store> Inner<S> {
             }
         }
         first_error.map_or(Ok(batches), Err)
-    }
-
-    /// A tick of the background relay's backfills: as many rows of each model as the
-    /// [`walk::WalkPace`] allows now, under the operator's cap; `None` if it allows none.
-    pub(super) async fn paced_backfill(&self) -> Option<Result<Vec<BackfillBatch>, Error>> {
-        let cap = self.config.backfill_budget;
-        let Some(pace) = &self.walk_pace else {
-            return Some(self.backfill(cap).await);
-        };
-        let began = tokio::time::Instant::now();
-        let walk::Tick::Walk(rows) = pace.tick(cap, began) else {
-            return None;
-        };
-        let result = self.backfill(rows).await;
-        let walking = result.as_ref().is_ok_and(|batches| {
-            batches.iter().any(|batch| {
-                matches!(
-                    batch.outcome,
-                    BackfillOutcome::Walked {
-                        complete: false,
-                        ..
-                    }
-                )
-            })
-        });
-        pace.walked(walking, began);
-        if walking {
-            crate::telemetry::backfill_pace(pace.rows_per_tick());
-        }
-        Some(result)
     }
 
     /// See [`Relay::maintain`].

@@ -456,9 +456,7 @@ impl Upkeep {
             tasks.push(every(inner, interval, interval, move |inner| {
                 let last = Arc::clone(&last);
                 async move {
-                    let Some(result) = inner.paced_backfill().await else {
-                        return;
-                    };
+                    let result = inner.backfill().await;
                     let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     match result {
                         Ok(_) => *last = None,

@@ -149,17 +149,11 @@ impl Measured {
         cpu_rows(number, "PostgreSQL", measured)
     }
 
-    /// The relay against the best same-guarantee loop (target: `ratio` of it), and against the
-    /// best ceiling if any was measured (for information); then a row per baseline.
+    /// The relay against the best ordered loop (the bar: `ratio` of it), the best
+    /// same-guarantee loop that keeps no order per shard and the best ceiling, where measured
+    /// (for information); then a row per baseline.
     fn against_the_bar(&self, scenario: &str, number: &str, ratio: f64) -> Vec<Row> {
-        let (bar, rate) = self.best_same_guarantee();
-        let mut rows = vec![Row::compared(
-            &format!("{scenario}, vs the same-guarantee loop ({bar})"),
-            "messages/s",
-            self.relay_rows,
-            rate,
-            Target::Ratio(ratio),
-        )];
+        let mut rows = Vec::new();
         let (ordered, rate) = self.best_of(Strategy::ordered);
         if rate > 0.0 {
             rows.push(Row::compared(
@@ -169,9 +163,17 @@ impl Measured {
                 "messages/s",
                 self.relay_rows,
                 rate,
-                Target::None,
+                Target::Ratio(ratio),
             ));
         }
+        let (bar, rate) = self.best_same_guarantee();
+        rows.push(Row::compared(
+            &format!("{scenario}, vs the same-guarantee loop ({bar})"),
+            "messages/s",
+            self.relay_rows,
+            rate,
+            Target::None,
+        ));
         let (ceiling, rate) =
             self.best_of(|strategy| !strategy.same_guarantee() && !strategy.ordered());
         if rate > 0.0 {
@@ -253,21 +255,27 @@ async fn compare_pg(
     })
 }
 
-/// Scenario 2: 1,000,000 pending messages over 10,000 shards, no coalescing.
+/// Scenario 2: 1,000,000 pending messages over 10,000 shards, no coalescing: against the
+/// ordered loop (the bar: at least as fast), the same-guarantee loops and the ceilings.
 pub(crate) async fn plain(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let (messages, shards) = (args.sized(1_000_000, 10_000), args.sized(10_000, 100));
     let database = server.database(20).await?;
-    let strategies = [&Strategy::SAME_GUARANTEE[..], &Strategy::CEILINGS[..]].concat();
+    let strategies = [
+        &Strategy::SAME_GUARANTEE[..],
+        &Strategy::ORDERED[..],
+        &Strategy::CEILINGS[..],
+    ]
+    .concat();
     let measured = compare_pg(&database.pool, messages, shards, 0, messages, &strategies).await?;
     database.drop_database().await?;
     let scenario =
         format!("2. drain, no coalescing: {messages} messages, {shards} shards (PostgreSQL)");
-    Ok(measured.against_the_bar(&scenario, "2.", 0.8))
+    Ok(measured.against_the_bar(&scenario, "2.", 1.0))
 }
 
 /// Scenario 12: the sparse shape, one message per shard: 100,000 messages over 100,000
-/// shards, against the same-guarantee loop, and against the loop that also keeps order per
-/// shard.
+/// shards, against the loop that also keeps order per shard (the bar: 80% of it), and the
+/// same-guarantee loop that keeps none.
 pub(crate) async fn sparse(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let messages = args.sized(100_000, 2_000);
     let database = server.database(20).await?;
@@ -277,7 +285,7 @@ pub(crate) async fn sparse(args: &BenchArgs, server: &Server) -> Result<Vec<Row>
     let scenario = format!(
         "12. sparse drain, one message per shard: {messages} messages, {messages} shards (PostgreSQL)"
     );
-    Ok(measured.against_the_bar(&scenario, "12.", 0.7))
+    Ok(measured.against_the_bar(&scenario, "12.", 0.8))
 }
 
 /// Scenario 3: 1,000,000 messages in 100,000 groups over 10,000 shards: one handler call per
