@@ -150,12 +150,14 @@ impl Measured {
     }
 
     /// The relay against the best ordered loop (the bar: `ratio` of it), the best
-    /// same-guarantee loop that keeps no order per shard and the best ceiling, where measured
-    /// (for information); then a row per baseline.
+    /// same-guarantee loop that keeps no order per shard (the bar instead where no ordered
+    /// loop ran) and the best ceiling, where measured (for information); then a row per
+    /// baseline.
     fn against_the_bar(&self, scenario: &str, number: &str, ratio: f64) -> Vec<Row> {
         let mut rows = Vec::new();
         let (ordered, rate) = self.best_of(Strategy::ordered);
-        if rate > 0.0 {
+        let ordered_ran = rate > 0.0;
+        if ordered_ran {
             rows.push(Row::compared(
                 &format!(
                     "{scenario}, vs the same-guarantee loop that also keeps order per shard ({ordered})"
@@ -172,7 +174,11 @@ impl Measured {
             "messages/s",
             self.relay_rows,
             rate,
-            Target::None,
+            if ordered_ran {
+                Target::None
+            } else {
+                Target::Ratio(ratio)
+            },
         ));
         let (ceiling, rate) =
             self.best_of(|strategy| !strategy.same_guarantee() && !strategy.ordered());
@@ -256,21 +262,18 @@ async fn compare_pg(
 }
 
 /// Scenario 2: 1,000,000 pending messages over 10,000 shards, no coalescing: against the
-/// ordered loop (the bar: at least as fast), the same-guarantee loops and the ceilings.
+/// same-guarantee loops (the bar: 80% of the best) and the ceilings.
 pub(crate) async fn plain(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let (messages, shards) = (args.sized(1_000_000, 10_000), args.sized(10_000, 100));
     let database = server.database(20).await?;
-    let strategies = [
-        &Strategy::SAME_GUARANTEE[..],
-        &Strategy::ORDERED[..],
-        &Strategy::CEILINGS[..],
-    ]
-    .concat();
+    // Not the ordered loop yet: over 100 rows per shard it reads every leased shard's rows
+    // for each page of 1,000 ids, and one run of it took minutes (stop 78's note).
+    let strategies = [&Strategy::SAME_GUARANTEE[..], &Strategy::CEILINGS[..]].concat();
     let measured = compare_pg(&database.pool, messages, shards, 0, messages, &strategies).await?;
     database.drop_database().await?;
     let scenario =
         format!("2. drain, no coalescing: {messages} messages, {shards} shards (PostgreSQL)");
-    Ok(measured.against_the_bar(&scenario, "2.", 1.0))
+    Ok(measured.against_the_bar(&scenario, "2.", 0.8))
 }
 
 /// Scenario 12: the sparse shape, one message per shard: 100,000 messages over 100,000
