@@ -267,7 +267,8 @@ pub(crate) async fn plain(args: &BenchArgs, server: &Server) -> Result<Vec<Row>,
     let (messages, shards) = (args.sized(1_000_000, 10_000), args.sized(10_000, 100));
     let database = server.database(20).await?;
     // Not the ordered loop yet: over 100 rows per shard it reads every leased shard's rows
-    // for each page of 1,000 ids, and one run of it took minutes (stop 78's note).
+    // for each page of 1,000 ids, and one run of it went on for over 20 minutes; it needs a
+    // form for many rows per shard (lease whole shards, read a batch of each) first.
     let strategies = [&Strategy::SAME_GUARANTEE[..], &Strategy::CEILINGS[..]].concat();
     let measured = compare_pg(&database.pool, messages, shards, 0, messages, &strategies).await?;
     database.drop_database().await?;
