@@ -38,15 +38,16 @@ pub(super) enum Strategy {
     },
     /// The relay's guarantee with its order per shard, in plain SQL: each connection leases
     /// the shards of the next `batch` rows (one lease row per shard, inserted in key order; a
-    /// shard another connection holds is skipped), reads every row of the shards it got, all
-    /// in one committed statement; delivers them outside that transaction; then deletes the
-    /// rows and its leases in a second one, fenced by its lease token. No two connections
-    /// ever hold one shard, so each shard's rows are delivered in order by one of them (the
-    /// row loop above delivers a shard's rows from several connections at once). Only for
-    /// shards of at most [`BATCH`] rows: a lease reads its whole shard.
+    /// shard another connection holds is skipped), reads the oldest `per_shard` rows of each
+    /// shard it got, all in one committed statement; delivers them outside that transaction;
+    /// then deletes the rows and its leases in a second one, fenced by its lease token. No two
+    /// connections ever hold one shard, so each shard's rows are delivered in order by one of
+    /// them (the row loop above delivers a shard's rows from several connections at once).
     ShardLeased {
         /// Rows whose shards are leased at once.
         batch: i64,
+        /// Rows read from each leased shard at most.
+        per_shard: i64,
     },
 }
 
@@ -56,11 +57,27 @@ impl Strategy {
     /// The same-guarantee loops: the bar.
     pub(super) const SAME_GUARANTEE: [Self; 2] =
         [Self::Leased { batch: 100 }, Self::Leased { batch: 1_000 }];
-    /// The same-guarantee loops that keep order per shard, as the relay does.
+    /// The same-guarantee loops that keep order per shard, as the relay does, shaped for small
+    /// shards: each lease reads its whole shard.
     pub(super) const ORDERED: [Self; 2] = [
-        Self::ShardLeased { batch: 100 },
-        Self::ShardLeased { batch: 1_000 },
+        Self::ShardLeased {
+            batch: 100,
+            per_shard: BATCH,
+        },
+        Self::ShardLeased {
+            batch: 1_000,
+            per_shard: BATCH,
+        },
     ];
+    /// The ordered loop shaped for shards of many rows: the shards of 10 rows leased at once,
+    /// 100 rows read from each, about [`BATCH`] rows a round. (Tried on scenario 2's shape
+    /// and slower by 7 to 10 times: the shards of 100 rows, 10 or 100 rows read from each.
+    /// A few rows of each shard make every later page walk the index entries of the rows read
+    /// ahead of it; 10,000 rows a round make each round's statements slow.)
+    pub(super) const ORDERED_DENSE: [Self; 1] = [Self::ShardLeased {
+        batch: 10,
+        per_shard: 100,
+    }];
 
     pub(super) fn describe(self) -> String {
         match self {
@@ -70,9 +87,13 @@ impl Strategy {
             Self::Leased { batch } => {
                 format!("same-guarantee loop (lease {batch}, commit, deliver, delete by id)")
             }
-            Self::ShardLeased { batch } => format!(
+            Self::ShardLeased { batch, per_shard } if per_shard >= BATCH => format!(
                 "ordered loop (lease the shards of {batch} rows, read them, commit, deliver, \
                  delete rows and leases by token)"
+            ),
+            Self::ShardLeased { batch, per_shard } => format!(
+                "ordered loop (lease the shards of {batch} rows, read {per_shard} rows of each, \
+                 commit, deliver, delete rows and leases by token)"
             ),
         }
     }
@@ -140,7 +161,9 @@ pub(super) async fn drain(
                     per_shard(&pool, worker, connections, shards, step).await
                 }
                 Strategy::Leased { batch } => leased(&pool, batch).await,
-                Strategy::ShardLeased { batch } => shard_leased(&pool, worker, batch).await,
+                Strategy::ShardLeased { batch, per_shard } => {
+                    shard_leased(&pool, worker, batch, per_shard).await
+                }
             }
         });
     }
@@ -268,12 +291,20 @@ async fn leased(pool: &PgPool, batch: i64) -> Result<u64, String> {
 
 /// The ordered loop of one connection ([`Strategy::ShardLeased`]). Like the row loop, it goes
 /// on from the highest id it looked at: the rows below were read by it or by the connection
-/// that held their shard, which read the whole shard. The statement reads in a snapshot taken
+/// that held their shard. A shard it read `per_shard` rows of may hold more: it goes on from
+/// the last of those instead where that is lower, so that it meets the shard's rows left
+/// again (they all come after the rows it read). The statement reads in a snapshot taken
 /// before its leases: a shard another connection drained and released meanwhile still shows
 /// the rows that connection deleted, their `xmax` set; those are left out (the relay reads
 /// such a shard again). A deleting transaction that rolled back would leave its rows out too:
 /// none does here.
-async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, String> {
+async fn shard_leased(
+    pool: &PgPool,
+    worker: u64,
+    batch: i64,
+    per_shard: i64,
+) -> Result<u64, String> {
+    type Shard = (i16, i64, String);
     let mut rows = 0;
     let mut after = i64::MIN;
     for round in 1_i64.. {
@@ -298,11 +329,12 @@ async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, Str
                      WHERE x.shard_scope = h.shard_scope \
                          AND x.shard_identifier = h.shard_identifier \
                          AND x.destination = h.destination AND x.xmax::text = '0' \
-                     ORDER BY x.id LIMIT 1000) m ON true) ON true",
+                     ORDER BY x.id LIMIT $4) m ON true) ON true",
         )
         .bind(batch)
         .bind(after)
         .bind(token)
+        .bind(per_shard)
         .fetch_all(pool)
         .await
         .map_err(failed("the ordered loop's lease"))?;
@@ -316,28 +348,35 @@ async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, Str
             return Ok(rows);
         };
         after = high;
-        // Every shard leased, with or without rows left to deliver: each lease is released.
-        let mut shards: Vec<(i16, i64, String)> = leased
-            .iter()
-            .filter_map(|row| {
-                let scope: Option<i16> = row.get(3);
-                Some((scope?, row.get(4), row.get(5)))
-            })
-            .collect();
+        // Every shard leased, with or without rows left to deliver, and the rows read of
+        // each: each lease is released.
+        let mut shards: std::collections::BTreeMap<Shard, (i64, i64)> = Default::default();
+        let mut delivered = Vec::with_capacity(leased.len());
+        for row in leased {
+            let Some(scope) = row.get::<Option<i16>, _>(3) else {
+                continue;
+            };
+            let read = shards
+                .entry((scope, row.get(4), row.get(5)))
+                .or_insert((0, i64::MIN));
+            if let Some(id) = row.get::<Option<i64>, _>(0) {
+                *read = (read.0 + 1, read.1.max(id));
+                delivered.push(row);
+            }
+        }
         if shards.is_empty() {
             continue;
         }
-        let delivered: Vec<_> = leased
-            .into_iter()
-            .filter(|row| matches!(row.try_get::<Option<i64>, _>(0), Ok(Some(_))))
-            .collect();
         rows += read(&delivered)?;
+        for (count, last) in shards.values() {
+            if *count >= per_shard {
+                after = after.min(*last);
+            }
+        }
         let ids: Vec<i64> = delivered.iter().map(|row| row.get(0)).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let scopes: Vec<i16> = shards.iter().map(|shard| shard.0).collect();
-        let identifiers: Vec<i64> = shards.iter().map(|shard| shard.1).collect();
-        let destinations: Vec<String> = shards.into_iter().map(|shard| shard.2).collect();
+        let scopes: Vec<i16> = shards.keys().map(|shard| shard.0).collect();
+        let identifiers: Vec<i64> = shards.keys().map(|shard| shard.1).collect();
+        let destinations: Vec<String> = shards.into_keys().map(|shard| shard.2).collect();
         sqlx::query(
             "WITH released AS ( \
                  DELETE FROM bench_shard_leases l \
@@ -346,8 +385,8 @@ async fn shard_leased(pool: &PgPool, worker: u64, batch: i64) -> Result<u64, Str
                  WHERE l.shard_scope = k.shard_scope AND l.shard_identifier = k.shard_identifier \
                      AND l.destination = k.destination AND l.token = $1 \
                  RETURNING l.shard_scope, l.shard_identifier, l.destination) \
-             DELETE FROM outbox_messages m USING released r \
-             WHERE m.id = ANY($5) AND m.shard_scope = r.shard_scope \
+             DELETE FROM outbox_messages m USING unnest($5::bigint[]) AS d(id), released r \
+             WHERE m.id = d.id AND m.shard_scope = r.shard_scope \
                  AND m.shard_identifier = r.shard_identifier AND m.destination = r.destination",
         )
         .bind(token)
