@@ -385,8 +385,8 @@ async fn shard_leased(
                  WHERE l.shard_scope = k.shard_scope AND l.shard_identifier = k.shard_identifier \
                      AND l.destination = k.destination AND l.token = $1 \
                  RETURNING l.shard_scope, l.shard_identifier, l.destination) \
-             DELETE FROM outbox_messages m USING unnest($5::bigint[]) AS d(id), released r \
-             WHERE m.id = d.id AND m.shard_scope = r.shard_scope \
+             DELETE FROM outbox_messages m USING released r \
+             WHERE m.id = ANY($5) AND m.shard_scope = r.shard_scope \
                  AND m.shard_identifier = r.shard_identifier AND m.destination = r.destination",
         )
         .bind(token)
