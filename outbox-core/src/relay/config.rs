@@ -72,7 +72,7 @@ impl Default for RelayConfig {
                 rand::random::<u32>()
             ),
             max_concurrent_shards: 16,
-            claim_batch: 512,
+            claim_batch: 2_048,
             batch_size: 500,
             shard_row_budget: 1_000,
             shard_time_budget: Duration::from_secs(1),
@@ -144,6 +144,15 @@ impl RelayConfig {
     /// (the heads its claims read share them; its reads hold twice as many).
     pub(crate) fn rows_per_turns(&self) -> usize {
         self.max_concurrent_shards.saturating_mul(self.batch_size)
+    }
+
+    /// The rows of each shard's head that a claim of `held` shards reads: the
+    /// [`rows_per_turns`](Self::rows_per_turns) shared among them, at most a batch, and at
+    /// least two. A read of two rows that finds one says the shard holds nothing more, so
+    /// that a one-message shard's drain needs no read of its own; a read of one row cannot
+    /// say so, and every shard would be read again.
+    pub(crate) fn head_limit(&self, held: usize) -> usize {
+        (self.rows_per_turns() / held.max(1)).clamp(2.min(self.batch_size), self.batch_size)
     }
 
     /// How many rows of a shard are read at once.
@@ -430,12 +439,15 @@ impl RelayConfigBuilder {
         self
     }
 
-    /// How many shards one claim takes at most (512 by default; at least 1): with
+    /// How many shards one claim takes at most (2,048 by default; at least 1): with
     /// [`HandlerMode::Leased`], the relay holds up to this many shards at once, claims them
     /// together (PostgreSQL: one statement, which reads their heads too; SQLite: one write
     /// transaction), and finishes those it empties together, while their handlers take
     /// turns, `max_concurrent_shards` at a time. Most traffic is one or two messages per
-    /// shard, and then the relay's cost is per shard: batches are what make it small. A held
+    /// shard, and then the relay's cost is per shard: batches are what make it small. Hold
+    /// more than a [`discovery_page`](Self::discovery_page) (four pages by default), so that
+    /// the next page's shards are claimed whole while the last page's are finishing, not a
+    /// few at a time as their permits come free. A held
     /// shard waiting for its turn keeps its lease alive, and no other relay can take it
     /// meanwhile, so a relay holds no more shards than its handlers get through in about
     /// 10 ms at the pace it measures (as many as run at once, until it has measured): with
@@ -794,6 +806,23 @@ mod tests {
             .build()
             .expect("valid");
         assert_eq!(in_transaction.shards_held(), 4);
+    }
+
+    #[test]
+    fn a_claim_reads_the_rows_of_its_turns_shared_and_at_least_two_of_each_shard() {
+        let config = RelayConfig::builder()
+            .max_concurrent_shards(16)
+            .batch_size(500)
+            .build()
+            .expect("valid");
+        assert_eq!(config.head_limit(16), 500, "at most a batch");
+        assert_eq!(config.head_limit(2_000), 4, "8,000 rows shared");
+        // One row each would leave every one-message shard to be read again: a read that
+        // fills its limit cannot say the shard holds nothing more.
+        assert_eq!(config.head_limit(4_096), 2);
+        assert_eq!(config.head_limit(1_000_000), 2);
+        let one_row = config.to_builder().batch_size(1).build().expect("valid");
+        assert_eq!(one_row.head_limit(4_096), 1, "never more than a batch");
     }
 
     #[test]

@@ -113,12 +113,11 @@ impl<S: Store> Inner<S> {
 
     /// The rows of each shard's head to read with its claim: the rows that
     /// `max_concurrent_shards` full batches would hold, shared among the shards held now (at
-    /// least one row each, at most a batch). A relay holding hundreds of shards keeps a few
-    /// rows of each in memory, not a batch of each; a shard whose head was cut short reads
-    /// its batch when its turn comes.
+    /// least two rows each, at most a batch: [`RelayConfig::head_limit`]). A relay holding
+    /// hundreds of shards keeps a few rows of each in memory, not a batch of each; a shard
+    /// whose head was cut short reads its batch when its turn comes.
     pub(super) fn head_limit(&self) -> usize {
-        let config = &self.config;
-        (config.rows_per_turns() / self.shards_to_hold().max(1)).clamp(1, config.batch_size)
+        self.config.head_limit(self.shards_to_hold())
     }
 
     /// The metrics' handles (resolved from the recorder installed at the first call: install
