@@ -1366,7 +1366,7 @@ impl Dialect for SqliteDialect {
         }))
     }
 
-    /// Leased claims of several shards in one write transaction (one commit) of three
+    /// Leased claims of several shards in one write transaction (one commit) of four
     /// statements, then their heads in one read; in transaction mode each claim keeps a
     /// transaction of its own.
     async fn claim_many(
