@@ -56,10 +56,9 @@ pub(crate) struct BenchArgs {
     /// Where to write the table; nothing is written when the scale is not 1.
     #[arg(long, default_value = "BENCHMARKS.md")]
     output: PathBuf,
-    /// Runs only the scenarios whose names contain one of these words (write, drain,
-    /// coalescing, latency, memory, models, sqlite, metrics, sinks, backfill, gauges, sparse,
-    /// horizon (every hold), horizon-short, horizon-long, horizon-mariadb, horizon-sqlite,
-    /// console, inbox, mariadb).
+    /// Runs only the scenarios named (write, drain, coalescing, latency, memory, models,
+    /// sqlite, metrics, sinks, backfill, gauges, sparse, horizon-short, horizon-long,
+    /// horizon-mariadb, horizon-sqlite, console, inbox, mariadb; `horizon` runs every hold).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -75,12 +74,17 @@ impl BenchArgs {
         Duration::from_secs(self.sized(full, min))
     }
 
+    /// Whether `scenario` is to run: every one without `--only`; else those named, a word
+    /// naming the scenario or the family before its dash (`horizon`: every hold), never a
+    /// scenario whose name merely contains it (`sqlite` is not `horizon-sqlite`).
     fn runs(&self, scenario: &str) -> bool {
         self.only.is_empty()
-            || self
-                .only
-                .iter()
-                .any(|word| scenario.contains(word.as_str()))
+            || self.only.iter().any(|word| {
+                scenario == word
+                    || scenario
+                        .split_once('-')
+                        .is_some_and(|(family, _)| family == word)
+            })
     }
 }
 
@@ -146,4 +150,34 @@ async fn sqlite(args: &BenchArgs) -> Result<Vec<Row>, String> {
     let mut rows = write::sqlite(args).await?;
     rows.extend(drain::sqlite(args).await?);
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn runs(only: &str, scenario: &str) -> bool {
+        Command::parse_from(["bench", "--only", only])
+            .bench
+            .runs(scenario)
+    }
+
+    #[test]
+    fn only_runs_the_scenarios_named_or_their_family() {
+        assert!(runs("sqlite", "sqlite"));
+        assert!(!runs("sqlite", "horizon-sqlite"));
+        assert!(!runs("mariadb", "horizon-mariadb"));
+        assert!(runs("horizon", "horizon-mariadb"));
+        assert!(runs("horizon-long", "horizon-long"));
+        assert!(!runs("horizon-long", "horizon-short"));
+        assert!(runs("write,sparse", "sparse"));
+        assert!(!runs("spar", "sparse"));
+    }
 }
