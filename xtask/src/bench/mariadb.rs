@@ -4,7 +4,7 @@
 //! loops written in plain SQL for MariaDB: each leases rows in a committed statement, reads
 //! their ids and payloads, delivers them outside that transaction and deletes them by id. The
 //! ordered loop leases shards instead of rows, so that it also keeps order per shard as the
-//! relay does; the drain is compared with the best of each kind.
+//! relay does, and is the bar (at least 80%); the drain is compared with the best of each kind.
 //!
 //! Each run has a database of its own on the server of `--mysql-url` (dropped at the end).
 //! Its connections run at `READ COMMITTED`, as the relay's transactions do
@@ -354,17 +354,9 @@ async fn drain(
     let (best, connections, bar, best_cpu) = best_of(false)?;
     let (in_order, in_order_connections, in_order_bar, in_order_cpu) = best_of(true)?;
     let scenario = format!("16. MariaDB drain, {shape}: {messages} messages, {shards} shards");
+    // The bar is the ordered loop, which keeps the relay's guarantee whole (order per shard);
+    // the loop that leases rows is beside it, for comparison.
     let mut rows = vec![
-        Row::compared(
-            &format!(
-                "{scenario}, vs the best same-guarantee loop ({}, {connections} conn.)",
-                best.describe()
-            ),
-            "messages/s",
-            relay,
-            bar,
-            Target::Ratio(0.8),
-        ),
         Row::compared(
             &format!(
                 "{scenario}, vs the best same-guarantee loop that also keeps order per shard \
@@ -374,6 +366,16 @@ async fn drain(
             "messages/s",
             relay,
             in_order_bar,
+            Target::Ratio(0.8),
+        ),
+        Row::compared(
+            &format!(
+                "{scenario}, vs the best same-guarantee loop ({}, {connections} conn.)",
+                best.describe()
+            ),
+            "messages/s",
+            relay,
+            bar,
             Target::None,
         ),
     ];
