@@ -135,43 +135,50 @@ impl SqlxTestDatabase<MySqlDatabase> {
 
 impl Drop for MySqlDatabase {
     fn drop(&mut self) {
-        let name = std::mem::take(&mut self.name);
-        // As PostgreSQL's: a thread and a runtime of its own. Dropping the database waits for
-        // the metadata locks of open transactions on its tables: the test's own connections
-        // are killed first.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for dropping the test database");
-            runtime.block_on(async move {
-                if let Ok(mut server) = MySqlConnection::connect_with(&server_options()).await {
-                    // (`PROCESSLIST.ID` is a signed BIGINT: read as `u64`, it would not
-                    // decode, and no connection would be killed.)
-                    let ids: Vec<i64> = sqlx::query_scalar(
-                        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?",
-                    )
+        // Dropping the database waits for the metadata locks of open transactions on its
+        // tables: the test's own connections are killed first.
+        crate::sqlx::drop_test_database(std::mem::take(&mut self.name), |name| async move {
+            let mut server = MySqlConnection::connect_with(&server_options()).await?;
+            // (`PROCESSLIST.ID` is a signed BIGINT: read as `u64`, it would not decode, and
+            // no connection would be killed.)
+            let ids: Vec<i64> =
+                sqlx::query_scalar("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?")
                     .bind(&name)
                     .fetch_all(&mut server)
-                    .await
-                    .unwrap_or_default();
-                    for id in ids {
-                        let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL {id}")))
-                            .execute(&mut server)
-                            .await;
-                    }
-                    // A lock some other connection still holds fails the drop after a
-                    // while rather than hanging the test run.
-                    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-                        "SET SESSION lock_wait_timeout = 30; DROP DATABASE IF EXISTS `{name}`"
-                    )))
+                    .await?;
+            for id in ids {
+                // A connection that ended meanwhile is no longer there to kill.
+                let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL {id}")))
                     .execute(&mut server)
                     .await;
-                }
-            });
+            }
+            // A lock some other connection still holds fails the drop after a while rather
+            // than hanging the test run.
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "SET SESSION lock_wait_timeout = 30; DROP DATABASE IF EXISTS `{name}`"
+            )))
+            .execute(&mut server)
+            .await?;
+            server.close().await
         });
-        let _ = cleanup.join();
     }
+}
+
+/// The databases whose name begins as every test database's does
+/// ([`TEST_DATABASE_PREFIX`](crate::sqlx::TEST_DATABASE_PREFIX)) on the server tests use:
+/// those the tests running now hold, and those a run left behind.
+pub async fn test_databases() -> Result<Vec<String>, sqlx::Error> {
+    let mut server = MySqlConnection::connect_with(&server_options()).await?;
+    let names = sqlx::query_scalar(
+        "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA \
+         WHERE LEFT(SCHEMA_NAME, CHAR_LENGTH(?)) = ? ORDER BY 1",
+    )
+    .bind(crate::sqlx::TEST_DATABASE_PREFIX)
+    .bind(crate::sqlx::TEST_DATABASE_PREFIX)
+    .fetch_all(&mut server)
+    .await?;
+    server.close().await?;
+    Ok(names)
 }
 
 /// The MariaDB backend under test: a fresh database and its store.

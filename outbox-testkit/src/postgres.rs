@@ -146,28 +146,34 @@ impl SqlxTestDatabase<PgDatabase> {
 
 impl Drop for PgDatabase {
     fn drop(&mut self) {
-        let name = std::mem::take(&mut self.name);
-        // Dropping runs outside any runtime guarantee, so the cleanup gets a thread and a
-        // runtime of its own. The pool is not closed here: its connections are driven by the
-        // test's runtime, which is blocked in this drop on a current-thread runtime. Dropping
-        // the database WITH (FORCE) ends them instead.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for dropping the test database");
-            runtime.block_on(async move {
-                if let Ok(mut server) = PgConnection::connect_with(&server_options()).await {
-                    let _ = sqlx::query(AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                    )))
-                    .execute(&mut server)
-                    .await;
-                }
-            });
+        // The pool is not closed here: its connections are driven by the test's runtime,
+        // which is blocked in this drop on a current-thread runtime. Dropping the database
+        // WITH (FORCE) ends them instead.
+        crate::sqlx::drop_test_database(std::mem::take(&mut self.name), |name| async move {
+            let mut server = PgConnection::connect_with(&server_options()).await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+            )))
+            .execute(&mut server)
+            .await?;
+            server.close().await
         });
-        let _ = cleanup.join();
     }
+}
+
+/// The databases whose name begins as every test database's does
+/// ([`TEST_DATABASE_PREFIX`](crate::sqlx::TEST_DATABASE_PREFIX)) on the server tests use:
+/// those the tests running now hold, and those a run left behind.
+pub async fn test_databases() -> Result<Vec<String>, sqlx::Error> {
+    let mut server = PgConnection::connect_with(&server_options()).await?;
+    let names = sqlx::query_scalar(
+        "SELECT datname::text FROM pg_database WHERE starts_with(datname, $1) ORDER BY 1",
+    )
+    .bind(crate::sqlx::TEST_DATABASE_PREFIX)
+    .fetch_all(&mut server)
+    .await?;
+    server.close().await?;
+    Ok(names)
 }
 
 /// The PostgreSQL backend under test: a fresh database and its store.

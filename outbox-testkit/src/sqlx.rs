@@ -19,6 +19,10 @@ use crate::backend::{ModelWrite, Scoped, StoreBackend, TestBackend, TestModel};
 use crate::counting::CountingExecutor;
 use crate::database::TestDatabase;
 
+/// How the name of every database a test creates on a shared server begins (see
+/// `postgres::test_databases` and `mysql::test_databases`).
+pub const TEST_DATABASE_PREFIX: &str = "outbox_test_";
+
 /// A name for a test's database on a shared server, unique across the processes and tests
 /// that run at once: `outbox_test_{process}_{counter}_{random}`.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -26,11 +30,47 @@ pub(crate) fn test_database_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     format!(
-        "outbox_test_{}_{}_{:08x}",
+        "{TEST_DATABASE_PREFIX}{}_{}_{:08x}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed),
         rand::random::<u32>()
     )
+}
+
+/// Drops the test database `name` on a thread and a runtime of its own with `drop` (a drop
+/// runs outside any runtime guarantee, and the test's own runtime may be blocked in it), and
+/// fails loudly if it could not: a panic that fails the test holding the database (a message
+/// only, if that test is failing already), never a database silently left on the server.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn drop_test_database<F>(name: String, drop: impl FnOnce(String) -> F + Send + 'static)
+where
+    F: Future<Output = Result<(), ::sqlx::Error>>,
+{
+    let shown = name.clone();
+    let cleanup = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("no runtime to drop it on: {error}"))?
+            .block_on(drop(name))
+            .map_err(|error| error.to_string())
+    });
+    let error = match cleanup.join() {
+        Ok(Ok(())) => return,
+        Ok(Err(error)) => error,
+        Err(_) => "the thread dropping it panicked".to_owned(),
+    };
+    let message = format!("cannot drop the test database {shown}: {error}");
+    if std::thread::panicking() {
+        // A second panic would abort the test binary: the message goes to the failing test's
+        // captured output instead.
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("{message}");
+        }
+    } else {
+        panic!("{message}");
+    }
 }
 
 /// A test's statement `sql`, whose one parameter is written `$1`, in the dialect's own

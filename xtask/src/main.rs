@@ -8,7 +8,8 @@
 //! - `cargo xtask chaos` kills relays, restarts the database and races writers against the
 //!   relays, then checks that nothing was lost or reordered (`--short` for CI's run).
 //! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation, packaging and the
-//!   whole test suite, on SQLite and on PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432).
+//!   whole test suite, on SQLite, PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432) and MariaDB
+//!   (`MYSQL_URL`, else 127.0.0.1:3306), then fails if the tests left a database behind.
 
 // A command-line tool talks to its user on stdout and stderr.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -236,6 +237,9 @@ fn published_packages(cargo: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// The programs the console's browser tests run (`outbox-web/tests/browser.rs`).
+const BROWSER: [&str; 2] = ["/usr/bin/chromium", "/usr/bin/chromedriver"];
+
 /// Runs the checks CI runs, stopping at the first that fails.
 fn test(cargo_test_args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -258,6 +262,30 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
     for name in &published {
         package.extend(["--package", name.as_str()]);
     }
+    // The console's browser tests drive Debian's Chromium through its ChromeDriver: said
+    // before the build, not after it, when they fail.
+    let missing: Vec<&str> = BROWSER
+        .iter()
+        .filter(|program| !std::path::Path::new(program).exists())
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "==> the console's browser tests need {}: install Debian's chromium and \
+             chromium-driver (apt-get install chromium chromium-driver; .ci/run installs them)",
+            missing.join(" and ")
+        );
+        return ExitCode::FAILURE;
+    }
+    // The test databases on the shared servers before the run: those of another run going on
+    // now, or left by an earlier one, are not this run's.
+    let before = match test_databases() {
+        Ok(names) => names,
+        Err(error) => {
+            eprintln!("==> cannot list the test databases: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let steps = [
         Step::new("formatting", &["fmt", "--all", "--check"]),
         Step::new(
@@ -316,6 +344,46 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             }
         }
     }
+    eprintln!("==> test databases left behind: checking");
+    match test_databases() {
+        Ok(after) => {
+            let left: Vec<String> = after
+                .into_iter()
+                .filter(|name| !before.contains(name))
+                .collect();
+            if !left.is_empty() {
+                eprintln!(
+                    "==> the tests left {} database(s) behind (a test database is dropped with \
+                     the value that holds it): {}",
+                    left.len(),
+                    left.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+        Err(error) => {
+            eprintln!("==> cannot list the test databases: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
     eprintln!("==> all checks passed");
     ExitCode::SUCCESS
+}
+
+/// The test databases on the PostgreSQL and MariaDB servers the tests use (`DATABASE_URL`,
+/// `MYSQL_URL`, else the local ones), each named with the server it is on.
+fn test_databases() -> Result<Vec<String>, String> {
+    runtime().block_on(async {
+        let postgres = outbox_testkit::postgres::test_databases()
+            .await
+            .map_err(|error| format!("on PostgreSQL: {error}"))?;
+        let mariadb = outbox_testkit::mysql::test_databases()
+            .await
+            .map_err(|error| format!("on MariaDB: {error}"))?;
+        Ok(postgres
+            .into_iter()
+            .map(|name| format!("{name} (PostgreSQL)"))
+            .chain(mariadb.into_iter().map(|name| format!("{name} (MariaDB)")))
+            .collect())
+    })
 }
