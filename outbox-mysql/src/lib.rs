@@ -7,7 +7,9 @@
 //!
 //! - [`migrate`] applies the embedded migrations, recorded in the library's own
 //!   `_outbox_migrations` table. Run it (or give [`migrator`] to a migration tool of your
-//!   own) before the relay starts.
+//!   own) before the relay starts. (The first migration's header still names MySQL 8.0.16
+//!   beside MariaDB: it is kept as written, since a migration's checksum covers its text and
+//!   a changed one would be refused by the databases that applied it. MySQL is not supported.)
 //! - [`write()`] and [`write_all`] insert messages with the caller's transaction or
 //!   connection; [`write_all`] uses one statement however many messages there are.
 //! - [`save`], [`insert`], [`update`] and [`delete`] write replicated models (declared with
