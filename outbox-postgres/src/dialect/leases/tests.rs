@@ -122,6 +122,7 @@ async fn claim_on(conn: &mut PgConnection, identifier: i64, worker: &str) -> Vec
 /// before (where a read of the key in order walks them all).
 #[tokio::test]
 async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_held() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -220,6 +221,7 @@ async fn two_claimers_that_found_no_row_conflict_on_the_first() {
 /// it may lock it, and claims nothing: the fence between two claimers of a released chain.
 #[tokio::test]
 async fn a_claimer_that_read_a_followed_row_claims_nothing() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -264,6 +266,7 @@ async fn a_claimer_that_read_a_followed_row_claims_nothing() {
 /// drain after the horizon moves.
 #[tokio::test]
 async fn a_drained_shard_leaves_no_row_unless_the_horizon_is_held() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -328,6 +331,7 @@ async fn a_drained_shard_leaves_no_row_unless_the_horizon_is_held() {
 /// before.
 #[tokio::test]
 async fn a_claim_released_without_an_acknowledgement_leaves_no_row() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -483,6 +487,7 @@ async fn a_relay_waits_for_older_relays_then_takes_over_their_leases() {
 /// not look at the dead rows.
 #[tokio::test]
 async fn after_a_hold_it_counts_as_held_until_vacuum_removes_what_it_kept() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");

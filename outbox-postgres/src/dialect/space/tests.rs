@@ -41,6 +41,7 @@ fn rewrites(rewritten: &[&str], refused: &[&str]) -> Rewrites {
 /// the statistics no longer count the dead rows after it.
 #[tokio::test]
 async fn a_sparse_lease_log_is_rewritten_once_the_horizon_is_released() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -115,6 +116,7 @@ async fn a_sparse_lease_log_is_rewritten_once_the_horizon_is_released() {
 /// than the largest size allowed; the pending messages stay, with their ids.
 #[tokio::test]
 async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -185,6 +187,7 @@ async fn a_sparse_message_table_is_rewritten_without_waiting_on_writers() {
 /// sequential scans and compilation off, in its own transaction, and the connection keeps its own settings after.
 #[tokio::test]
 async fn the_batch_statements_are_guarded_while_dead_rows_are_many() {
+    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
