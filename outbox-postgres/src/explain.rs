@@ -343,10 +343,10 @@ fn blocks_on(plan: &Value, relation: &str) -> f64 {
 /// left nothing pending) visits none of them; read from the shard's start, it visits each.
 #[tokio::test]
 async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
-    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     use crate::dialect::leases::tests::horizon_held;
-    use crate::dialect::positions::tests::{drain, insert, shard, store};
+    use crate::dialect::positions::tests::{HORIZON, drain, insert, shard, store};
 
+    let _horizon = HORIZON.lock().await;
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
@@ -446,10 +446,10 @@ async fn a_batch_claim_reads_its_steps_a_bounded_number_of_times_per_shard() {
 /// both under the planner's guard then (`space`), and so are they explained here.
 #[tokio::test]
 async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard() {
-    let _horizon = crate::dialect::positions::tests::HORIZON.lock().await;
     use crate::dialect::leases::tests::horizon_held;
-    use crate::dialect::positions::tests::{drain, insert, shard, store};
+    use crate::dialect::positions::tests::{HORIZON, drain, insert, shard, store};
 
+    let _horizon = HORIZON.lock().await;
     // The planner's costs the statements are explained at: the defaults, and a server's on
     // solid-state storage (random reads about as cheap as sequential ones); and, under the
     // guard only, costs that make every index look dear against reading a table whole, as

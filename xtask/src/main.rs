@@ -345,21 +345,22 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
         }
     }
     eprintln!("==> test databases left behind: checking");
-    match test_databases() {
-        Ok(after) => {
-            let left: Vec<String> = after
-                .into_iter()
-                .filter(|name| !before.contains(name))
-                .collect();
-            if !left.is_empty() {
-                eprintln!(
-                    "==> the tests left {} database(s) behind (a test database is dropped with \
-                     the value that holds it): {}",
-                    left.len(),
-                    left.join(", ")
-                );
-                return ExitCode::FAILURE;
-            }
+    let left = test_databases().map(|after| {
+        after
+            .into_iter()
+            .filter(|name| !before.contains(name))
+            .collect::<Vec<_>>()
+    });
+    match left {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => {
+            eprintln!(
+                "==> the tests left {} database(s) behind (a test database is dropped with the \
+                 value that holds it): {}",
+                left.len(),
+                left.join(", ")
+            );
+            return ExitCode::FAILURE;
         }
         Err(error) => {
             eprintln!("==> cannot list the test databases: {error}");
