@@ -768,7 +768,73 @@ pub(crate) fn shard_arrays<'a>(
     (scopes, identifiers, destinations)
 }
 
+/// What a batch finish does, as its errors name it.
+const FINISHING: &str = "acknowledging and releasing drained shards";
+
+/// The arrays a batch finish binds ([`leases::ACK_AND_RELEASE_MANY`]) that are not the rows
+/// it acknowledges: one element per shard.
+struct Finish {
+    scopes: Vec<i16>,
+    identifiers: Vec<i64>,
+    destinations: Vec<String>,
+    tokens: Vec<i64>,
+    keep: Vec<bool>,
+    seqs: Vec<Option<i64>>,
+}
+
+impl Finish {
+    /// The shards at `places` alone, in that order.
+    fn only(&self, places: &[usize]) -> Self {
+        fn pick<T: Clone>(all: &[T], places: &[usize]) -> Vec<T> {
+            places.iter().map(|&at| all[at].clone()).collect()
+        }
+        Self {
+            scopes: pick(&self.scopes, places),
+            identifiers: pick(&self.identifiers, places),
+            destinations: pick(&self.destinations, places),
+            tokens: pick(&self.tokens, places),
+            keep: pick(&self.keep, places),
+            seqs: pick(&self.seqs, places),
+        }
+    }
+}
+
 impl PgDialect {
+    /// The rows of a batch finish of `batch` (its shards' arrays in `finish`), one per shard.
+    async fn finish_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        finish: &Finish,
+        batch: &[outbox_sqlx::dialect::Finishing],
+    ) -> Result<Vec<PgRow>, Error> {
+        let (mut places, mut ids) = (Vec::new(), Vec::new());
+        for (place, (_, _, acks)) in (1_i64..).zip(batch) {
+            for id in acks.iter().flat_map(|ack| &ack.ids) {
+                places.push(place);
+                ids.push(id.0);
+            }
+        }
+        let query = sqlx::query(leases::ACK_AND_RELEASE_MANY)
+            .bind(&finish.scopes)
+            .bind(&finish.identifiers)
+            .bind(&finish.destinations)
+            .bind(&finish.tokens)
+            .bind(places)
+            .bind(ids)
+            .bind(&finish.keep)
+            .bind(&finish.seqs);
+        let rows = space::fetch_all(conn, query, self.space.guarded())
+            .await
+            .map_err(database::<Self>(FINISHING))?;
+        if rows.len() != batch.len() {
+            return Err(Error::Database {
+                operation: FINISHING,
+                source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
+            });
+        }
+        Ok(rows)
+    }
+
     /// Leased claims of `shards` (the switch to the lease log made), each with the first
     /// `first_read` rows of its head.
     async fn claim_leased(
@@ -1226,7 +1292,6 @@ impl Dialect for PgDialect {
         conn: &mut sqlx::PgConnection,
         batch: &[outbox_sqlx::dialect::Finishing],
     ) -> Result<Vec<outbox_sqlx::dialect::Finished>, Error> {
-        const OPERATION: &str = "acknowledging and releasing drained shards";
         let (scopes, identifiers, destinations) =
             shard_arrays(batch.iter().map(|(lease, _, _)| &lease.shard));
         let tokens: Vec<i64> = batch.iter().map(|(lease, _, _)| lease.token).collect();
@@ -1235,41 +1300,46 @@ impl Dialect for PgDialect {
         let keep = self
             .leases
             .keep(batch.iter().map(|(lease, _, _)| &lease.shard));
-        let (mut places, mut ids) = (Vec::new(), Vec::new());
-        for (place, (_, _, acks)) in (1_i64..).zip(batch) {
-            for id in acks.iter().flat_map(|ack| &ack.ids) {
-                places.push(place);
-                ids.push(id.0);
+        let finish = Finish {
+            scopes,
+            identifiers,
+            destinations,
+            tokens,
+            keep,
+            seqs,
+        };
+        let mut rows = self.finish_on(conn, &finish, batch).await?;
+        // A lease that its own extension changed beside the statement is no longer where the
+        // statement's snapshot saw it, and the finish said it was not held (see
+        // `leases::superseded_at`): such leases are asked for once more, in a new snapshot. A
+        // lease taken over is not held then either.
+        let held = |row: &PgRow| {
+            row.try_get::<i64, _>(1)
+                .map_err(database::<Self>(FINISHING))
+        };
+        let mut missed = Vec::new();
+        for (at, row) in rows.iter().enumerate() {
+            if held(row)? == 0 {
+                missed.push(at);
             }
         }
-        let query = sqlx::query(leases::ACK_AND_RELEASE_MANY)
-            .bind(scopes)
-            .bind(identifiers)
-            .bind(destinations)
-            .bind(tokens)
-            .bind(places)
-            .bind(ids)
-            .bind(keep)
-            .bind(seqs);
-        let rows = space::fetch_all(conn, query, self.space.guarded())
-            .await
-            .map_err(database::<Self>(OPERATION))?;
-        if rows.len() != batch.len() {
-            return Err(Error::Database {
-                operation: OPERATION,
-                source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
-            });
+        if !missed.is_empty() {
+            let again: Vec<_> = missed.iter().map(|&at| batch[at].clone()).collect();
+            let answers = self.finish_on(conn, &finish.only(&missed), &again).await?;
+            for (at, answer) in missed.into_iter().zip(answers) {
+                rows[at] = answer;
+            }
         }
-        // One statement, committed when it returns: the drained shards' positions move, and
-        // the chains it kept are remembered.
+        // Each statement is committed when it returns: the drained shards' positions move, and
+        // the chains kept are remembered.
         let mut kept = Vec::new();
         let finished = rows
             .iter()
             .zip(batch)
             .map(|(row, (lease, _, acks))| {
-                let held: i64 = row.try_get(1).map_err(database::<Self>(OPERATION))?;
-                let deleted: i64 = row.try_get(2).map_err(database::<Self>(OPERATION))?;
-                let released: Option<i64> = row.try_get(3).map_err(database::<Self>(OPERATION))?;
+                let held = held(row)?;
+                let deleted: i64 = row.try_get(2).map_err(database::<Self>(FINISHING))?;
+                let released: Option<i64> = row.try_get(3).map_err(database::<Self>(FINISHING))?;
                 Ok(if held == 0 {
                     Err(Error::LeaseLost {
                         shard: lease.shard.clone(),

@@ -505,9 +505,11 @@ async fn shards_interrupted_by_the_database_are_released_when_it_answers() {
     )
     .await;
     gate.add_permits(1);
+    // The batch finish, known by its first lines (`pg_stat_activity` keeps a statement's
+    // first kilobyte).
     let waiting = format!(
         "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock' \
-         AND query LIKE '%DELETE FROM outbox_leases l USING tops t%'",
+         AND query LIKE '%AS w(shard_scope, shard_identifier, destination, lease_token, keep,%'",
         database.name()
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -1312,6 +1314,75 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
             .expect("pending")
             .is_empty()
     );
+}
+
+/// A finish that meets its own lease's extension (a heartbeat sent as its handler ended)
+/// waits for it, then finds the lease where the extension left it: stepped so that the batch
+/// finish waits on the extending transaction, the shard is acknowledged and released, not
+/// reported lost (the statement reaches each lease row where its snapshot saw it, which the
+/// extension moved; the store asks again for a lease found so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_beside_its_leases_extension_still_holds_the_lease() {
+    use outbox_core::store::{Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession};
+    let database = migrated().await;
+    write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
+    let store = PgStore::new(database.connect().await);
+    let options = ClaimOptions {
+        worker: "finish".to_owned(),
+        lease: Duration::from_secs(30),
+        mode: HandlerMode::Leased,
+    };
+    let mut session = store
+        .claim(&org_shard(1), &options)
+        .await
+        .expect("claim")
+        .expect("due");
+    let rows = session.fetch(10).await.expect("fetch");
+    let acks = vec![Acknowledgement {
+        group: GroupKey {
+            category: rows[0].category,
+            object_identifier: rows[0].object_identifier,
+        },
+        ids: vec![rows[0].id],
+    }];
+    let mut extension = holding(
+        &database,
+        "UPDATE outbox_leases SET lease_expires_at = now() + interval '1 minute' \
+         WHERE shard_identifier = 1 AND lease_owner = 'finish'",
+    )
+    .await;
+    let batch = {
+        let store = store.clone();
+        tokio::spawn(async move { store.ack_and_finish_many(vec![(session, acks)]).await })
+    };
+    waits_on_a_lock(
+        &database,
+        "%outbox_leases%",
+        &batch,
+        "the finish did not wait on the extension",
+    )
+    .await;
+    sqlx::query("COMMIT")
+        .execute(&mut extension)
+        .await
+        .expect("commit the extension");
+    let results = batch.await.expect("the batch's task");
+    assert!(
+        matches!(results[..], [Ok((1, true))]),
+        "acknowledged and released: {results:?}"
+    );
+    assert!(
+        store
+            .pending_messages(10)
+            .await
+            .expect("pending")
+            .is_empty()
+    );
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_leases")
+        .fetch_one(database.pool())
+        .await
+        .expect("the log");
+    assert_eq!(leases, 0, "the lease ended with its chain");
 }
 
 /// A `REPEATABLE READ` transaction that has read the outbox (as `pg_dump` does) holds the
