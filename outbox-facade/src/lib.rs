@@ -123,3 +123,9 @@ pub use outbox_core as __core;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub use outbox_testkit as __testkit;
+
+/// The README's first outbox, compiled and run as a doctest (with the `sqlite` feature, which
+/// it uses), so that the front page's code stays true.
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
