@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets};
 use outbox_core::admin::{
-    Catalog, DeadLetter, OutboxStatus, Pause, PauseTarget, RelayInfo, ShardInfo, ShardList,
-    ShardStatus,
+    Catalog, DeadLetter, NextRetry, OutboxStatus, Pause, PauseTarget, RelayInfo, ShardInfo,
+    ShardList,
 };
 use outbox_core::backfill::{BackfillPhase, BackfillState};
 use outbox_core::inbox::StoredInboxDeadLetter;
@@ -177,19 +177,20 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
-    /// When a shard is next tried, as its status has it: a retry time only while it backs
-    /// off ("now" for a failed shard that is due again, by its time or a newer message).
+    /// When a shard is next tried, as its status has it ([`ShardInfo::next_retry`]): a retry
+    /// time only while it backs off ("now" for a failed shard that is due again, by its time
+    /// or a newer message).
     fn next_retry(&self, info: &ShardInfo) -> String {
-        match info.status {
-            ShardStatus::BackingOff => self.until(info.retry_at),
-            ShardStatus::Due if info.attempts > 0 => "now".to_owned(),
-            _ => "-".to_owned(),
+        match info.next_retry() {
+            Some(NextRetry::At(at)) => self.until(Some(at)),
+            Some(NextRetry::Now) => "now".to_owned(),
+            None => "-".to_owned(),
         }
     }
 
     fn next_retry_at(info: &ShardInfo) -> Value {
-        match info.status {
-            ShardStatus::BackingOff => rfc3339(info.retry_at),
+        match info.next_retry() {
+            Some(NextRetry::At(at)) => rfc3339(Some(at)),
             _ => Value::Null,
         }
     }

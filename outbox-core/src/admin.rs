@@ -17,8 +17,9 @@ use crate::future::BoxFuture;
 use crate::model::{CategoryId, MessageId, ShardKey};
 pub use crate::secret::secret_parameters;
 pub use crate::store::{
-    Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, Heartbeat, Horizon, OutboxStatus,
-    Pause, PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery, ShardStatus,
+    Admin, DeadLetter, DeadLetterFilter, FORGET_RELAYS_AFTER, Heartbeat, Horizon, NextRetry,
+    OutboxStatus, Pause, PauseTarget, RelayInfo, ShardFilter, ShardInfo, ShardList, ShardQuery,
+    ShardStatus,
 };
 use crate::store::{PendingMessage, ShardState, Store};
 

@@ -660,6 +660,77 @@ async fn mariadb_a_large_backlog_is_estimated() {
     a_large_backlog_is_estimated::<MySqlBackend>().await;
 }
 
+/// What the page shows after `label`: the text of the element that follows it, tags removed.
+fn after_label(page: &str, label: &str) -> String {
+    let at = page
+        .find(&format!("<dt>{label}</dt>"))
+        .unwrap_or_else(|| panic!("{label} in: {page}"));
+    let rest = &page[at..];
+    let start = rest.find("<dd>").expect("its value") + 4;
+    let end = rest.find("</dd>").expect("its end");
+    rest[start..end].to_owned()
+}
+
+/// A shard that failed and backs off shows when it is tried again; once a newer message makes
+/// it due before that time (S19), its listing and its page say "now", as its state does, not
+/// the retry time still ahead.
+async fn a_shard_due_again_shows_no_wait<B: StoreBackend>() {
+    use outbox_core::{Backoff, BoxError, Delivery, Registry, Relay, RelayConfig};
+    use std::time::Duration;
+
+    let backend = B::create().await;
+    backend
+        .write(&[note::<OrgUpdate>(1, 1, 1)])
+        .await
+        .expect("written");
+    let failing = Registry::builder()
+        .handle::<OrgUpdate>(|_: Delivery<OrgUpdate>| async {
+            Err::<(), BoxError>("the receiver said 503".into())
+        })
+        .build()
+        .expect("a registry");
+    let hour = Duration::from_secs(3600);
+    let config = RelayConfig::builder()
+        .backoff(Backoff::new(hour, hour).with_jitter(false))
+        .build()
+        .expect("a configuration");
+    Relay::with_config(backend.store(), failing, config)
+        .drain()
+        .await
+        .expect("the drain");
+    let browser = Browser::new(console(&backend, ConsoleOptions::read_only()));
+    let shard = browser.get("/shard?key=organization%3A1").await;
+    assert!(
+        after_label(&shard.page, "State").contains("backing off"),
+        "{}",
+        shard.page
+    );
+    let waiting = after_label(&shard.page, "Next retry");
+    assert!(waiting.starts_with("in "), "{waiting}");
+
+    backend
+        .write(&[note::<OrgUpdate>(1, 2, 2)])
+        .await
+        .expect("a newer message");
+    let shard = browser.get("/shard?key=organization%3A1").await;
+    assert!(
+        after_label(&shard.page, "State").contains("due"),
+        "{}",
+        shard.page
+    );
+    assert_eq!(after_label(&shard.page, "Next retry"), "now");
+    let shards = browser.get("/shards").await;
+    let row = shards
+        .page
+        .split("<tr>")
+        .find(|row| row.contains("organization:1"))
+        .expect("the shard's row");
+    assert!(
+        row.contains("<td>now</td>") && !row.contains("<td>in "),
+        "{row}"
+    );
+}
+
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -686,4 +757,5 @@ on_every_backend!(
     actions_change_the_outbox,
     refusals_change_nothing,
     nested_links_follow_the_mount,
+    a_shard_due_again_shows_no_wait,
 );

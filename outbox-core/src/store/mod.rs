@@ -19,8 +19,8 @@ mod operations;
 
 pub use self::operations::{
     Admin, DeadLetter, DeadLetterFilter, DeadLettering, FORGET_RELAYS_AFTER, Heartbeat, Horizon,
-    OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo, ShardList,
-    ShardQuery, ShardState, ShardStatus,
+    NextRetry, OutboxStatus, Pause, PauseTarget, PendingMessage, RelayInfo, ShardFilter, ShardInfo,
+    ShardList, ShardQuery, ShardState, ShardStatus,
 };
 
 /// One pending row as the relay reads it.

@@ -396,6 +396,15 @@ impl Horizon {
     }
 }
 
+/// When a failed shard is tried again ([`ShardInfo::next_retry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextRetry {
+    /// It is due: a relay may claim it now.
+    Now,
+    /// It backs off until then.
+    At(SystemTime),
+}
+
 /// What a shard with pending messages is doing, as [`Admin::status`] counts it and every
 /// listing shows it: one status per shard, the first that applies in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -521,6 +530,19 @@ impl ShardInfo {
             lease_owner,
             paused,
             pending_estimated: false,
+        }
+    }
+
+    /// When the shard's failed head is tried again, as its status has it: at its retry time
+    /// while it backs off, now once it is due again (its retry time passed, or a message newer
+    /// than its failure made it due before then); `None` for a shard with no failure to retry,
+    /// or one that a relay, a pause or a park holds. Every listing shows this, never the raw
+    /// [`ShardInfo::retry_at`], so that the state and the next attempt agree.
+    pub fn next_retry(&self) -> Option<NextRetry> {
+        match self.status {
+            ShardStatus::BackingOff => self.retry_at.map(NextRetry::At),
+            ShardStatus::Due if self.attempts > 0 => Some(NextRetry::Now),
+            _ => None,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use axum::body::Bytes;
 use axum::response::Response;
 use maud::{Markup, html};
-use outbox_core::admin::{PauseTarget, ShardFilter, ShardQuery};
+use outbox_core::admin::{NextRetry, PauseTarget, ShardFilter, ShardInfo, ShardQuery};
 
 use super::{action, done, error_chain, notice, shard_field, shard_link, status_badge};
 use crate::error::PageError;
@@ -92,7 +92,7 @@ async fn list_body(page: &Page) -> Result<Markup, PageError> {
                             td { @if info.pending_estimated { "≈ " } (format::count(info.pending)) }
                             td { @if let Some(at) = info.oldest_pending_at { (format::ago(at, now)) } }
                             td { (info.attempts) }
-                            td { @if let Some(at) = info.retry_at { (format::until(at, now)) } }
+                            td { (next_retry(info, now)) }
                             td { @if let Some(owner) = &info.lease_owner { code { (owner) } } }
                             td.last-error { @if let Some(error) = &info.last_error { (error) } }
                         }
@@ -140,8 +140,11 @@ async fn shard_body(page: &Page) -> Result<Markup, PageError> {
             dt { "Oldest" } dd { @if let Some(at) = info.oldest_pending_at {
                 (format::ago(at, now)) " (" (format::timestamp(at)) ")" } }
             dt { "Attempts" } dd { (info.attempts) }
-            dt { "Next retry" } dd { @if let Some(at) = info.retry_at {
-                (format::until(at, now)) " (" (format::timestamp(at)) ")" } @else { "—" } }
+            dt { "Next retry" } dd { @match info.next_retry() {
+                Some(NextRetry::At(at)) => { (format::until(at, now)) " (" (format::timestamp(at)) ")" }
+                Some(NextRetry::Now) => { "now" }
+                None => { "—" }
+            } }
             dt { "Held by" } dd { @if let Some(owner) = &info.lease_owner { code { (owner) } } @else { "no relay" } }
             @if let Some(category) = info.parked_category {
                 dt { "Parked on" } dd { "category " (page.catalog().category_text(category))
@@ -194,6 +197,16 @@ async fn shard_body(page: &Page) -> Result<Markup, PageError> {
 }
 
 /// The trace id in a message's metadata (a W3C `traceparent`'s), if it carries one.
+/// When a listed shard is tried again, as its state has it: nothing for a shard with no
+/// failure to retry.
+fn next_retry(info: &ShardInfo, now: SystemTime) -> String {
+    match info.next_retry() {
+        Some(NextRetry::At(at)) => format::until(at, now),
+        Some(NextRetry::Now) => "now".to_owned(),
+        None => String::new(),
+    }
+}
+
 fn trace_id(metadata: Option<&str>) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(metadata?).ok()?;
     let parent = value.get("traceparent")?.as_str()?;
