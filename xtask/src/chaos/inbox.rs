@@ -585,9 +585,7 @@ pub(crate) async fn run(
         crashes,
         drain,
     };
-    if !outcome.passed() || std::env::var_os("CHAOS_KEEP_LOGS").is_some() {
-        outcome.logs = Some(work.keep());
-    }
+    outcome.logs = super::kept_unless(outcome.passed(), work);
     Ok(outcome)
 }
 

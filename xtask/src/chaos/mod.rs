@@ -281,6 +281,9 @@ pub(crate) struct Outcome {
     /// How long a snapshot held the cleanup horizon ([`horizon::Holder`]); `None` where
     /// none is held (SQLite).
     horizon: Option<Duration>,
+    /// The run's work directory (each relay's whole log, its records), kept when the run
+    /// failed (or `CHAOS_KEEP_LOGS` is set).
+    logs: Option<PathBuf>,
 }
 
 impl Outcome {
@@ -599,7 +602,7 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
     let mut figures = check::check(&written, &records, &faults);
     figures.torn_records = torn;
     drop(cluster);
-    Ok(Outcome {
+    let mut outcome = Outcome {
         backend,
         shards: settings.shards,
         relays: settings.relays,
@@ -613,7 +616,16 @@ async fn run(backend: Backend, settings: &Settings, seed: u64) -> Result<Outcome
         drain,
         warnings,
         horizon,
-    })
+        logs: None,
+    };
+    outcome.logs = kept_unless(outcome.passed(), work);
+    Ok(outcome)
+}
+
+/// A run's work directory (its children's whole logs, its records), kept where it is unless
+/// the run `passed` (and `CHAOS_KEEP_LOGS` is not set), when it is deleted: where it is kept.
+pub(crate) fn kept_unless(passed: bool, work: tempfile::TempDir) -> Option<PathBuf> {
+    (!passed || std::env::var_os("CHAOS_KEEP_LOGS").is_some()).then(|| work.keep())
 }
 
 /// A random pause, in `range` seconds.
@@ -630,7 +642,7 @@ fn records_file(dir: &std::path::Path, worker: u32) -> PathBuf {
 mod tests {
     use std::time::Duration;
 
-    use super::{Backend, Figures, Outcome};
+    use super::{Backend, Figures, Outcome, kept_unless, report};
 
     fn outcome(warnings: &[&str]) -> Outcome {
         Outcome {
@@ -647,6 +659,7 @@ mod tests {
             drain: Duration::from_secs(1),
             warnings: warnings.iter().map(|line| (*line).to_owned()).collect(),
             horizon: None,
+            logs: None,
         }
     }
 
@@ -673,8 +686,31 @@ mod tests {
               1310 ms)"
             ]
         );
-        assert!(super::report::render(&outcome, 7).contains("leases lapsed"));
+        assert!(report::render(&outcome, 7).contains("leases lapsed"));
         assert!(self::outcome(&[]).lapses().is_empty());
+    }
+
+    #[test]
+    fn a_failed_run_keeps_its_relays_logs_and_says_where() {
+        let work = tempfile::tempdir().expect("a directory");
+        let log = work.path().join("relay-0.log");
+        std::fs::write(&log, "the relay's whole log").expect("a log");
+        let mut failed = outcome(&[]);
+        failed.crashes.push("relay 0: exit status: 101".to_owned());
+        assert!(!failed.passed());
+        failed.logs = kept_unless(failed.passed(), work);
+        let kept = failed.logs.clone().expect("kept");
+        assert!(log.exists(), "the log stays after the run");
+        let report = report::render(&failed, 7);
+        assert!(report.contains(&kept.display().to_string()), "{report}");
+        std::fs::remove_dir_all(kept).expect("clean up");
+
+        let work = tempfile::tempdir().expect("a directory");
+        let path = work.path().to_owned();
+        if std::env::var_os("CHAOS_KEEP_LOGS").is_none() {
+            assert_eq!(kept_unless(true, work), None);
+            assert!(!path.exists(), "a passed run's directory goes");
+        }
     }
 
     #[test]

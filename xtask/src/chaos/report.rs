@@ -136,6 +136,13 @@ pub(crate) fn render(outcome: &Outcome, seed: u64) -> String {
     for crash in &outcome.crashes {
         let _ = writeln!(out, "  crash: {crash}");
     }
+    if let Some(logs) = &outcome.logs {
+        let _ = writeln!(
+            out,
+            "  each relay's whole log, and its records, kept in {}",
+            logs.display()
+        );
+    }
     for example in &figures.examples {
         let _ = writeln!(out, "  {example}");
     }
