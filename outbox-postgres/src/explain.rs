@@ -382,6 +382,19 @@ async fn a_head_read_from_the_position_does_not_walk_acknowledged_rows() {
         .expect("commit");
 }
 
+/// One message in each of shards `1:1` to `1:shards`.
+async fn a_message_a_shard(pool: &PgPool, shards: i64) {
+    sqlx::query(
+        "INSERT INTO outbox_messages \
+            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
+         SELECT 1, n, '', 1, n, '{}' FROM generate_series(1, $1) AS n",
+    )
+    .bind(shards)
+    .execute(pool)
+    .await
+    .expect("a message a shard");
+}
+
 /// The rows that the plan's nodes of type `kind` produced over all their loops.
 fn rows_over_loops(plan: &Value, kind: &str) -> f64 {
     summed(plan, &|node| {
@@ -404,15 +417,7 @@ async fn a_batch_claim_reads_its_steps_a_bounded_number_of_times_per_shard() {
     let database = PgTestDatabase::create().await;
     let pool = database.pool();
     crate::migrate(pool).await.expect("migrate");
-    sqlx::query(
-        "INSERT INTO outbox_messages \
-            (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-         SELECT 1, n, '', 1, n, '{}' FROM generate_series(1, $1) AS n",
-    )
-    .bind(SHARDS)
-    .execute(pool)
-    .await
-    .expect("a message a shard");
+    a_message_a_shard(pool, SHARDS).await;
     for path in ["no lease row", "lapsed leases"] {
         let plan = plan_with(pool, "ANALYZE, FORMAT JSON", CLAIM_MANY, |q| {
             q.bind(vec![1_i16; SHARDS as usize])
@@ -738,15 +743,7 @@ async fn a_lease_log_analyzed_empty_is_still_read_by_key() {
     // Two rounds: the first claims shards with no lease row and keeps their chains; the
     // second takes over the released rows that follow and ends the chains.
     for keep in [true, false] {
-        sqlx::query(
-            "INSERT INTO outbox_messages \
-                (shard_scope, shard_identifier, destination, category, object_identifier, payload) \
-             SELECT 1, n, '', 1, n, '{}' FROM generate_series(1, $1) AS n",
-        )
-        .bind(SHARDS)
-        .execute(pool)
-        .await
-        .expect("a message a shard");
+        a_message_a_shard(pool, SHARDS).await;
         for (begin, costs) in RUNS {
             let plan = explained_under(pool, begin, costs, claim(explain(CLAIM_MANY))).await;
             assert_by_key(&plan, &format!("claim (keep {keep}), {begin}; {costs}"));

@@ -1217,13 +1217,39 @@ async fn a_relay_waits_for_a_database_that_does_not_exist_yet() {
     .expect("drop the database");
 }
 
+/// Shard `shard` claimed on `store`, and the acknowledgement of its first row.
+async fn claimed_with_its_head(
+    store: &PgStore,
+    shard: u64,
+    options: &outbox_core::store::ClaimOptions,
+) -> (
+    <PgStore as Store>::Session,
+    Vec<outbox_core::store::Acknowledgement>,
+) {
+    use outbox_core::store::{Acknowledgement, GroupKey, ShardSession};
+    let mut session = store
+        .claim(&org_shard(shard), options)
+        .await
+        .expect("claim")
+        .expect("due");
+    let rows = session.fetch(10).await.expect("fetch");
+    let acks = vec![Acknowledgement {
+        group: GroupKey {
+            category: rows[0].category,
+            object_identifier: rows[0].object_identifier,
+        },
+        ids: vec![rows[0].id],
+    }];
+    (session, acks)
+}
+
 /// Drained shards finished together are one transaction: stepped so that the batch waits on
 /// shard 2's state row and its connection is terminated there, nothing of it is written (not
 /// even shard 1's, whose row was free), each shard gets the error as an outage, and once
 /// their leases are released every message is delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
-    use outbox_core::store::{Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession};
+    use outbox_core::store::{ClaimOptions, HandlerMode, ShardSession};
     let database = migrated().await;
     for shard in [1u64, 2] {
         write(database.pool(), note::<OrgUpdate>(shard, 1, shard)).await;
@@ -1237,19 +1263,7 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
     let mut finishing = Vec::new();
     let mut leases = Vec::new();
     for shard in [1u64, 2] {
-        let mut session = store
-            .claim(&org_shard(shard), &options)
-            .await
-            .expect("claim")
-            .expect("due");
-        let rows = session.fetch(10).await.expect("fetch");
-        let acks = vec![Acknowledgement {
-            group: GroupKey {
-                category: rows[0].category,
-                object_identifier: rows[0].object_identifier,
-            },
-            ids: vec![rows[0].id],
-        }];
+        let (session, acks) = claimed_with_its_head(&store, shard, &options).await;
         leases.push(session.lease().clone());
         finishing.push((session, acks));
     }
@@ -1323,7 +1337,7 @@ async fn a_batch_of_finished_shards_that_fails_writes_nothing() {
 /// extension moved; the store asks again for a lease found so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finish_beside_its_leases_extension_still_holds_the_lease() {
-    use outbox_core::store::{Acknowledgement, ClaimOptions, GroupKey, HandlerMode, ShardSession};
+    use outbox_core::store::{ClaimOptions, HandlerMode};
     let database = migrated().await;
     write(database.pool(), note::<OrgUpdate>(1, 1, 1)).await;
     let store = PgStore::new(database.connect().await);
@@ -1332,19 +1346,7 @@ async fn a_finish_beside_its_leases_extension_still_holds_the_lease() {
         lease: Duration::from_secs(30),
         mode: HandlerMode::Leased,
     };
-    let mut session = store
-        .claim(&org_shard(1), &options)
-        .await
-        .expect("claim")
-        .expect("due");
-    let rows = session.fetch(10).await.expect("fetch");
-    let acks = vec![Acknowledgement {
-        group: GroupKey {
-            category: rows[0].category,
-            object_identifier: rows[0].object_identifier,
-        },
-        ids: vec![rows[0].id],
-    }];
+    let (session, acks) = claimed_with_its_head(&store, 1, &options).await;
     let mut extension = holding(
         &database,
         "UPDATE outbox_leases SET lease_expires_at = now() + interval '1 minute' \
