@@ -1073,6 +1073,40 @@ async fn claim_on(
     }))
 }
 
+/// Whether the SQLite this process links is recent enough ([`recent_enough`]), read once
+/// (through `pool`) for the process's life: [`Error::Unsupported`] if not.
+pub(crate) async fn recent_enough_on(pool: &SqlitePool) -> Result<(), Error> {
+    static RECENT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let too_old = match RECENT.get() {
+        Some(too_old) => too_old.clone(),
+        None => {
+            let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+                .fetch_one(pool)
+                .await
+                .map_err(database::<SqliteDialect>("reading SQLite's version"))?;
+            let too_old = (!recent_enough(&version)).then_some(version);
+            RECENT.get_or_init(|| too_old).clone()
+        }
+    };
+    match too_old {
+        None => Ok(()),
+        Some(version) => {
+            tracing::error!(
+                version,
+                "the outbox's statements need SQLite 3.45 or newer; this process links SQLite {version}"
+            );
+            Err(Error::Unsupported {
+                store: "SQLite",
+                feature: NEEDS,
+            })
+        }
+    }
+}
+
+/// What the outbox's statements need of SQLite, as [`Error::Unsupported`] says it.
+pub(crate) const NEEDS: &str = "the outbox's statements, which need SQLite 3.45 or newer (sqlx's bundled SQLite is recent \
+     enough)";
+
 /// Whether SQLite `version` (`major.minor.patch`) has what the statements use: `jsonb_each`
 /// (3.45) and `json_group_array(... ORDER BY ...)` (3.44).
 fn recent_enough(version: &str) -> bool {
@@ -1161,6 +1195,13 @@ impl Dialect for SqliteDialect {
         let message = error.message();
         if message.starts_with("no such table: outbox_") || message.starts_with("no such column") {
             Fault::SchemaMissing
+        } else if message.starts_with("no such function: ") {
+            // The outbox's statements call only SQLite's own functions: one that is missing
+            // is one that this SQLite is too old for (`jsonb_each`, `unhex`...).
+            Fault::Unsupported {
+                store: "SQLite",
+                feature: NEEDS,
+            }
         } else {
             Fault::Other
         }
@@ -1467,21 +1508,7 @@ impl Dialect for SqliteDialect {
     }
 
     async fn check_schema(pool: &SqlitePool) -> Result<(), Error> {
-        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
-            .fetch_one(pool)
-            .await
-            .map_err(database::<Self>("reading SQLite's version"))?;
-        if !recent_enough(&version) {
-            tracing::error!(
-                version,
-                "the outbox's statements need SQLite 3.45 or newer; this process links SQLite {version}"
-            );
-            return Err(Error::Unsupported {
-                store: "SQLite",
-                feature: "the outbox's statements, which need SQLite 3.45 or newer (sqlx's \
-                          bundled SQLite is recent enough)",
-            });
-        }
+        recent_enough_on(pool).await?;
         let rejected: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rejected_messages")
             .fetch_one(pool)
             .await
@@ -1556,5 +1583,39 @@ mod tests {
         ] {
             assert_eq!(recent_enough(version), enough, "{version}");
         }
+    }
+
+    /// A statement that meets a function this SQLite lacks (as a write's `jsonb_each` or
+    /// `unhex` would on one older than 3.45) is `Error::Unsupported`, saying what the outbox
+    /// needs, not the database's "no such function" nor a missing migration; and `begin`
+    /// checks the version on this SQLite, recent enough, and writes.
+    #[tokio::test]
+    async fn a_function_sqlite_lacks_is_unsupported_not_an_sql_error() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let pool = crate::connect(&dir.path().join("old.db"))
+            .await
+            .expect("a pool");
+        let error = sqlx::query("SELECT jsonb_each_of_a_later_release(?1)")
+            .bind("[]")
+            .execute(&pool)
+            .await
+            .expect_err("no such function");
+        let error =
+            outbox_sqlx::error::database::<SqliteDialect>("writing an outbox message")(error);
+        match &error {
+            outbox_core::Error::Unsupported { store, feature } => {
+                assert_eq!(*store, "SQLite");
+                assert!(feature.contains("SQLite 3.45 or newer"), "{feature}");
+            }
+            other => panic!("not Unsupported: {other:?}"),
+        }
+        assert!(error.to_string().contains("3.45"), "{error}");
+
+        crate::migrate(&pool).await.expect("migrate");
+        super::recent_enough_on(&pool)
+            .await
+            .expect("the bundled SQLite is recent enough");
+        let tx = crate::begin(&pool).await.expect("begin");
+        tx.commit().await.expect("commit");
     }
 }

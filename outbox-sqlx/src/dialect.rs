@@ -26,6 +26,14 @@ pub enum Fault {
     /// The connection is configured in a way that cannot work (TLS asked for on a build
     /// without it, options the driver refuses): [`Error::InvalidConfig`], never retried.
     Configuration,
+    /// The database lacks what the outbox's statements use (a built-in function of a newer
+    /// release): [`Error::Unsupported`], never retried.
+    Unsupported {
+        /// Which store.
+        store: &'static str,
+        /// What the statements need.
+        feature: &'static str,
+    },
     /// Anything else: [`Error::Database`].
     Other,
 }

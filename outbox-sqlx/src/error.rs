@@ -126,6 +126,10 @@ fn typed(operation: &'static str, fault: Fault, error: sqlx::Error) -> Error {
                 problem: format!("{problem} while {operation}: {}", error_chain(&error)),
             }
         }
+        Fault::Unsupported { store, feature } => {
+            tracing::error!(store, feature, error = %error, "the database lacks what the outbox needs");
+            Error::Unsupported { store, feature }
+        }
         Fault::SchemaMissing | Fault::Other => Error::Database {
             operation,
             source: Box::new(error),
