@@ -110,9 +110,9 @@ pub type OutboxTransaction<'c> = outbox_sqlx::OutboxTransaction<'c, SqliteDialec
 /// Begins a flushing transaction on `pool` (`BEGIN IMMEDIATE`: it is a writing transaction).
 ///
 /// The SQLite this process links is checked first, once for the process's life: one older
-/// than 3.45 is [`Error::Unsupported`](outbox_core::Error::Unsupported), as the relay's start
-/// says, before anything is written. (A write through any other executor that meets what an
-/// older SQLite lacks gets the same error, not the database's "no such function".)
+/// than 3.45 is [`Error::Unsupported`], as the relay's start says, before anything is
+/// written. (A write through any other executor that meets what an older SQLite lacks gets
+/// the same error, not the database's "no such function".)
 ///
 /// ```
 /// # use outbox_core::{Category, CategoryId, Message, Registry, Relay, Scope, ScopeId};
