@@ -1592,7 +1592,10 @@ mod tests {
     #[tokio::test]
     async fn a_function_sqlite_lacks_is_unsupported_not_an_sql_error() {
         let dir = tempfile::tempdir().expect("a directory");
-        let pool = crate::connect(&dir.path().join("old.db"))
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("old.db"))
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options)
             .await
             .expect("a pool");
         let error = sqlx::query("SELECT jsonb_each_of_a_later_release(?1)")
