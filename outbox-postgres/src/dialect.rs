@@ -1311,7 +1311,7 @@ impl Dialect for PgDialect {
         let mut rows = self.finish_on(conn, &finish, batch).await?;
         // A lease that its own extension changed beside the statement is no longer where the
         // statement's snapshot saw it, and the finish said it was not held (see
-        // `leases::superseded_at`): such leases are asked for once more, in a new snapshot. A
+        // `leases::superseded`): such leases are asked for once more, in a new snapshot. A
         // lease taken over is not held then either.
         let held = |row: &PgRow| {
             row.try_get::<i64, _>(1)

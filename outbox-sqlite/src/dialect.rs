@@ -1104,8 +1104,10 @@ pub(crate) async fn recent_enough_on(pool: &SqlitePool) -> Result<(), Error> {
 }
 
 /// What the outbox's statements need of SQLite, as [`Error::Unsupported`] says it.
-pub(crate) const NEEDS: &str = "the outbox's statements, which need SQLite 3.45 or newer (sqlx's bundled SQLite is recent \
-     enough)";
+pub(crate) const NEEDS: &str = concat!(
+    "the outbox's statements, which need SQLite 3.45 or newer ",
+    "(sqlx's bundled SQLite is recent enough)"
+);
 
 /// Whether SQLite `version` (`major.minor.patch`) has what the statements use: `jsonb_each`
 /// (3.45) and `json_group_array(... ORDER BY ...)` (3.44).

@@ -258,18 +258,28 @@ macro_rules! release {
 }
 
 /// The end of the rows `$rows` names (its columns: the key, `seq` and `first`): deleted, or
-/// a chain's first row, which stays, marked superseded.
+/// a chain's first row, which stays, marked superseded. Each row `l` of the log is found by
+/// `$found` (by default its whole key, `m` being the row of `$rows`).
 macro_rules! superseded {
     ($rows:literal) => {
+        superseded!(
+            $rows,
+            "l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
+                AND l.destination = m.destination"
+        )
+    };
+    ($rows:literal, $found:literal) => {
         concat!(
             "gone AS (DELETE FROM outbox_leases l USING ",
             $rows,
-            " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
-                AND l.destination = m.destination AND l.seq = m.seq AND NOT m.first), \
+            " m WHERE ",
+            $found,
+            " AND l.seq = m.seq AND NOT m.first), \
              marked AS (UPDATE outbox_leases l SET superseded = true FROM ",
             $rows,
-            " m WHERE l.shard_scope = m.shard_scope AND l.shard_identifier = m.shard_identifier \
-                AND l.destination = m.destination AND l.seq = m.seq AND m.first)"
+            " m WHERE ",
+            $found,
+            " AND l.seq = m.seq AND m.first)"
         )
     };
 }
@@ -290,21 +300,6 @@ macro_rules! superseded {
 //   version and checked the statement's other conditions there. A claim then leaves the
 //   shard for a later round; a finish says the lease was not held, and the store asks once
 //   more for such leases, which finds a lease extended beside its finish where it is now.
-
-/// As [`superseded!`], each row of `$rows` reached where the statement's snapshot saw it
-/// (`at`).
-macro_rules! superseded_at {
-    ($rows:literal) => {
-        concat!(
-            "gone AS (DELETE FROM outbox_leases l USING ",
-            $rows,
-            " m WHERE l.ctid = m.at AND l.seq = m.seq AND NOT m.first), \
-             marked AS (UPDATE outbox_leases l SET superseded = true FROM ",
-            $rows,
-            " m WHERE l.ctid = m.at AND l.seq = m.seq AND m.first)"
-        )
-    };
-}
 
 /// The columns of a new row of the log.
 macro_rules! log_columns {
@@ -494,7 +489,7 @@ macro_rules! held_columns {
 // claim's is not known: a held row with its token and not superseded is the newest, as
 // whoever follows a row deletes it or marks it superseded) and ended where the statement's
 // snapshot found it (`found`, and its chain's first row if the chain ends with it; see
-// `superseded_at`), and the acknowledged rows by
+// `superseded`), and the acknowledged rows by
 // their ids alone, looked up as one array in the primary key: the ids of the leases still
 // held (`targets`: one row, the array), each read by the lease's claim from its shard (an id
 // is never reused and a message never changes shard, so its id alone names it), then counted
@@ -617,7 +612,7 @@ macro_rules! take_over {
                     AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()) \
                 ORDER BY l.shard_scope, l.shard_identifier, l.destination \
                 FOR UPDATE OF l SKIP LOCKED), ",
-            superseded_at!("based"),
+            superseded!("based", "l.ctid = m.at"),
             ", taken AS (",
             log_columns!(),
             "SELECT b.shard_scope, b.shard_identifier, b.destination, b.token, false, $4::text, \
