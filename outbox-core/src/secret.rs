@@ -76,15 +76,24 @@ fn raw_password(url: &str) -> Option<&str> {
 }
 
 /// The names of `url`'s query parameters that hold a secret (`password`, `sslpassword`,
-/// any `…token`, `…secret`), as decoded; none if `url` does not parse. A backend refuses
-/// those its driver does not read rather than let the driver log them as unrecognized.
+/// any `…token`, `…secret`), as decoded, and of those whose value hides one behind a stray
+/// `?` (`sslmode` in `?sslmode=require?password=…`, which a driver reads as one parameter);
+/// none if `url` does not parse. A backend refuses those its driver does not read rather than
+/// let the driver log them as unrecognized, value and all.
+///
+/// ```
+/// use outbox_core::admin::secret_parameters;
+///
+/// assert_eq!(secret_parameters("postgres://db/app?sslpassword=x&sslmode=require"), ["sslpassword"]);
+/// assert_eq!(secret_parameters("postgres://db/app?sslmode=require?password=x"), ["sslmode"]);
+/// ```
 pub fn secret_parameters(url: &str) -> Vec<String> {
     url::Url::parse(url).map_or_else(
         |_| Vec::new(),
         |url| {
             url.query_pairs()
+                .filter(|(key, value)| holds_secret(key, value))
                 .map(|(key, _)| key.into_owned())
-                .filter(|key| is_secret(key))
                 .collect()
         },
     )

@@ -49,7 +49,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 /// # async fn example(consumer: outbox_core::inbox::Consumer) -> Result<(), Box<dyn std::error::Error>> {
 /// use outbox_nats::NatsConsumer;
 ///
-/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let client = outbox_nats::connect("nats://127.0.0.1:4222", async_nats::ConnectOptions::new()).await?;
 /// let report = NatsConsumer::new(consumer, "ORDERS", "billing")
 ///     .run(client, outbox_core::shutdown_signal())
 ///     .await?;

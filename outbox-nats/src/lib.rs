@@ -16,7 +16,7 @@
 //! # #[derive(Debug)] struct OrderPlaced;
 //! # impl outbox_core::Category for OrderPlaced { type Scope = Org; type Payload = String; const ID: outbox_core::CategoryId = outbox_core::CategoryId(1); const NAME: &'static str = "order_placed"; }
 //!
-//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let client = outbox_nats::connect("nats://127.0.0.1:4222", async_nats::ConnectOptions::new()).await?;
 //! // Subjects `orders.<category>`: a stream capturing `orders.>` stores them.
 //! let sink = NatsSink::new(client).with_subject_prefix("orders");
 //! let registry = Registry::builder().sink::<OrderPlaced, _>(sink).build()?;
@@ -31,6 +31,10 @@
 //! [outage](SinkError::Unavailable): the sink's breaker opens, the relay parks the shards and
 //! resumes them once JetStream answers its probe (a request to its account-info API).
 //!
+//! **Connecting.** [`connect`] opens the client from a URL with its credentials handed to the
+//! client as options: `async_nats` logs each server address it tries, at `debug`, and a
+//! password left in the address would reach the service's log.
+//!
 //! **Consuming.** [`NatsConsumer`] is a JetStream durable pull consumer that applies each
 //! message through an outbox [`Consumer`](outbox_core::inbox::Consumer) (its inbox and the
 //! producer's handlers) and acknowledges the broker only after the consumer's transaction
@@ -38,8 +42,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod connect;
 mod consumer;
 
+pub use crate::connect::{ConnectError, connect};
 pub use crate::consumer::{
     ConsumeError, DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_ACK_PENDING, NatsConsumer,
 };

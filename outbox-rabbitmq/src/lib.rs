@@ -178,12 +178,21 @@ pub struct InvalidUri {
 }
 
 /// `uri` as lapin reads it (`amqp://user:password@host:port/vhost`, or `amqps://`), read once
-/// here so that lapin's own error, which quotes the URI whole, is never shown.
+/// here so that lapin's own error, which quotes the URI whole, is never shown. A secret in a
+/// parameter (`?password=`, or one behind a stray `?`) is refused: lapin reads none, and would
+/// connect with its default password instead.
 pub(crate) fn parse_uri(uri: &str) -> Result<AMQPUri, InvalidUri> {
-    uri.parse().map_err(|reason: String| InvalidUri {
+    let invalid = |reason: String| InvalidUri {
         uri: outbox_core::redact_url(uri),
         reason: outbox_core::redact_url_in(&reason, uri),
-    })
+    };
+    if let Some(secret) = outbox_core::admin::secret_parameters(uri).first() {
+        return Err(invalid(format!(
+            "the parameter `{secret}` holds a secret lapin does not read (a password goes in \
+             the user-info: `amqp://user:password@host/vhost`): remove it"
+        )));
+    }
+    uri.parse().map_err(invalid)
 }
 
 /// Why the sink could not open its connection and confirming channel.

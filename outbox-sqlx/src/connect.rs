@@ -86,8 +86,9 @@ pub fn check_scheme(url: &str, name: &str, schemes: &[&str]) -> Result<(), Error
 }
 
 /// Refuses a URL with a secret query parameter (`password`, `sslpassword`, `…token`…) that the
-/// driver does not read (`read`: those it does): a driver logs a parameter it does not know,
-/// value and all, or ignores it. `hint` says where a password goes instead.
+/// driver does not read (`read`: those it does), or one hidden behind a stray `?` in another
+/// parameter's value: a driver logs a parameter it does not know, value and all, or ignores
+/// it. `hint` says where a password goes instead.
 pub fn refuse_unread_secrets(url: &str, read: &[&str], hint: &str) -> Result<(), Error> {
     match outbox_core::admin::secret_parameters(url)
         .into_iter()
@@ -96,8 +97,8 @@ pub fn refuse_unread_secrets(url: &str, read: &[&str], hint: &str) -> Result<(),
         Some(unread) => Err(Error::invalid_database_url(
             url,
             format!(
-                "the parameter `{unread}` is not one the driver reads (a password goes {hint}): \
-                 remove it"
+                "the parameter `{unread}` holds a secret the driver does not read (a password \
+                 goes {hint}; parameters are joined with `&`): remove it"
             ),
         )),
         None => Ok(()),

@@ -97,6 +97,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod recorder;
 pub mod runner;
+pub mod secrets;
 pub mod sink;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -62,7 +62,7 @@ pub struct Target {
 impl Target {
     /// JetStream, after creating the stream if it does not exist.
     pub async fn jetstream(&self) -> Result<jetstream::Context, BoxError> {
-        let client = async_nats::connect(&self.url).await?;
+        let client = outbox::nats::connect(&self.url, async_nats::ConnectOptions::new()).await?;
         let jetstream = jetstream::new(client);
         jetstream
             .get_or_create_stream(stream::Config {
@@ -160,7 +160,7 @@ pub async fn publish(target: &Target, orders: u32, customers: u32) -> Result<Pub
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 
-    let client = async_nats::connect(&target.url).await?;
+    let client = outbox::nats::connect(&target.url, async_nats::ConnectOptions::new()).await?;
     let sink = NatsSink::new(client).with_subject_prefix(&target.stream);
     let publisher = Publisher::<OrderPlaced, _>::new(sink).dedup_prefix(format!("{first}-"));
     let registry = Registry::builder()

@@ -65,7 +65,7 @@ pub struct Broker {
 impl Broker {
     /// A client of the server, the stream created if it does not exist.
     pub async fn connect(&self) -> Result<async_nats::Client, BoxError> {
-        let client = async_nats::connect(&self.url).await?;
+        let client = outbox::nats::connect(&self.url, async_nats::ConnectOptions::new()).await?;
         jetstream::new(client.clone())
             .get_or_create_stream(stream::Config {
                 name: self.stream.clone(),
@@ -78,7 +78,7 @@ impl Broker {
 
     /// Deletes the stream (a test's clean-up).
     pub async fn delete_stream(&self) -> Result<(), BoxError> {
-        let client = async_nats::connect(&self.url).await?;
+        let client = outbox::nats::connect(&self.url, async_nats::ConnectOptions::new()).await?;
         jetstream::new(client).delete_stream(&self.stream).await?;
         Ok(())
     }
