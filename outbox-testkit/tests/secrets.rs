@@ -1,6 +1,6 @@
 //! No password reaches an error's message, its debug form, or a log line (S27), on every path
-//! of the library that is given a URL or a driver's text about one: connecting to PostgreSQL
-//! and MariaDB, TLS asked of a server, the test kit's provision, and each sink's and consumer's
+//! of the library that is given a URL or a driver's text about one: connecting to PostgreSQL,
+//! MariaDB and SQLite, TLS asked of a server, the test kit's provision, and each sink's and consumer's
 //! connection (NATS, Redis, RabbitMQ, Kafka), down to what a failed delivery stores for the
 //! console. Each URL holds the password in every form the drivers accept
 //! ([`outbox_testkit::secrets::urls`]).
@@ -92,6 +92,26 @@ async fn connecting_to_mariadb_never_shows_the_password() {
         let error = outbox_mysql::connect(url)
             .await
             .expect_err("a password refused, no port or no such ssl-mode");
+        assert_hidden(url, &shown(&error));
+    }
+    assert_logs_hidden(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_sqlite_never_shows_the_password() {
+    let logs = Logs::capture();
+    let dir = tempfile::tempdir().expect("a directory");
+    let missing = format!("{}/no/such/dir/outbox.db", dir.path().display());
+    // SQLite reads no password: each form is refused, or opens nothing.
+    let mut fed = urls("sqlite", "outbox", "", &missing, "");
+    fed.extend(urls("sqlite", "outbox", "", &missing, "mode=bogus"));
+    // Another database's URL, given where a SQLite file goes.
+    fed.extend(urls("postgres", "postgres", NOWHERE, "/postgres", ""));
+    fed.extend(urls("mysql", "root", NOWHERE, "/test", ""));
+    for url in &fed {
+        let error = outbox_sqlite::connect(std::path::Path::new(url))
+            .await
+            .expect_err("no such directory, mode or scheme");
         assert_hidden(url, &shown(&error));
     }
     assert_logs_hidden(&logs);
