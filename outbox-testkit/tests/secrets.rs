@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use outbox_core::Relay;
 use outbox_core::admin::Admin;
+use outbox_core::inbox::Consumer;
 use outbox_core::sink::Sink;
 use outbox_core::store::Store as _;
 use outbox_testkit::StoreBackend;
 use outbox_testkit::brokers;
+use outbox_testkit::consumers::{self, Database};
 use outbox_testkit::secrets::{Logs, SECRETS, assert_hidden, shown, urls};
 use outbox_testkit::sqlite::SqliteBackend;
 
@@ -173,6 +175,14 @@ async fn provision_mariadb() {
     outbox_testkit::mysql::MySqlTestDatabase::create().await;
 }
 
+/// billing's consumer (the test kit's) on `database`, for a broker's consumer to apply through.
+fn billing_consumer(database: &Database) -> Consumer {
+    consumers::billing_consumer(
+        outbox_sqlite::SqliteStore::new(database.pool().clone()),
+        consumers::Charge::default(),
+    )
+}
+
 /// Relays one audit event through `sink`, which cannot reach its broker: what the drain
 /// reports and what the store keeps for the console (the shard's last error), as shown.
 async fn failed_delivery_through(sink: impl Sink) -> String {
@@ -221,12 +231,9 @@ async fn nats_never_shows_the_password() {
     }
     // Connected (the local server asks for no credentials), then consuming a stream that
     // is not there.
-    let billing = outbox_testkit::consumers::billing_database().await;
+    let billing = consumers::billing_database().await;
     let consumer = outbox_nats::NatsConsumer::new(
-        outbox_testkit::consumers::billing_consumer(
-            outbox_sqlite::SqliteStore::new(billing.pool().clone()),
-            outbox_testkit::consumers::Charge::default(),
-        ),
+        billing_consumer(&billing),
         "outbox_test_no_such_stream",
         "billing",
     );
@@ -250,12 +257,9 @@ async fn redis_never_shows_the_password() {
     let logs = Logs::capture();
     let mut fed = urls("redis", "outbox", NOWHERE, "/0", "");
     fed.extend(urls("redis", "outbox", "127.0.0.1:6379", "/0", ""));
-    let billing = outbox_testkit::consumers::billing_database().await;
+    let billing = consumers::billing_database().await;
     let consumer = outbox_redis::RedisConsumer::new(
-        outbox_testkit::consumers::billing_consumer(
-            outbox_sqlite::SqliteStore::new(billing.pool().clone()),
-            outbox_testkit::consumers::Charge::default(),
-        ),
+        billing_consumer(&billing),
         "outbox_test_secrets",
         "billing",
         "secrets",
@@ -291,12 +295,9 @@ async fn rabbitmq_never_shows_the_password() {
         fed.extend(urls("amqp", "guest", host, "/%ff", "heartbeat=soon"));
     }
     fed.extend(urls("amqps", "guest", NOWHERE, "/%2f", ""));
-    let billing = outbox_testkit::consumers::billing_database().await;
+    let billing = consumers::billing_database().await;
     let consumer = outbox_rabbitmq::RabbitConsumer::new(
-        outbox_testkit::consumers::billing_consumer(
-            outbox_sqlite::SqliteStore::new(billing.pool().clone()),
-            outbox_testkit::consumers::Charge::default(),
-        ),
+        billing_consumer(&billing),
         "outbox_test_no_such_queue",
     );
     for url in &fed {
@@ -317,7 +318,7 @@ async fn rabbitmq_never_shows_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_never_shows_the_password() {
     let logs = Logs::capture();
-    let billing = outbox_testkit::consumers::billing_database().await;
+    let billing = consumers::billing_database().await;
     for password in ["hunter2", "hun@ter2"] {
         let mut config = rdkafka::ClientConfig::new();
         config
@@ -328,10 +329,7 @@ async fn kafka_never_shows_the_password() {
             .set("sasl.password", password)
             .set("message.timeout.ms", "300");
         let consumer = outbox_kafka::KafkaConsumer::new(
-            outbox_testkit::consumers::billing_consumer(
-                outbox_sqlite::SqliteStore::new(billing.pool().clone()),
-                outbox_testkit::consumers::Charge::default(),
-            ),
+            billing_consumer(&billing),
             config.clone(),
             "outbox.audit_event",
             "billing",
