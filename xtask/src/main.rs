@@ -9,7 +9,10 @@
 //!   relays, then checks that nothing was lost or reordered (`--short` for CI's run).
 //! - `cargo xtask test` runs everything CI runs: formatting, lints, documentation, packaging and the
 //!   whole test suite, on SQLite, PostgreSQL (`DATABASE_URL`, else 127.0.0.1:5432) and MariaDB
-//!   (`MYSQL_URL`, else 127.0.0.1:3306), then fails if the tests left a database behind.
+//!   (`MYSQL_URL`, else 127.0.0.1:3306), then fails if the tests left a database behind, and
+//!   ends with the release check (not in a run filtered by test name).
+//! - `cargo xtask release-check` publishes every crate to a registry on this machine and uses
+//!   them from there as a user would: `cargo add outbox`, the README's first outbox run.
 
 // A command-line tool talks to its user on stdout and stderr.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -18,6 +21,7 @@ use std::process::{Command, ExitCode};
 
 mod bench;
 mod chaos;
+mod release;
 
 use clap::{Parser, Subcommand};
 
@@ -68,6 +72,9 @@ enum Task {
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
+    /// Publish every crate to a registry on this machine, then build and run the README's
+    /// first outbox from it in a new crate, as a user would (needs `cargo-http-registry`).
+    ReleaseCheck,
 }
 
 /// The exit of a chaos child: its summary printed, or its error.
@@ -86,6 +93,7 @@ fn main() -> ExitCode {
     match cli.task {
         Task::Migrate { database_url } => migrate(database_url),
         Task::Test { cargo_test_args } => test(&cargo_test_args),
+        Task::ReleaseCheck => release_check(),
         Task::Bench(args) => {
             if cfg!(debug_assertions) {
                 return release(&["bench"], "the benchmark");
@@ -237,6 +245,28 @@ fn published_packages(cargo: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// `cargo xtask release-check`: [`release::rehearse`] with the published packages, building in
+/// the workspace's target directory.
+fn release_check() -> ExitCode {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let target = std::env::var("CARGO_TARGET_DIR").map_or_else(
+        |_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        std::path::PathBuf::from,
+    );
+    let result = published_packages(&cargo)
+        .and_then(|published| release::rehearse(&cargo, &published, &target));
+    match result {
+        Ok(()) => {
+            eprintln!("==> release check passed");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("==> release check: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// The programs the console's browser tests run (`outbox-web/tests/browser.rs`).
 const BROWSER: [&str; 2] = ["/usr/bin/chromium", "/usr/bin/chromedriver"];
 
@@ -275,6 +305,12 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
              chromium-driver (apt-get install chromium chromium-driver; .ci/run installs them)",
             missing.join(" and ")
         );
+        return ExitCode::FAILURE;
+    }
+    // The release check publishes to a registry server of its own (not in a filtered run).
+    let release_check_runs = cargo_test_args.is_empty();
+    if release_check_runs && !release::server_installed() {
+        eprintln!("==> the release check needs {}", release::INSTALL_SERVER);
         return ExitCode::FAILURE;
     }
     // The test databases on the shared servers before the run: those of another run going on
@@ -366,6 +402,9 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             eprintln!("==> cannot list the test databases: {error}");
             return ExitCode::FAILURE;
         }
+    }
+    if release_check_runs && release_check() != ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
     }
     eprintln!("==> all checks passed");
     ExitCode::SUCCESS
