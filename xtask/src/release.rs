@@ -17,14 +17,12 @@ const SERVER: &str = "cargo-http-registry";
 pub(crate) const INSTALL_SERVER: &str = "cargo-http-registry: install it with `cargo install \
                                          cargo-http-registry --locked` (.ci/run installs it)";
 
-/// Whether [`SERVER`] can be run.
+/// Whether [`SERVER`] can be run (its `--version` prints the version, and exits with 1).
 pub(crate) fn server_installed() -> bool {
     Command::new(SERVER)
         .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
+        .output()
+        .is_ok_and(|output| String::from_utf8_lossy(&output.stdout).starts_with(SERVER))
 }
 
 /// What the README's first outbox prints when it ran.
