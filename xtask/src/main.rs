@@ -365,11 +365,15 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             ],
         ),
     ];
+    let began = std::time::Instant::now();
     for Step { what, args, env } in steps {
         eprintln!("==> {what}: cargo {}", args.join(" "));
+        let started = std::time::Instant::now();
         let status = Command::new(&cargo).args(args).envs(env).status();
         match status {
-            Ok(status) if status.success() => {}
+            Ok(status) if status.success() => {
+                eprintln!("==> {what}: done in {}", took(started));
+            }
             Ok(status) => {
                 eprintln!("==> {what} failed ({status})");
                 return ExitCode::FAILURE;
@@ -403,11 +407,21 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if release_check_runs && release_check() != ExitCode::SUCCESS {
-        return ExitCode::FAILURE;
+    if release_check_runs {
+        let started = std::time::Instant::now();
+        if release_check() != ExitCode::SUCCESS {
+            return ExitCode::FAILURE;
+        }
+        eprintln!("==> release check: done in {}", took(started));
     }
-    eprintln!("==> all checks passed");
+    eprintln!("==> all checks passed in {}", took(began));
     ExitCode::SUCCESS
+}
+
+/// The time since `started`, in minutes and seconds.
+fn took(started: std::time::Instant) -> String {
+    let seconds = started.elapsed().as_secs();
+    format!("{} min {:02} s", seconds / 60, seconds % 60)
 }
 
 /// The test databases on the PostgreSQL and MariaDB servers the tests use (`DATABASE_URL`,
