@@ -1,7 +1,7 @@
 //! # outbox-rs-core
 //!
 //! The backend-agnostic heart of **outbox**, the transactional outbox framework for Rust
-//! services on PostgreSQL and SQLite.
+//! services on PostgreSQL, MariaDB and SQLite.
 //!
 //! A service writes an outbox [`Message`] in the same `sqlx` transaction as the data change
 //! that caused it. After commit, a [`Relay`] delivers it to the [`Handler`](handler::Handler) registered for its

@@ -87,7 +87,7 @@ pub trait StoreBackend: Send + Sync + Sized + 'static {
 
 /// A fresh database of one backend, with what the conformance suite needs to drive it.
 ///
-/// Implemented for PostgreSQL and SQLite in this crate; a third-party backend implements it to
+/// Implemented for PostgreSQL, MariaDB and SQLite in this crate; a third-party backend implements it to
 /// run [`conformance_tests!`](crate::conformance_tests) (and is a [`StoreBackend`] with it).
 pub trait TestBackend: StoreBackend {
     // `StoreBackend::create` makes a fresh, empty database with the outbox migrations applied

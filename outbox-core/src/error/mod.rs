@@ -53,10 +53,11 @@ pub enum Error {
     /// the binary is fine: outbox migrations are additive.)
     #[error(
         "the outbox schema is not migrated: {detail}; apply this binary's outbox migrations \
-         before the relay starts: call `outbox_postgres::migrate(&pool)` or \
-         `outbox_sqlite::migrate(&pool)` at start-up, or, if a migration tool of your own runs \
-         them, give it the backend's `migrator()` (or the SQL files of the backend crate's \
-         `migrations/` directory, recorded in `_outbox_migrations`)"
+         before the relay starts: call the backend's `migrate(&pool)` at start-up \
+         (`outbox::postgres::migrate`, `outbox::mysql::migrate` or `outbox::sqlite::migrate`), \
+         run `outbox migrate`, or, if a migration tool of your own runs them, give it the \
+         backend's `migrator()` (or the SQL files of the backend crate's `migrations/` \
+         directory, recorded in `_outbox_migrations`)"
     )]
     MigrationMissing {
         /// What is missing.
@@ -412,5 +413,23 @@ mod tests {
             error_chain(&error),
             "database unavailable: cannot connect: connection refused"
         );
+    }
+
+    /// A missing migration names what applies it on every backend, and the command.
+    #[test]
+    fn a_missing_migration_says_how_to_apply_it_on_each_backend() {
+        let shown = Error::MigrationMissing {
+            detail: "no outbox_messages table".to_owned(),
+        }
+        .to_string();
+        for advice in [
+            "outbox::postgres::migrate",
+            "outbox::mysql::migrate",
+            "outbox::sqlite::migrate",
+            "outbox migrate",
+            "migrator()",
+        ] {
+            assert!(shown.contains(advice), "{advice} not in: {shown}");
+        }
     }
 }
