@@ -156,7 +156,7 @@ fn report(result: Result<(), String>) -> ExitCode {
 /// Runs this task again from a release build, with the same arguments: a benchmark of a debug
 /// build measures the debug build, and a full chaos run would take too long in one.
 fn release(task: &[&str], what: &str) -> ExitCode {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = cargo();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let position = args
         .iter()
@@ -245,19 +245,34 @@ fn published_packages(cargo: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// `cargo xtask release-check`: [`release::rehearse`] with the published packages, building in
-/// the workspace's target directory.
+/// The cargo that runs this task (`CARGO`), else the one on the path.
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// `cargo xtask release-check`: [`rehearsed`] with the published packages.
 fn release_check() -> ExitCode {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = cargo();
+    match published_packages(&cargo) {
+        Ok(published) => rehearsed(&cargo, &published),
+        Err(error) => {
+            eprintln!("==> cannot list the published packages: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// [`release::rehearse`] with `published`, building in the workspace's target directory; says
+/// how it ended and how long it took.
+fn rehearsed(cargo: &str, published: &[String]) -> ExitCode {
+    let started = std::time::Instant::now();
     let target = std::env::var("CARGO_TARGET_DIR").map_or_else(
         |_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
         std::path::PathBuf::from,
     );
-    let result = published_packages(&cargo)
-        .and_then(|published| release::rehearse(&cargo, &published, &target));
-    match result {
+    match release::rehearse(cargo, published, &target) {
         Ok(()) => {
-            eprintln!("==> release check passed");
+            eprintln!("==> release check passed in {}", took(started));
             ExitCode::SUCCESS
         }
         Err(error) => {
@@ -272,7 +287,7 @@ const BROWSER: [&str; 2] = ["/usr/bin/chromium", "/usr/bin/chromedriver"];
 
 /// Runs the checks CI runs, stopping at the first that fails.
 fn test(cargo_test_args: &[String]) -> ExitCode {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let cargo = cargo();
     let mut test = vec!["test", "--workspace"];
     if !cargo_test_args.is_empty() {
         test.push("--");
@@ -407,12 +422,8 @@ fn test(cargo_test_args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if release_check_runs {
-        let started = std::time::Instant::now();
-        if release_check() != ExitCode::SUCCESS {
-            return ExitCode::FAILURE;
-        }
-        eprintln!("==> release check: done in {}", took(started));
+    if release_check_runs && rehearsed(&cargo, &published) != ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
     }
     eprintln!("==> all checks passed in {}", took(began));
     ExitCode::SUCCESS
