@@ -87,8 +87,8 @@
 // two modules import each other (`xtask/tests/layers.rs` checks it, and fails on a module not
 // listed here).
 //
-// 1. The vocabulary: `future`, `id`, `metadata`, `secret`, `shutdown`, `key`, `trace`,
-//    `error`, `model`, `categories`, `columns`, `replicated`.
+// 1. The vocabulary: `future`, `hashed`, `id`, `metadata`, `secret`, `shutdown`, `key`,
+//    `trace`, `error`, `model`, `categories`, `columns`, `replicated`.
 // 2. The storage contract: `flush`, `backfill`, `store`, `telemetry`.
 // 3. Delivery: `breaker`, `handler`, `sink`.
 // 4. Declarations: `test_models`, `registry`, `catalog`.
@@ -105,6 +105,7 @@ pub mod error;
 mod flush;
 mod future;
 pub mod handler;
+mod hashed;
 mod id;
 pub mod inbox;
 mod key;

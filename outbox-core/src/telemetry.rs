@@ -50,12 +50,12 @@
 //! scopes at 0 when it starts ([`register`]), so that a counter is in a scrape before its first
 //! event and a `rate` or `increase` sees that event.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use metrics::{Counter, Histogram, Unit};
 
 use crate::backfill::{BackfillBatch, BackfillOutcome};
+use crate::hashed::Map;
 use crate::model::{CategoryId, Message, ScopeId};
 use crate::store::OutboxStatus;
 
@@ -338,8 +338,8 @@ fn written(message: &Message, count: u64) {
 /// category and scope of its registry: a delivery then costs atomic adds, not a lookup of
 /// each metric by name and labels in the recorder.
 pub(crate) struct RelayMetrics {
-    categories: HashMap<CategoryId, CategoryMetrics>,
-    scopes: HashMap<ScopeId, ScopeMetrics>,
+    categories: Map<CategoryId, CategoryMetrics>,
+    scopes: Map<ScopeId, ScopeMetrics>,
 }
 
 impl RelayMetrics {

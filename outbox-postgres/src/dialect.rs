@@ -711,14 +711,16 @@ const SHARD_MESSAGES: &str = "\
 
 /// A claim of [`CLAIM_MANY`] from the first row of its shard (the key at 8, the attempts at
 /// 12, the previous owner at 13), with an empty head of `first_read` rows to fill.
+/// The relay's rows are decoded without a second check of their types, as
+/// [`outbox_sqlx::sql::get`] decodes them on PostgreSQL (the statements cast each column).
 fn claimed(row: &PgRow, token: i64, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
-    let attempts: i32 = row.try_get(12)?;
+    let attempts: i32 = row.try_get_unchecked(12)?;
     Ok(Claim {
         lease: Lease {
             shard: PgDialect::decode_shard(row, 8)?,
             token,
             attempts: u32::try_from(attempts).unwrap_or(0),
-            previous_owner: row.try_get(13)?,
+            previous_owner: row.try_get_unchecked(13)?,
         },
         claiming: None,
         head: Some((Vec::new(), first_read)),
@@ -870,17 +872,25 @@ impl PgDialect {
         let mut claims: Vec<Claim<Self>> = Vec::new();
         let mut seqs = Vec::new();
         for row in &rows {
-            let token: i64 = row.try_get(11).map_err(database::<Self>(OPERATION))?;
+            let token: i64 = row
+                .try_get_unchecked(11)
+                .map_err(database::<Self>(OPERATION))?;
             if claims.last().is_none_or(|claim| claim.lease.token != token) {
                 claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
-                let seq: i64 = row.try_get(15).map_err(database::<Self>(OPERATION))?;
+                let seq: i64 = row
+                    .try_get_unchecked(15)
+                    .map_err(database::<Self>(OPERATION))?;
                 seqs.push((token, seq));
             }
-            let id: Option<i64> = row.try_get(0).map_err(database::<Self>(OPERATION))?;
+            let id: Option<i64> = row
+                .try_get_unchecked(0)
+                .map_err(database::<Self>(OPERATION))?;
             let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
                 continue;
             };
-            let stale: bool = row.try_get(14).map_err(database::<Self>(OPERATION))?;
+            let stale: bool = row
+                .try_get_unchecked(14)
+                .map_err(database::<Self>(OPERATION))?;
             // A stale read, or a row that does not decode, leaves the claim without its
             // read: the session's first fetch reads again (and meets the row where the relay
             // handles it).
@@ -1028,9 +1038,9 @@ impl Dialect for PgDialect {
 
     fn decode_shard(row: &PgRow, index: usize) -> Result<ShardKey, sqlx::Error> {
         shard_from_stored(
-            row.try_get(index)?,
-            row.try_get(index + 1)?,
-            row.try_get(index + 2)?,
+            row.try_get_unchecked(index)?,
+            row.try_get_unchecked(index + 1)?,
+            row.try_get_unchecked(index + 2)?,
         )
         .map_err(|detail| sqlx::Error::Decode(detail.into()))
     }
@@ -1043,9 +1053,9 @@ impl Dialect for PgDialect {
     }
 
     fn decode_object(row: &PgRow, index: usize) -> Result<Id, sqlx::Error> {
-        let wide: Vec<u8> = row.try_get(index + 1)?;
+        let wide: Vec<u8> = row.try_get_unchecked(index + 1)?;
         if wide.is_empty() {
-            return row.try_get(index).map(Id::integer);
+            return row.try_get_unchecked(index).map(Id::integer);
         }
         outbox_sqlx::sql::wide_id(&wide)
     }
@@ -1338,8 +1348,12 @@ impl Dialect for PgDialect {
             .zip(batch)
             .map(|(row, (lease, _, acks))| {
                 let held = held(row)?;
-                let deleted: i64 = row.try_get(2).map_err(database::<Self>(FINISHING))?;
-                let released: Option<i64> = row.try_get(3).map_err(database::<Self>(FINISHING))?;
+                let deleted: i64 = row
+                    .try_get_unchecked(2)
+                    .map_err(database::<Self>(FINISHING))?;
+                let released: Option<i64> = row
+                    .try_get_unchecked(3)
+                    .map_err(database::<Self>(FINISHING))?;
                 Ok(if held == 0 {
                     Err(Error::LeaseLost {
                         shard: lease.shard.clone(),

@@ -44,7 +44,16 @@ where
     usize: ColumnIndex<DB::Row>,
 {
     fn decode(row: &DB::Row, index: usize) -> Result<T, sqlx::Error> {
-        row.try_get(index)
+        // PostgreSQL's columns hold the types the schema gives them, and the statements cast
+        // what they read to the type decoded (`payload::text`): a value's type is not checked
+        // again against the Rust type (a third of the relay's decoding, at one message per
+        // shard), and a value that does not decode still fails. SQLite's columns take any
+        // value, and MariaDB's statements are not all cast: both are checked.
+        if DB::NAME == "PostgreSQL" {
+            row.try_get_unchecked(index)
+        } else {
+            row.try_get(index)
+        }
     }
 }
 

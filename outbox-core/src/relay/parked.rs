@@ -1,12 +1,11 @@
 //! Shards parked on an open breaker: not claimed again until it closes.
 
-use std::collections::{HashMap, HashSet};
-
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::handler::BoxFuture;
+use crate::hashed::{Map, Set};
 use crate::model::ShardKey;
 use crate::sink::Breaker;
 
@@ -22,7 +21,7 @@ pub struct WaitingShard {
 
 /// The shards parked on open breakers.
 #[derive(Debug, Default)]
-pub(super) struct ParkedShards(HashMap<ShardKey, Breaker>);
+pub(super) struct ParkedShards(Map<ShardKey, Breaker>);
 
 impl ParkedShards {
     /// Parks `shard` until `breaker` closes.
@@ -42,7 +41,7 @@ impl ParkedShards {
 pub(super) struct Parked {
     shards: ParkedShards,
     /// The breakers with a future in `closing`.
-    watched: HashSet<u64>,
+    watched: Set<u64>,
     closing: FuturesUnordered<BoxFuture<'static, Breaker>>,
 }
 

@@ -1,9 +1,8 @@
 //! Turning a shard's oldest rows into the groups to deliver, in order.
 
-use std::collections::{HashMap, HashSet};
-
 use crate::columns::ModelRow;
 use crate::handler::DeliveryError;
+use crate::hashed::{Map, Set};
 use crate::id::Id;
 use crate::model::{MessageId, ShardKey};
 use crate::registry::{CategoryInfo, Registry};
@@ -51,7 +50,7 @@ pub(crate) struct Plan {
     pub(crate) groups: Vec<Group>,
     /// A row that blocks the shard after the groups (unknown category, wrong scope).
     pub(crate) blocked: Option<DeliveryError>,
-    coalescing: HashMap<GroupKey, usize>,
+    coalescing: Map<GroupKey, usize>,
 }
 
 impl Plan {
@@ -136,7 +135,7 @@ impl Plan {
     /// the keys of its objects (each key once).
     pub(crate) fn model_keys(&self) -> Vec<(ModelTable, Vec<Id>)> {
         let mut tables: Vec<(ModelTable, Vec<Id>)> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut seen = Set::default();
         for group in &self.groups {
             let Some(table) = group.info.model else {
                 continue;
@@ -155,7 +154,7 @@ impl Plan {
 
     /// Gives the groups of `table`'s objects their rows: `rows[i]` is the row of `keys[i]`.
     pub(crate) fn give_rows(&mut self, table: &ModelTable, keys: &[Id], rows: &[Option<ModelRow>]) {
-        let rows: HashMap<Id, &Option<ModelRow>> = keys.iter().copied().zip(rows).collect();
+        let rows: Map<Id, &Option<ModelRow>> = keys.iter().copied().zip(rows).collect();
         for group in &mut self.groups {
             if group.info.model.as_ref() == Some(table)
                 && let Some(row) = rows.get(&group.newest.object_identifier)

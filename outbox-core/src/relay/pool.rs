@@ -1,6 +1,5 @@
 //! The shards being drained at once: their permits, tasks and stop signal.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
@@ -10,6 +9,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
 
 use super::config::RelayConfig;
+use crate::hashed::Set;
 use crate::model::ShardKey;
 
 /// Shards drained concurrently, at most the pool's capacity at once ([`ShardPool::relays`],
@@ -36,7 +36,7 @@ pub(super) struct ShardPool<T> {
     /// Where the tasks report each shard's end.
     report: mpsc::UnboundedSender<(ShardKey, T)>,
     ends: mpsc::UnboundedReceiver<(ShardKey, T)>,
-    in_flight: HashSet<ShardKey>,
+    in_flight: Set<ShardKey>,
     stop: watch::Sender<bool>,
 }
 
@@ -104,7 +104,7 @@ impl<T: Send + 'static> ShardPool<T> {
             tasks: JoinSet::new(),
             report,
             ends,
-            in_flight: HashSet::new(),
+            in_flight: Set::default(),
             stop: watch::Sender::new(false),
         }
     }
@@ -123,7 +123,7 @@ impl<T: Send + 'static> ShardPool<T> {
     /// once, in order: the shards to start. (A list of shards to start may name one twice: a
     /// shard that two commit notifications named before it started.)
     pub(super) fn to_start(&self, shards: &mut Vec<ShardKey>, keep: impl Fn(&ShardKey) -> bool) {
-        let mut seen = HashSet::with_capacity(shards.len());
+        let mut seen = Set::with_capacity_and_hasher(shards.len(), Default::default());
         shards
             .retain(|shard| !self.is_draining(shard) && keep(shard) && seen.insert(shard.clone()));
     }

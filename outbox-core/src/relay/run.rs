@@ -1,6 +1,5 @@
 //! The background relay ([`Relay::run`](crate::Relay::run)) as a loop of small steps.
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
@@ -19,6 +18,7 @@ use super::shard::{DrainEnd, DrainMode};
 use super::slots::Lane;
 use super::{Drained, Inner};
 use crate::error::{Error, error_chain};
+use crate::hashed::{Map, Set};
 use crate::model::ShardKey;
 use crate::store::{DiscoveryPage, Store, Wakeup, WakeupStream};
 
@@ -33,7 +33,7 @@ pub(super) struct RunLoop<'r, S: Store, F> {
     sweep: Sweep,
     /// Shards a commit notification named while they were draining: drained again when
     /// their drain ends.
-    rewake: HashSet<ShardKey>,
+    rewake: Set<ShardKey>,
     /// Shards to drain again, whose drain ended with rows left (or perhaps left).
     again: Vec<ShardKey>,
     /// Shards to start in the urgent lane: named by a commit notification (while they
@@ -75,7 +75,7 @@ impl<'r, S: Store, F: Future<Output = ()> + Send> RunLoop<'r, S, F> {
             pool: ShardPool::relays(config),
             listener: Listener::new(config.wake_on_commit, config.listen_for_other_processes),
             sweep: Sweep::default(),
-            rewake: HashSet::new(),
+            rewake: Set::default(),
             again: Vec::new(),
             again_urgent: Vec::new(),
             heard_any: false,
@@ -700,7 +700,7 @@ impl Sweep {
 /// sweeps treat it as any other, so that a message whose drain did not happen is found.
 #[derive(Debug, Default)]
 struct Heard {
-    named: HashMap<ShardKey, Instant>,
+    named: Map<ShardKey, Instant>,
 }
 
 impl Heard {

@@ -8,11 +8,13 @@
 //! shard the sweep's batch holds already promotes that shard: its waiting turn moves to the
 //! urgent lane, and so do its later turns.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
+use crate::hashed::Set;
 use crate::model::ShardKey;
 
 /// Which queue a shard waits in for its handler's turn.
@@ -37,7 +39,7 @@ struct State {
     urgent: VecDeque<Waiter>,
     routine: VecDeque<Waiter>,
     /// The shards whose turns are urgent whatever lane their drain began in.
-    promoted: HashSet<ShardKey>,
+    promoted: Set<ShardKey>,
 }
 
 /// A shard waiting for its turn.
@@ -64,7 +66,7 @@ impl Slots {
                 free: slots,
                 urgent: VecDeque::new(),
                 routine: VecDeque::new(),
-                promoted: HashSet::new(),
+                promoted: Set::default(),
             }),
         }
     }

@@ -10,7 +10,6 @@
 //! low rate every shard goes at once; at a high one, a batch holds what came during one round
 //! trip.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -21,6 +20,7 @@ use tracing::{Instrument, debug, info_span};
 use super::slots::Lane;
 use crate::columns::ModelRow;
 use crate::error::Error;
+use crate::hashed::Map;
 use crate::id::Id;
 use crate::model::ShardKey;
 use crate::replicated::ModelTable;
@@ -153,7 +153,7 @@ impl<S: Store> Together<S> {
                 .await;
             match claimed {
                 Ok(sessions) => {
-                    let mut sessions: HashMap<ShardKey, S::Session> = sessions
+                    let mut sessions: Map<ShardKey, S::Session> = sessions
                         .into_iter()
                         .map(|session| (session.lease().shard.clone(), session))
                         .collect();
@@ -224,7 +224,7 @@ impl<S: Store> Together<S> {
                         continue;
                     }
                 };
-                let found: HashMap<Id, Option<ModelRow>> = keys.into_iter().zip(rows).collect();
+                let found: Map<Id, Option<ModelRow>> = keys.into_iter().zip(rows).collect();
                 for ((of, keys), answer) in items.iter().zip(&mut answers) {
                     if *of == table {
                         *answer = keys.iter().map(|key| found.get(key).cloned()).collect();
