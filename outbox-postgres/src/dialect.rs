@@ -1,5 +1,9 @@
 //! PostgreSQL's dialect of the shared body: its SQL, its claims (`FOR UPDATE SKIP LOCKED`), its
 //! wake-ups (`LISTEN`) and its error codes.
+//!
+//! Its rows are decoded without sqlx's second check of each value's type, as
+//! [`outbox_sqlx::sql::get`] decodes them on PostgreSQL: the statements cast each column to the
+//! type decoded, and a value that does not decode still fails.
 
 use std::collections::HashMap;
 
@@ -711,8 +715,6 @@ const SHARD_MESSAGES: &str = "\
 
 /// A claim of [`CLAIM_MANY`] from the first row of its shard (the key at 8, the attempts at
 /// 12, the previous owner at 13), with an empty head of `first_read` rows to fill.
-/// The relay's rows are decoded without a second check of their types, as
-/// [`outbox_sqlx::sql::get`] decodes them on PostgreSQL (the statements cast each column).
 fn claimed(row: &PgRow, token: i64, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
     let attempts: i32 = row.try_get_unchecked(12)?;
     Ok(Claim {
@@ -1120,7 +1122,7 @@ impl Dialect for PgDialect {
     }
 
     fn decode_ids(row: &PgRow, index: usize) -> Result<Vec<i64>, Error> {
-        row.try_get(index)
+        row.try_get_unchecked(index)
             .map_err(database::<Self>("reading a shard"))
     }
 
@@ -1281,7 +1283,7 @@ impl Dialect for PgDialect {
             Some(above) => query.bind(above),
             None => query,
         };
-        let lowest = |row: &PgRow| row.try_get::<Option<i64>, _>(4);
+        let lowest = |row: &PgRow| row.try_get_unchecked::<Option<i64>, _>(4);
         let page = outbox_sqlx::store::discovered_with::<Self, _>(pool, query, lowest).await?;
         let last = page.len() < usize::try_from(limit).unwrap_or(usize::MAX);
         self.sweeps.read(started.elapsed(), last);
@@ -1324,7 +1326,7 @@ impl Dialect for PgDialect {
         // `leases::superseded`): such leases are asked for once more, in a new snapshot. A
         // lease taken over is not held then either.
         let held = |row: &PgRow| {
-            row.try_get::<i64, _>(1)
+            row.try_get_unchecked::<i64, _>(1)
                 .map_err(database::<Self>(FINISHING))
         };
         let mut missed = Vec::new();
