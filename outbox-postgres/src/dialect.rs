@@ -871,8 +871,8 @@ impl PgDialect {
             .await
             .map_err(database::<Self>(OPERATION))?;
         // By claim (in token order), each claim's rows in id order.
-        let mut claims: Vec<Claim<Self>> = Vec::new();
-        let mut seqs = Vec::new();
+        let mut claims: Vec<Claim<Self>> = Vec::with_capacity(shards.len());
+        let mut seqs = Vec::with_capacity(shards.len());
         for row in &rows {
             let token: i64 = row
                 .try_get_unchecked(11)

@@ -352,6 +352,10 @@ impl<S: Store> Inner<S> {
     /// comes. The shards emptied at once are acknowledged and released in one batch
     /// ([`Emptied::finish_together`]), while the others go on. `asked`: when the claim was
     /// asked for (its leases run from no earlier).
+    ///
+    /// Each drain is polled once as it is made: most drains of a shard of one message end
+    /// there (their handler answers at once), and only those that wait are kept in a set to
+    /// be polled again.
     pub(super) async fn drain_sessions(
         &self,
         sessions: Vec<(ShardKey, S::Session)>,
@@ -362,19 +366,30 @@ impl<S: Store> Inner<S> {
         lane: Lane,
     ) {
         use futures_util::{FutureExt, StreamExt};
-        let mut drains: futures_util::stream::FuturesUnordered<_> = sessions
-            .into_iter()
-            .map(|(shard, session)| async move {
-                let lease = session.lease().clone();
-                // Boxed, so that the set holds small futures (a few kilobytes each on
-                // PostgreSQL, unboxed).
-                let ending = Box::pin(self.drain_to_ending(session, asked, stopping, mode, lane));
-                (shard, lease, ending.await)
-            })
-            .collect();
+        use std::task::Poll;
+        let mut emptied = Vec::with_capacity(sessions.len());
+        let mut drains = futures_util::stream::FuturesUnordered::new();
+        for (shard, session) in sessions {
+            let lease = session.lease().clone();
+            // Boxed, so that a drain that waits is a small future in the set (a few
+            // kilobytes each on PostgreSQL, unboxed).
+            let mut ending = Box::pin(self.drain_to_ending(session, asked, stopping, mode, lane));
+            match std::future::poll_fn(|cx| Poll::Ready(ending.as_mut().poll(cx))).await {
+                Poll::Ready(ending) => self.ended(&mut ends, &mut emptied, shard, &lease, ending),
+                Poll::Pending => drains.push(async move { (shard, lease, ending.await) }),
+            }
+        }
         let mut finishing = futures_util::stream::FuturesUnordered::new();
-        let mut emptied = Vec::with_capacity(drains.len());
         loop {
+            if self.config.handler_mode == HandlerMode::InTransaction {
+                // Each claiming transaction commits alone: none waits for another's.
+                for one in emptied.drain(..) {
+                    finishing.push(self.finish_emptied(vec![one]));
+                }
+            } else if !emptied.is_empty() {
+                let room = Vec::with_capacity(drains.len());
+                finishing.push(self.finish_emptied(std::mem::replace(&mut emptied, room)));
+            }
             tokio::select! {
                 biased;
                 Some(finished) = finishing.next() => {
@@ -386,25 +401,29 @@ impl<S: Store> Inner<S> {
                     // With the drains that are ready now: one batch of those they emptied.
                     let mut next = Some(first);
                     while let Some((shard, lease, ending)) = next {
-                        match ending {
-                            Ok(Ending::Emptied(one)) => emptied.push((shard, one)),
-                            Ok(Ending::Ended(run)) => ends.end(shard, Ok(Some(run))),
-                            Err(error) => ends.end(shard, self.interrupted_drain(&lease, error)),
-                        }
+                        self.ended(&mut ends, &mut emptied, shard, &lease, ending);
                         next = drains.next().now_or_never().flatten();
-                    }
-                    if self.config.handler_mode == HandlerMode::InTransaction {
-                        // Each claiming transaction commits alone: none waits for another's.
-                        for one in emptied.drain(..) {
-                            finishing.push(self.finish_emptied(vec![one]));
-                        }
-                    } else if !emptied.is_empty() {
-                        let room = Vec::with_capacity(drains.len());
-                        finishing.push(self.finish_emptied(std::mem::replace(&mut emptied, room)));
                     }
                 }
                 else => return,
             }
+        }
+    }
+
+    /// Takes in the end of `shard`'s drain: a shard it emptied joins `emptied`, to be
+    /// finished with the others; any other end is reported.
+    fn ended<'a>(
+        &self,
+        ends: &mut pool::Ends<Drained>,
+        emptied: &mut Vec<(ShardKey, Emptied<'a, S>)>,
+        shard: ShardKey,
+        lease: &Lease,
+        ending: Result<Ending<'a, S>, Error>,
+    ) {
+        match ending {
+            Ok(Ending::Emptied(one)) => emptied.push((shard, one)),
+            Ok(Ending::Ended(run)) => ends.end(shard, Ok(Some(run))),
+            Err(error) => ends.end(shard, self.interrupted_drain(lease, error)),
         }
     }
 
@@ -413,18 +432,15 @@ impl<S: Store> Inner<S> {
         &self,
         emptied: Vec<(ShardKey, Emptied<'_, S>)>,
     ) -> Vec<(ShardKey, Drained)> {
-        let (shards, emptied): (Vec<_>, Vec<_>) = emptied
-            .into_iter()
-            .map(|(shard, one)| ((shard, one.lease().clone()), one))
-            .unzip();
+        let (shards, emptied): (Vec<_>, Vec<_>) = emptied.into_iter().unzip();
         let runs = Emptied::finish_together(emptied).await;
         shards
             .into_iter()
             .zip(runs)
-            .map(|((shard, lease), run)| {
+            .map(|(shard, run)| {
                 let drained = match run {
                     Ok(run) => Ok(Some(run)),
-                    Err(error) => self.interrupted_drain(&lease, error),
+                    Err((error, lease)) => self.interrupted_drain(&lease, error),
                 };
                 (shard, drained)
             })

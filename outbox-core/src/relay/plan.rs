@@ -44,12 +44,17 @@ impl Group {
     }
 }
 
+/// Up to this many groups, a plan finds a coalescing group by looking at each: most heads
+/// hold one group or a few, for which a map would cost more to build than it saves.
+const SCANNED: usize = 8;
+
 /// The groups found at the head of a shard, in delivery order.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
     pub(crate) groups: Vec<Group>,
     /// A row that blocks the shard after the groups (unknown category, wrong scope).
     pub(crate) blocked: Option<DeliveryError>,
+    /// Each coalescing group's place, once the plan holds more than [`SCANNED`] groups.
     coalescing: Map<GroupKey, usize>,
 }
 
@@ -57,15 +62,19 @@ impl Plan {
     /// Groups `head` (the shard's oldest rows, in id order). Groups come in the order of their
     /// oldest row. A row the registry cannot deliver blocks the shard: no group starts
     /// after it, though rows of groups that started before it still coalesce into them.
-    pub(crate) fn new(head: &[StoredMessage], shard: &ShardKey, registry: &Registry) -> Self {
-        let mut plan = Self::default();
+    pub(crate) fn new(head: Vec<StoredMessage>, shard: &ShardKey, registry: &Registry) -> Self {
+        let mut plan = Self {
+            groups: Vec::with_capacity(head.len()),
+            ..Self::default()
+        };
         for row in head {
             let key = GroupKey {
                 category: row.category,
                 object_identifier: row.object_identifier,
             };
             if plan.blocked.is_some() {
-                plan.coalesce_into_existing(key, row);
+                // A row of no group started before the block waits behind it.
+                let _ = plan.coalesce_row(key, row);
                 continue;
             }
             let Some(info) = registry.category(row.category) else {
@@ -85,40 +94,76 @@ impl Plan {
                 });
                 continue;
             }
-            if info.identity.coalesce {
-                if plan.coalesce_into_existing(key, row) {
-                    continue;
+            let row = if info.identity.coalesce {
+                match plan.coalesce_row(key, row) {
+                    Ok(()) => continue,
+                    Err(row) => row,
                 }
-                plan.coalescing.insert(key, plan.groups.len());
-            }
-            plan.groups.push(Group {
+            } else {
+                row
+            };
+            plan.push(Group {
                 key,
                 info: info.clone(),
-                newest: row.clone(),
                 ids: vec![row.id],
+                newest: row,
                 model_row: None,
             });
         }
         plan
     }
 
-    fn coalesce_into_existing(&mut self, key: GroupKey, row: &StoredMessage) -> bool {
-        self.coalesce_ids(key, row, std::slice::from_ref(&row.id))
+    /// Adds `group` after the others.
+    fn push(&mut self, group: Group) {
+        let (key, coalesce) = (group.key, group.info.identity.coalesce);
+        self.groups.push(group);
+        let count = self.groups.len();
+        if count == SCANNED + 1 {
+            self.coalescing = self
+                .groups
+                .iter()
+                .enumerate()
+                .filter(|(_, group)| group.info.identity.coalesce)
+                .map(|(index, group)| (group.key, index))
+                .collect();
+        } else if count > SCANNED + 1 && coalesce {
+            self.coalescing.insert(key, count - 1);
+        }
+    }
+
+    /// The place of the coalescing group `key`, if the plan has it.
+    fn coalescing_group(&self, key: GroupKey) -> Option<usize> {
+        if self.groups.len() <= SCANNED {
+            self.groups
+                .iter()
+                .position(|group| group.info.identity.coalesce && group.key == key)
+        } else {
+            self.coalescing.get(&key).copied()
+        }
+    }
+
+    /// Takes `row` into the coalescing group `key`, if the plan has it; else gives it back.
+    fn coalesce_row(&mut self, key: GroupKey, row: StoredMessage) -> Result<(), StoredMessage> {
+        let Some(index) = self.coalescing_group(key) else {
+            return Err(row);
+        };
+        let group = &mut self.groups[index];
+        group.ids.push(row.id);
+        if row.id > group.newest.id {
+            group.newest = row;
+        }
+        Ok(())
     }
 
     /// Takes `ids` (with `newest` among them) into the coalescing group `key`, if the plan
     /// has it.
-    fn coalesce_ids(&mut self, key: GroupKey, newest: &StoredMessage, ids: &[MessageId]) -> bool {
-        match self.coalescing.get(&key) {
-            Some(&index) => {
-                let group = &mut self.groups[index];
-                if newest.id > group.newest.id {
-                    group.newest = newest.clone();
-                }
-                group.ids.extend_from_slice(ids);
-                true
+    fn coalesce_ids(&mut self, key: GroupKey, newest: &StoredMessage, ids: &[MessageId]) {
+        if let Some(index) = self.coalescing_group(key) {
+            let group = &mut self.groups[index];
+            if newest.id > group.newest.id {
+                group.newest = newest.clone();
             }
-            None => false,
+            group.ids.extend_from_slice(ids);
         }
     }
 
@@ -245,7 +290,7 @@ mod tests {
             row(4, 1, 10),
             row(5, 2, 10),
         ];
-        let plan = Plan::new(&head, &ShardKey::local(ScopeId(1), 1), &registry());
+        let plan = Plan::new(head.to_vec(), &ShardKey::local(ScopeId(1), 1), &registry());
         assert_eq!(
             summary(&plan),
             [(1, 10, 4, 2), (2, 10, 2, 1), (1, 20, 3, 1), (2, 10, 5, 1)]
@@ -264,10 +309,41 @@ mod tests {
         assert_eq!(plan.coalescing_keys().len(), 2);
     }
 
+    /// Beyond a few groups a plan finds them by a map: the same groups, the same rows, and a
+    /// tail read later still finds its group.
+    #[test]
+    fn many_groups_coalesce_as_a_few_do() {
+        let objects = 3 * SCANNED as i64;
+        let mut head: Vec<StoredMessage> = (0..objects)
+            .map(|object| row(object + 1, 1, object))
+            .collect();
+        head.push(row(objects + 1, 2, 0));
+        head.extend((0..objects).map(|object| row(objects + 2 + object, 1, object)));
+        let mut plan = Plan::new(head, &ShardKey::local(ScopeId(1), 1), &registry());
+        assert_eq!(plan.groups.len(), objects as usize + 1);
+        for (object, group) in plan.groups.iter().take(objects as usize).enumerate() {
+            let object = object as i64;
+            assert_eq!(
+                group.ids,
+                [MessageId(object + 1), MessageId(objects + 2 + object)]
+            );
+            assert_eq!(group.newest.id, MessageId(objects + 2 + object));
+        }
+        assert_eq!(plan.groups[objects as usize].ids, [MessageId(objects + 1)]);
+        let last = objects - 1;
+        plan.extend(&GroupTail {
+            newest: row(1_000, 1, last),
+            ids: vec![MessageId(1_000)],
+        });
+        let group = &plan.groups[last as usize];
+        assert_eq!(group.newest.id, MessageId(1_000));
+        assert_eq!(group.rows(), 3);
+    }
+
     #[test]
     fn an_unknown_row_blocks_new_groups_but_not_coalescing() {
         let head = [row(1, 1, 10), row(2, 9, 10), row(3, 1, 20), row(4, 1, 10)];
-        let plan = Plan::new(&head, &ShardKey::local(ScopeId(1), 1), &registry());
+        let plan = Plan::new(head.to_vec(), &ShardKey::local(ScopeId(1), 1), &registry());
         assert_eq!(summary(&plan), [(1, 10, 4, 2)]);
         assert!(matches!(
             plan.blocked,
@@ -283,7 +359,7 @@ mod tests {
         let mut wrong = row(2, 1, 10);
         wrong.scope = ScopeId(7);
         let plan = Plan::new(
-            &[row(1, 2, 1), wrong],
+            vec![row(1, 2, 1), wrong],
             &ShardKey::local(ScopeId(1), 1),
             &registry(),
         );
@@ -300,7 +376,7 @@ mod tests {
     #[test]
     fn newer_rows_beyond_the_head_extend_their_group() {
         let mut plan = Plan::new(
-            &[row(1, 1, 10)],
+            vec![row(1, 1, 10)],
             &ShardKey::local(ScopeId(1), 1),
             &registry(),
         );

@@ -361,8 +361,9 @@ impl<'a, St: Store> DrainState<'a, St> {
             && !self.budget_spent()
     }
 
-    /// What acknowledging an emptied shard's rows and releasing it did: the drain's result.
-    fn finished(mut self, finished: Finished) -> Result<ShardRun, Error> {
+    /// What acknowledging an emptied shard's rows and releasing it did: the drain's result,
+    /// or the error that interrupted it with the lease it leaves to release.
+    fn finished(mut self, finished: Finished) -> Result<ShardRun, (Error, Lease)> {
         match finished {
             Ok((rows, released)) => {
                 self.inner.vitals.acknowledged();
@@ -376,7 +377,7 @@ impl<'a, St: Store> DrainState<'a, St> {
                 warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
                 Ok(self.end(DrainEnd::LeaseLost, false))
             }
-            Err(error) => Err(error),
+            Err(error) => Err((error, self.lease)),
         }
     }
 
@@ -560,13 +561,15 @@ impl<'a, St: Store> Emptied<'a, St> {
             }
             HandlerMode::Leased => inner.together.finish_one(&inner.store, session, acks).await,
         };
-        state.finished(finished)
+        state.finished(finished).map_err(|(error, _)| error)
     }
 
     /// Acknowledges what got through in each of `emptied` and releases their shards, in one
-    /// batch with the other shards finishing now: each drain's result, in order. In
-    /// transaction mode each commits alone.
-    pub(crate) async fn finish_together(emptied: Vec<Self>) -> Vec<Result<ShardRun, Error>> {
+    /// batch with the other shards finishing now: each drain's result, in order (an error
+    /// with the lease it leaves to release). In transaction mode each commits alone.
+    pub(crate) async fn finish_together(
+        emptied: Vec<Self>,
+    ) -> Vec<Result<ShardRun, (Error, Lease)>> {
         let Some(first) = emptied.first() else {
             return Vec::new();
         };
@@ -574,7 +577,8 @@ impl<'a, St: Store> Emptied<'a, St> {
         if inner.config.handler_mode == HandlerMode::InTransaction {
             let mut runs = Vec::with_capacity(emptied.len());
             for one in emptied {
-                runs.push(one.finish().await);
+                let lease = one.lease().clone();
+                runs.push(one.finish().await.map_err(|error| (error, lease)));
             }
             return runs;
         }
@@ -612,9 +616,10 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             return Ok(None);
         };
         state.watermark = state.watermark.max(last);
-        let mut plan = Plan::new(&head, &state.lease.shard, &state.inner.registry);
+        let rows_read = head.len();
+        let mut plan = Plan::new(head, &state.lease.shard, &state.inner.registry);
         // A full read may not hold a group's newest row; a read the bound cut holds them all.
-        if full && head.len() >= batch_size {
+        if full && rows_read >= batch_size {
             let keys = plan.coalescing_keys();
             if !keys.is_empty() {
                 for tail in Box::pin(self.session.fetch_newest(&keys, last, bound)).await? {
