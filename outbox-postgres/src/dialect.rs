@@ -22,6 +22,7 @@ use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgQueryResult, PgRow};
 use sqlx::{Database, PgPool, Postgres, Row};
 
+use self::arrays::Array;
 use self::wakeups::PgWakeups;
 
 /// PostgreSQL, for the shared body of the `sqlx` backends. A store's dialect keeps where the
@@ -34,6 +35,7 @@ pub struct PgDialect {
     pub(crate) space: std::sync::Arc<space::Space>,
 }
 
+pub(crate) mod arrays;
 pub(crate) mod leases;
 pub(crate) mod positions;
 pub(crate) mod space;
@@ -819,14 +821,14 @@ impl PgDialect {
             }
         }
         let query = sqlx::query(leases::ACK_AND_RELEASE_MANY)
-            .bind(&finish.scopes)
-            .bind(&finish.identifiers)
-            .bind(&finish.destinations)
-            .bind(&finish.tokens)
-            .bind(places)
-            .bind(ids)
-            .bind(&finish.keep)
-            .bind(&finish.seqs);
+            .bind(Array(&finish.scopes))
+            .bind(Array(&finish.identifiers))
+            .bind(Array(&finish.destinations))
+            .bind(Array(&finish.tokens))
+            .bind(Array(&places))
+            .bind(Array(&ids))
+            .bind(Array(&finish.keep))
+            .bind(Array(&finish.seqs));
         let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(FINISHING))?;
@@ -859,13 +861,13 @@ impl PgDialect {
             (0, vec![0; shards.len()])
         };
         let query = sqlx::query(leases::CLAIM_MANY)
-            .bind(scopes)
-            .bind(identifiers)
-            .bind(destinations)
+            .bind(Array(&scopes))
+            .bind(Array(&identifiers))
+            .bind(Array(&destinations))
             .bind(&options.worker)
             .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
             .bind(i64::try_from(first_read).unwrap_or(i64::MAX))
-            .bind(afters.clone());
+            .bind(Array(&afters));
         let mut conn = pool.acquire().await.map_err(database::<Self>(OPERATION))?;
         let rows = space::fetch_all(&mut conn, query, self.space.guarded())
             .await
@@ -1063,14 +1065,14 @@ impl Dialect for PgDialect {
     }
 
     fn bind_ids<'q>(query: Statement<'q, Postgres>, ids: Vec<i64>) -> Statement<'q, Postgres> {
-        query.bind(ids)
+        query.bind(Array(ids))
     }
 
     fn bind_categories<'q>(
         query: Statement<'q, Postgres>,
         categories: Vec<i32>,
     ) -> Statement<'q, Postgres> {
-        query.bind(categories)
+        query.bind(Array(categories))
     }
 
     fn bind_groups<'q>(
@@ -1082,7 +1084,10 @@ impl Dialect for PgDialect {
             .iter()
             .map(|group| stored_object(group.object_identifier))
             .unzip();
-        query.bind(categories).bind(objects).bind(wides)
+        query
+            .bind(Array(categories))
+            .bind(Array(objects))
+            .bind(Array(wides))
     }
 
     fn bind_messages<'q>(
@@ -1111,14 +1116,14 @@ impl Dialect for PgDialect {
             metadata.push(message.metadata().to_json());
         }
         query
-            .bind(scopes)
-            .bind(shards)
-            .bind(destinations)
-            .bind(categories)
-            .bind(objects)
-            .bind(object_wides)
-            .bind(payloads)
-            .bind(metadata)
+            .bind(Array(scopes))
+            .bind(Array(shards))
+            .bind(Array(destinations))
+            .bind(Array(categories))
+            .bind(Array(objects))
+            .bind(Array(object_wides))
+            .bind(Array(payloads))
+            .bind(Array(metadata))
     }
 
     fn decode_ids(row: &PgRow, index: usize) -> Result<Vec<i64>, Error> {
