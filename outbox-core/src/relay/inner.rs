@@ -440,7 +440,10 @@ impl<S: Store> Inner<S> {
             .map(|(shard, run)| {
                 let drained = match run {
                     Ok(run) => Ok(Some(run)),
-                    Err((error, lease)) => self.interrupted_drain(&lease, error),
+                    Err(interrupted) => {
+                        let (error, lease) = *interrupted;
+                        self.interrupted_drain(&lease, error)
+                    }
                 };
                 (shard, drained)
             })

@@ -226,6 +226,10 @@ struct DrainState<'a, St: Store> {
     dead_lettered: Vec<DeadLettered>,
 }
 
+/// The error that interrupted a drain's finish, with the lease it leaves to release (boxed: the
+/// error path is rare, and the result of every finish carries room for it).
+pub(crate) type Interrupted = Box<(Error, Lease)>;
+
 /// Where a drain of a claimed shard stopped.
 pub(crate) enum Ending<'a, St: Store> {
     /// It ended: released, its outcome recorded.
@@ -363,7 +367,7 @@ impl<'a, St: Store> DrainState<'a, St> {
 
     /// What acknowledging an emptied shard's rows and releasing it did: the drain's result,
     /// or the error that interrupted it with the lease it leaves to release.
-    fn finished(mut self, finished: Finished) -> Result<ShardRun, (Error, Lease)> {
+    fn finished(mut self, finished: Finished) -> Result<ShardRun, Interrupted> {
         match finished {
             Ok((rows, released)) => {
                 self.inner.vitals.acknowledged();
@@ -377,7 +381,7 @@ impl<'a, St: Store> DrainState<'a, St> {
                 warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
                 Ok(self.end(DrainEnd::LeaseLost, false))
             }
-            Err(error) => Err((error, self.lease)),
+            Err(error) => Err(Box::new((error, self.lease))),
         }
     }
 
@@ -561,15 +565,15 @@ impl<'a, St: Store> Emptied<'a, St> {
             }
             HandlerMode::Leased => inner.together.finish_one(&inner.store, session, acks).await,
         };
-        state.finished(finished).map_err(|(error, _)| error)
+        state
+            .finished(finished)
+            .map_err(|interrupted| interrupted.0)
     }
 
     /// Acknowledges what got through in each of `emptied` and releases their shards, in one
     /// batch with the other shards finishing now: each drain's result, in order (an error
     /// with the lease it leaves to release). In transaction mode each commits alone.
-    pub(crate) async fn finish_together(
-        emptied: Vec<Self>,
-    ) -> Vec<Result<ShardRun, (Error, Lease)>> {
+    pub(crate) async fn finish_together(emptied: Vec<Self>) -> Vec<Result<ShardRun, Interrupted>> {
         let Some(first) = emptied.first() else {
             return Vec::new();
         };
@@ -578,7 +582,7 @@ impl<'a, St: Store> Emptied<'a, St> {
             let mut runs = Vec::with_capacity(emptied.len());
             for one in emptied {
                 let lease = one.lease().clone();
-                runs.push(one.finish().await.map_err(|error| (error, lease)));
+                runs.push(one.finish().await.map_err(|error| Box::new((error, lease))));
             }
             return runs;
         }
