@@ -171,12 +171,17 @@ pub(crate) const DISCOVER: &str = concat!(
 
 // A discovery page's answer: each of the shards `keys` (its key, its lowest pending id if
 // known and `n`, its place) with whether it is due: its newest lease row released or lapsed,
-// not backing off (or with a message newer than its failure), not paused; then that id.
+// not backing off (or with a message newer than its failure), not paused; then that id. One
+// row of five arrays, an element per shard in order (the relay reads a row in far more time
+// than an element of an array); an empty page answers NULLs.
 macro_rules! due_keys {
     () => {
         concat!(
             "\
-    SELECT k.shard_scope, k.shard_identifier, k.destination, \
+    SELECT array_agg(d.shard_scope ORDER BY d.n), array_agg(d.shard_identifier ORDER BY d.n), \
+        array_agg(d.destination ORDER BY d.n), array_agg(d.due ORDER BY d.n), \
+        array_agg(d.lowest ORDER BY d.n) \
+    FROM (SELECT k.n, k.shard_scope, k.shard_identifier, k.destination, \
         (h.seq IS NULL OR h.lease_owner IS NULL OR h.lease_expires_at <= now()) \
         AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
             SELECT 1 FROM outbox_messages m \
@@ -189,8 +194,7 @@ macro_rules! due_keys {
             leases::head_of!("k"),
             " LEFT JOIN outbox_shards s \
         ON s.shard_scope = k.shard_scope AND s.shard_identifier = k.shard_identifier \
-        AND s.destination = k.destination \
-    ORDER BY k.n"
+        AND s.destination = k.destination) d"
         )
     };
 }
@@ -805,14 +809,96 @@ impl Finish {
     }
 }
 
+/// The shards a discovery statement ([`DISCOVER`], [`DISCOVER_RECENT`]) answered, in order:
+/// each one's key, whether it is due, and its lowest pending id if the statement read it.
+async fn discovered(
+    pool: &PgPool,
+    query: Statement<'_, Postgres>,
+) -> Result<Vec<(ShardKey, bool, Option<i64>)>, Error> {
+    const OPERATION: &str = "discovering due shards";
+    type Columns = (
+        Option<Vec<i16>>,
+        Option<Vec<i64>>,
+        Option<Vec<String>>,
+        Option<Vec<bool>>,
+        Option<Vec<Option<i64>>>,
+    );
+    let row = outbox_sqlx::store::rows_on::<PgDialect>(pool, query, OPERATION)
+        .await?
+        .pop();
+    let decoded = |row: &PgRow| -> Result<Columns, sqlx::Error> {
+        Ok((
+            row.try_get_unchecked(0)?,
+            row.try_get_unchecked(1)?,
+            row.try_get_unchecked(2)?,
+            row.try_get_unchecked(3)?,
+            row.try_get_unchecked(4)?,
+        ))
+    };
+    let Some((scopes, identifiers, destinations, due, lowest)) = row
+        .as_ref()
+        .map(decoded)
+        .transpose()
+        .map_err(database::<PgDialect>(OPERATION))?
+    else {
+        return Ok(Vec::new());
+    };
+    let (scopes, identifiers, destinations, due, lowest) = (
+        scopes.unwrap_or_default(),
+        identifiers.unwrap_or_default(),
+        destinations.unwrap_or_default(),
+        due.unwrap_or_default(),
+        lowest.unwrap_or_default(),
+    );
+    let shards = scopes.len();
+    if [
+        identifiers.len(),
+        destinations.len(),
+        due.len(),
+        lowest.len(),
+    ]
+    .iter()
+    .any(|&len| len != shards)
+    {
+        return Err(Error::Database {
+            operation: OPERATION,
+            source: "the page's arrays differ in length".into(),
+        });
+    }
+    scopes
+        .into_iter()
+        .zip(identifiers)
+        .zip(destinations)
+        .zip(due.into_iter().zip(lowest))
+        .map(|(((scope, identifier), destination), (due, lowest))| {
+            let shard = shard_from_stored(scope, identifier, destination).map_err(|detail| {
+                Error::Undecodable {
+                    operation: OPERATION,
+                    message_id: None,
+                    detail: format!("a shard key is not (SMALLINT, identifier, text): {detail}"),
+                }
+            })?;
+            Ok((shard, due, lowest))
+        })
+        .collect()
+}
+
+/// What a batch finish answered, an element per shard in order: whether its lease was held
+/// (`0`: not), the rows it deleted, and the released row's `seq` if the shard's chain stays.
+struct Answers {
+    held: Vec<i64>,
+    deleted: Vec<i64>,
+    released: Vec<Option<i64>>,
+}
+
 impl PgDialect {
-    /// The rows of a batch finish of `batch` (its shards' arrays in `finish`), one per shard.
+    /// A batch finish of `batch` (its shards' arrays in `finish`): its answers, one per shard.
     async fn finish_on(
         &self,
         conn: &mut sqlx::PgConnection,
         finish: &Finish,
         batch: &[outbox_sqlx::dialect::Finishing],
-    ) -> Result<Vec<PgRow>, Error> {
+    ) -> Result<Answers, Error> {
         let (mut places, mut ids) = (Vec::new(), Vec::new());
         for (place, (_, _, acks)) in (1_i64..).zip(batch) {
             for id in acks.iter().flat_map(|ack| &ack.ids) {
@@ -832,13 +918,39 @@ impl PgDialect {
         let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(FINISHING))?;
-        if rows.len() != batch.len() {
-            return Err(Error::Database {
+        let answers = rows
+            .first()
+            .map(|row| {
+                Ok::<_, sqlx::Error>(Answers {
+                    held: row.try_get_unchecked(0)?,
+                    deleted: row.try_get_unchecked(1)?,
+                    released: row.try_get_unchecked(2)?,
+                })
+            })
+            .transpose()
+            .map_err(database::<Self>(FINISHING))?;
+        match answers {
+            Some(answers)
+                if [
+                    answers.held.len(),
+                    answers.deleted.len(),
+                    answers.released.len(),
+                ]
+                .iter()
+                .all(|&len| len == batch.len()) =>
+            {
+                Ok(answers)
+            }
+            _ => Err(Error::Database {
                 operation: FINISHING,
-                source: format!("{} rows for {} shards", rows.len(), batch.len()).into(),
-            });
+                source: format!(
+                    "{} answers for {} shards",
+                    answers.map_or(0, |answers| answers.held.len()),
+                    batch.len()
+                )
+                .into(),
+            }),
         }
-        Ok(rows)
     }
 
     /// Leased claims of `shards` (the switch to the lease log made), each with the first
@@ -1288,8 +1400,7 @@ impl Dialect for PgDialect {
             Some(above) => query.bind(above),
             None => query,
         };
-        let lowest = |row: &PgRow| row.try_get_unchecked::<Option<i64>, _>(4);
-        let page = outbox_sqlx::store::discovered_with::<Self, _>(pool, query, lowest).await?;
+        let page = discovered(pool, query).await?;
         let last = page.len() < usize::try_from(limit).unwrap_or(usize::MAX);
         self.sweeps.read(started.elapsed(), last);
         self.positions.seen(
@@ -1325,43 +1436,31 @@ impl Dialect for PgDialect {
             keep,
             seqs,
         };
-        let mut rows = self.finish_on(conn, &finish, batch).await?;
+        let mut answers = self.finish_on(conn, &finish, batch).await?;
         // A lease that its own extension changed beside the statement is no longer where the
         // statement's snapshot saw it, and the finish said it was not held (see
         // `leases::superseded`): such leases are asked for once more, in a new snapshot. A
         // lease taken over is not held then either.
-        let held = |row: &PgRow| {
-            row.try_get_unchecked::<i64, _>(1)
-                .map_err(database::<Self>(FINISHING))
-        };
-        let mut missed = Vec::new();
-        for (at, row) in rows.iter().enumerate() {
-            if held(row)? == 0 {
-                missed.push(at);
-            }
-        }
+        let missed: Vec<usize> = (0..batch.len())
+            .filter(|&at| answers.held[at] == 0)
+            .collect();
         if !missed.is_empty() {
             let again: Vec<_> = missed.iter().map(|&at| batch[at].clone()).collect();
-            let answers = self.finish_on(conn, &finish.only(&missed), &again).await?;
-            for (at, answer) in missed.into_iter().zip(answers) {
-                rows[at] = answer;
+            let second = self.finish_on(conn, &finish.only(&missed), &again).await?;
+            for (answer, at) in missed.into_iter().enumerate() {
+                answers.held[at] = second.held[answer];
+                answers.deleted[at] = second.deleted[answer];
+                answers.released[at] = second.released[answer];
             }
         }
         // Each statement is committed when it returns: the drained shards' positions move, and
         // the chains kept are remembered.
         let mut kept = Vec::new();
-        let finished = rows
+        let finished = batch
             .iter()
-            .zip(batch)
-            .map(|(row, (lease, _, acks))| {
-                let held = held(row)?;
-                let deleted: i64 = row
-                    .try_get_unchecked(2)
-                    .map_err(database::<Self>(FINISHING))?;
-                let released: Option<i64> = row
-                    .try_get_unchecked(3)
-                    .map_err(database::<Self>(FINISHING))?;
-                Ok(if held == 0 {
+            .enumerate()
+            .map(|(at, (lease, _, acks))| {
+                Ok(if answers.held[at] == 0 {
                     Err(Error::LeaseLost {
                         shard: lease.shard.clone(),
                         token: lease.token,
@@ -1371,8 +1470,8 @@ impl Dialect for PgDialect {
                     if let Some(highest) = highest.filter(|_| horizon_held) {
                         self.positions.drained(&lease.shard, lease.token, highest);
                     }
-                    kept.extend(released.map(|seq| (&lease.shard, seq)));
-                    Ok((u64::try_from(deleted).unwrap_or(0), true))
+                    kept.extend(answers.released[at].map(|seq| (&lease.shard, seq)));
+                    Ok((u64::try_from(answers.deleted[at]).unwrap_or(0), true))
                 })
             })
             .collect();

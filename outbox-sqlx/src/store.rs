@@ -293,7 +293,7 @@ fn shard_key<D: Dialect>(
 }
 
 /// Runs `query` on a connection of `pool`: its rows.
-async fn rows_on<'q, D: Dialect>(
+pub async fn rows_on<'q, D: Dialect>(
     pool: &Pool<D::Database>,
     query: Statement<'q, D::Database>,
     operation: &'static str,
@@ -327,17 +327,6 @@ pub async fn discovered<D: Dialect>(
     pool: &Pool<D::Database>,
     query: Statement<'_, D::Database>,
 ) -> Result<Vec<(ShardKey, bool)>, Error> {
-    let page = discovered_with::<D, _>(pool, query, |_| Ok(())).await?;
-    Ok(page.into_iter().map(|(key, due, ())| (key, due)).collect())
-}
-
-/// As [`discovered`], of a statement whose rows say one more thing after whether the shard
-/// is due (read by `more`).
-pub async fn discovered_with<D: Dialect, T>(
-    pool: &Pool<D::Database>,
-    query: Statement<'_, D::Database>,
-    more: impl Fn(&<D::Database as Database>::Row) -> Result<T, sqlx::Error>,
-) -> Result<Vec<(ShardKey, bool, T)>, Error> {
     const OPERATION: &str = "discovering due shards";
     let rows = rows_on::<D>(pool, query, OPERATION).await?;
     rows.iter()
@@ -345,8 +334,7 @@ pub async fn discovered_with<D: Dialect, T>(
             let key = shard_key::<D>(row, 0, OPERATION)?;
             let due =
                 get::<D::Database, bool>(row, KEY_COLUMNS).map_err(database::<D>(OPERATION))?;
-            let more = more(row).map_err(database::<D>(OPERATION))?;
-            Ok((key, due, more))
+            Ok((key, due))
         })
         .collect()
 }

@@ -478,9 +478,11 @@ macro_rules! held_columns {
 // `$7` whether its chain stays (see `HOT`), `$8` the `seq` of its row if known (the claim
 // said it; NULL: the shard's newest row is sought); `$5` and `$6` the acknowledged ids and
 // the place of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
-// longer held deletes nothing of its shard, and takes nothing from the others. One row per
-// lease, in order: its place, whether it was held, the rows deleted (counted by grouping, not
-// by a scan of the deletions per lease), and the released row's `seq` if the chain stays.
+// longer held deletes nothing of its shard, and takes nothing from the others. One row of
+// three arrays, an element per lease in order: whether it was held, the rows deleted (counted
+// by grouping, not by a scan of the deletions per lease), and the released row's `seq` if the
+// chain stays (one row, not one per lease: the relay reads a row in far more time than an
+// element of an array).
 //
 // A chain that does not stay ends here: its held row goes, and so does its first row (`seq`
 // 0) if that is another, superseded row.
@@ -564,7 +566,9 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
      acked AS ( \
         DELETE FROM outbox_messages o USING targets t WHERE o.id = ANY (t.ids) \
         RETURNING o.shard_scope, o.shard_identifier, o.destination) \
-    SELECT w.n, coalesce(h.count, 0), coalesce(a.count, 0), r.seq \
+    SELECT coalesce(array_agg(coalesce(h.count, 0) ORDER BY w.n), '{}'), \
+        coalesce(array_agg(coalesce(a.count, 0) ORDER BY w.n), '{}'), \
+        coalesce(array_agg(r.seq ORDER BY w.n), '{}') \
     FROM want w \
         LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
         LEFT JOIN (SELECT shard_scope, shard_identifier, destination, count(*) AS count \
@@ -572,8 +576,7 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
             ON a.shard_scope = w.shard_scope AND a.shard_identifier = w.shard_identifier \
             AND a.destination = w.destination \
         LEFT JOIN released r ON r.shard_scope = w.shard_scope \
-            AND r.shard_identifier = w.shard_identifier AND r.destination = w.destination \
-    ORDER BY w.n"
+            AND r.shard_identifier = w.shard_identifier AND r.destination = w.destination"
 );
 
 /// Of the shards `want` (its key columns), those due (`due`: the newest row's `seq`, NULL if
