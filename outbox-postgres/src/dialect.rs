@@ -172,15 +172,15 @@ pub(crate) const DISCOVER: &str = concat!(
 // A discovery page's answer: each of the shards `keys` (its key, its lowest pending id if
 // known and `n`, its place) with whether it is due: its newest lease row released or lapsed,
 // not backing off (or with a message newer than its failure), not paused; then that id. One
-// row of five arrays, an element per shard in order (the relay reads a row in far more time
-// than an element of an array); an empty page answers NULLs.
+// row of six arrays, an element per shard: its place, then the rest (the relay reads a row in
+// far more time than an element of an array; unsorted, as PostgreSQL sorts each aggregate's
+// input on its own: the relay puts each shard in its place); an empty page answers NULLs.
 macro_rules! due_keys {
     () => {
         concat!(
             "\
-    SELECT array_agg(d.shard_scope ORDER BY d.n), array_agg(d.shard_identifier ORDER BY d.n), \
-        array_agg(d.destination ORDER BY d.n), array_agg(d.due ORDER BY d.n), \
-        array_agg(d.lowest ORDER BY d.n) \
+    SELECT array_agg(d.n), array_agg(d.shard_scope), array_agg(d.shard_identifier), \
+        array_agg(d.destination), array_agg(d.due), array_agg(d.lowest) \
     FROM (SELECT k.n, k.shard_scope, k.shard_identifier, k.destination, \
         (h.seq IS NULL OR h.lease_owner IS NULL OR h.lease_expires_at <= now()) \
         AND (s.retry_at IS NULL OR s.retry_at <= now() OR EXISTS ( \
@@ -817,6 +817,7 @@ async fn discovered(
 ) -> Result<Vec<(ShardKey, bool, Option<i64>)>, Error> {
     const OPERATION: &str = "discovering due shards";
     type Columns = (
+        Option<Vec<i64>>,
         Option<Vec<i16>>,
         Option<Vec<i64>>,
         Option<Vec<String>>,
@@ -833,9 +834,10 @@ async fn discovered(
             row.try_get_unchecked(2)?,
             row.try_get_unchecked(3)?,
             row.try_get_unchecked(4)?,
+            row.try_get_unchecked(5)?,
         ))
     };
-    let Some((scopes, identifiers, destinations, due, lowest)) = row
+    let Some((places, scopes, identifiers, destinations, due, lowest)) = row
         .as_ref()
         .map(decoded)
         .transpose()
@@ -843,15 +845,17 @@ async fn discovered(
     else {
         return Ok(Vec::new());
     };
-    let (scopes, identifiers, destinations, due, lowest) = (
+    let (places, scopes, identifiers, destinations, due, lowest) = (
+        places.unwrap_or_default(),
         scopes.unwrap_or_default(),
         identifiers.unwrap_or_default(),
         destinations.unwrap_or_default(),
         due.unwrap_or_default(),
         lowest.unwrap_or_default(),
     );
-    let shards = scopes.len();
+    let shards = places.len();
     if [
+        scopes.len(),
         identifiers.len(),
         destinations.len(),
         due.len(),
@@ -865,12 +869,17 @@ async fn discovered(
             source: "the page's arrays differ in length".into(),
         });
     }
-    scopes
+    let mut page: Vec<_> = places
         .into_iter()
+        .zip(scopes)
         .zip(identifiers)
         .zip(destinations)
         .zip(due.into_iter().zip(lowest))
-        .map(|(((scope, identifier), destination), (due, lowest))| {
+        .collect();
+    // Most often in order already, which the sort finds in one pass.
+    page.sort_by_key(|((((place, _), _), _), _)| *place);
+    page.into_iter()
+        .map(|((((_, scope), identifier), destination), (due, lowest))| {
             let shard = shard_from_stored(scope, identifier, destination).map_err(|detail| {
                 Error::Undecodable {
                     operation: OPERATION,
@@ -918,39 +927,48 @@ impl PgDialect {
         let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(FINISHING))?;
-        let answers = rows
+        let columns = rows
             .first()
             .map(|row| {
-                Ok::<_, sqlx::Error>(Answers {
-                    held: row.try_get_unchecked(0)?,
-                    deleted: row.try_get_unchecked(1)?,
-                    released: row.try_get_unchecked(2)?,
-                })
+                Ok::<_, sqlx::Error>((
+                    row.try_get_unchecked::<Vec<i64>, _>(0)?,
+                    row.try_get_unchecked::<Vec<i64>, _>(1)?,
+                    row.try_get_unchecked::<Vec<i64>, _>(2)?,
+                    row.try_get_unchecked::<Vec<Option<i64>>, _>(3)?,
+                ))
             })
             .transpose()
-            .map_err(database::<Self>(FINISHING))?;
-        match answers {
-            Some(answers)
-                if [
-                    answers.held.len(),
-                    answers.deleted.len(),
-                    answers.released.len(),
-                ]
-                .iter()
-                .all(|&len| len == batch.len()) =>
-            {
-                Ok(answers)
-            }
-            _ => Err(Error::Database {
-                operation: FINISHING,
-                source: format!(
-                    "{} answers for {} shards",
-                    answers.map_or(0, |answers| answers.held.len()),
-                    batch.len()
-                )
-                .into(),
-            }),
+            .map_err(database::<Self>(FINISHING))?
+            .unwrap_or_default();
+        let (places, held, deleted, released) = columns;
+        // Each answer in its shard's place (`n`, from 1), each place answered once.
+        let mut answers = Answers {
+            held: vec![-1; batch.len()],
+            deleted: vec![0; batch.len()],
+            released: vec![None; batch.len()],
+        };
+        let mut answered = 0;
+        for (at, place) in places.iter().enumerate() {
+            let slot = usize::try_from(*place - 1)
+                .ok()
+                .filter(|&slot| slot < batch.len() && answers.held[slot] < 0);
+            let (Some(slot), Some(&held), Some(&deleted), Some(&released)) =
+                (slot, held.get(at), deleted.get(at), released.get(at))
+            else {
+                break;
+            };
+            answers.held[slot] = held;
+            answers.deleted[slot] = deleted;
+            answers.released[slot] = released;
+            answered += 1;
         }
+        if answered != batch.len() || places.len() != batch.len() {
+            return Err(Error::Database {
+                operation: FINISHING,
+                source: format!("{} answers for {} shards", places.len(), batch.len()).into(),
+            });
+        }
+        Ok(answers)
     }
 
     /// Leased claims of `shards` (the switch to the lease log made), each with the first

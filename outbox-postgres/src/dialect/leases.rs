@@ -479,10 +479,11 @@ macro_rules! held_columns {
 // said it; NULL: the shard's newest row is sought); `$5` and `$6` the acknowledged ids and
 // the place of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
 // longer held deletes nothing of its shard, and takes nothing from the others. One row of
-// three arrays, an element per lease in order: whether it was held, the rows deleted (counted
-// by grouping, not by a scan of the deletions per lease), and the released row's `seq` if the
-// chain stays (one row, not one per lease: the relay reads a row in far more time than an
-// element of an array).
+// four arrays, an element per lease: its place, whether it was held, the rows deleted
+// (counted by grouping, not by a scan of the deletions per lease), and the released row's
+// `seq` if the chain stays (one row, not one per lease: the relay reads a row in far more time
+// than an element of an array; unsorted, as PostgreSQL sorts each aggregate's input on its
+// own: the relay puts each element in its place).
 //
 // A chain that does not stay ends here: its held row goes, and so does its first row (`seq`
 // 0) if that is another, superseded row.
@@ -566,9 +567,8 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
      acked AS ( \
         DELETE FROM outbox_messages o USING targets t WHERE o.id = ANY (t.ids) \
         RETURNING o.shard_scope, o.shard_identifier, o.destination) \
-    SELECT coalesce(array_agg(coalesce(h.count, 0) ORDER BY w.n), '{}'), \
-        coalesce(array_agg(coalesce(a.count, 0) ORDER BY w.n), '{}'), \
-        coalesce(array_agg(r.seq ORDER BY w.n), '{}') \
+    SELECT coalesce(array_agg(w.n), '{}'), coalesce(array_agg(coalesce(h.count, 0)), '{}'), \
+        coalesce(array_agg(coalesce(a.count, 0)), '{}'), coalesce(array_agg(r.seq), '{}') \
     FROM want w \
         LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
         LEFT JOIN (SELECT shard_scope, shard_identifier, destination, count(*) AS count \
