@@ -719,20 +719,130 @@ const SHARD_MESSAGES: &str = "\
     WHERE shard_scope = $1 AND shard_identifier = $2 AND destination = $3 \
     ORDER BY id LIMIT $4";
 
-/// A claim of [`CLAIM_MANY`] from the first row of its shard (the key at 8, the attempts at
-/// 12, the previous owner at 13), with an empty head of `first_read` rows to fill.
-fn claimed(row: &PgRow, token: i64, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
-    let attempts: i32 = row.try_get_unchecked(12)?;
-    Ok(Claim {
-        lease: Lease {
-            shard: PgDialect::decode_shard(row, 8)?,
-            token,
-            attempts: u32::try_from(attempts).unwrap_or(0),
-            previous_owner: row.try_get_unchecked(13)?,
-        },
-        claiming: None,
-        head: Some((Vec::new(), first_read)),
-    })
+/// The answer of [`CLAIM_MANY`]: its one row's arrays, an element per head row read (a
+/// claimed shard with none has one, its message columns NULL), in no particular order.
+#[derive(Default)]
+pub(crate) struct ClaimAnswer {
+    pub(crate) ids: Vec<Option<i64>>,
+    categories: Vec<Option<i32>>,
+    scopes: Vec<Option<i16>>,
+    objects: Vec<Option<i64>>,
+    wides: Vec<Option<Vec<u8>>>,
+    payloads: Vec<Option<String>>,
+    created: Vec<Option<i64>>,
+    metadata: Vec<Option<String>>,
+    shard_scopes: Vec<i16>,
+    pub(crate) shard_identifiers: Vec<i64>,
+    destinations: Vec<String>,
+    pub(crate) tokens: Vec<i64>,
+    attempts: Vec<i32>,
+    previous_owners: Vec<Option<String>>,
+    stale: Vec<bool>,
+    pub(crate) seqs: Vec<i64>,
+}
+
+/// The array at `index` of `row` (`NULL`, an aggregate of no rows: empty).
+fn column<T>(row: &PgRow, index: usize) -> Result<Vec<T>, sqlx::Error>
+where
+    Vec<T>: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    Ok(row
+        .try_get_unchecked::<Option<Vec<T>>, _>(index)?
+        .unwrap_or_default())
+}
+
+impl ClaimAnswer {
+    /// The answer in `row` (none: nothing claimed), its elements in order: by claim (in
+    /// token order), each claim's rows in id order.
+    pub(crate) fn of(row: Option<&PgRow>) -> Result<(Self, Vec<usize>), sqlx::Error> {
+        let Some(row) = row else {
+            return Ok((Self::default(), Vec::new()));
+        };
+        let answer = Self {
+            ids: column(row, 0)?,
+            categories: column(row, 1)?,
+            scopes: column(row, 2)?,
+            objects: column(row, 3)?,
+            wides: column(row, 4)?,
+            payloads: column(row, 5)?,
+            created: column(row, 6)?,
+            metadata: column(row, 7)?,
+            shard_scopes: column(row, 8)?,
+            shard_identifiers: column(row, 9)?,
+            destinations: column(row, 10)?,
+            tokens: column(row, 11)?,
+            attempts: column(row, 12)?,
+            previous_owners: column(row, 13)?,
+            stale: column(row, 14)?,
+            seqs: column(row, 15)?,
+        };
+        let count = answer.tokens.len();
+        let lengths = [
+            answer.ids.len(),
+            answer.categories.len(),
+            answer.scopes.len(),
+            answer.objects.len(),
+            answer.wides.len(),
+            answer.payloads.len(),
+            answer.created.len(),
+            answer.metadata.len(),
+            answer.shard_scopes.len(),
+            answer.shard_identifiers.len(),
+            answer.destinations.len(),
+            answer.attempts.len(),
+            answer.previous_owners.len(),
+            answer.stale.len(),
+            answer.seqs.len(),
+        ];
+        if lengths.iter().any(|&length| length != count) {
+            return Err(sqlx::Error::Decode(
+                "the claim's arrays differ in length".into(),
+            ));
+        }
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_unstable_by_key(|&at| (answer.tokens[at], answer.ids[at]));
+        Ok((answer, order))
+    }
+
+    /// The claim whose element `at` is (the first met of its claim), with an empty head of
+    /// `first_read` rows to fill.
+    fn claim(&mut self, at: usize, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
+        Ok(Claim {
+            lease: Lease {
+                shard: shard_from_stored(
+                    self.shard_scopes[at],
+                    self.shard_identifiers[at],
+                    std::mem::take(&mut self.destinations[at]),
+                )
+                .map_err(|detail| sqlx::Error::Decode(detail.into()))?,
+                token: self.tokens[at],
+                attempts: u32::try_from(self.attempts[at]).unwrap_or(0),
+                previous_owner: self.previous_owners[at].take(),
+            },
+            claiming: None,
+            head: Some((Vec::new(), first_read)),
+        })
+    }
+
+    /// The message of element `at` (each element taken once), if it has one that decodes.
+    fn message(&mut self, at: usize) -> Option<outbox_core::store::StoredMessage> {
+        let object = self.objects[at]?;
+        let wide = self.wides[at].take()?;
+        let object_identifier = if wide.is_empty() {
+            Id::integer(object)
+        } else {
+            outbox_sqlx::sql::wide_id(&wide).ok()?
+        };
+        Some(outbox_core::store::StoredMessage {
+            id: outbox_core::MessageId(self.ids[at]?),
+            category: outbox_core::CategoryId(self.categories[at]?),
+            scope: outbox_core::ScopeId(self.scopes[at]?),
+            object_identifier,
+            payload: self.payloads[at].take()?,
+            created_at: outbox_sqlx::session::from_micros(self.created[at]?),
+            metadata: self.metadata[at].take(),
+        })
+    }
 }
 
 // The shards with failures (`outbox_shards`) or a lease (the newest rows of the log that name
@@ -1002,38 +1112,29 @@ impl PgDialect {
         let rows = space::fetch_all(&mut conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(OPERATION))?;
+        let (mut answer, order) =
+            ClaimAnswer::of(rows.first()).map_err(database::<Self>(OPERATION))?;
         // By claim (in token order), each claim's rows in id order.
         let mut claims: Vec<Claim<Self>> = Vec::with_capacity(shards.len());
         let mut seqs = Vec::with_capacity(shards.len());
-        for row in &rows {
-            let token: i64 = row
-                .try_get_unchecked(11)
-                .map_err(database::<Self>(OPERATION))?;
+        for at in order {
+            let token = answer.tokens[at];
             if claims.last().is_none_or(|claim| claim.lease.token != token) {
-                claims.push(claimed(row, token, first_read).map_err(database::<Self>(OPERATION))?);
-                let seq: i64 = row
-                    .try_get_unchecked(15)
-                    .map_err(database::<Self>(OPERATION))?;
-                seqs.push((token, seq));
+                claims.push(
+                    answer
+                        .claim(at, first_read)
+                        .map_err(database::<Self>(OPERATION))?,
+                );
+                seqs.push((token, answer.seqs[at]));
             }
-            let id: Option<i64> = row
-                .try_get_unchecked(0)
-                .map_err(database::<Self>(OPERATION))?;
-            let (Some(_), Some(claim)) = (id, claims.last_mut()) else {
+            let (Some(_), Some(claim)) = (answer.ids[at], claims.last_mut()) else {
                 continue;
             };
-            let stale: bool = row
-                .try_get_unchecked(14)
-                .map_err(database::<Self>(OPERATION))?;
             // A stale read, or a row that does not decode, leaves the claim without its
             // read: the session's first fetch reads again (and meets the row where the relay
             // handles it).
-            match (
-                stale,
-                outbox_sqlx::session::stored::<Self>(row),
-                &mut claim.head,
-            ) {
-                (false, Ok(message), Some((head, _))) => head.push(message),
+            match (answer.stale[at], answer.message(at), &mut claim.head) {
+                (false, Some(message), Some((head, _))) => head.push(message),
                 (_, _, head) => *head = None,
             }
         }

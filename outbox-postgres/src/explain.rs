@@ -12,7 +12,8 @@ use crate::dialect::leases::{
 };
 use crate::dialect::space::GUARD;
 use crate::dialect::{
-    BACKFILL, COMPACT_PAUSED, DISCOVER, FAILING_SHARDS, FETCH, FETCH_NEWEST, GAUGES, SAMPLED_SHARDS,
+    BACKFILL, COMPACT_PAUSED, ClaimAnswer, DISCOVER, FAILING_SHARDS, FETCH, FETCH_NEWEST, GAUGES,
+    SAMPLED_SHARDS,
 };
 
 async fn populated() -> PgTestDatabase {
@@ -542,20 +543,19 @@ async fn under_a_held_horizon_the_batch_statements_visit_few_buffers_per_shard()
     }
 
     // The claim, run, then its acknowledgement explained (and rolled back).
-    let rows = claim(AssertSqlSafe(CLAIM_MANY.to_owned()))
-        .fetch_all(pool)
+    let row = claim(AssertSqlSafe(CLAIM_MANY.to_owned()))
+        .fetch_one(pool)
         .await
         .expect("the claim");
+    let (answer, order) = ClaimAnswer::of(Some(&row)).expect("the claim's arrays");
     let (mut tokens, mut places, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     let (mut keys, mut seqs) = (Vec::new(), Vec::new());
-    for row in &rows {
-        let token: i64 = row.try_get(11).expect("token");
-        seqs.push(Some(row.try_get::<i64, _>(15).expect("the held row's seq")));
-        let id: i64 = row.try_get(0).expect("a head row");
-        keys.push(row.try_get::<i64, _>(9).expect("identifier"));
-        tokens.push(token);
+    for at in order {
+        seqs.push(Some(answer.seqs[at]));
+        keys.push(answer.shard_identifiers[at]);
+        tokens.push(answer.tokens[at]);
         places.push(i64::try_from(tokens.len()).expect("place"));
-        ids.push(id);
+        ids.push(answer.ids[at].expect("a head row"));
     }
     assert_eq!(tokens.len(), SHARDS as usize);
     // Each held row's `seq` as the claim said it, and sought (a claim the store forgot). And
@@ -748,18 +748,19 @@ async fn a_lease_log_analyzed_empty_is_still_read_by_key() {
             let plan = explained_under(pool, begin, costs, claim(explain(CLAIM_MANY))).await;
             assert_by_key(&plan, &format!("claim (keep {keep}), {begin}; {costs}"));
         }
-        let rows = claim(AssertSqlSafe(CLAIM_MANY.to_owned()))
-            .fetch_all(pool)
+        let row = claim(AssertSqlSafe(CLAIM_MANY.to_owned()))
+            .fetch_one(pool)
             .await
             .expect("the claim");
-        assert_eq!(rows.len(), n, "one head row a shard");
+        let (answer, order) = ClaimAnswer::of(Some(&row)).expect("the claim's arrays");
+        assert_eq!(order.len(), n, "one head row a shard");
         let (mut identifiers, mut tokens, mut ids, mut seqs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for row in &rows {
-            identifiers.push(row.try_get::<i64, _>(9).expect("identifier"));
-            tokens.push(row.try_get::<i64, _>(11).expect("token"));
-            ids.push(row.try_get::<i64, _>(0).expect("a head row"));
-            seqs.push(Some(row.try_get::<i64, _>(15).expect("the held row's seq")));
+        for at in order {
+            identifiers.push(answer.shard_identifiers[at]);
+            tokens.push(answer.tokens[at]);
+            ids.push(answer.ids[at].expect("a head row"));
+            seqs.push(Some(answer.seqs[at]));
         }
         let places: Vec<i64> = (1..=SHARDS).collect();
         let finish = |sql: AssertSqlSafe<String>, seqs: Vec<Option<i64>>| {

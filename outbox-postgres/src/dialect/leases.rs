@@ -672,6 +672,11 @@ macro_rules! same_key {
 // inside another made a claim of 313 shards read 30 million rows (13 s) while a horizon was
 // held. A claimed shard's head is read once, from `claimed`.
 //
+// The answer is one row of arrays, an element per head row read (a claimed shard with none
+// has one, its message columns NULL), in no particular order (PostgreSQL sorts the input of
+// each aggregate with an ORDER BY on its own): see `ClaimAnswer`. The relay reads a row in
+// far more time than an element of an array.
+//
 // Each shard's newest lease row and its head are read in index order from where they begin
 // (`of_key`), never by gathering every entry of the shard's key.
 //
@@ -724,9 +729,12 @@ pub(crate) const CLAIM_MANY: &str = concat!(
             FROM counted k) u \
         GROUP BY u.shard_scope, u.shard_identifier, u.destination \
         HAVING max(u.token) IS NOT NULL) \
-    SELECT h.id, h.category, h.shard_scope, h.object_identifier, h.object_wide, h.payload, \
-        h.created, h.metadata, c.shard_scope, c.shard_identifier, c.destination, \
-        c.lease_token, c.attempts, c.previous_owner, coalesce(h.stale, false), c.seq \
+    SELECT array_agg(h.id), array_agg(h.category), array_agg(h.shard_scope), \
+        array_agg(h.object_identifier), array_agg(h.object_wide), array_agg(h.payload), \
+        array_agg(h.created), array_agg(h.metadata), array_agg(c.shard_scope), \
+        array_agg(c.shard_identifier), array_agg(c.destination), array_agg(c.lease_token), \
+        array_agg(c.attempts), array_agg(c.previous_owner), \
+        array_agg(coalesce(h.stale, false)), array_agg(c.seq) \
     FROM claimed c LEFT JOIN LATERAL ( \
         SELECT m.id, m.category, m.shard_scope, m.object_identifier, m.object_wide, \
             m.payload::text AS payload, \
@@ -743,8 +751,7 @@ pub(crate) const CLAIM_MANY: &str = concat!(
         "c.after"
     ),
     " ORDER BY m.shard_scope, m.shard_identifier, m.destination, m.id LIMIT (SELECT $6)) h \
-        ON true \
-    ORDER BY c.lease_token, h.id"
+        ON true"
 );
 
 // In-transaction mode: the shard's chain is made first (ENSURE_CHAIN, committed), so that the

@@ -6,10 +6,11 @@ use std::time::Duration;
 use outbox_core::store::{Admin, ClaimOptions, HandlerMode, Outcome, ShardSession, Store};
 use outbox_testkit::postgres::PgTestDatabase;
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::{CLAIM_MANY, HELD_BEHIND};
 use crate::PgDialect;
+use crate::dialect::ClaimAnswer;
 use crate::dialect::positions::tests::{drain, insert, shard, snapshot_held, store};
 
 /// Holds the vacuum horizon (a `REPEATABLE READ` snapshot that read the log), puts it
@@ -107,13 +108,12 @@ pub(crate) fn claim_of<'q>(
 
 /// Runs the batch claim of shard `identifier` on `conn` for `worker`: the tokens claimed.
 async fn claim_on(conn: &mut PgConnection, identifier: i64, worker: &str) -> Vec<i64> {
-    let rows = claim_of(CLAIM_MANY, identifier, worker, 0, 0)
-        .fetch_all(conn)
+    let row = claim_of(CLAIM_MANY, identifier, worker, 0, 0)
+        .fetch_one(conn)
         .await
         .expect("the claim");
-    rows.iter()
-        .map(|row| row.try_get::<i64, _>(11).expect("the token"))
-        .collect()
+    let (answer, order) = ClaimAnswer::of(Some(&row)).expect("the claim's arrays");
+    order.into_iter().map(|at| answer.tokens[at]).collect()
 }
 
 /// Under a held vacuum horizon, every drain of a busy shard deletes the row it follows. The
@@ -141,11 +141,17 @@ async fn a_claim_reads_a_handful_of_lease_entries_however_long_the_horizon_is_he
     // The counters of this backend not yet reported (earlier transactions' too): read
     // before and after, within the transaction.
     let before = entries_read(&mut claim, "outbox_leases_pkey").await;
-    let rows = claim_of(CLAIM_MANY, 5, "worker", 16, 0)
-        .fetch_all(&mut *claim)
+    let row = claim_of(CLAIM_MANY, 5, "worker", 16, 0)
+        .fetch_one(&mut *claim)
         .await
         .expect("the claim");
-    assert_eq!(rows.len(), 1, "the shard is claimed with its one message");
+    let (answer, _) = ClaimAnswer::of(Some(&row)).expect("the claim's arrays");
+    assert_eq!(
+        answer.ids.iter().flatten().count(),
+        1,
+        "the shard is claimed with its one message"
+    );
+    assert_eq!(answer.tokens.len(), 1);
     let after_claim = entries_read(&mut claim, "outbox_leases_pkey").await;
     let by_claim = after_claim - before;
     // A read of the key's rows in order: the chain's first row, the newest, and every entry
