@@ -744,11 +744,12 @@ pub(crate) struct ClaimAnswer {
 /// The array at `index` of `row` (`NULL`, an aggregate of no rows: empty).
 fn column<T>(row: &PgRow, index: usize) -> Result<Vec<T>, sqlx::Error>
 where
-    Vec<T>: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+    T: arrays::Element,
+    Vec<T>: for<'r> sqlx::Decode<'r, Postgres>,
 {
     Ok(row
-        .try_get_unchecked::<Option<Vec<T>>, _>(index)?
-        .unwrap_or_default())
+        .try_get_unchecked::<Option<arrays::Decoded<T>>, _>(index)?
+        .map_or_else(Vec::new, |column| column.0))
 }
 
 impl ClaimAnswer {
@@ -926,43 +927,24 @@ async fn discovered(
     query: Statement<'_, Postgres>,
 ) -> Result<Vec<(ShardKey, bool, Option<i64>)>, Error> {
     const OPERATION: &str = "discovering due shards";
-    type Columns = (
-        Option<Vec<i64>>,
-        Option<Vec<i16>>,
-        Option<Vec<i64>>,
-        Option<Vec<String>>,
-        Option<Vec<bool>>,
-        Option<Vec<Option<i64>>>,
-    );
-    let row = outbox_sqlx::store::rows_on::<PgDialect>(pool, query, OPERATION)
+    let Some(row) = outbox_sqlx::store::rows_on::<PgDialect>(pool, query, OPERATION)
         .await?
-        .pop();
-    let decoded = |row: &PgRow| -> Result<Columns, sqlx::Error> {
-        Ok((
-            row.try_get_unchecked(0)?,
-            row.try_get_unchecked(1)?,
-            row.try_get_unchecked(2)?,
-            row.try_get_unchecked(3)?,
-            row.try_get_unchecked(4)?,
-            row.try_get_unchecked(5)?,
-        ))
-    };
-    let Some((places, scopes, identifiers, destinations, due, lowest)) = row
-        .as_ref()
-        .map(decoded)
-        .transpose()
-        .map_err(database::<PgDialect>(OPERATION))?
+        .pop()
     else {
         return Ok(Vec::new());
     };
-    let (places, scopes, identifiers, destinations, due, lowest) = (
-        places.unwrap_or_default(),
-        scopes.unwrap_or_default(),
-        identifiers.unwrap_or_default(),
-        destinations.unwrap_or_default(),
-        due.unwrap_or_default(),
-        lowest.unwrap_or_default(),
-    );
+    let decoded = |row: &PgRow| {
+        Ok::<_, sqlx::Error>((
+            column::<i64>(row, 0)?,
+            column::<i16>(row, 1)?,
+            column::<i64>(row, 2)?,
+            column::<String>(row, 3)?,
+            column::<bool>(row, 4)?,
+            column::<Option<i64>>(row, 5)?,
+        ))
+    };
+    let (places, scopes, identifiers, destinations, due, lowest) =
+        decoded(&row).map_err(database::<PgDialect>(OPERATION))?;
     let shards = places.len();
     if [
         scopes.len(),
@@ -1041,10 +1023,10 @@ impl PgDialect {
             .first()
             .map(|row| {
                 Ok::<_, sqlx::Error>((
-                    row.try_get_unchecked::<Vec<i64>, _>(0)?,
-                    row.try_get_unchecked::<Vec<i64>, _>(1)?,
-                    row.try_get_unchecked::<Vec<i64>, _>(2)?,
-                    row.try_get_unchecked::<Vec<Option<i64>>, _>(3)?,
+                    column::<i64>(row, 0)?,
+                    column::<i64>(row, 1)?,
+                    column::<i64>(row, 2)?,
+                    column::<Option<i64>>(row, 3)?,
                 ))
             })
             .transpose()

@@ -5,12 +5,14 @@
 //! the arrays of the claim and of the finish were a twentieth of the relay's processor time.
 //! [`Array`] writes the same bytes (`array_recv`'s format: dimensions, flags, the element's
 //! type, the length and lower bound, then each element's length and value, `-1` for a NULL)
-//! with one reservation and no per-element call into sqlx.
+//! with one reservation and no per-element call into sqlx. [`Decoded`] reads an array the
+//! same way: sqlx's decoder makes a value of each element, its type cloned, and decodes it
+//! through the generic path, which cost the relay more than the claim's rows themselves.
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo};
-use sqlx::{Encode, Postgres, Type};
+use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueFormat, PgValueRef};
+use sqlx::{Decode, Encode, Postgres, Type};
 
 /// A value that can be an element of an [`Array`].
 pub(crate) trait Element {
@@ -22,6 +24,19 @@ pub(crate) trait Element {
     fn size(&self) -> usize;
     /// Writes the element: its length as four bytes, then its value (a NULL: `-1` alone).
     fn write(&self, out: &mut Vec<u8>);
+    /// Reads an element from its bytes in the binary format (`None`: a NULL).
+    fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError>
+    where
+        Self: Sized;
+}
+
+/// The error of a NULL where the column holds none.
+fn null<T>() -> BoxDynError {
+    format!(
+        "a NULL element in an array of {}",
+        std::any::type_name::<T>()
+    )
+    .into()
 }
 
 macro_rules! integer_element {
@@ -40,6 +55,14 @@ macro_rules! integer_element {
             fn write(&self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&(size_of::<$type>() as i32).to_be_bytes());
                 out.extend_from_slice(&self.to_be_bytes());
+            }
+
+            fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
+                let bytes = bytes.ok_or_else(null::<$type>)?;
+                let bytes = bytes.try_into().map_err(|_| {
+                    format!("{} bytes are not a {}", bytes.len(), stringify!($type))
+                })?;
+                Ok(<$type>::from_be_bytes(bytes))
             }
         }
     };
@@ -64,6 +87,13 @@ impl Element for bool {
         out.extend_from_slice(&1_i32.to_be_bytes());
         out.push(u8::from(*self));
     }
+
+    fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
+        match bytes.ok_or_else(null::<bool>)? {
+            [byte] => Ok(*byte != 0),
+            bytes => Err(format!("{} bytes are not a boolean", bytes.len()).into()),
+        }
+    }
 }
 
 impl Element for String {
@@ -81,6 +111,11 @@ impl Element for String {
         // A text longer than PostgreSQL takes (1 GB) fails there, as it would through sqlx.
         out.extend_from_slice(&i32::try_from(self.len()).unwrap_or(i32::MAX).to_be_bytes());
         out.extend_from_slice(self.as_bytes());
+    }
+
+    fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
+        let bytes = bytes.ok_or_else(null::<String>)?;
+        Ok(std::str::from_utf8(bytes)?.to_owned())
     }
 }
 
@@ -101,6 +136,10 @@ impl<T: Element> Element for Option<T> {
             None => out.extend_from_slice(&(-1_i32).to_be_bytes()),
         }
     }
+
+    fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
+        bytes.map(|bytes| T::read(Some(bytes))).transpose()
+    }
 }
 
 impl Element for Vec<u8> {
@@ -117,6 +156,10 @@ impl Element for Vec<u8> {
     fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&i32::try_from(self.len()).unwrap_or(i32::MAX).to_be_bytes());
         out.extend_from_slice(self);
+    }
+
+    fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
+        Ok(bytes.ok_or_else(null::<Vec<u8>>)?.to_vec())
     }
 }
 
@@ -193,6 +236,71 @@ impl<C: Elements> Encode<'_, Postgres> for Array<C> {
 
     fn size_hint(&self) -> usize {
         20 + self.0.elements().iter().map(Element::size).sum::<usize>()
+    }
+}
+
+/// An array read from one column in PostgreSQL's binary array format, element by element
+/// with [`Element::read`] (in the text format, as sqlx reads it). Read a nullable column as
+/// `Option<Decoded<T>>`.
+pub(crate) struct Decoded<T>(pub(crate) Vec<T>);
+
+impl<T: Element> Type<Postgres> for Decoded<T> {
+    fn type_info() -> PgTypeInfo {
+        T::array_type()
+    }
+}
+
+/// Takes the next `N` bytes of `bytes`.
+fn take<const N: usize>(bytes: &mut &[u8]) -> Result<[u8; N], BoxDynError> {
+    let (head, rest) = bytes
+        .split_first_chunk::<N>()
+        .ok_or("an array ends before its header or an element")?;
+    *bytes = rest;
+    Ok(*head)
+}
+
+impl<'r, T> Decode<'r, Postgres> for Decoded<T>
+where
+    T: Element,
+    Vec<T>: Decode<'r, Postgres>,
+{
+    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
+        if value.format() == PgValueFormat::Text {
+            return <Vec<T> as Decode<'r, Postgres>>::decode(value).map(Self);
+        }
+        let mut bytes = value.as_bytes()?;
+        let dimensions = i32::from_be_bytes(take(&mut bytes)?);
+        let _flags = take::<4>(&mut bytes)?;
+        let element = u32::from_be_bytes(take(&mut bytes)?);
+        if dimensions == 0 {
+            return Ok(Self(Vec::new()));
+        }
+        if dimensions != 1 {
+            return Err(format!("an array of {dimensions} dimensions, not one").into());
+        }
+        if element != T::OID {
+            return Err(format!("an array of the type of OID {element}, not of {}", T::OID).into());
+        }
+        let length = usize::try_from(i32::from_be_bytes(take(&mut bytes)?))?;
+        let _lower_bound = take::<4>(&mut bytes)?;
+        // No more than the bytes could hold, whatever the header says.
+        let mut elements = Vec::with_capacity(length.min(bytes.len() / 4));
+        for _ in 0..length {
+            let size = i32::from_be_bytes(take(&mut bytes)?);
+            let value = match usize::try_from(size) {
+                Ok(size) => {
+                    let (value, rest) = bytes
+                        .split_at_checked(size)
+                        .ok_or("an array's element runs past its end")?;
+                    bytes = rest;
+                    Some(value)
+                }
+                // -1: a NULL.
+                Err(_) => None,
+            };
+            elements.push(T::read(value)?);
+        }
+        Ok(Self(elements))
     }
 }
 
@@ -286,5 +394,32 @@ mod tests {
         assert_eq!(row.get::<i32, _>(7), 0);
         assert_eq!(row.get::<Vec<Option<String>>, _>(8), [None]);
         assert_eq!(row.get::<Vec<Vec<u8>>, _>(9), [vec![0, 255], Vec::new()]);
+        // Read back as sqlx reads them, and as `Decoded` does.
+        assert_eq!(row.get::<Decoded<i16>, _>(0).0, [1, -3]);
+        assert_eq!(row.get::<Decoded<i32>, _>(1).0, [i32::MAX]);
+        assert_eq!(
+            row.get::<Decoded<Option<i64>>, _>(2).0,
+            [Some(4), None, Some(i64::MIN)]
+        );
+        assert_eq!(row.get::<Decoded<bool>, _>(3).0, [false, true]);
+        assert_eq!(row.get::<Decoded<String>, _>(4).0, ["a b", "", "ü"]);
+        assert!(row.get::<Decoded<i64>, _>(5).0.is_empty());
+        assert_eq!(row.get::<Decoded<Option<String>>, _>(8).0, [None]);
+        assert_eq!(
+            row.get::<Decoded<Vec<u8>>, _>(9).0,
+            [vec![0, 255], Vec::new()]
+        );
+        // A NULL where none may be, and another element type, are errors.
+        assert!(row.try_get::<Decoded<i64>, _>(2).is_err());
+        assert!(row.try_get_unchecked::<Decoded<i32>, _>(2).is_err());
+        assert!(row.try_get_unchecked::<Decoded<i64>, _>(4).is_err());
+        // A NULL array, and an aggregate of no rows.
+        let nothing =
+            sqlx::query("SELECT NULL::bigint[], (SELECT array_agg(1::bigint) WHERE false)")
+                .fetch_one(&mut conn)
+                .await
+                .expect("NULL arrays");
+        assert!(nothing.get::<Option<Decoded<i64>>, _>(0).is_none());
+        assert!(nothing.get::<Option<Decoded<i64>>, _>(1).is_none());
     }
 }
