@@ -57,6 +57,7 @@ macro_rules! integer_element {
                 out.extend_from_slice(&self.to_be_bytes());
             }
 
+            #[inline]
             fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
                 let bytes = bytes.ok_or_else(null::<$type>)?;
                 let bytes = bytes.try_into().map_err(|_| {
@@ -137,6 +138,7 @@ impl<T: Element> Element for Option<T> {
         }
     }
 
+    #[inline]
     fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
         bytes.map(|bytes| T::read(Some(bytes))).transpose()
     }
@@ -251,6 +253,7 @@ impl<T: Element> Type<Postgres> for Decoded<T> {
 }
 
 /// Takes the next `N` bytes of `bytes`.
+#[inline]
 fn take<const N: usize>(bytes: &mut &[u8]) -> Result<[u8; N], BoxDynError> {
     let (head, rest) = bytes
         .split_first_chunk::<N>()
