@@ -497,10 +497,7 @@ impl Dialect for MySqlDialect {
 
     fn decode_object(row: &MySqlRow, index: usize) -> Result<Id, sqlx::Error> {
         let wide: Vec<u8> = row.try_get(index + 1)?;
-        if wide.is_empty() {
-            return row.try_get(index).map(Id::integer);
-        }
-        outbox_sqlx::sql::wide_id(&wide)
+        outbox_sqlx::stored::object_from_stored(row.try_get(index)?, &wide)
     }
 
     fn bind_ids<'q>(query: Statement<'q, MySql>, ids: Vec<i64>) -> Statement<'q, MySql> {

@@ -827,13 +827,9 @@ impl ClaimAnswer {
 
     /// The message of element `at` (each element taken once), if it has one that decodes.
     fn message(&mut self, at: usize) -> Option<outbox_core::store::StoredMessage> {
-        let object = self.objects[at]?;
         let wide = self.wides[at].take()?;
-        let object_identifier = if wide.is_empty() {
-            Id::integer(object)
-        } else {
-            outbox_sqlx::sql::wide_id(&wide).ok()?
-        };
+        let object_identifier =
+            outbox_sqlx::stored::object_from_stored(self.objects[at]?, &wide).ok()?;
         Some(outbox_core::store::StoredMessage {
             id: outbox_core::MessageId(self.ids[at]?),
             category: outbox_core::CategoryId(self.categories[at]?),
@@ -1271,10 +1267,7 @@ impl Dialect for PgDialect {
 
     fn decode_object(row: &PgRow, index: usize) -> Result<Id, sqlx::Error> {
         let wide: Vec<u8> = row.try_get_unchecked(index + 1)?;
-        if wide.is_empty() {
-            return row.try_get_unchecked(index).map(Id::integer);
-        }
-        outbox_sqlx::sql::wide_id(&wide)
+        outbox_sqlx::stored::object_from_stored(row.try_get_unchecked(index)?, &wide)
     }
 
     fn bind_ids<'q>(query: Statement<'q, Postgres>, ids: Vec<i64>) -> Statement<'q, Postgres> {

@@ -65,3 +65,13 @@ pub fn stored_object(object: Id) -> (i64, Vec<u8>) {
         }
     }
 }
+
+/// The object of a stored (identifier, wide bytes): [`stored_object`] read back. No wide
+/// bytes: the integer; else the wide identifier they hold (an error if they hold none).
+pub fn object_from_stored(identifier: i64, wide: &[u8]) -> Result<Id, sqlx::Error> {
+    if wide.is_empty() {
+        Ok(Id::integer(identifier))
+    } else {
+        crate::sql::wide_id(wide)
+    }
+}
