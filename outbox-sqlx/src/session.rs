@@ -233,25 +233,32 @@ impl<D: Dialect> SqlxSession<D> {
             if session.claiming.is_some() {
                 results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
             } else {
-                together.push((at, session, acks));
+                together.push(Some((at, session, acks)));
             }
         }
         // A backend that finishes a batch in one statement finishes one shard with it too.
         if together.len() == 1 && !D::FINISHES_IN_ONE_STATEMENT {
-            let (at, session, acks) = together.remove(0);
-            results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
+            if let Some((at, session, acks)) = together.pop().flatten() {
+                results[at] = Some(session.ack_and_finish(&acks, Outcome::Drained).await);
+            }
         } else if !together.is_empty() {
             // Sorted by index: a session is large, and a sort moves its elements many times.
             let mut order: Vec<usize> = (0..together.len()).collect();
             order.sort_unstable_by(|&a, &b| {
-                together[a].1.lease.shard.cmp(&together[b].1.lease.shard)
+                let shard = |index: usize| {
+                    together[index]
+                        .as_ref()
+                        .map(|(_, session, _)| &session.lease.shard)
+                };
+                shard(a).cmp(&shard(b))
             });
-            let mut slots: Vec<_> = together.into_iter().map(Some).collect();
-            let (places, batch): (Vec<usize>, Vec<_>) = order
-                .into_iter()
-                .filter_map(|index| slots[index].take())
-                .map(|(at, session, acks)| (at, (session.lease, session.lease_duration, acks)))
-                .unzip();
+            let mut places = Vec::with_capacity(together.len());
+            let mut batch = Vec::with_capacity(together.len());
+            for (at, session, acks) in order.into_iter().filter_map(|index| together[index].take())
+            {
+                places.push(at);
+                batch.push((session.lease, session.lease_duration, acks));
+            }
             match Self::finish_in_one_transaction(pool, dialect, batch, OPERATION).await {
                 Ok(finished) => {
                     for (at, result) in places.into_iter().zip(finished) {

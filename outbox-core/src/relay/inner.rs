@@ -392,11 +392,7 @@ impl<S: Store> Inner<S> {
             }
             tokio::select! {
                 biased;
-                Some(finished) = finishing.next() => {
-                    for (shard, drained) in finished {
-                        ends.end(shard, drained);
-                    }
-                }
+                Some(finished) = finishing.next() => ends.end_all(finished),
                 Some(first) = drains.next() => {
                     // With the drains that are ready now: one batch of those they emptied.
                     let mut next = Some(first);
@@ -432,11 +428,9 @@ impl<S: Store> Inner<S> {
         &self,
         emptied: Vec<(ShardKey, Emptied<'_, S>)>,
     ) -> Vec<(ShardKey, Drained)> {
-        let (shards, emptied): (Vec<_>, Vec<_>) = emptied.into_iter().unzip();
-        let runs = Emptied::finish_together(emptied).await;
-        shards
+        Emptied::finish_together(emptied)
+            .await
             .into_iter()
-            .zip(runs)
             .map(|(shard, run)| {
                 let drained = match run {
                     Ok(run) => Ok(Some(run)),

@@ -33,9 +33,11 @@ pub(super) struct ShardPool<T> {
     wake_at: Arc<AtomicUsize>,
     /// The tasks; what they drained comes through `ends`.
     tasks: JoinSet<()>,
-    /// Where the tasks report each shard's end.
-    report: mpsc::UnboundedSender<(ShardKey, T)>,
-    ends: mpsc::UnboundedReceiver<(ShardKey, T)>,
+    /// Where the tasks report shards' ends, several at once where they end together.
+    report: mpsc::UnboundedSender<Vec<(ShardKey, T)>>,
+    ends: mpsc::UnboundedReceiver<Vec<(ShardKey, T)>>,
+    /// The ends of the last report not yet handed out.
+    received: std::vec::IntoIter<(ShardKey, T)>,
     in_flight: Set<ShardKey>,
     stop: watch::Sender<bool>,
 }
@@ -45,7 +47,7 @@ pub(super) struct ShardPool<T> {
 /// hold the room of the others.
 pub(super) struct Ends<T> {
     permits: Vec<OwnedSemaphorePermit>,
-    report: mpsc::UnboundedSender<(ShardKey, T)>,
+    report: mpsc::UnboundedSender<Vec<(ShardKey, T)>>,
     pool_permits: Arc<Semaphore>,
     capacity: usize,
     ended: Arc<Notify>,
@@ -69,14 +71,24 @@ impl<T> Ends<T> {
     /// `shard`, one of the task's, ended with `output`: its permit goes back, and the pool
     /// hears it.
     pub(super) fn end(&mut self, shard: ShardKey, output: T) {
-        drop(self.permits.pop());
+        self.end_all(vec![(shard, output)]);
+    }
+
+    /// The shards of `ended`, the task's, ended each with its output: their permits go back,
+    /// and the pool hears them in one report.
+    pub(super) fn end_all(&mut self, ended: Vec<(ShardKey, T)>) {
+        if ended.is_empty() {
+            return;
+        }
+        let keep = self.permits.len().saturating_sub(ended.len());
+        self.permits.truncate(keep);
         fence(Ordering::SeqCst);
         let running = self.capacity - self.pool_permits.available_permits();
         if running <= self.wake_at.load(Ordering::SeqCst) {
             self.ended.notify_one();
         }
         // The pool outlives its tasks' reports unless it was dropped: then nobody listens.
-        let _ = self.report.send((shard, output));
+        let _ = self.report.send(ended);
     }
 }
 
@@ -104,6 +116,7 @@ impl<T: Send + 'static> ShardPool<T> {
             tasks: JoinSet::new(),
             report,
             ends,
+            received: Vec::new().into_iter(),
             in_flight: Set::default(),
             stop: watch::Sender::new(false),
         }
@@ -244,27 +257,32 @@ impl<T: Send + 'static> ShardPool<T> {
         while let Some(done) = self.tasks.try_join_next() {
             joined(done);
         }
-        let end = self.ends.try_recv().ok()?;
-        Some(self.ended(end))
+        if self.received.len() == 0 {
+            self.received = self.ends.try_recv().ok()?.into_iter();
+        }
+        self.received.next().map(|end| self.ended(end))
     }
 
     /// Waits for the next drain to end; `None` if none is running.
     pub(super) async fn next_finished(&mut self) -> Option<(ShardKey, T)> {
         loop {
+            if let Some(end) = self.received.next() {
+                return Some(self.ended(end));
+            }
             if self.in_flight.is_empty() {
                 return None;
             }
             tokio::select! {
                 biased;
-                Some(end) = self.ends.recv() => return Some(self.ended(end)),
+                Some(ends) = self.ends.recv() => self.received = ends.into_iter(),
                 done = self.tasks.join_next() => match done {
                     // A task whose shards all reported ends; one that panicked panics here.
                     Some(done) => joined(done),
                     None => {
-                        let end = self.ends.try_recv().unwrap_or_else(|_| {
+                        let ends = self.ends.try_recv().unwrap_or_else(|_| {
                             panic!("a relay task ended without reporting {} of its shards", self.in_flight.len())
                         });
-                        return Some(self.ended(end));
+                        self.received = ends.into_iter();
                     }
                 },
             }
@@ -303,9 +321,17 @@ impl<T: Send + 'static> ShardPool<T> {
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         // Those that ended while the tasks were aborted are not abandoned.
-        while let Ok(end) = self.ends.try_recv() {
-            let (shard, output) = self.ended(end);
-            finished(shard, output);
+        loop {
+            if self.received.len() == 0 {
+                match self.ends.try_recv() {
+                    Ok(ends) => self.received = ends.into_iter(),
+                    Err(_) => break,
+                }
+            }
+            if let Some(end) = self.received.next() {
+                let (shard, output) = self.ended(end);
+                finished(shard, output);
+            }
         }
         let abandoned = self.in_flight.len();
         self.in_flight.clear();

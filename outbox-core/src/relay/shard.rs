@@ -571,32 +571,38 @@ impl<'a, St: Store> Emptied<'a, St> {
     }
 
     /// Acknowledges what got through in each of `emptied` and releases their shards, in one
-    /// batch with the other shards finishing now: each drain's result, in order (an error
-    /// with the lease it leaves to release). In transaction mode each commits alone.
-    pub(crate) async fn finish_together(emptied: Vec<Self>) -> Vec<Result<ShardRun, Interrupted>> {
-        let Some(first) = emptied.first() else {
+    /// batch with the other shards finishing now: each drain's result with its tag, in order
+    /// (an error with the lease it leaves to release). In transaction mode each commits alone.
+    pub(crate) async fn finish_together<K>(
+        emptied: Vec<(K, Self)>,
+    ) -> Vec<(K, Result<ShardRun, Interrupted>)> {
+        let Some((_, first)) = emptied.first() else {
             return Vec::new();
         };
         let inner = first.state.inner;
         if inner.config.handler_mode == HandlerMode::InTransaction {
             let mut runs = Vec::with_capacity(emptied.len());
-            for one in emptied {
+            for (tag, one) in emptied {
                 let lease = one.lease().clone();
-                runs.push(one.finish().await.map_err(|error| Box::new((error, lease))));
+                let run = one.finish().await.map_err(|error| Box::new((error, lease)));
+                runs.push((tag, run));
             }
             return runs;
         }
-        // The reads' shares of the rows held go back once their rows are acknowledged.
-        let (finishing, states): (Vec<_>, Vec<_>) = emptied
-            .into_iter()
-            .map(|one| ((one.session, one.acks), (one.state, one._rows)))
-            .unzip();
+        // Taken apart once: what the store finishes, and what the drains end with. The reads'
+        // shares of the rows held go back once their rows are acknowledged.
+        let mut finishing = Vec::with_capacity(emptied.len());
+        let mut states = Vec::with_capacity(emptied.len());
+        for (tag, one) in emptied {
+            finishing.push((one.session, one.acks));
+            states.push((tag, one.state, one._rows));
+        }
         // One answer per session, in order.
         let finished = inner.together.finish(&inner.store, finishing).await;
         states
             .into_iter()
             .zip(finished)
-            .map(|((state, _rows), finished)| state.finished(finished))
+            .map(|((tag, state, _rows), finished)| (tag, state.finished(finished)))
             .collect()
     }
 }

@@ -153,18 +153,28 @@ impl<S: Store> Together<S> {
                 .await;
             match claimed {
                 Ok(sessions) => {
-                    let mut sessions: Map<ShardKey, S::Session> = sessions
-                        .into_iter()
-                        .map(|session| (session.lease().shard.clone(), session))
-                        .collect();
+                    // Each session in the place of its shard among the (sorted) shards asked
+                    // for, with no map of large sessions built and taken apart again.
+                    let mut placed: Vec<Option<S::Session>> =
+                        std::iter::repeat_with(|| None).take(unique.len()).collect();
+                    let mut after = 0;
+                    for session in sessions {
+                        if let Some(at) = place(&unique, &mut after, &session.lease().shard) {
+                            placed[at] = Some(session);
+                        }
+                    }
                     // A shard queued twice (by the relay and a flush) is claimed once: the
                     // first to ask drains it, as if the other had found it held.
                     batches
                         .iter()
                         .map(|shards| {
+                            let mut after = 0;
                             shards
                                 .iter()
-                                .map(|shard| Ok(sessions.remove(shard)))
+                                .map(|shard| {
+                                    Ok(place(&unique, &mut after, shard)
+                                        .and_then(|at| placed[at].take()))
+                                })
                                 .collect()
                         })
                         .collect()
@@ -287,10 +297,13 @@ impl<S: Store> Together<S> {
         let count = finishing.len();
         let write = |batches: Vec<Finishing<S>>| async move {
             let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
-            let mut finished = store
-                .ack_and_finish_many(batches.into_iter().flatten().collect())
-                .await
-                .into_iter();
+            // Gathered with room for all at once: a session is large, and a vector that grows
+            // moves every one of them again.
+            let mut all = Vec::with_capacity(counts.iter().sum());
+            for batch in batches {
+                all.extend(batch);
+            }
+            let mut finished = store.ack_and_finish_many(all).await.into_iter();
             counts
                 .into_iter()
                 .map(|count| finished.by_ref().take(count).collect())
@@ -321,6 +334,25 @@ impl<S: Store> Together<S> {
 
 /// The answers to a claim of `count` shards that claimed none of them: the first reports
 /// `error`, if any, and the others were not claimed.
+/// The place of `shard` in `sorted`, looked for from `after` (where the last one was found, moved
+/// on to after this one): keys asked for in order, or claimed in order (a claim draws its tokens
+/// in key order), are each found a step or a few on, and the others by a search.
+fn place(sorted: &[ShardKey], after: &mut usize, shard: &ShardKey) -> Option<usize> {
+    /// How far on a key is looked for before it is searched for.
+    const NEAR: usize = 8;
+    let near = sorted.get(*after..).unwrap_or_default();
+    let behind = *after > 0 && sorted.get(*after - 1).is_some_and(|key| key >= shard);
+    let found = match near.iter().take(NEAR).position(|key| key >= shard) {
+        _ if behind => sorted.binary_search(shard).ok(),
+        Some(step) => (near[step] == *shard).then_some(*after + step),
+        None => sorted.binary_search(shard).ok(),
+    };
+    if let Some(at) = found {
+        *after = at + 1;
+    }
+    found
+}
+
 fn unclaimed<S: Store>(count: usize, mut error: Option<Error>) -> Vec<Claimed<S>> {
     (0..count)
         .map(|_| error.take().map_or(Ok(None), Err))
@@ -340,6 +372,34 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    #[test]
+    fn keys_are_placed_in_order_out_of_order_and_absent() {
+        use crate::model::ScopeId;
+        let key = |n: i64| ShardKey::local(ScopeId(1), n);
+        let sorted: Vec<ShardKey> = (0..40).map(|n| key(n * 2)).collect();
+        let mut after = 0;
+        // In order, near and far.
+        assert_eq!(place(&sorted, &mut after, &key(2)), Some(1));
+        assert_eq!(place(&sorted, &mut after, &key(4)), Some(2));
+        assert_eq!(place(&sorted, &mut after, &key(60)), Some(30));
+        // Absent: between two keys, near and far, and beyond the last.
+        assert_eq!(place(&sorted, &mut after, &key(61)), None);
+        assert_eq!(place(&sorted, &mut after, &key(63)), None);
+        assert_eq!(place(&sorted, &mut after, &key(1)), None);
+        assert_eq!(place(&sorted, &mut after, &key(99)), None);
+        // Behind the last found (a second run of keys), and the same key again.
+        assert_eq!(place(&sorted, &mut after, &key(0)), Some(0));
+        assert_eq!(place(&sorted, &mut after, &key(0)), Some(0));
+        assert_eq!(place(&sorted, &mut after, &key(78)), Some(39));
+        assert_eq!(place(&sorted, &mut after, &key(78)), Some(39));
+        assert_eq!(place(&[], &mut 0, &key(1)), None);
+        // Every key of a shuffled order is found where it is.
+        let mut after = 0;
+        for n in [5, 3, 9, 10, 11, 0, 39, 38, 1] {
+            assert_eq!(place(&sorted, &mut after, &key(n * 2)), Some(n as usize));
+        }
+    }
 
     #[tokio::test]
     async fn what_queues_while_a_batch_is_written_goes_in_the_next_one() {

@@ -30,7 +30,21 @@ pub(crate) trait Element {
         Self: Sized;
 }
 
+/// The error of bytes of the wrong length for a `T`.
+#[cold]
+#[inline(never)]
+fn not_a<T>(bytes: Option<&[u8]>) -> BoxDynError {
+    format!(
+        "{} bytes are not a {}",
+        bytes.map_or(0, <[u8]>::len),
+        std::any::type_name::<T>()
+    )
+    .into()
+}
+
 /// The error of a NULL where the column holds none.
+#[cold]
+#[inline(never)]
 fn null<T>() -> BoxDynError {
     format!(
         "a NULL element in an array of {}",
@@ -57,13 +71,13 @@ macro_rules! integer_element {
                 out.extend_from_slice(&self.to_be_bytes());
             }
 
-            #[inline]
+            #[inline(always)]
             fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
-                let bytes = bytes.ok_or_else(null::<$type>)?;
-                let bytes = bytes.try_into().map_err(|_| {
-                    format!("{} bytes are not a {}", bytes.len(), stringify!($type))
-                })?;
-                Ok(<$type>::from_be_bytes(bytes))
+                match bytes.map(<[u8; size_of::<$type>()]>::try_from) {
+                    Some(Ok(bytes)) => Ok(<$type>::from_be_bytes(bytes)),
+                    Some(Err(_)) => Err(not_a::<$type>(bytes)),
+                    None => Err(null::<$type>()),
+                }
             }
         }
     };
@@ -89,10 +103,12 @@ impl Element for bool {
         out.push(u8::from(*self));
     }
 
+    #[inline(always)]
     fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
-        match bytes.ok_or_else(null::<bool>)? {
-            [byte] => Ok(*byte != 0),
-            bytes => Err(format!("{} bytes are not a boolean", bytes.len()).into()),
+        match bytes {
+            Some([byte]) => Ok(*byte != 0),
+            Some(_) => Err(not_a::<bool>(bytes)),
+            None => Err(null::<bool>()),
         }
     }
 }
@@ -138,7 +154,7 @@ impl<T: Element> Element for Option<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn read(bytes: Option<&[u8]>) -> Result<Self, BoxDynError> {
         bytes.map(|bytes| T::read(Some(bytes))).transpose()
     }
@@ -253,13 +269,21 @@ impl<T: Element> Type<Postgres> for Decoded<T> {
 }
 
 /// Takes the next `N` bytes of `bytes`.
-#[inline]
+#[inline(always)]
 fn take<const N: usize>(bytes: &mut &[u8]) -> Result<[u8; N], BoxDynError> {
-    let (head, rest) = bytes
-        .split_first_chunk::<N>()
-        .ok_or("an array ends before its header or an element")?;
+    let Some((head, rest)) = bytes.split_first_chunk::<N>() else {
+        return Err(malformed("an array ends before its header or an element"));
+    };
     *bytes = rest;
     Ok(*head)
+}
+
+/// The error of an array whose bytes do not hold what its header says (out of the way of the
+/// loop that reads each element).
+#[cold]
+#[inline(never)]
+fn malformed(what: &'static str) -> BoxDynError {
+    what.into()
 }
 
 impl<'r, T> Decode<'r, Postgres> for Decoded<T>
@@ -290,16 +314,15 @@ where
         let mut elements = Vec::with_capacity(length.min(bytes.len() / 4));
         for _ in 0..length {
             let size = i32::from_be_bytes(take(&mut bytes)?);
-            let value = match usize::try_from(size) {
-                Ok(size) => {
-                    let (value, rest) = bytes
-                        .split_at_checked(size)
-                        .ok_or("an array's element runs past its end")?;
-                    bytes = rest;
-                    Some(value)
-                }
-                // -1: a NULL.
-                Err(_) => None,
+            // -1: a NULL.
+            let value = if size < 0 {
+                None
+            } else {
+                let Some((value, rest)) = bytes.split_at_checked(size as usize) else {
+                    return Err(malformed("an array's element runs past its end"));
+                };
+                bytes = rest;
+                Some(value)
             };
             elements.push(T::read(value)?);
         }
