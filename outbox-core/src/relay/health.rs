@@ -88,8 +88,13 @@ fn time(ms: u64) -> Option<SystemTime> {
 }
 
 impl Vitals {
-    pub(crate) fn claimed(&self) -> InFlight<'_> {
+    /// Shards were claimed now (once for a claim's batch: the clock is read once).
+    pub(crate) fn claimed(&self) {
         self.last_claim_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Counts a claimed shard's drain among those in flight until the guard drops.
+    pub(crate) fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self)
     }
@@ -141,6 +146,7 @@ impl Vitals {
             .collect()
     }
 
+    /// Rows were acknowledged now (once for a batch of finishes).
     pub(crate) fn acknowledged(&self) {
         self.last_ack_ms.store(now_ms(), Ordering::Relaxed);
     }

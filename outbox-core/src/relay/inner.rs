@@ -367,6 +367,9 @@ impl<S: Store> Inner<S> {
     ) {
         use futures_util::{FutureExt, StreamExt};
         use std::task::Poll;
+        if !sessions.is_empty() {
+            self.vitals.claimed();
+        }
         let mut emptied = Vec::with_capacity(sessions.len());
         let mut drains = futures_util::stream::FuturesUnordered::new();
         for (shard, session) in sessions {
@@ -455,6 +458,7 @@ impl<S: Store> Inner<S> {
         mode: DrainMode,
         lane: Lane,
     ) -> Drained {
+        self.vitals.claimed();
         let lease = session.lease().clone();
         let ran = match self
             .drain_to_ending(session, asked, stopping, mode, lane)
@@ -487,9 +491,13 @@ impl<S: Store> Inner<S> {
             shard = %shard.shard_identifier,
             destination = shard.destination_str(),
         );
-        shard::drain(session, self, stopping, mode, lane, asked)
-            .instrument(span)
-            .await
+        let drain = shard::drain(session, self, stopping, mode, lane, asked);
+        // A span nobody records is not entered and left at every poll.
+        if span.is_disabled() {
+            drain.await
+        } else {
+            drain.instrument(span).await
+        }
     }
 
     /// The end of a drain the database interrupted with `error`: its lease is released once

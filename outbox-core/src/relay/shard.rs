@@ -275,7 +275,7 @@ pub(crate) async fn drain<'a, St: Store>(
         state: DrainState {
             lease,
             inner,
-            _in_flight: inner.vitals.claimed(),
+            _in_flight: inner.vitals.in_flight(),
             began: Instant::now(),
             stopping,
             mode,
@@ -370,7 +370,6 @@ impl<'a, St: Store> DrainState<'a, St> {
     fn finished(mut self, finished: Finished) -> Result<ShardRun, Interrupted> {
         match finished {
             Ok((rows, released)) => {
-                self.inner.vitals.acknowledged();
                 self.rows_acknowledged += rows;
                 if !released {
                     warn!(shard = %self.lease.shard, "lease lost before releasing; another worker owns the shard");
@@ -565,6 +564,9 @@ impl<'a, St: Store> Emptied<'a, St> {
             }
             HandlerMode::Leased => inner.together.finish_one(&inner.store, session, acks).await,
         };
+        if finished.is_ok() {
+            inner.vitals.acknowledged();
+        }
         state
             .finished(finished)
             .map_err(|interrupted| interrupted.0)
@@ -599,6 +601,9 @@ impl<'a, St: Store> Emptied<'a, St> {
         }
         // One answer per session, in order.
         let finished = inner.together.finish(&inner.store, finishing).await;
+        if finished.iter().any(Result::is_ok) {
+            inner.vitals.acknowledged();
+        }
         states
             .into_iter()
             .zip(finished)
