@@ -800,8 +800,14 @@ impl ClaimAnswer {
                 "the claim's arrays differ in length".into(),
             ));
         }
-        let mut order: Vec<usize> = (0..count).collect();
-        order.sort_unstable_by_key(|&at| (answer.tokens[at], answer.ids[at]));
+        // Sorted with each key beside its place, not looked up in two arrays at every step.
+        let mut keyed: Vec<(i64, Option<i64>, usize)> = (answer.tokens.iter())
+            .zip(&answer.ids)
+            .enumerate()
+            .map(|(at, (&token, &id))| (token, id, at))
+            .collect();
+        keyed.sort_unstable();
+        let order = keyed.into_iter().map(|(_, _, at)| at).collect();
         Ok((answer, order))
     }
 

@@ -33,6 +33,17 @@ impl Group {
         self.ids.len() as u64
     }
 
+    /// What the delivery acknowledges: the rows read, in id order, taken from the group (it is
+    /// done with).
+    fn take_acknowledgement(&mut self) -> Acknowledgement {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.sort_unstable();
+        Acknowledgement {
+            group: self.key,
+            ids,
+        }
+    }
+
     /// What the delivery acknowledges: the rows read, in id order.
     pub(crate) fn acknowledgement(&self) -> Acknowledgement {
         let mut ids = self.ids.clone();
@@ -111,6 +122,18 @@ impl Plan {
             });
         }
         plan
+    }
+
+    /// The acknowledgements of the groups at `through` (their places, in the order their
+    /// deliveries got through), their rows taken from the plan: it is done with them.
+    pub(crate) fn acknowledgements(&mut self, through: &[usize]) -> Vec<Acknowledgement> {
+        let mut acks = Vec::with_capacity(through.len());
+        for &at in through {
+            if let Some(group) = self.groups.get_mut(at) {
+                acks.push(group.take_acknowledgement());
+            }
+        }
+        acks
     }
 
     /// Adds `group` after the others.

@@ -138,6 +138,9 @@ struct Read<'a> {
 /// What a read's deliveries came to.
 #[derive(Default)]
 struct Delivered {
+    /// The places in the plan of the groups that got through, in the order they did.
+    through: Vec<usize>,
+    /// What acknowledging them acknowledges, their rows taken from the plan once it is read.
     acks: Vec<Acknowledgement>,
     failure: Option<Failed>,
     out_of_budget: bool,
@@ -291,7 +294,7 @@ pub(crate) async fn drain<'a, St: Store>(
         },
     };
     loop {
-        let read = match drain.read().await {
+        let mut read = match drain.read().await {
             Ok(Some(read)) => read,
             Ok(None) => return Box::pin(drain.nothing_left()).await.map(Ending::Ended),
             Err(error @ Error::Undecodable { .. }) => {
@@ -299,7 +302,7 @@ pub(crate) async fn drain<'a, St: Store>(
             }
             Err(error) => return Err(error),
         };
-        let delivered = drain.deliver(&read.plan).await?;
+        let delivered = drain.deliver(&mut read.plan).await?;
         if drain.state.emptied(&read, &delivered) {
             let ShardDrain { session, state } = drain;
             return Ok(Ending::Emptied(Emptied {
@@ -359,7 +362,7 @@ impl<'a, St: Store> DrainState<'a, St> {
         !delivered.lease_lost
             && delivered.failure.is_none()
             && !delivered.out_of_budget
-            && !delivered.acks.is_empty()
+            && !delivered.through.is_empty()
             && read.plan.blocked.is_none()
             && !read.full
             && !self.budget_spent()
@@ -505,9 +508,10 @@ impl<'a, St: Store> DrainState<'a, St> {
         .await
     }
 
-    /// Counts `group`'s delivery, which got through, and notes its acknowledgement.
-    fn got_through(&mut self, delivered: &mut Delivered, group: &Group) {
-        delivered.acks.push(group.acknowledgement());
+    /// Counts the delivery of `group`, at `at` in the plan, which got through, and notes it
+    /// to acknowledge.
+    fn got_through(&mut self, delivered: &mut Delivered, at: usize, group: &Group) {
+        delivered.through.push(at);
         self.rows_delivered += group.rows();
         self.deliveries += 1;
     }
@@ -667,14 +671,14 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     /// Delivers the planned groups in order, until one fails or the budget is spent. Runs of
     /// consecutive groups whose handler takes them at once (a sink's publisher) are delivered
     /// together, pipelined, outside the in-transaction mode.
-    async fn deliver(&mut self, plan: &Plan) -> Result<Delivered, Error> {
+    async fn deliver(&mut self, plan: &mut Plan) -> Result<Delivered, Error> {
         let state = &mut self.state;
         // After a takeover, every group of the first read may have been delivered by the
         // worker whose lease lapsed: each is a retry.
         let retrying = !state.progressed && state.lease.previous_owner.is_some();
         let mut attempt = state.head_attempt();
         let mut delivered = Delivered {
-            acks: Vec::with_capacity(plan.groups.len()),
+            through: Vec::with_capacity(plan.groups.len()),
             ..Delivered::default()
         };
         let mut index = 0;
@@ -683,7 +687,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             // worker whose lease lapsed may have delivered any of it, and only this drain
             // knows to call its deliveries retries.
             if state.budget_spent()
-                && (state.progressed || !delivered.acks.is_empty())
+                && (state.progressed || !delivered.through.is_empty())
                 && (!retrying || state.stopping())
             {
                 delivered.out_of_budget = true;
@@ -713,8 +717,11 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     &attempts,
                 ))
                 .await;
-                for group in &groups[..pipelined.confirmed.min(groups.len())] {
-                    state.got_through(&mut delivered, group);
+                for (at, group) in groups[..pipelined.confirmed.min(groups.len())]
+                    .iter()
+                    .enumerate()
+                {
+                    state.got_through(&mut delivered, index + at, group);
                 }
                 if pipelined.confirmed > 0 && !retrying {
                     attempt = 1;
@@ -724,7 +731,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     // published again; the failed one, retried, follows them.
                     for &after in &pipelined.confirmed_after {
                         if let Some(group) = groups.get(after) {
-                            state.got_through(&mut delivered, group);
+                            state.got_through(&mut delivered, index + after, group);
                         }
                     }
                     let failed = &groups[pipelined.confirmed.min(groups.len() - 1)];
@@ -751,7 +758,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     if !retrying {
                         attempt = 1;
                     }
-                    state.got_through(&mut delivered, group);
+                    state.got_through(&mut delivered, index, group);
                 }
                 Err(error) => {
                     delivered.failure = Some(Failed::of(group, attempt, error));
@@ -760,6 +767,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             }
             index += 1;
         }
+        delivered.acks = plan.acknowledgements(&delivered.through);
         Ok(delivered)
     }
 
@@ -772,6 +780,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     ) -> Result<ControlFlow<ShardRun, Self>, Error> {
         let Delivered {
             acks,
+            through: _,
             failure,
             out_of_budget,
             lease_lost,

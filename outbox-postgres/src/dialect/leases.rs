@@ -32,7 +32,6 @@
 //! switch: the live leases move into the log, and a trigger refuses leases in `outbox_shards`
 //! from then on.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -853,6 +852,10 @@ pub(crate) struct Leases {
     looked: tokio::sync::Mutex<Option<Instant>>,
     state: Mutex<State>,
 }
+
+/// The maps of [`State`], hashed with `foldhash`'s fast hasher: each claim and finish of the
+/// relay's hot path looks up its shards and tokens (keys the outbox's own tables hold).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Default)]
 struct State {
