@@ -813,7 +813,13 @@ impl ClaimAnswer {
 
     /// The claim whose element `at` is (the first met of its claim), with an empty head of
     /// `first_read` rows to fill.
-    fn claim(&mut self, at: usize, first_read: usize) -> Result<Claim<PgDialect>, sqlx::Error> {
+    /// The claim of element `at`, with room in its head for the `rows` elements it has.
+    fn claim(
+        &mut self,
+        at: usize,
+        first_read: usize,
+        rows: usize,
+    ) -> Result<Claim<PgDialect>, sqlx::Error> {
         Ok(Claim {
             lease: Lease {
                 shard: shard_from_stored(
@@ -827,7 +833,7 @@ impl ClaimAnswer {
                 previous_owner: self.previous_owners[at].take(),
             },
             claiming: None,
-            head: Some((Vec::new(), first_read)),
+            head: Some((Vec::with_capacity(rows), first_read)),
         })
     }
 
@@ -1101,12 +1107,17 @@ impl PgDialect {
         // By claim (in token order), each claim's rows in id order.
         let mut claims: Vec<Claim<Self>> = Vec::with_capacity(shards.len());
         let mut seqs = Vec::with_capacity(shards.len());
-        for at in order {
+        for (place, &at) in order.iter().enumerate() {
             let token = answer.tokens[at];
             if claims.last().is_none_or(|claim| claim.lease.token != token) {
+                // The claim's elements follow it: its head gets room for them at once.
+                let rows = order[place..]
+                    .iter()
+                    .take_while(|&&next| answer.tokens[next] == token)
+                    .count();
                 claims.push(
                     answer
-                        .claim(at, first_read)
+                        .claim(at, first_read, rows)
                         .map_err(database::<Self>(OPERATION))?,
                 );
                 seqs.push((token, answer.seqs[at]));
