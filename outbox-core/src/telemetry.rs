@@ -476,6 +476,17 @@ impl CategoryMetrics {
 }
 
 /// A breaker opened.
+/// `span`, or no span where no subscriber records it: what it instruments then does not enter
+/// and leave it at every poll (with `tracing`'s `log` feature, which sqlx turns on, each enter
+/// and exit of a span nobody records still asks whether to log it).
+pub(crate) fn recorded(span: tracing::Span) -> tracing::Span {
+    if span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        span
+    }
+}
+
 pub(crate) fn breaker_opened(breaker: &str) {
     let labels = [("breaker", breaker.to_owned())];
     metrics::gauge!(BREAKER_OPEN, &labels).set(1.0);

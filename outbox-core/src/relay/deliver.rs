@@ -31,18 +31,14 @@ pub(super) async fn deliver<S: ShardSession, St: Store>(
     attempt: u32,
 ) -> Result<(), DeliveryError> {
     let span = span_of(inner, lease, group, attempt);
-    let delivery = async {
+    async {
         let started = Instant::now();
         let result = call_handler(session, inner, lease, since, group, attempt).await;
         reported(inner, group, started.elapsed(), result.as_ref().err());
         result
-    };
-    // A span nobody records is not entered and left at every poll.
-    if span.is_disabled() {
-        delivery.await
-    } else {
-        delivery.instrument(span).await
     }
+    .instrument(crate::telemetry::recorded(span))
+    .await
 }
 
 /// Delivers `groups`, consecutive groups of the shard whose handler takes them at once

@@ -491,13 +491,9 @@ impl<S: Store> Inner<S> {
             shard = %shard.shard_identifier,
             destination = shard.destination_str(),
         );
-        let drain = shard::drain(session, self, stopping, mode, lane, asked);
-        // A span nobody records is not entered and left at every poll.
-        if span.is_disabled() {
-            drain.await
-        } else {
-            drain.instrument(span).await
-        }
+        shard::drain(session, self, stopping, mode, lane, asked)
+            .instrument(crate::telemetry::recorded(span))
+            .await
     }
 
     /// The end of a drain the database interrupted with `error`: its lease is released once

@@ -54,7 +54,7 @@ impl DrainReport {
         }
         self.dead_lettered.extend(run.dead_lettered);
         match run.end {
-            DrainEnd::Failed(failure) => self.failures.push(failure),
+            DrainEnd::Failed(failure) => self.failures.push(*failure),
             DrainEnd::Yielded => self.yielded.push(run.shard),
             DrainEnd::Unavailable(breaker) => self.unavailable.push(WaitingShard {
                 shard: run.shard,

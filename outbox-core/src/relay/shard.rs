@@ -87,8 +87,9 @@ pub(crate) enum DrainEnd {
     /// The row or time budget was spent (or the relay is stopping) with rows left: released,
     /// still due.
     Yielded,
-    /// A delivery failed: the shard backs off (a flush releases it as it was).
-    Failed(ShardFailure),
+    /// A delivery failed: the shard backs off (a flush releases it as it was). Boxed: the
+    /// rare end, and every drain's result moves with room for it.
+    Failed(Box<ShardFailure>),
     /// Another worker took the shard over before the drain could acknowledge: nothing of
     /// this drain's deliveries was acknowledged after that.
     LeaseLost,
@@ -370,18 +371,19 @@ impl<'a, St: Store> DrainState<'a, St> {
 
     /// What acknowledging an emptied shard's rows and releasing it did: the drain's result,
     /// or the error that interrupted it with the lease it leaves to release.
-    fn finished(mut self, finished: Finished) -> Result<ShardRun, Interrupted> {
+    /// `now`: when the finish answered (read once for a batch).
+    fn finished(mut self, finished: Finished, now: Instant) -> Result<ShardRun, Interrupted> {
         match finished {
             Ok((rows, released)) => {
                 self.rows_acknowledged += rows;
                 if !released {
                     warn!(shard = %self.lease.shard, "lease lost before releasing; another worker owns the shard");
                 }
-                Ok(self.end(DrainEnd::Drained, !released))
+                Ok(self.end_at(DrainEnd::Drained, !released, now))
             }
             Err(Error::LeaseLost { shard, token }) => {
                 warn!(%shard, token, "lease lost before acknowledging; another worker owns the shard");
-                Ok(self.end(DrainEnd::LeaseLost, false))
+                Ok(self.end_at(DrainEnd::LeaseLost, false, now))
             }
             Err(error) => Err(Box::new((error, self.lease))),
         }
@@ -403,6 +405,15 @@ impl<'a, St: Store> DrainState<'a, St> {
         *self.stopping.borrow()
     }
 
+    /// Whether the drain holds its lease for a delivery that starts `now` with no need to
+    /// extend it first (see [`DrainState::hold_lease`]): in transaction mode, or within a
+    /// third of the lease since it was last set. Answered without a future, as most are.
+    fn lease_fresh(&self, now: Instant) -> bool {
+        let config = &self.inner.config;
+        config.handler_mode == HandlerMode::InTransaction
+            || now.saturating_duration_since(self.held_since) < config.lease / 3
+    }
+
     /// Whether the drain still holds its lease for a delivery that starts now. Once a third
     /// of the lease has passed since it was last set (by this relay's clock, which can only
     /// be early), the lease is extended first: a lease that lapsed may have been taken over,
@@ -414,9 +425,7 @@ impl<'a, St: Store> DrainState<'a, St> {
     /// keep.
     async fn hold_lease(&mut self) -> Result<bool, Error> {
         let config = &self.inner.config;
-        if config.handler_mode == HandlerMode::InTransaction
-            || self.held_since.elapsed() < config.lease / 3
-        {
+        if self.lease_fresh(Instant::now()) {
             return Ok(true);
         }
         let asked = Instant::now();
@@ -528,6 +537,11 @@ impl<'a, St: Store> DrainState<'a, St> {
 
     /// The drain's result, ending on `end`, counted in the relay's metrics.
     fn end(self, end: DrainEnd, lost_at_release: bool) -> ShardRun {
+        self.end_at(end, lost_at_release, Instant::now())
+    }
+
+    /// [`DrainState::end`] at `now`.
+    fn end_at(self, end: DrainEnd, lost_at_release: bool, now: Instant) -> ShardRun {
         let run = ShardRun {
             shard: self.lease.shard,
             end,
@@ -538,7 +552,7 @@ impl<'a, St: Store> DrainState<'a, St> {
         };
         self.inner.metrics().drained(
             run.shard.scope,
-            self.began.elapsed(),
+            now.saturating_duration_since(self.began),
             run.rows_acknowledged,
             run.lost_lease(),
         );
@@ -572,7 +586,7 @@ impl<'a, St: Store> Emptied<'a, St> {
             inner.vitals.acknowledged();
         }
         state
-            .finished(finished)
+            .finished(finished, Instant::now())
             .map_err(|interrupted| interrupted.0)
     }
 
@@ -608,10 +622,11 @@ impl<'a, St: Store> Emptied<'a, St> {
         if finished.iter().any(Result::is_ok) {
             inner.vitals.acknowledged();
         }
+        let now = Instant::now();
         states
             .into_iter()
             .zip(finished)
-            .map(|((tag, state, _rows), finished)| (tag, state.finished(finished)))
+            .map(|((tag, state, _rows), finished)| (tag, state.finished(finished, now)))
             .collect()
     }
 }
@@ -695,11 +710,12 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             }
             // A held shard waits for a handler's turn; if the relay stops first, it is
             // released undelivered.
-            let Some(_turn) = state.turn().await else {
+            let Some(turn) = state.turn().await else {
                 delivered.out_of_budget = true;
                 break;
             };
-            if !Box::pin(state.hold_lease()).await? {
+            // The turn began now: most leases need no extension, asked for with no future.
+            if !state.lease_fresh(turn.since) && !Box::pin(state.hold_lease()).await? {
                 delivered.lease_lost = true;
                 break;
             }
@@ -943,7 +959,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 retry_in: Duration::ZERO,
             };
             return self
-                .release(Outcome::Released, DrainEnd::Failed(failure))
+                .release(Outcome::Released, DrainEnd::Failed(Box::new(failure)))
                 .await;
         }
         let parked = error.parked_category();
@@ -978,8 +994,11 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             attempts,
             retry_in,
         };
-        self.release(Outcome::Failed(recorded), DrainEnd::Failed(failure))
-            .await
+        self.release(
+            Outcome::Failed(recorded),
+            DrainEnd::Failed(Box::new(failure)),
+        )
+        .await
     }
 
     /// Records `outcome` and releases the shard, ending the drain on `end`; a lease lost
