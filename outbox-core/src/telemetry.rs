@@ -475,7 +475,6 @@ impl CategoryMetrics {
     }
 }
 
-/// A breaker opened.
 /// `span`, or no span where no subscriber records it: what it instruments then does not enter
 /// and leave it at every poll (with `tracing`'s `log` feature, which sqlx turns on, each enter
 /// and exit of a span nobody records still asks whether to log it).
@@ -487,6 +486,7 @@ pub(crate) fn recorded(span: tracing::Span) -> tracing::Span {
     }
 }
 
+/// A breaker opened.
 pub(crate) fn breaker_opened(breaker: &str) {
     let labels = [("breaker", breaker.to_owned())];
     metrics::gauge!(BREAKER_OPEN, &labels).set(1.0);

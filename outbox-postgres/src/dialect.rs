@@ -812,8 +812,7 @@ impl ClaimAnswer {
     }
 
     /// The claim whose element `at` is (the first met of its claim), with an empty head of
-    /// `first_read` rows to fill.
-    /// The claim of element `at`, with room in its head for the `rows` elements it has.
+    /// `first_read` rows to fill, and room in it for the `rows` elements the claim has.
     fn claim(
         &mut self,
         at: usize,

@@ -262,6 +262,11 @@ impl<T: Send + 'static> ShardPool<T> {
         while let Some(done) = self.tasks.try_join_next() {
             joined(done);
         }
+        self.try_next_end()
+    }
+
+    /// The next end reported, if one is there now: from the last report, or the next one.
+    fn try_next_end(&mut self) -> Option<(ShardKey, T)> {
         if self.received.len() == 0 {
             self.received = self.ends.try_recv().ok()?.into_iter();
         }
@@ -326,17 +331,8 @@ impl<T: Send + 'static> ShardPool<T> {
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         // Those that ended while the tasks were aborted are not abandoned.
-        loop {
-            if self.received.len() == 0 {
-                match self.ends.try_recv() {
-                    Ok(ends) => self.received = ends.into_iter(),
-                    Err(_) => break,
-                }
-            }
-            if let Some(end) = self.received.next() {
-                let (shard, output) = self.ended(end);
-                finished(shard, output);
-            }
+        while let Some((shard, output)) = self.try_next_end() {
+            finished(shard, output);
         }
         let abandoned = self.in_flight.len();
         self.in_flight.clear();

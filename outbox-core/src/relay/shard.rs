@@ -139,9 +139,8 @@ struct Read<'a> {
 /// What a read's deliveries came to.
 #[derive(Default)]
 struct Delivered {
-    /// The places in the plan of the groups that got through, in the order they did.
-    through: Vec<usize>,
-    /// What acknowledging them acknowledges, their rows taken from the plan once it is read.
+    /// What acknowledging the groups that got through acknowledges, in the order they did:
+    /// their rows taken from the plan once the deliveries are done.
     acks: Vec<Acknowledgement>,
     failure: Option<Failed>,
     out_of_budget: bool,
@@ -218,7 +217,7 @@ struct DrainState<'a, St: Store> {
     /// from it, not from the claim, whose shard may wait behind the others of its batch.
     started: Option<Instant>,
     /// When the lease was last set, by this relay's clock: no later than the statement that
-    /// claimed, acknowledged or extended it (see [`DrainState::hold_lease`]).
+    /// claimed, acknowledged or extended it (see [`DrainState::extend_lease`]).
     held_since: Instant,
     /// Whether an acknowledgement moved the shard's head during this drain.
     progressed: bool,
@@ -363,7 +362,7 @@ impl<'a, St: Store> DrainState<'a, St> {
         !delivered.lease_lost
             && delivered.failure.is_none()
             && !delivered.out_of_budget
-            && !delivered.through.is_empty()
+            && !delivered.acks.is_empty()
             && read.plan.blocked.is_none()
             && !read.full
             && !self.budget_spent()
@@ -406,7 +405,7 @@ impl<'a, St: Store> DrainState<'a, St> {
     }
 
     /// Whether the drain holds its lease for a delivery that starts `now` with no need to
-    /// extend it first (see [`DrainState::hold_lease`]): in transaction mode, or within a
+    /// extend it first (see [`DrainState::extend_lease`]): in transaction mode, or within a
     /// third of the lease since it was last set. Answered without a future, as most are.
     fn lease_fresh(&self, now: Instant) -> bool {
         let config = &self.inner.config;
@@ -414,20 +413,17 @@ impl<'a, St: Store> DrainState<'a, St> {
             || now.saturating_duration_since(self.held_since) < config.lease / 3
     }
 
-    /// Whether the drain still holds its lease for a delivery that starts now. Once a third
-    /// of the lease has passed since it was last set (by this relay's clock, which can only
-    /// be early), the lease is extended first: a lease that lapsed may have been taken over,
-    /// and the worker that took it delivers this read again as retries; a delivery started
-    /// here under the lapsed lease would be a second, unmarked one, running beside the new
-    /// holder's. A lease extended now outlasts the first heartbeat of the handler that
-    /// starts (a third of the lease in). `false` (said once) if another worker holds it. In
-    /// transaction mode the claiming transaction holds the shard, and there is no lease to
-    /// keep.
-    async fn hold_lease(&mut self) -> Result<bool, Error> {
+    /// Whether the drain still holds its lease for a delivery that starts now, asked where
+    /// [`DrainState::lease_fresh`] says no: once a third of the lease has passed since it was
+    /// last set (by this relay's clock, which can only be early), the lease is extended
+    /// first: a lease that lapsed may have been taken over, and the worker that took it
+    /// delivers this read again as retries; a delivery started here under the lapsed lease
+    /// would be a second, unmarked one, running beside the new holder's. A lease extended now
+    /// outlasts the first heartbeat of the handler that starts (a third of the lease in).
+    /// `false` (said once) if another worker holds it. (In transaction mode the claiming
+    /// transaction holds the shard, and the lease is always fresh.)
+    async fn extend_lease(&mut self) -> Result<bool, Error> {
         let config = &self.inner.config;
-        if self.lease_fresh(Instant::now()) {
-            return Ok(true);
-        }
         let asked = Instant::now();
         let inner = self.inner;
         let held = inner
@@ -517,10 +513,10 @@ impl<'a, St: Store> DrainState<'a, St> {
         .await
     }
 
-    /// Counts the delivery of `group`, at `at` in the plan, which got through, and notes it
-    /// to acknowledge.
-    fn got_through(&mut self, delivered: &mut Delivered, at: usize, group: &Group) {
-        delivered.through.push(at);
+    /// Counts the delivery of `group`, at `at` in the plan, which got through, and notes its
+    /// place among those to acknowledge (`through`).
+    fn got_through(&mut self, through: &mut Vec<usize>, at: usize, group: &Group) {
+        through.push(at);
         self.rows_delivered += group.rows();
         self.deliveries += 1;
     }
@@ -692,17 +688,16 @@ impl<'a, St: Store> ShardDrain<'a, St> {
         // worker whose lease lapsed: each is a retry.
         let retrying = !state.progressed && state.lease.previous_owner.is_some();
         let mut attempt = state.head_attempt();
-        let mut delivered = Delivered {
-            through: Vec::with_capacity(plan.groups.len()),
-            ..Delivered::default()
-        };
+        let mut delivered = Delivered::default();
+        // The places of the groups that got through, in the order they did.
+        let mut through = Vec::with_capacity(plan.groups.len());
         let mut index = 0;
         while let Some(group) = plan.groups.get(index) {
             // After a takeover the whole first read is delivered before the shard yields: the
             // worker whose lease lapsed may have delivered any of it, and only this drain
             // knows to call its deliveries retries.
             if state.budget_spent()
-                && (state.progressed || !delivered.through.is_empty())
+                && (state.progressed || !through.is_empty())
                 && (!retrying || state.stopping())
             {
                 delivered.out_of_budget = true;
@@ -715,7 +710,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                 break;
             };
             // The turn began now: most leases need no extension, asked for with no future.
-            if !state.lease_fresh(turn.since) && !Box::pin(state.hold_lease()).await? {
+            if !state.lease_fresh(turn.since) && !Box::pin(state.extend_lease()).await? {
                 delivered.lease_lost = true;
                 break;
             }
@@ -737,7 +732,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     .iter()
                     .enumerate()
                 {
-                    state.got_through(&mut delivered, index + at, group);
+                    state.got_through(&mut through, index + at, group);
                 }
                 if pipelined.confirmed > 0 && !retrying {
                     attempt = 1;
@@ -747,7 +742,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     // published again; the failed one, retried, follows them.
                     for &after in &pipelined.confirmed_after {
                         if let Some(group) = groups.get(after) {
-                            state.got_through(&mut delivered, index + after, group);
+                            state.got_through(&mut through, index + after, group);
                         }
                     }
                     let failed = &groups[pipelined.confirmed.min(groups.len() - 1)];
@@ -774,7 +769,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
                     if !retrying {
                         attempt = 1;
                     }
-                    state.got_through(&mut delivered, index, group);
+                    state.got_through(&mut through, index, group);
                 }
                 Err(error) => {
                     delivered.failure = Some(Failed::of(group, attempt, error));
@@ -783,7 +778,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             }
             index += 1;
         }
-        delivered.acks = plan.acknowledgements(&delivered.through);
+        delivered.acks = plan.acknowledgements(&through);
         Ok(delivered)
     }
 
@@ -796,7 +791,6 @@ impl<'a, St: Store> ShardDrain<'a, St> {
     ) -> Result<ControlFlow<ShardRun, Self>, Error> {
         let Delivered {
             acks,
-            through: _,
             failure,
             out_of_budget,
             lease_lost,

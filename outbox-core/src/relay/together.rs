@@ -332,20 +332,18 @@ impl<S: Store> Together<S> {
     }
 }
 
-/// The answers to a claim of `count` shards that claimed none of them: the first reports
-/// `error`, if any, and the others were not claimed.
 /// The place of `shard` in `sorted`, looked for from `after` (where the last one was found, moved
 /// on to after this one): keys asked for in order, or claimed in order (a claim draws its tokens
 /// in key order), are each found a step or a few on, and the others by a search.
 fn place(sorted: &[ShardKey], after: &mut usize, shard: &ShardKey) -> Option<usize> {
     /// How far on a key is looked for before it is searched for.
     const NEAR: usize = 8;
-    let near = sorted.get(*after..).unwrap_or_default();
     let behind = *after > 0 && sorted.get(*after - 1).is_some_and(|key| key >= shard);
-    let found = match near.iter().take(NEAR).position(|key| key >= shard) {
-        _ if behind => sorted.binary_search(shard).ok(),
-        Some(step) => (near[step] == *shard).then_some(*after + step),
-        None => sorted.binary_search(shard).ok(),
+    let near = sorted.get(*after..).unwrap_or_default();
+    let step = near.iter().take(NEAR).position(|key| key >= shard);
+    let found = match step {
+        Some(step) if !behind => (near[step] == *shard).then_some(*after + step),
+        _ => sorted.binary_search(shard).ok(),
     };
     if let Some(at) = found {
         *after = at + 1;
@@ -353,6 +351,8 @@ fn place(sorted: &[ShardKey], after: &mut usize, shard: &ShardKey) -> Option<usi
     found
 }
 
+/// The answers to a claim of `count` shards that claimed none of them: the first reports
+/// `error`, if any, and the others were not claimed.
 fn unclaimed<S: Store>(count: usize, mut error: Option<Error>) -> Vec<Claimed<S>> {
     (0..count)
         .map(|_| error.take().map_or(Ok(None), Err))
