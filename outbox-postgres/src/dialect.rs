@@ -747,9 +747,18 @@ where
     T: arrays::Element,
     Vec<T>: for<'r> sqlx::Decode<'r, Postgres>,
 {
+    Ok(maybe_column(row, index)?.unwrap_or_default())
+}
+
+/// The array at `index` of `row`, or `None` if it is NULL.
+fn maybe_column<T>(row: &PgRow, index: usize) -> Result<Option<Vec<T>>, sqlx::Error>
+where
+    T: arrays::Element,
+    Vec<T>: for<'r> sqlx::Decode<'r, Postgres>,
+{
     Ok(row
         .try_get_unchecked::<Option<arrays::Decoded<T>>, _>(index)?
-        .map_or_else(Vec::new, |column| column.0))
+        .map(|column| column.0))
 }
 
 impl ClaimAnswer {
@@ -991,12 +1000,69 @@ async fn discovered(
         .collect()
 }
 
-/// What a batch finish answered, an element per shard in order: whether its lease was held
-/// (`0`: not), the rows it deleted, and the released row's `seq` if the shard's chain stays.
+/// What a batch finish answered, an element per shard in order: whether its lease was held,
+/// the rows it deleted, and the released row's `seq` if the shard's chain stays.
 struct Answers {
-    held: Vec<i64>,
+    held: Vec<bool>,
     deleted: Vec<i64>,
     released: Vec<Option<i64>>,
+}
+
+impl Answers {
+    /// The answers to a finish of `batch` from what [`leases::ACK_AND_RELEASE_MANY`]
+    /// returned: the places of the leases held (`None`: all), the acknowledged ids deleted
+    /// (`None`: all those of the leases held), and the places and `seq`s of the released rows
+    /// that follow kept chains.
+    fn of(
+        batch: &[outbox_sqlx::dialect::Finishing],
+        held: Option<&[i64]>,
+        deleted: Option<Vec<i64>>,
+        following: Vec<i64>,
+        seqs: Vec<i64>,
+    ) -> Result<Self, String> {
+        let slot = |place: i64| {
+            usize::try_from(place - 1)
+                .ok()
+                .filter(|&slot| slot < batch.len())
+                .ok_or_else(|| format!("place {place} of {} shards", batch.len()))
+        };
+        let mut answers = Self {
+            held: vec![held.is_none(); batch.len()],
+            deleted: vec![0; batch.len()],
+            released: vec![None; batch.len()],
+        };
+        for place in held.into_iter().flatten() {
+            answers.held[slot(*place)?] = true;
+        }
+        // Each lease held deleted its acknowledged rows, but for any that another
+        // transaction deleted first (an operator's purge).
+        let gone: Option<std::collections::HashSet<i64>> =
+            deleted.map(|ids| ids.into_iter().collect());
+        for (at, (_, _, acks)) in batch.iter().enumerate() {
+            if answers.held[at] {
+                let ids = acks.iter().flat_map(|ack| &ack.ids);
+                answers.deleted[at] = match &gone {
+                    None => ids.count(),
+                    Some(gone) => ids.filter(|id| gone.contains(&id.0)).count(),
+                } as i64;
+            }
+        }
+        if following.len() != seqs.len() {
+            return Err(format!(
+                "{} released places for {} seqs",
+                following.len(),
+                seqs.len()
+            ));
+        }
+        for (place, seq) in following.into_iter().zip(seqs) {
+            let at = slot(place)?;
+            if !answers.held[at] {
+                return Err(format!("a release of place {place}, not held"));
+            }
+            answers.released[at] = Some(seq);
+        }
+        Ok(answers)
+    }
 }
 
 impl PgDialect {
@@ -1026,48 +1092,25 @@ impl PgDialect {
         let rows = space::fetch_all(conn, query, self.space.guarded())
             .await
             .map_err(database::<Self>(FINISHING))?;
-        let columns = rows
-            .first()
-            .map(|row| {
-                Ok::<_, sqlx::Error>((
-                    column::<i64>(row, 0)?,
-                    column::<i64>(row, 1)?,
-                    column::<i64>(row, 2)?,
-                    column::<Option<i64>>(row, 3)?,
-                ))
-            })
-            .transpose()
-            .map_err(database::<Self>(FINISHING))?
-            .unwrap_or_default();
-        let (places, held, deleted, released) = columns;
-        // Each answer in its shard's place (`n`, from 1), each place answered once.
-        let mut answers = Answers {
-            held: vec![-1; batch.len()],
-            deleted: vec![0; batch.len()],
-            released: vec![None; batch.len()],
-        };
-        let mut answered = 0;
-        for (at, place) in places.iter().enumerate() {
-            let slot = usize::try_from(*place - 1)
-                .ok()
-                .filter(|&slot| slot < batch.len() && answers.held[slot] < 0);
-            let (Some(slot), Some(&held), Some(&deleted), Some(&released)) =
-                (slot, held.get(at), deleted.get(at), released.get(at))
-            else {
-                break;
-            };
-            answers.held[slot] = held;
-            answers.deleted[slot] = deleted;
-            answers.released[slot] = released;
-            answered += 1;
-        }
-        if answered != batch.len() || places.len() != batch.len() {
-            return Err(Error::Database {
+        let row = rows.first().ok_or_else(|| Error::Database {
+            operation: FINISHING,
+            source: "no answer".into(),
+        })?;
+        let decoded = (|| {
+            Ok::<_, sqlx::Error>((
+                maybe_column::<i64>(row, 0)?,
+                maybe_column::<i64>(row, 1)?,
+                column::<i64>(row, 2)?,
+                column::<i64>(row, 3)?,
+            ))
+        })();
+        let (held, deleted, following, seqs) = decoded.map_err(database::<Self>(FINISHING))?;
+        Answers::of(batch, held.as_deref(), deleted, following, seqs).map_err(|problem| {
+            Error::Database {
                 operation: FINISHING,
-                source: format!("{} answers for {} shards", places.len(), batch.len()).into(),
-            });
-        }
-        Ok(answers)
+                source: problem.into(),
+            }
+        })
     }
 
     /// Leased claims of `shards` (the switch to the lease log made), each with the first
@@ -1551,9 +1594,7 @@ impl Dialect for PgDialect {
         // statement's snapshot saw it, and the finish said it was not held (see
         // `leases::superseded`): such leases are asked for once more, in a new snapshot. A
         // lease taken over is not held then either.
-        let missed: Vec<usize> = (0..batch.len())
-            .filter(|&at| answers.held[at] == 0)
-            .collect();
+        let missed: Vec<usize> = (0..batch.len()).filter(|&at| !answers.held[at]).collect();
         if !missed.is_empty() {
             let again: Vec<_> = missed.iter().map(|&at| batch[at].clone()).collect();
             let second = self.finish_on(conn, &finish.only(&missed), &again).await?;
@@ -1570,7 +1611,7 @@ impl Dialect for PgDialect {
             .iter()
             .enumerate()
             .map(|(at, (lease, _, acks))| {
-                Ok(if answers.held[at] == 0 {
+                Ok(if !answers.held[at] {
                     Err(Error::LeaseLost {
                         shard: lease.shard.clone(),
                         token: lease.token,

@@ -475,14 +475,18 @@ macro_rules! held_columns {
 // Drained shards' acknowledgements and releases in one statement: ACK_AND_RELEASE for each
 // lease of `$1..$4` (arrays: scope, identifier, destination, token), numbered by its place,
 // `$7` whether its chain stays (see `HOT`), `$8` the `seq` of its row if known (the claim
-// said it; NULL: the shard's newest row is sought); `$5` and `$6` the acknowledged ids and
-// the place of the lease each belongs to. Each shard's part is fenced by its own token: a lease no
-// longer held deletes nothing of its shard, and takes nothing from the others. One row of
-// four arrays, an element per lease: its place, whether it was held, the rows deleted
-// (counted by grouping, not by a scan of the deletions per lease), and the released row's
-// `seq` if the chain stays (one row, not one per lease: the relay reads a row in far more time
-// than an element of an array; unsorted, as PostgreSQL sorts each aggregate's input on its
-// own: the relay puts each element in its place).
+// said it; NULL: the shard's newest row is sought); `$6` the acknowledged ids and `$5` the
+// place of the lease each belongs to. Each shard's part is fenced by its own token: a lease
+// no longer held deletes nothing of its shard, and takes nothing from the others.
+//
+// The answer is one row that says only what the relay cannot know: the places of the leases
+// held (NULL when all were, as nearly always), the acknowledged ids deleted (NULL when all
+// those of the leases held were: only a row another transaction deleted first makes it
+// otherwise), and the places and `seq`s of the released rows that follow kept chains. Each
+// lease's count of rows deleted follows from its own ids. An answer per lease, counted by
+// grouping the deletions and joined back to the leases, cost a fifth of the statement
+// (1.5 ms of 7.5 for 770 one-message shards). Nor are the acknowledged ids joined to the
+// leases held when all were: the array bound is then the array deleted.
 //
 // A chain that does not stay ends here: its held row goes, and so does its first row (`seq`
 // 0) if that is another, superseded row.
@@ -491,12 +495,11 @@ macro_rules! held_columns {
 // claim's is not known: a held row with its token and not superseded is the newest, as
 // whoever follows a row deletes it or marks it superseded) and ended where the statement's
 // snapshot found it (`found`, and its chain's first row if the chain ends with it; see
-// `superseded`), and the acknowledged rows by
-// their ids alone, looked up as one array in the primary key: the ids of the leases still
-// held (`targets`: one row, the array), each read by the lease's claim from its shard (an id
-// is never reused and a message never changes shard, so its id alone names it), then counted
-// by shard (a batch holds one lease a shard), so that no join pairs each deleted row with
-// each acknowledged id. The delete joins only the one row that holds the array, so no plan
+// `superseded`), and the acknowledged rows by their ids alone, looked up as one array in the
+// primary key: the ids of the leases still held (`targets`: one row, the array), each read by
+// the lease's claim from its shard (an id is never reused and a message never changes shard,
+// so its id alone names it), so that no join pairs each deleted row with each acknowledged
+// id. The delete joins only the one row that holds the array, so no plan
 // can walk more than it deletes (the array is gathered before the primary key is read): a
 // join by the shard's key alone read every row of the shard that the earlier drains
 // deleted, which a held vacuum horizon keeps; one that looked an id up in the shard index
@@ -551,31 +554,33 @@ pub(crate) const ACK_AND_RELEASE_MANY: &str = concat!(
     held_columns!(),
     "), \
      held AS MATERIALIZED (SELECT * FROM gone UNION ALL SELECT * FROM marked), \
-     ended AS (DELETE FROM outbox_leases l USING held h WHERE l.ctid = h.first_at \
-        AND l.seq = 0), \
+     ended AS (DELETE FROM outbox_leases l USING held h WHERE h.first_at IS NOT NULL \
+        AND l.ctid = h.first_at AND l.seq = 0), \
+     following AS MATERIALIZED (SELECT h.n, h.shard_scope, h.shard_identifier, \
+        h.destination, nextval('outbox_lease_tokens') AS seq FROM held h WHERE h.keep), \
      released AS (",
-    released!("held"),
-    " WHERE m.keep RETURNING shard_scope, shard_identifier, destination, seq), \
+    log_columns!(),
+    "SELECT f.shard_scope, f.shard_identifier, f.destination, f.seq, false, NULL, NULL, NULL \
+        FROM following f), \
      reset AS (DELETE FROM outbox_shards s USING held m \
         WHERE s.shard_scope = m.shard_scope AND s.shard_identifier = m.shard_identifier \
             AND s.destination = m.destination), \
+     all_held AS MATERIALIZED (SELECT (SELECT count(*) FROM held) \
+        = cardinality((SELECT $4::bigint[])) AS yes), \
      targets AS MATERIALIZED ( \
-        SELECT ARRAY(SELECT a.id FROM held h \
-            JOIN unnest((SELECT $5::bigint[]), (SELECT $6::bigint[])) AS a(n, id) \
-            ON a.n = h.n) AS ids), \
+        SELECT CASE WHEN (SELECT yes FROM all_held) THEN (SELECT $6::bigint[]) \
+            ELSE ARRAY(SELECT a.id FROM held h \
+                JOIN unnest((SELECT $5::bigint[]), (SELECT $6::bigint[])) AS a(n, id) \
+                ON a.n = h.n) END AS ids), \
      acked AS ( \
         DELETE FROM outbox_messages o USING targets t WHERE o.id = ANY (t.ids) \
-        RETURNING o.shard_scope, o.shard_identifier, o.destination) \
-    SELECT coalesce(array_agg(w.n), '{}'), coalesce(array_agg(coalesce(h.count, 0)), '{}'), \
-        coalesce(array_agg(coalesce(a.count, 0)), '{}'), coalesce(array_agg(r.seq), '{}') \
-    FROM want w \
-        LEFT JOIN (SELECT n, count(*) AS count FROM held GROUP BY n) h ON h.n = w.n \
-        LEFT JOIN (SELECT shard_scope, shard_identifier, destination, count(*) AS count \
-            FROM acked GROUP BY shard_scope, shard_identifier, destination) a \
-            ON a.shard_scope = w.shard_scope AND a.shard_identifier = w.shard_identifier \
-            AND a.destination = w.destination \
-        LEFT JOIN released r ON r.shard_scope = w.shard_scope \
-            AND r.shard_identifier = w.shard_identifier AND r.destination = w.destination"
+        RETURNING o.id) \
+    SELECT CASE WHEN (SELECT yes FROM all_held) THEN NULL \
+            ELSE (SELECT coalesce(array_agg(h.n), '{}') FROM held h) END, \
+        CASE WHEN (SELECT count(*) FROM acked) = cardinality((SELECT ids FROM targets)) \
+            THEN NULL ELSE (SELECT coalesce(array_agg(a.id), '{}') FROM acked a) END, \
+        (SELECT coalesce(array_agg(f.n), '{}') FROM following f), \
+        (SELECT coalesce(array_agg(f.seq), '{}') FROM following f)"
 );
 
 /// Of the shards `want` (its key columns), those due (`due`: the newest row's `seq`, NULL if
