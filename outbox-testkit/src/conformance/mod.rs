@@ -188,6 +188,7 @@ macro_rules! store_conformance_tests {
             fan_out_destinations_drain_independently,
             wide_identifiers_are_shards_and_objects_of_their_own,
             budget_lets_other_shards_through,
+            discovery_pages_visit_each_shard_once_in_key_order,
             run_delivers_new_writes_and_stops_gracefully,
             shutdown_deadline_abandons_stuck_shards,
             s22_failing_groups_block_their_shard_by_default,

@@ -318,3 +318,67 @@ pub(super) fn run_until_stopped<S: Store>(relay: &Relay<S>) -> (oneshot::Sender<
     });
     (stop, running)
 }
+
+/// A sweep's pages visit each shard with pending messages once, in key order (scope, then
+/// identifier), at most `limit` a page, whatever mix of one-message and deeper shards the
+/// page holds and wherever a page ends: a backend that reads a page's first rows in one pass
+/// of the shard index and seeks past deeper shards must join the two without a gap or a
+/// repeat. A shard another worker holds is visited but not due.
+pub async fn discovery_pages_visit_each_shard_once_in_key_order<B: StoreBackend>() {
+    use crate::fixtures::UserUpdate;
+    let backend = B::create().await;
+    let store = backend.store();
+    let mut messages = Vec::new();
+    let mut seq = 0;
+    for (shard, depth) in [(1, 3), (2, 1), (3, 2), (4, 1), (5, 4), (6, 1)] {
+        for _ in 0..depth {
+            seq += 1;
+            messages.push(note::<OrgUpdate>(shard, seq, seq));
+        }
+    }
+    for (shard, depth) in [(1, 2), (2, 1)] {
+        for _ in 0..depth {
+            seq += 1;
+            messages.push(note::<UserUpdate>(shard, seq, seq));
+        }
+    }
+    write(&backend, &messages).await;
+    let _held = store
+        .claim(&org_shard(4), &super::claim_options("elsewhere"))
+        .await
+        .expect("claim")
+        .expect("shard 4 claimed");
+    let user = |shard: i64| {
+        outbox_core::ShardKey::local(
+            <crate::fixtures::UserScope as outbox_core::Scope>::ID,
+            shard,
+        )
+    };
+    let expected = vec![
+        org_shard(1),
+        org_shard(2),
+        org_shard(3),
+        org_shard(5),
+        org_shard(6),
+        user(1),
+        user(2),
+    ];
+    for limit in 1..=9 {
+        let (mut due, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = store
+                .discover(after.as_ref(), limit)
+                .await
+                .expect("discover");
+            assert!(page.due.len() <= limit, "limit {limit}: {page:?}");
+            due.extend(page.due);
+            pages += 1;
+            assert!(pages <= 20, "limit {limit}: the sweep does not end");
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(due, expected, "limit {limit}");
+    }
+}
