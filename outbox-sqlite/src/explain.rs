@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
 use crate::dialect::together::{
-    CLAIM_MANY, CLAIMED, DELETE_MESSAGES, HEADS, HELD, LAPSED_OWNERS, PRESENT, RELEASE_HELD,
+    CLAIM_MANY, CLAIMED, DELETE_MESSAGES, HEADS, HELD, PRESENT, RELEASE_HELD, STATES,
 };
 use crate::dialect::{
     ACK, CLAIM, DEAD_LETTERS, DELETE_IF_EMPTY, DISCOVER, DISCOVER_JSON, EXTEND_LEASE,
@@ -159,7 +159,7 @@ async fn hot_queries_use_the_indexes() {
         ),
         "each shard's rows are read up to its bound: {heads:#?}"
     );
-    explain(pool, LAPSED_OWNERS, |q| q.bind(leases)).await;
+    explain(pool, STATES, |q| q.bind(leases)).await;
     explain(pool, CLAIM_MANY, |q| {
         q.bind(leases).bind("worker").bind(30_000_i64)
     })

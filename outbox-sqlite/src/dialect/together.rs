@@ -63,16 +63,17 @@ macro_rules! key_of {
 const NEXT_TOKENS: &str = "\
     UPDATE outbox_sequences SET value = value + ?1 WHERE name = 'lease_token' RETURNING value";
 
-// The holders of the leases that lapsed without a release among the shards `?1`: their
-// place in `?1` and the holder, as one JSON array.
-pub(crate) const LAPSED_OWNERS: &str = concat!(
-    "SELECT json_group_array(json_array(w.key, s.lease_owner)) \
+// The shards `?1` that have a state row, as one JSON array: each one's place in `?1` and, if
+// its lease lapsed without a release, its holder (else NULL).
+pub(crate) const STATES: &str = concat!(
+    "SELECT json_group_array(json_array(w.key, iif(s.lease_owner IS NOT NULL \
+            AND s.lease_expires_at <= ",
+    now!(),
+    ", s.lease_owner, NULL))) \
      FROM jsonb_each(?1) w CROSS JOIN outbox_shards s \
         ON (s.shard_scope, s.shard_identifier, s.destination) = (",
     key_of!("w"),
-    ") \
-     WHERE s.lease_owner IS NOT NULL AND s.lease_expires_at <= ",
-    now!()
+    ")"
 );
 
 // CLAIM for each of the shards `?1` (each with its token): `?2` the worker, `?3` the lease's
@@ -214,7 +215,8 @@ fn held_places(held: &str, count: usize) -> Result<Vec<bool>, Error> {
 }
 
 /// Leased claims of `shards` in the write transaction on `tx`, in four statements: the
-/// tokens, the lapsed leases' holders, the claims, and which were claimed.
+/// tokens, the shards' state rows (and the lapsed leases' holders), the claims, and which were
+/// claimed (not read where no shard had a state row and every claim inserted one).
 pub(super) async fn claim_all(
     tx: &mut SqliteConnection,
     shards: &[ShardKey],
@@ -229,28 +231,39 @@ pub(super) async fn claim_all(
         .map_err(failed())?;
     let first = last - count + 1;
     let keys = shards_json(shards.iter().zip(first..));
-    let lapsed: String = sqlx::query_scalar(LAPSED_OWNERS)
+    let states: String = sqlx::query_scalar(STATES)
         .bind(&keys)
         .fetch_one(&mut *tx)
         .await
         .map_err(failed())?;
-    let lapsed: HashMap<usize, String> = serde_json::from_str::<Vec<(usize, String)>>(&lapsed)
-        .map_err(json_error)?
+    let states =
+        serde_json::from_str::<Vec<(usize, Option<String>)>>(&states).map_err(json_error)?;
+    let fresh = states.is_empty();
+    let lapsed: HashMap<usize, String> = states
         .into_iter()
+        .filter_map(|(place, owner)| Some((place, owner?)))
         .collect();
-    sqlx::query(CLAIM_MANY)
+    let inserted = sqlx::query(CLAIM_MANY)
         .bind(&keys)
         .bind(options.worker.clone())
         .bind(i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX))
         .execute(&mut *tx)
         .await
-        .map_err(failed())?;
-    let claimed: String = sqlx::query_scalar(CLAIMED)
-        .bind(&keys)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(failed())?;
-    let claimed: Vec<(usize, i64)> = serde_json::from_str(&claimed).map_err(json_error)?;
+        .map_err(failed())?
+        .rows_affected();
+    // Where no shard had a state row and every one was claimed (a sweep of shards that never
+    // failed, nearly always), each claim inserted its shard's row: no attempts, no holder
+    // before. Otherwise the claims are read back.
+    let claimed: Vec<(usize, i64)> = if fresh && inserted == shards.len() as u64 {
+        (0..shards.len()).map(|place| (place, 0)).collect()
+    } else {
+        let claimed: String = sqlx::query_scalar(CLAIMED)
+            .bind(&keys)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed())?;
+        serde_json::from_str(&claimed).map_err(json_error)?
+    };
     let mut leases = Vec::with_capacity(claimed.len());
     for (place, attempts) in claimed {
         let Some(shard) = shards.get(place) else {

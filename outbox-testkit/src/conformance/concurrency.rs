@@ -1430,3 +1430,76 @@ pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
     }
     held.finish(Outcome::Yielded).await.expect("release");
 }
+
+/// Shards claimed together, every one of them due, each report what their own state says:
+/// none (no attempt, nobody before), a lapsed lease (an attempt, and who held it), a failure
+/// whose retry is due (its attempts). A backend that knows a batch's claims from their count
+/// alone must know when it cannot.
+pub async fn shards_claimed_together_report_their_own_attempts_and_holders<B: StoreBackend>() {
+    use outbox_core::store::Failure;
+
+    let backend = B::create().await;
+    let ids = write(
+        &backend,
+        &[
+            note::<OrgUpdate>(31, 1, 1),
+            note::<OrgUpdate>(32, 1, 2),
+            note::<OrgUpdate>(33, 1, 3),
+        ],
+    )
+    .await;
+    let store = backend.store();
+    let mut short = claim_options("crashed");
+    short.lease = Duration::from_millis(100);
+    let lapsing = store
+        .claim(&org_shard(32), &short)
+        .await
+        .expect("claim")
+        .expect("due");
+    drop(lapsing); // crashed: never released
+    let failing = store
+        .claim(&org_shard(33), &claim_options("failing"))
+        .await
+        .expect("claim")
+        .expect("due");
+    failing
+        .finish(Outcome::Failed(Failure {
+            error: "down".to_owned(),
+            attempts: 2,
+            retry_in: Duration::ZERO,
+            watermark: ids.iter().copied().max().expect("written"),
+            parked_category: None,
+        }))
+        .await
+        .expect("back off");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let sessions = store
+        .claim_many(
+            &[org_shard(31), org_shard(32), org_shard(33)],
+            &claim_options("worker"),
+            10,
+        )
+        .await
+        .expect("claim many");
+    let mut claimed: Vec<(i64, u32, Option<String>)> = sessions
+        .iter()
+        .map(|session| {
+            let lease = session.lease();
+            (
+                int(lease.shard.shard_identifier),
+                lease.attempts,
+                lease.previous_owner.clone(),
+            )
+        })
+        .collect();
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        vec![
+            (31, 0, None),
+            (32, 1, Some("crashed".to_owned())),
+            (33, 2, None),
+        ]
+    );
+}

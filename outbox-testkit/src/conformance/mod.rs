@@ -166,6 +166,7 @@ macro_rules! store_conformance_tests {
             s15_concurrent_claims_grant_one_lease,
             s15_two_relays_share_shards_without_overlap,
             s15_claiming_many_shards_grants_each_once,
+            shards_claimed_together_report_their_own_attempts_and_holders,
             s16_stale_worker_cannot_acknowledge,
             drained_shards_finished_together_are_each_fenced_by_their_lease,
             leases_extended_together_are_each_fenced_by_their_token,
