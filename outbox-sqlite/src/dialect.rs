@@ -348,44 +348,31 @@ macro_rules! next_in_scope {
     };
 }
 
-// The page's shards in key order after the cursor, found in two ways, as on PostgreSQL: the
-// keys of the first `?4` rows, read in one pass of the shard index (`near`: where most shards
-// hold a message or two, that is the whole page, a step of the index a shard), then a
-// skip-scan from the last of them for the rest (`far`): one index seek per shard with pending
-// rows, never a read of every row of a deep shard. Each step of the skip-scan finds the first
-// row of the next shard in key order: in the same shard identifier (a later destination),
-// else a later shard identifier, else a later scope. (SQLite seeks a row value compared with
-// bound parameters, but one compared with the columns of the recursive step only on its first
-// column: that would read every row of the scope before the next shard.) A skip-scan alone
-// cost a page of one-message shards four seeks a shard. Shards are due when nobody holds a
-// live lease on them and they are not backing off, or have a message newer than their
-// failure.
+// Skip-scan: one index seek per shard with pending rows, never a read of every row. Each step
+// finds the first row of the next shard in key order: in the same shard identifier (a later
+// destination), else a later shard identifier, else a later scope. (SQLite seeks a row value
+// compared with bound parameters, but one compared with the columns of the recursive step only
+// on its first column: that would read every row of the scope before the next shard.) Shards are due when nobody holds a live
+// lease on them and they are not backing off, or have a message newer than their failure.
 macro_rules! discover {
     () => {
 concat!(
     "\
-    WITH RECURSIVE near(shard_scope, shard_identifier, destination, n) AS ( \
-        SELECT shard_scope, shard_identifier, destination, \
-            row_number() OVER (ORDER BY shard_scope, shard_identifier, destination) \
-        FROM (SELECT shard_scope, shard_identifier, destination FROM outbox_messages \
-              WHERE (shard_scope, shard_identifier, destination) > (?1, ?2, ?3) \
-              ORDER BY shard_scope, shard_identifier, destination LIMIT ?4) \
-        GROUP BY shard_scope, shard_identifier, destination), \
-     far(shard_scope, shard_identifier, destination, n) AS ( \
-        SELECT * FROM (SELECT * FROM near ORDER BY n DESC LIMIT 1) \
+    WITH RECURSIVE keys(shard_scope, shard_identifier, destination, n) AS ( \
+        SELECT * FROM ( \
+            SELECT shard_scope, shard_identifier, destination, 1 FROM outbox_messages \
+            WHERE (shard_scope, shard_identifier, destination) > (?1, ?2, ?3) \
+            ORDER BY shard_scope, shard_identifier, destination LIMIT 1) \
         UNION ALL \
         SELECT m.shard_scope, m.shard_identifier, m.destination, k.n + 1 \
-        FROM far k JOIN outbox_messages m ON m.id = coalesce(",
+        FROM keys k JOIN outbox_messages m ON m.id = coalesce(",
     next_in_scope!(),
     ", \
             (SELECT x.id FROM outbox_messages x \
              WHERE x.shard_scope > k.shard_scope \
              ORDER BY x.shard_scope, x.shard_identifier, x.destination LIMIT 1)) \
-        WHERE k.n < ?4), \
-     keys AS ( \
-        SELECT * FROM near \
-        UNION ALL \
-        SELECT * FROM far WHERE n > (SELECT count(*) FROM near)) \
+        WHERE k.n < ?4 \
+    ) \
     SELECT k.shard_scope, k.shard_identifier, k.destination, \
         (s.shard_scope IS NULL OR ( \
             (s.lease_expires_at IS NULL OR s.lease_expires_at <= ",
