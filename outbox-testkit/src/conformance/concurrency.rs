@@ -1296,7 +1296,7 @@ pub async fn s17_a_lapsed_claim_counts_as_an_attempt<B: StoreBackend>() {
 /// have read with the claim).
 pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
     use outbox_core::admin::Admin;
-    use outbox_core::store::{Failure, PauseTarget};
+    use outbox_core::store::PauseTarget;
 
     let backend = B::create().await;
     let shards: Vec<i64> = (1..=24).collect();
@@ -1318,30 +1318,8 @@ pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
         .pause(&PauseTarget::Shard(org_shard(4)), Some("test"))
         .await
         .expect("pause");
-    let failing = store
-        .claim(&org_shard(5), &claim_options("failing"))
-        .await
-        .expect("claim")
-        .expect("due");
-    failing
-        .finish(Outcome::Failed(Failure {
-            error: "down".to_owned(),
-            attempts: 1,
-            retry_in: Duration::from_secs(3600),
-            watermark: newest,
-            parked_category: None,
-        }))
-        .await
-        .expect("back off");
-    let mut short = claim_options("crashed");
-    short.lease = Duration::from_millis(100);
-    let lapsing = store
-        .claim(&org_shard(6), &short)
-        .await
-        .expect("claim")
-        .expect("due");
-    let earlier = held.lease().token.max(lapsing.lease().token);
-    drop(lapsing); // crashed: never released
+    failed_once(&store, 5, 1, Duration::from_secs(3600), newest).await;
+    let earlier = held.lease().token.max(crashed_holding(&store, 6).await);
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     let contenders = 4;
@@ -1436,8 +1414,6 @@ pub async fn s15_claiming_many_shards_grants_each_once<B: StoreBackend>() {
 /// whose retry is due (its attempts). A backend that knows a batch's claims from their count
 /// alone must know when it cannot.
 pub async fn shards_claimed_together_report_their_own_attempts_and_holders<B: StoreBackend>() {
-    use outbox_core::store::Failure;
-
     let backend = B::create().await;
     let ids = write(
         &backend,
@@ -1449,29 +1425,9 @@ pub async fn shards_claimed_together_report_their_own_attempts_and_holders<B: St
     )
     .await;
     let store = backend.store();
-    let mut short = claim_options("crashed");
-    short.lease = Duration::from_millis(100);
-    let lapsing = store
-        .claim(&org_shard(32), &short)
-        .await
-        .expect("claim")
-        .expect("due");
-    drop(lapsing); // crashed: never released
-    let failing = store
-        .claim(&org_shard(33), &claim_options("failing"))
-        .await
-        .expect("claim")
-        .expect("due");
-    failing
-        .finish(Outcome::Failed(Failure {
-            error: "down".to_owned(),
-            attempts: 2,
-            retry_in: Duration::ZERO,
-            watermark: ids.iter().copied().max().expect("written"),
-            parked_category: None,
-        }))
-        .await
-        .expect("back off");
+    crashed_holding(&store, 32).await;
+    let newest = ids.iter().copied().max().expect("written");
+    failed_once(&store, 33, 2, Duration::ZERO, newest).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     let sessions = store
@@ -1502,4 +1458,43 @@ pub async fn shards_claimed_together_report_their_own_attempts_and_holders<B: St
             (33, 2, None),
         ]
     );
+}
+
+/// Org shard `shard` claimed by "crashed" for 100 ms and never released (its session dropped):
+/// the lease lapses then. Its token.
+async fn crashed_holding<S: Store>(store: &S, shard: i64) -> i64 {
+    let mut short = claim_options("crashed");
+    short.lease = Duration::from_millis(100);
+    let lapsing = store
+        .claim(&org_shard(shard), &short)
+        .await
+        .expect("claim")
+        .expect("due");
+    lapsing.lease().token
+}
+
+/// Org shard `shard` claimed by "failing" and finished as its `attempts`-th failure, retried
+/// after `retry_in`, its rows up to `watermark` seen.
+async fn failed_once<S: Store>(
+    store: &S,
+    shard: i64,
+    attempts: u32,
+    retry_in: Duration,
+    watermark: MessageId,
+) {
+    let failing = store
+        .claim(&org_shard(shard), &claim_options("failing"))
+        .await
+        .expect("claim")
+        .expect("due");
+    failing
+        .finish(Outcome::Failed(outbox_core::store::Failure {
+            error: "down".to_owned(),
+            attempts,
+            retry_in,
+            watermark,
+            parked_category: None,
+        }))
+        .await
+        .expect("back off");
 }
