@@ -1004,7 +1004,7 @@ async fn discovered(
 /// the rows it deleted, and the released row's `seq` if the shard's chain stays.
 struct Answers {
     held: Vec<bool>,
-    deleted: Vec<i64>,
+    deleted: Vec<u64>,
     released: Vec<Option<i64>>,
 }
 
@@ -1044,7 +1044,7 @@ impl Answers {
                 answers.deleted[at] = match &gone {
                     None => ids.count(),
                     Some(gone) => ids.filter(|id| gone.contains(&id.0)).count(),
-                } as i64;
+                } as u64;
             }
         }
         if following.len() != seqs.len() {
@@ -1622,7 +1622,7 @@ impl Dialect for PgDialect {
                         self.positions.drained(&lease.shard, lease.token, highest);
                     }
                     kept.extend(answers.released[at].map(|seq| (&lease.shard, seq)));
-                    Ok((u64::try_from(answers.deleted[at]).unwrap_or(0), true))
+                    Ok((answers.deleted[at], true))
                 })
             })
             .collect();
