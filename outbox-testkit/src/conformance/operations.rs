@@ -519,7 +519,7 @@ pub async fn s23_scope_and_category_pauses_hold_their_shards<B: StoreBackend>() 
     let store = backend.store();
     let recorder = Recorder::new();
     let relay = Relay::with_config(store.clone(), recorder.registry(), config("s23-kinds"));
-    let user_shard = outbox_core::ShardKey::local(UserScope::ID, 1);
+    let user_shard = crate::fixtures::user_shard(1);
     let shards_seen = |recorder: &Recorder| {
         let mut shards: Vec<_> = recorder.seen().into_iter().map(|seen| seen.shard).collect();
         shards.sort();

@@ -325,7 +325,7 @@ pub(super) fn run_until_stopped<S: Store>(relay: &Relay<S>) -> (oneshot::Sender<
 /// of the shard index and seeks past deeper shards must join the two without a gap or a
 /// repeat. A shard another worker holds is visited but not due.
 pub async fn discovery_pages_visit_each_shard_once_in_key_order<B: StoreBackend>() {
-    use crate::fixtures::UserUpdate;
+    use crate::fixtures::{UserUpdate, user_shard};
     let backend = B::create().await;
     let store = backend.store();
     let mut messages = Vec::new();
@@ -348,20 +348,14 @@ pub async fn discovery_pages_visit_each_shard_once_in_key_order<B: StoreBackend>
         .await
         .expect("claim")
         .expect("shard 4 claimed");
-    let user = |shard: i64| {
-        outbox_core::ShardKey::local(
-            <crate::fixtures::UserScope as outbox_core::Scope>::ID,
-            shard,
-        )
-    };
     let expected = vec![
         org_shard(1),
         org_shard(2),
         org_shard(3),
         org_shard(5),
         org_shard(6),
-        user(1),
-        user(2),
+        user_shard(1),
+        user_shard(2),
     ];
     for limit in 1..=9 {
         let (mut due, mut after, mut pages) = (Vec::new(), None, 0);

@@ -11,7 +11,9 @@ use serde_json::json;
 
 use super::{assert_in, config, pending, pending_ids, state_of, write};
 use crate::backend::{StoreBackend, TestBackend};
-use crate::fixtures::{AuditEvent, OrgScope, OrgUpdate, Recorder, UserScope, UserUpdate, note};
+use crate::fixtures::{
+    AuditEvent, OrgScope, OrgUpdate, Recorder, UserScope, UserUpdate, note, user_shard,
+};
 
 /// An outbox written in the caller's transaction commits or rolls back with the business
 /// data; rolled back, there is no row, no delivery and no handler call.
@@ -125,7 +127,7 @@ pub async fn s04_stored_row_with_a_mismatched_scope_backs_its_shard_off<B: Store
     let backend = B::create().await;
     let recorder = Recorder::new();
     let relay = Relay::with_config(backend.store(), recorder.registry(), config("s04"));
-    let shard = outbox_core::ShardKey::local(UserScope::ID, 7);
+    let shard = user_shard(7);
 
     write(&backend, &[note::<UserUpdate>(7, 1, 1)]).await;
     let bad = backend
