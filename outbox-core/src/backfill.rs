@@ -256,6 +256,16 @@ impl BackfillState {
         }
     }
 
+    /// The walk's rate, in rows a second: the rows walked at `walking_version` over the time
+    /// from its first batch to its last (pauses included); `None` before its second batch.
+    pub fn rows_per_second(&self) -> Option<f64> {
+        let (Some(started), Some(last)) = (self.started_at, self.updated_at) else {
+            return None;
+        };
+        let took = last.duration_since(started).ok()?.as_secs_f64();
+        (self.rows_walked > 0 && took > 0.0).then(|| self.rows_walked as f64 / took)
+    }
+
     /// What a relay whose code declares `code_version` does next: walk, or nothing.
     pub fn next_step(&self, code_version: u32) -> BackfillStep {
         let target = self.target_version;
@@ -362,6 +372,16 @@ pub struct BackfillBatch {
     pub outcome: BackfillOutcome,
     /// The model's state after the tick (`None` when another relay held it).
     pub state: Option<BackfillState>,
+}
+
+impl BackfillBatch {
+    /// The rows the tick walked (0 unless it [`Walked`](BackfillOutcome::Walked)).
+    pub fn rows(&self) -> usize {
+        match self.outcome {
+            BackfillOutcome::Walked { rows, .. } => rows,
+            BackfillOutcome::Busy | BackfillOutcome::Gated => 0,
+        }
+    }
 }
 
 /// What an operator asks of [`Admin::start_backfill`](crate::admin::Admin::start_backfill).

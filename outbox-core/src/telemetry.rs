@@ -32,6 +32,7 @@
 //! | `outbox_backfill_rows_walked` | gauge | `model` | rows the model's current (or last) walk has walked |
 //! | `outbox_backfill_target_version` | gauge | `model` | the version an operator started the model's backfill to |
 //! | `outbox_backfill_done_version` | gauge | `model` | the highest version whose walk completed |
+//! | `outbox_backfill_pace_rows` | gauge | | the rows a backfill tick may walk now, per model: the budget, or less while live messages wait longer |
 //! | `outbox_inbox_received_total` | counter | `consumer` | messages a consumer's inbox received, first or duplicate (counted at the record; a rollback after it does not take it back) |
 //! | `outbox_inbox_duplicates_total` | counter | `consumer` | messages a consumer's inbox had recorded already: redeliveries it skipped |
 //! | `outbox_inbox_handler_failures_total` | counter | `consumer`, `category` | attempts of a [`Consumer`](crate::inbox::Consumer)'s handlers that failed (each retried in place, or dead-lettered) |
@@ -114,6 +115,10 @@ pub const BACKFILL_ROWS_WALKED: &str = "outbox_backfill_rows_walked";
 pub const BACKFILL_TARGET_VERSION: &str = "outbox_backfill_target_version";
 /// The highest version whose backfill walk completed (gauge; `model`).
 pub const BACKFILL_DONE_VERSION: &str = "outbox_backfill_done_version";
+/// Gauge: the rows a running relay's backfill tick may walk now, per model: its
+/// [`backfill_budget`](crate::RelayConfigBuilder::backfill_budget), or less while live
+/// messages wait longer for the walk.
+pub const BACKFILL_PACE: &str = "outbox_backfill_pace_rows";
 
 /// Messages a consumer's [`Inbox`](crate::inbox::Inbox) received, first or duplicate
 /// (counter; `consumer`).
@@ -254,6 +259,11 @@ pub fn describe() {
         Unit::Count,
         "The highest version whose backfill walk completed"
     );
+    describe_gauge!(
+        BACKFILL_PACE,
+        Unit::Count,
+        "The rows a backfill tick may walk now, per model, paced by live latency"
+    );
 }
 
 /// Reports every counter at 0 for each category and scope of `registry` (and each database
@@ -295,6 +305,12 @@ pub(crate) fn backfilled(batch: &BackfillBatch) {
             .set(f64::from(state.target_version));
         metrics::gauge!(BACKFILL_DONE_VERSION, "model" => model).set(f64::from(state.done_version));
     }
+}
+
+/// The rows a backfill tick may walk now, per model (see
+/// [`backfill_paced`](crate::RelayConfigBuilder::backfill_paced)).
+pub(crate) fn backfill_pace(rows: usize) {
+    metrics::gauge!(BACKFILL_PACE).set(rows as f64);
 }
 
 /// A failed tick of a model's backfill.

@@ -13,7 +13,7 @@ use super::pool::ShardPool;
 use super::report::{DrainReport, MaintenanceReport, RunReport};
 use super::run::RunLoop;
 use super::shard::DrainMode;
-use super::{Drained, pool, slots, together};
+use super::{Drained, pool, slots, together, walk};
 use crate::backfill::BackfillBatch;
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -107,6 +107,11 @@ impl<S: Store> Relay<S> {
                 .saturating_mul(2)
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         );
+        // Measured only where a walk is paced by it.
+        let live = (config.backfill_paced
+            && config.backfill_interval.is_some()
+            && !registry.backfill_models().is_empty())
+        .then(walk::LiveLatency::default);
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -123,6 +128,7 @@ impl<S: Store> Relay<S> {
                 rows_read,
                 metrics: std::sync::OnceLock::new(),
                 lapse_told: std::sync::atomic::AtomicBool::new(false),
+                live,
             }),
         }
     }
@@ -265,12 +271,14 @@ impl<S: Store> Relay<S> {
     /// every [`backfill_interval`](super::RelayConfigBuilder::backfill_interval): for each
     /// replicated model of the registry, in category order, walks the next batch of its
     /// backfill if an operator started one that this binary's code can walk and no other
-    /// relay holds it ([`Store::backfill`]). Returns each model's batch; the first error, if
-    /// a model's tick failed (the others still ticked, and the failure is recorded on its
-    /// watermark).
+    /// relay holds it ([`Store::backfill`]), of at most
+    /// [`backfill_budget`](super::RelayConfigBuilder::backfill_budget) rows (a running relay
+    /// paces its ticks below it: see [`backfill_paced`](super::RelayConfigBuilder::backfill_paced)).
+    /// Returns each model's batch; the first error, if a model's tick failed (the others
+    /// still ticked, and the failure is recorded on its watermark).
     pub async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
         self.inner.prepare().await?;
-        self.inner.backfill().await
+        self.inner.backfill(self.inner.config.backfill_budget).await
     }
 
     /// Drains the given shards once each (if they are due and unclaimed), concurrently.

@@ -60,6 +60,7 @@ pub struct RelayConfig {
     pub(crate) gauge_interval: Option<Duration>,
     pub(crate) backfill_interval: Option<Duration>,
     pub(crate) backfill_budget: usize,
+    pub(crate) backfill_paced: bool,
     pub(crate) trace_relation: TraceRelation,
 }
 
@@ -94,6 +95,7 @@ impl Default for RelayConfig {
             gauge_interval: Some(Duration::from_secs(15)),
             backfill_interval: Some(Duration::from_millis(100)),
             backfill_budget: 1_000,
+            backfill_paced: true,
             trace_relation: TraceRelation::Link,
         }
     }
@@ -260,6 +262,13 @@ impl RelayConfig {
     /// The most rows a backfill tick walks per model, before the backlog is taken off.
     pub fn backfill_budget(&self) -> usize {
         self.backfill_budget
+    }
+
+    /// Whether the background relay paces its backfill ticks by the live latency it
+    /// measures (up to [`backfill_budget`](Self::backfill_budget) rows), or walks the whole
+    /// budget every tick.
+    pub fn backfill_paced(&self) -> bool {
+        self.backfill_paced
     }
 
     /// How a delivery's span relates to the trace of the request that wrote its message.
@@ -639,9 +648,29 @@ impl RelayConfigBuilder {
 
     /// The most rows one backfill tick walks per model (1,000 by default; at least 1), less
     /// the messages pending in the outbox: a backfill goes behind live traffic, and walks one
-    /// row per tick while the backlog exceeds the budget.
+    /// row per tick while the backlog exceeds the budget. The operator's cap: a running
+    /// relay walks fewer while live messages wait longer for it (see
+    /// [`backfill_paced`](Self::backfill_paced)).
     pub fn backfill_budget(mut self, rows: usize) -> Self {
         self.config.backfill_budget = rows;
+        self
+    }
+
+    /// Whether [`Relay::run`](crate::Relay::run) paces its backfill walks by the latency of
+    /// live messages (`true`, the default) or walks
+    /// [`backfill_budget`](Self::backfill_budget) rows every tick (`false`).
+    ///
+    /// Paced, the relay measures how long each drain of a shard a commit named (live
+    /// traffic) waits from its claim to its handler's turn. The 99th percentile of that, while
+    /// nothing is walked, is the baseline; while a walk goes on, every half second or so (and
+    /// fifty live messages) the rows per tick are halved when the live 99th percentile is
+    /// over one and a half times the baseline, and raised while it is within a quarter of it
+    /// (doubling from a sixteenth of the budget at first, then by a sixteenth at a time), but
+    /// never to fewer than a hundredth of the budget: a walk always goes on. A relay that
+    /// hears no live traffic (none is written, or it hears no commit notifications) walks the
+    /// whole budget. Each relay paces the walks it ticks from what it measures itself.
+    pub fn backfill_paced(mut self, paced: bool) -> Self {
+        self.config.backfill_paced = paced;
         self
     }
 

@@ -13,7 +13,7 @@ use super::pool::ShardPool;
 use super::report::MaintenanceReport;
 use super::shard::{DrainMode, Emptied, Ending};
 use super::slots::Lane;
-use super::{Drained, pool, shard, slots, together};
+use super::{Drained, pool, shard, slots, together, walk};
 use crate::backfill::{BackfillBatch, BackfillOptions, BackfillOutcome};
 use crate::error::Error;
 use crate::model::ShardKey;
@@ -44,6 +44,9 @@ pub(super) struct Inner<S: Store> {
     pub(super) metrics: std::sync::OnceLock<crate::telemetry::RelayMetrics>,
     /// Whether the relay said that its leases lapse ([`Inner::lapsed`]).
     pub(super) lapse_told: std::sync::atomic::AtomicBool,
+    /// The live latencies its urgent drains measure, which pace its backfill walks; `None`
+    /// where it walks none, or at a fixed pace.
+    pub(super) live: Option<walk::LiveLatency>,
 }
 
 /// The fewest claimed shards a task of the relay drains, when a claim's shards are shared among
@@ -141,11 +144,11 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    /// See [`Relay::backfill`].
-    pub(super) async fn backfill(&self) -> Result<Vec<BackfillBatch>, Error> {
+    /// See [`Relay::backfill`]: a tick of every model's walk, at most `budget` rows each.
+    pub(super) async fn backfill(&self, budget: usize) -> Result<Vec<BackfillBatch>, Error> {
         let options = BackfillOptions {
             worker: self.config.worker_id.clone(),
-            budget: self.config.backfill_budget,
+            budget,
         };
         let mut batches = Vec::new();
         let mut first_error = None;

@@ -37,6 +37,7 @@ mod run;
 mod shard;
 mod slots;
 mod together;
+mod walk;
 
 pub use self::api::Relay;
 pub use self::config::{Backoff, RelayConfig, RelayConfigBuilder};

@@ -16,7 +16,9 @@ use super::pool::ShardPool;
 use super::report::RunReport;
 use super::shard::{DrainEnd, DrainMode};
 use super::slots::Lane;
+use super::walk::WalkPace;
 use super::{Drained, Inner};
+use crate::backfill::BackfillBatch;
 use crate::error::{Error, error_chain};
 use crate::hashed::{Map, Set};
 use crate::model::ShardKey;
@@ -449,32 +451,73 @@ impl Upkeep {
         if let Some(interval) = config.backfill_interval
             && !inner.registry.backfill_models().is_empty()
         {
-            // An error is logged as a warning when it differs from the last one: a backfill
-            // that cannot go on (a row that does not read back) would otherwise warn at
-            // every tick.
-            let last = Arc::new(std::sync::Mutex::new(None::<String>));
+            let walks = Arc::new(std::sync::Mutex::new(Walks {
+                pace: inner
+                    .live
+                    .is_some()
+                    .then(|| WalkPace::new(config.backfill_budget, Instant::now())),
+                last_error: None,
+            }));
             tasks.push(every(inner, interval, interval, move |inner| {
-                let last = Arc::clone(&last);
+                let walks = Arc::clone(&walks);
                 async move {
-                    let result = inner.backfill().await;
-                    let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    match result {
-                        Ok(_) => *last = None,
-                        Err(error) => {
-                            let text = error_chain(&error);
-                            if last.as_deref() == Some(text.as_str()) {
-                                debug!(error = %text, "backfill tick failed again; retried at the next interval");
-                            } else {
-                                warn!(error = %text, "backfill tick failed; retried at the next interval");
-                                *last = Some(text);
-                            }
-                        }
-                    }
+                    let budget = lock(&walks).budget(&inner);
+                    let result = inner.backfill(budget).await;
+                    lock(&walks).ticked(result);
                 }
             }));
         }
         Self(tasks)
     }
+}
+
+/// What the backfill's ticks carry from one to the next.
+struct Walks {
+    /// The rows a tick walks, set by the live latency (`None`: the whole budget each tick).
+    pace: Option<WalkPace>,
+    /// The last tick's error: an error is logged as a warning when it differs from the last
+    /// one, since a backfill that cannot go on (a row that does not read back) would
+    /// otherwise warn at every tick.
+    last_error: Option<String>,
+}
+
+impl Walks {
+    /// The rows the next tick walks, at most, per model.
+    fn budget<S: Store>(&mut self, inner: &Inner<S>) -> usize {
+        let budget = match (&mut self.pace, &inner.live) {
+            (Some(pace), Some(live)) => pace.budget(live, Instant::now()),
+            _ => inner.config.backfill_budget,
+        };
+        crate::telemetry::backfill_pace(budget);
+        budget
+    }
+
+    /// Takes in a tick's result.
+    fn ticked(&mut self, result: Result<Vec<BackfillBatch>, Error>) {
+        match result {
+            Ok(batches) => {
+                self.last_error = None;
+                if let Some(pace) = &mut self.pace {
+                    pace.walked(batches.iter().map(BackfillBatch::rows).sum());
+                }
+            }
+            Err(error) => {
+                let text = error_chain(&error);
+                if self.last_error.as_deref() == Some(text.as_str()) {
+                    debug!(error = %text, "backfill tick failed again; retried at the next interval");
+                } else {
+                    warn!(error = %text, "backfill tick failed; retried at the next interval");
+                    self.last_error = Some(text);
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The task that records the relay's heartbeat ([`beat`]): stopped between two heartbeats

@@ -216,6 +216,8 @@ struct DrainState<'a, St: Store> {
     /// When the drain's first handler turn began (`None` before it): the time budget counts
     /// from it, not from the claim, whose shard may wait behind the others of its batch.
     started: Option<Instant>,
+    /// When its claim was asked: a live drain's wait for its first turn counts from it.
+    claimed: Instant,
     /// When the lease was last set, by this relay's clock: no later than the statement that
     /// claimed, acknowledged or extended it (see [`DrainState::extend_lease`]).
     held_since: Instant,
@@ -284,6 +286,7 @@ pub(crate) async fn drain<'a, St: Store>(
             mode,
             lane,
             started: None,
+            claimed,
             held_since: claimed,
             progressed: false,
             rows_delivered: 0,
@@ -469,7 +472,14 @@ impl<'a, St: Store> DrainState<'a, St> {
             )
         };
         let now = Instant::now();
-        self.started.get_or_insert(now);
+        if self.started.is_none() {
+            self.started = Some(now);
+            if let (Some(live), Lane::Urgent, DrainMode::Relay) =
+                (&inner.live, self.lane, self.mode)
+            {
+                live.record(now.saturating_duration_since(self.claimed));
+            }
+        }
         Some(Turn {
             _slot: turn,
             pace: &inner.pace,
