@@ -408,6 +408,7 @@ impl<'a> Printer<'a> {
             "done_version": state.done_version,
             "low_bound": state.low_bound.map(|key| key.to_string()),
             "rows_walked": state.rows_walked,
+            "rows_per_second": state.rows_per_second(),
             "destinations": state.destinations.as_ref().map(|destinations| {
                 destinations.iter().map(|d| d.as_str().to_owned()).collect::<Vec<_>>()
             }),
@@ -436,6 +437,7 @@ impl<'a> Printer<'a> {
             "DONE",
             "LOW BOUND",
             "ROWS",
+            "RATE",
             "UPDATED",
             "LAST ERROR",
         ]);
@@ -456,6 +458,9 @@ impl<'a> Printer<'a> {
                     .low_bound
                     .map_or_else(|| "-".to_owned(), |key| key.to_string()),
                 state.rows_walked.to_string(),
+                state
+                    .rows_per_second()
+                    .map_or_else(|| "-".to_owned(), |rate| format!("{rate:.0}/s")),
                 self.ago(state.updated_at),
                 state
                     .last_error

@@ -547,4 +547,22 @@ mod tests {
         let restarted = state(3, 2, 2, 3).after_batch(3, 4, 5, None, "w", now);
         assert_eq!((restarted.rows_walked, restarted.done_version), (4, 3));
     }
+
+    #[test]
+    fn a_walk_reports_its_rate_from_its_first_batch_to_its_last() {
+        let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let first = state(2, 1, 1, 2).after_batch(2, 100, 100, Some(Id::integer(100)), "w", start);
+        assert_eq!(
+            first.rows_per_second(),
+            None,
+            "one batch: no time to measure"
+        );
+        let later = start + std::time::Duration::from_secs(4);
+        let second = first.after_batch(2, 100, 100, Some(Id::integer(200)), "w", later);
+        assert_eq!(second.rows_per_second(), Some(50.0));
+        assert_eq!(
+            BackfillState::new(CategoryId(1), "m").rows_per_second(),
+            None
+        );
+    }
 }

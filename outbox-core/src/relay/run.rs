@@ -461,7 +461,9 @@ impl Upkeep {
             tasks.push(every(inner, interval, interval, move |inner| {
                 let walks = Arc::clone(&walks);
                 async move {
-                    let budget = lock(&walks).budget(&inner);
+                    let Some(budget) = lock(&walks).budget(&inner) else {
+                        return;
+                    };
                     let result = inner.backfill(budget).await;
                     lock(&walks).ticked(result);
                 }
@@ -482,14 +484,14 @@ struct Walks {
 }
 
 impl Walks {
-    /// The rows the next tick walks, at most, per model.
-    fn budget<S: Store>(&mut self, inner: &Inner<S>) -> usize {
-        let budget = match (&mut self.pace, &inner.live) {
-            (Some(pace), Some(live)) => pace.budget(live, Instant::now()),
-            _ => inner.config.backfill_budget,
+    /// The rows the next tick walks, at most, per model; `None`: it skips its turn.
+    fn budget<S: Store>(&mut self, inner: &Inner<S>) -> Option<usize> {
+        let (budget, pace) = match (&mut self.pace, &inner.live) {
+            (Some(pace), Some(live)) => (pace.budget(live, Instant::now()), pace.rows()),
+            _ => (inner.config.backfill_budget, inner.config.backfill_budget),
         };
-        crate::telemetry::backfill_pace(budget);
-        budget
+        crate::telemetry::backfill_pace(pace);
+        (budget > 0).then_some(budget)
     }
 
     /// Takes in a tick's result.

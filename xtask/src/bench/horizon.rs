@@ -37,7 +37,7 @@ const WRITERS: u64 = 4;
 
 /// The private server's settings: production's defaults where the shared server departs from
 /// them, and a naptime short enough that autovacuum visits the tables during every minute.
-const PRODUCTION: &str = "\
+pub(super) const PRODUCTION: &str = "\
     fsync = on\n\
     full_page_writes = on\n\
     autovacuum = on\n\
