@@ -660,17 +660,18 @@ impl RelayConfigBuilder {
     /// live messages (`true`, the default) or walks
     /// [`backfill_budget`](Self::backfill_budget) rows every tick (`false`).
     ///
-    /// Paced, the relay measures how long each drain of a shard a commit named (live
-    /// traffic) waits from its claim to its handler's turn. The 99th percentile of that, while
-    /// nothing is walked, is the baseline; while a walk goes on, every half second or so (and
-    /// fifty live messages) the rows per tick are halved when the live 99th percentile is
-    /// over 1.75 times the baseline, and raised while it is within 1.4 times it
-    /// (doubling from a sixteenth of the budget at first, then by a sixty-fourth at a time), but
-    /// never to fewer than a hundredth of the budget: a walk always goes on (below a
-    /// sixteenth a tick, the rows are saved up and walked every few ticks, so that a slow walk
-    /// costs few statements and sweeps). A relay that
-    /// hears no live traffic (none is written, or it hears no commit notifications) walks the
-    /// whole budget. Each relay paces the walks it ticks from what it measures itself.
+    /// Paced, the relay measures how long after its message was written (by the database's
+    /// clock) each drain of a shard a commit named (live traffic) gets its handler's turn.
+    /// The 99th percentile of that, while nothing is walked, is the baseline; while a walk
+    /// goes on, every half second or so (and fifty live messages) the rows per tick are
+    /// halved when the live 99th percentile is over one and a half times the baseline, and
+    /// raised while it is within a quarter of it (doubling from a sixteenth of the budget at
+    /// first, then by a sixty-fourth at a time), but never to fewer than a hundredth of the
+    /// budget: a walk always goes on. Below a sixteenth a tick, the rows are saved up and
+    /// walked every few ticks, so that a slow walk costs few statements and sweeps. A relay
+    /// that hears no live traffic (none is written, or it hears no commit notifications)
+    /// walks the whole budget. Each relay paces the walks it ticks from what it measures
+    /// itself.
     pub fn backfill_paced(mut self, paced: bool) -> Self {
         self.config.backfill_paced = paced;
         self

@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{SemaphorePermit, watch};
 use tokio::time::Instant;
@@ -216,8 +216,6 @@ struct DrainState<'a, St: Store> {
     /// When the drain's first handler turn began (`None` before it): the time budget counts
     /// from it, not from the claim, whose shard may wait behind the others of its batch.
     started: Option<Instant>,
-    /// When its claim was asked: a live drain's wait for its first turn counts from it.
-    claimed: Instant,
     /// When the lease was last set, by this relay's clock: no later than the statement that
     /// claimed, acknowledged or extended it (see [`DrainState::extend_lease`]).
     held_since: Instant,
@@ -286,7 +284,6 @@ pub(crate) async fn drain<'a, St: Store>(
             mode,
             lane,
             started: None,
-            claimed,
             held_since: claimed,
             progressed: false,
             rows_delivered: 0,
@@ -444,8 +441,10 @@ impl<'a, St: Store> DrainState<'a, St> {
     /// A handler's turn (one of the relay's `max_concurrent_shards` slots), waited for with
     /// the lease kept alive; `None` if the relay stops first. A flush takes no slot: its own
     /// pool bounds its drains, and a handler that flushes what it writes, holding a slot,
-    /// must not wait for another.
-    async fn turn(&mut self) -> Option<Turn<'a>> {
+    /// must not wait for another. `created`: when the first group's newest message was
+    /// written (a live drain's first turn reports how long after it came, to pace the
+    /// backfill walks).
+    async fn turn(&mut self, created: SystemTime) -> Option<Turn<'a>> {
         let inner: &'a Inner<St> = self.inner;
         let turn = if matches!(self.mode, DrainMode::Flush { .. }) {
             None
@@ -477,7 +476,9 @@ impl<'a, St: Store> DrainState<'a, St> {
             if let (Some(live), Lane::Urgent, DrainMode::Relay) =
                 (&inner.live, self.lane, self.mode)
             {
-                live.record(now.saturating_duration_since(self.claimed));
+                // By the database's clock, which wrote `created`, against this one's.
+                let waited = SystemTime::now().duration_since(created).unwrap_or_default();
+                live.record(waited);
             }
         }
         Some(Turn {
@@ -715,7 +716,7 @@ impl<'a, St: Store> ShardDrain<'a, St> {
             }
             // A held shard waits for a handler's turn; if the relay stops first, it is
             // released undelivered.
-            let Some(turn) = state.turn().await else {
+            let Some(turn) = state.turn(group.newest.created_at).await else {
                 delivered.out_of_budget = true;
                 break;
             };

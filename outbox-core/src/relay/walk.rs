@@ -3,10 +3,12 @@
 //! leaves and no more.
 //!
 //! The relay measures, for each drain of a shard a commit named (the urgent lane: live
-//! traffic), the time from its claim being asked to its first handler's turn
-//! ([`LiveLatency`]). That is the share of a live message's latency a walk can add to: the
-//! walk's writes and the drains of its outboxes compete with the live claims for the database
-//! and with the live handlers for the processor. [`WalkPace`] keeps the 99th percentile of it
+//! traffic), the time from its newest message's write (`created_at`, by the database's clock)
+//! to its first handler's turn ([`LiveLatency`]): a live message's latency, which a walk adds
+//! to as its writes and the drains of its outboxes compete with the live claims for the
+//! database and with the live handlers for the processor. The pace compares it only with
+//! itself (its baseline), so that a constant difference between the two clocks matters
+//! little. [`WalkPace`] keeps the 99th percentile of it
 //! measured while nothing is walked as the baseline, and while a walk goes on, adjusts the rows
 //! per tick in windows: halved when the live 99th percentile rises past
 //! [`WalkPace::OVER`] times the baseline, raised (doubled at first, then by a sixty-fourth of
@@ -103,7 +105,7 @@ impl Window {
 }
 
 impl LiveLatency {
-    /// A live drain waited `latency` from its claim to its first handler's turn.
+    /// A live drain's first handler's turn came `latency` after its message was written.
     pub(super) fn record(&self, latency: Duration) {
         self.window
             .lock()
@@ -155,13 +157,11 @@ impl WalkPace {
     const SAMPLES: u32 = 50;
     /// The longest a window waits for [`Self::SAMPLES`].
     const LONG_WINDOW: Duration = Duration::from_secs(5);
-    /// Above this multiple of the baseline, the pace is halved. The wait measured is a part
-    /// of a live message's latency (the rest, its commit and its notification, the walk
-    /// touches less): kept below twice its own baseline, it keeps the whole below twice
-    /// what it was, with room for a window's noise.
-    pub(super) const OVER: f64 = 1.75;
+    /// Above this multiple of the baseline, the pace is halved: below twice it, with room for
+    /// a window's noise.
+    pub(super) const OVER: f64 = 1.5;
     /// Within this multiple of the baseline, the pace rises.
-    pub(super) const UNDER: f64 = 1.4;
+    pub(super) const UNDER: f64 = 1.25;
     /// Once it has been over, the pace rises by this fraction of the cap at a time: small
     /// steps, so that it stays near the most the live latency allows rather than swinging
     /// past it and back.
@@ -333,7 +333,7 @@ mod tests {
     fn a_walk_slows_down_when_live_latency_rises_and_speeds_up_when_it_falls() {
         let mut pace = WalkPace::new(1_600, Instant::now());
         // Before the walk: the baseline, 3 ms at the 99th percentile (its bucket's top,
-        // 3.07 ms: within 1.4 times it is up to 4.3 ms, over 1.75 times it from 5.38 ms).
+        // 3.07 ms: within a quarter of it is up to 3.84 ms, over half of it from 4.61 ms).
         let as_before = window(&[(1, 90), (3, 10)]);
         pace.judge(&as_before);
         assert_eq!(pace.rows(), 100, "no walk, no change");
@@ -350,7 +350,7 @@ mod tests {
         assert_eq!(pace.rows(), 50);
         // Between the two bounds: held.
         pace.walked(50);
-        pace.judge(&window(&[(1, 90), (5, 10)]));
+        pace.judge(&window(&[(1, 90), (4, 10)]));
         assert_eq!(pace.rows(), 50);
         // Back to the baseline: up by a sixty-fourth of the cap at a time.
         pace.walked(50);
