@@ -652,6 +652,12 @@ where
     let shown = json(&url, &["status"]);
     assert_eq!(shown["backfills"][0]["rows_walked"], 3, "{shown}");
     assert_eq!(shown["backfills"][0]["done_version"], 2, "{shown}");
+    // One batch: no rate measured yet, and the field says so.
+    assert_eq!(
+        shown["backfills"][0].get("rows_per_second"),
+        Some(&Value::Null),
+        "{shown}"
+    );
     let nothing = outbox(&url, &["backfill", "pause", "20"]);
     assert_eq!(nothing.status.code(), Some(3), "{}", stderr(&nothing));
 

@@ -477,7 +477,9 @@ impl<'a, St: Store> DrainState<'a, St> {
                 (&inner.live, self.lane, self.mode)
             {
                 // By the database's clock, which wrote `created`, against this one's.
-                let waited = SystemTime::now().duration_since(created).unwrap_or_default();
+                let waited = SystemTime::now()
+                    .duration_since(created)
+                    .unwrap_or_default();
                 live.record(waited);
             }
         }

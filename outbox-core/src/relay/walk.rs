@@ -8,11 +8,11 @@
 //! to as its writes and the drains of its outboxes compete with the live claims for the
 //! database and with the live handlers for the processor. The pace compares it only with
 //! itself (its baseline), so that a constant difference between the two clocks matters
-//! little. [`WalkPace`] keeps the 99th percentile of it
-//! measured while nothing is walked as the baseline, and while a walk goes on, adjusts the rows
-//! per tick in windows: halved when the live 99th percentile rises past
-//! [`WalkPace::OVER`] times the baseline, raised (doubled at first, then by a sixty-fourth of
-//! the cap) while it stays within [`WalkPace::UNDER`] times it, up to the operator's cap
+//! little. [`WalkPace`] keeps the 99th percentile of it measured while nothing is walked
+//! (over the whole quiet time) as the baseline, and while a walk goes on, adjusts the rows
+//! per tick in windows: halved when the live 99th percentile rises past [`WalkPace::OVER`]
+//! times the baseline, raised (doubled at first, then by a sixty-fourth of the cap) while it
+//! stays within [`WalkPace::UNDER`] times it, up to the operator's cap
 //! ([`backfill_budget`](crate::RelayConfigBuilder::backfill_budget)). With no live traffic to
 //! measure, a walk goes at the cap.
 
@@ -79,6 +79,24 @@ impl Default for Window {
 }
 
 impl Window {
+    /// The most latencies the quiet time keeps: past it, the older count for half, so that
+    /// the baseline follows a change of the live traffic over hours.
+    const KEPT: u32 = 1 << 20;
+
+    /// Adds `other`'s latencies to this window's.
+    fn merge(&mut self, other: &Window) {
+        if self.total.saturating_add(other.total) > Self::KEPT {
+            for count in &mut self.counts {
+                *count /= 2;
+            }
+            self.total = self.counts.iter().sum();
+        }
+        for (count, more) in self.counts.iter_mut().zip(other.counts) {
+            *count = count.saturating_add(more);
+        }
+        self.total = self.total.saturating_add(other.total);
+    }
+
     fn record(&mut self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         let index = bucket(micros);
@@ -136,8 +154,10 @@ pub(super) struct WalkPace {
     floor: usize,
     /// The rows a tick walks now.
     rows: usize,
-    /// The live 99th percentile while nothing is walked.
-    baseline: Option<Duration>,
+    /// The live latencies measured while nothing was walked, all windows together: their
+    /// 99th percentile is the baseline (that of the whole quiet time, as an operator reads
+    /// it, not the typical window's, which is lower).
+    quiet: Window,
     /// When the current window began.
     window_began: Instant,
     /// Whether a tick walked rows in the current window (or skipped its turn in a walk).
@@ -175,7 +195,7 @@ impl WalkPace {
             cap,
             floor,
             rows: (cap / 16).max(floor),
-            baseline: None,
+            quiet: Window::default(),
             window_began: now,
             walked: false,
             walking: false,
@@ -228,10 +248,7 @@ impl WalkPace {
     pub(super) fn judge(&mut self, window: &Window) {
         let p99 = window.quantile(0.99);
         if !self.walked {
-            if let Some(p99) = p99 {
-                // Moving, so that one quiet window's luck does not set it.
-                self.baseline = Some(self.baseline.map_or(p99, |before| (before * 3 + p99) / 4));
-            }
+            self.quiet.merge(window);
             // The next walk starts slow again.
             (self.rows, self.doubling, self.owed) = (self.least(), true, 0);
             return;
@@ -243,7 +260,10 @@ impl WalkPace {
         };
         // A relay that started during a walk takes its first window (at the slow pace it
         // starts at) as the baseline.
-        let baseline = *self.baseline.get_or_insert(p99);
+        if self.quiet.total == 0 {
+            self.quiet.merge(window);
+        }
+        let baseline = self.quiet.quantile(0.99).unwrap_or(p99);
         let before = self.rows;
         if p99 > baseline.mul_f64(Self::OVER) {
             self.rows = (self.rows / 2).max(self.floor);
@@ -404,6 +424,19 @@ mod tests {
         pace.walked = false;
         pace.judge(&window(&[(1, 100)]));
         assert_eq!(pace.rows(), 62);
+    }
+
+    #[test]
+    fn the_baseline_is_the_whole_quiet_times_percentile_not_a_typical_windows() {
+        let mut pace = WalkPace::new(1_600, Instant::now());
+        // Two quiet windows: one calm, one with a twentieth of its latencies at 10 ms. Over
+        // both, 1 in 40 is at 10 ms: the 99th percentile is 10 ms (its bucket's top, 10.24).
+        pace.judge(&window(&[(1, 100)]));
+        pace.judge(&window(&[(1, 95), (10, 5)]));
+        // Walking at 12 ms: within a quarter of 10.24 ms, so faster.
+        pace.walked(100);
+        pace.judge(&window(&[(1, 90), (12, 10)]));
+        assert_eq!(pace.rows(), 200);
     }
 
     #[test]
