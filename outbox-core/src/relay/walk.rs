@@ -44,7 +44,7 @@ fn bucket(micros: u64) -> usize {
 fn bucket_top(index: usize) -> Duration {
     let (exponent, below) = (index / PER_DOUBLING, (index % PER_DOUBLING) as u64);
     // In nanoseconds: a quarter of the doubling's base is below a microsecond at first.
-    Duration::from_nanos(((4 + below + 1) * 1_000 << exponent) >> 2)
+    Duration::from_nanos((((4 + below + 1) * 1_000) << exponent) >> 2)
 }
 
 /// The live latencies a relay measured since they were last taken: a histogram of log-spaced
