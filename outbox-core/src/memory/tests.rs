@@ -426,4 +426,68 @@ mod backfill {
         assert_eq!(after.outcome, BackfillOutcome::Gated);
         assert!(!store.pause_backfill(Thing::ID).await.expect("pause"));
     }
+
+    /// How many rows a running relay walks in the first 100 ms of a
+    /// backfill of 2,000 rows (ticks every 10 ms, budget 160), paced or not, in paused time.
+    async fn walked_in_100_ms(paced: bool) -> u64 {
+        use crate::backfill::BackfillStart;
+        use crate::memory::MemoryStore;
+        use crate::model::Category;
+        use crate::store::Admin;
+        use crate::test_models::Thing;
+        use crate::{Deletion, Registry, Relay, RelayConfig, Replication};
+
+        let store = MemoryStore::new();
+        let things: Vec<Thing> = (1..=2_000).map(|id| Thing { id }).collect();
+        store.save(&things).expect("save");
+        let registry = Registry::builder()
+            .replication::<Thing>(|_: Replication<Thing>| async { Ok::<(), std::io::Error>(()) })
+            .deletion::<Thing>(|_: Deletion<Thing>| async { Ok::<(), std::io::Error>(()) })
+            .build()
+            .expect("a registry");
+        let config = RelayConfig::builder()
+            .backfill_interval(Some(Duration::from_millis(10)))
+            .backfill_budget(160)
+            .backfill_paced(paced)
+            .build()
+            .expect("a configuration");
+        let relay = Relay::with_config(store.clone(), registry, config);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn({
+            let relay = relay.clone();
+            async move {
+                relay
+                    .run(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            }
+        });
+        // The saves' own outboxes delivered first: the walk then has no backlog to give way to.
+        while !store.pending().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        store
+            .start_backfill(&BackfillStart::new(Thing::ID, 2))
+            .await
+            .expect("start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let walked = store.backfills().await.expect("backfills")[0].rows_walked;
+        let _ = stop.send(());
+        running
+            .await
+            .expect("the relay's task")
+            .expect("the relay's run");
+        walked
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_relay_starts_a_walk_at_a_sixteenth_of_its_budget_unless_told_not_to() {
+        // Ten or eleven ticks: 10 rows each (160 / 16), where the first window (half a
+        // second) has not closed yet.
+        let paced = walked_in_100_ms(true).await;
+        assert!((1..=110).contains(&paced), "paced: {paced} rows");
+        let unpaced = walked_in_100_ms(false).await;
+        assert!(unpaced >= 320, "the whole budget each tick: {unpaced} rows");
+    }
 }
