@@ -190,11 +190,10 @@ impl WalkPace {
     /// A pace that walks at most `cap` rows a tick, starting at a sixteenth of it.
     pub(super) fn new(cap: usize, now: Instant) -> Self {
         let cap = cap.max(1);
-        let floor = (cap / 100).max(1);
         Self {
             cap,
-            floor,
-            rows: (cap / 16).max(floor),
+            floor: (cap / 100).max(1),
+            rows: Self::least_of(cap),
             quiet: Window::default(),
             window_began: now,
             walked: false,
@@ -229,7 +228,12 @@ impl WalkPace {
 
     /// The fewest rows a tick walks: a sixteenth of the cap (where a walk starts).
     fn least(&self) -> usize {
-        (self.cap / 16).max(1)
+        Self::least_of(self.cap)
+    }
+
+    /// A sixteenth of `cap`, at least one row.
+    fn least_of(cap: usize) -> usize {
+        (cap / 16).max(1)
     }
 
     /// A tick walked `rows` rows (over every model).
