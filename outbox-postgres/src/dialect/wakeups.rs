@@ -237,7 +237,11 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
                 .unwrap_or_else(PoisonError::into_inner)
                 .sent_at
                 .map(|sent| sent + interval);
-            if let Some(next) = next {
+            // Only a wait still to come goes through the timer: it rounds a deadline up to
+            // its next millisecond and fires when a worker next turns it, so a deadline
+            // already past (no interval, or one a round trip outlasted) would still cost up
+            // to a millisecond or more on a busy runtime.
+            if let Some(next) = next.filter(|next| *next > tokio::time::Instant::now()) {
                 tokio::time::sleep_until(next).await;
             }
             let first = outgoing
