@@ -136,6 +136,21 @@ impl Outgoing {
         self.listeners
             .is_none_or(|(_, at)| at.elapsed() >= LISTENERS_KNOWN_FOR)
     }
+
+    /// Until when the next announcement waits, `interval` after the last one, if that is
+    /// still to come at `now`. A time already past is no wait at all, not a sleep: the timer
+    /// rounds a deadline up to its next millisecond and fires when a worker next turns it,
+    /// so that with no interval every announcement but the first waited up to a millisecond
+    /// or more on a busy runtime (commit→handler from another process, p50 2.28 ms with the
+    /// sleep, 1.43 ms without, at 1,000 commits/s).
+    fn wait_until(
+        &self,
+        interval: Duration,
+        now: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        let next = self.sent_at? + interval;
+        (next > now).then_some(next)
+    }
 }
 
 /// Whether a relay of another process listens on `pool`'s database (`database`); `true` if it
@@ -235,13 +250,8 @@ pub(crate) fn notify(pool: &PgPool, database: &str, shards: &[ShardKey]) {
             let next = outgoing
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .sent_at
-                .map(|sent| sent + interval);
-            // Only a wait still to come goes through the timer: it rounds a deadline up to
-            // its next millisecond and fires when a worker next turns it, so a deadline
-            // already past (no interval, or one a round trip outlasted) would still cost up
-            // to a millisecond or more on a busy runtime.
-            if let Some(next) = next.filter(|next| *next > tokio::time::Instant::now()) {
+                .wait_until(interval, tokio::time::Instant::now());
+            if let Some(next) = next {
                 tokio::time::sleep_until(next).await;
             }
             let first = outgoing
@@ -433,6 +443,33 @@ mod tests {
     use super::*;
     use outbox_core::{Destination, Id, ScopeId, ShardKey};
     use outbox_testkit::postgres::PgTestDatabase;
+
+    /// An announcement waits out the interval since the last one, and only a wait still to
+    /// come: with no interval, or once a round trip has outlasted it, it goes at once.
+    #[test]
+    fn an_announcement_waits_only_for_an_interval_still_to_come() {
+        let now = tokio::time::Instant::now();
+        let sent = |at| Outgoing {
+            sent_at: at,
+            ..Outgoing::default()
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(
+            sent(None).wait_until(ms(5), now),
+            None,
+            "the first goes at once"
+        );
+        assert_eq!(sent(Some(now)).wait_until(ms(0), now), None, "no interval");
+        assert_eq!(
+            sent(Some(now)).wait_until(ms(5), now + ms(7)),
+            None,
+            "an interval a round trip outlasted"
+        );
+        assert_eq!(
+            sent(Some(now)).wait_until(ms(5), now + ms(2)),
+            Some(now + ms(5))
+        );
+    }
 
     /// A connection listening on the relays' channel, named `name` (none: as it comes).
     async fn listening(pool: &PgPool, name: Option<&str>) -> PgListener {

@@ -1,8 +1,9 @@
 //! Scenario 1 (and 6): the write path. A business transaction (update one row) plus one outbox
 //! write through an `OutboxTransaction` (which wakes the relays after its commit), against the
 //! identical UPDATE + INSERT written by hand into the same table, which has no trigger: at 1,
-//! 16 and 64 concurrent writers. And 100 messages in one transaction, against the same bulk
-//! INSERT written by hand.
+//! 16 and 64 concurrent writers; at 1 and 16 again while a relay of another process listens
+//! (each commit is then announced to it with a `NOTIFY`, coalesced per round trip). And 100
+//! messages in one transaction, against the same bulk INSERT written by hand.
 
 use std::time::{Duration, Instant};
 
@@ -61,8 +62,9 @@ where
 
 /// PostgreSQL: 1, 16 and 64 connections writing at once, the engine through an
 /// `OutboxTransaction` (which wakes the relays after its commit) against the same UPDATE +
-/// INSERT written by hand into the same table (which has no trigger); then the same at 16
-/// writers with the opt-in commit trigger, for comparison; then 100 messages per transaction.
+/// INSERT written by hand into the same table (which has no trigger); at 1 and 16 writers
+/// the same while a relay of another process listens; then at 16 writers with the opt-in
+/// commit trigger, for comparison; then 100 messages per transaction.
 pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for (workers, full) in [(1u64, 10_000), (16, 40_000), (64, 40_000)] {
@@ -81,6 +83,24 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
             baseline,
             Target::Ratio(0.95),
         ));
+        if workers <= 16 {
+            // Where relays run in other processes, each commit is announced to them.
+            let listening = listening_elsewhere(&pool).await?;
+            let (engine, baseline) = compare(transactions, |side| {
+                one_message_pg(pool.clone(), side, workers, transactions / workers)
+            })
+            .await?;
+            listening.abort();
+            rows.push(Row::compared(
+                &format!(
+                    "1. write: the same, {workers} writers, a relay of another process listening"
+                ),
+                "transactions/s",
+                engine,
+                baseline,
+                Target::None,
+            ));
+        }
         if workers == 16 {
             outbox_postgres::enable_commit_trigger(&pool)
                 .await
@@ -117,6 +137,21 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
         Target::None,
     ));
     Ok(rows)
+}
+
+/// A connection that listens for the relays' notifications, as a relay in another process
+/// does, and reads each as it comes.
+async fn listening_elsewhere(pool: &PgPool) -> Result<tokio::task::JoinHandle<()>, String> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .map_err(failed("connecting a listener"))?;
+    listener
+        .listen(outbox_postgres::NOTIFY_CHANNEL)
+        .await
+        .map_err(failed("listening"))?;
+    Ok(tokio::spawn(async move {
+        while listener.recv().await.is_ok() {}
+    }))
 }
 
 /// The accounts the business transactions update.
