@@ -72,10 +72,13 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
         let pool = database.pool.clone();
         accounts_pg(&pool).await?;
         let transactions = args.sized(full, 400).div_ceil(workers) * workers;
-        let (engine, baseline) = compare(transactions, |side| {
-            one_message_pg(pool.clone(), side, workers, transactions / workers)
-        })
-        .await?;
+        // Both sides, the same transactions, in each configuration of the database below.
+        let measure = || {
+            compare(transactions, |side| {
+                one_message_pg(pool.clone(), side, workers, transactions / workers)
+            })
+        };
+        let (engine, baseline) = measure().await?;
         rows.push(Row::compared(
             &format!("1. write: UPDATE + 1 outbox, {workers} writers (PostgreSQL)"),
             "transactions/s",
@@ -87,10 +90,7 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
             outbox_postgres::enable_commit_trigger(&pool)
                 .await
                 .map_err(failed("enabling the commit trigger"))?;
-            let (engine, baseline) = compare(transactions, |side| {
-                one_message_pg(pool.clone(), side, workers, transactions / workers)
-            })
-            .await?;
+            let (engine, baseline) = measure().await?;
             rows.push(Row::compared(
                 "1. write: the same, 16 writers, with the opt-in commit trigger (both sides)",
                 "transactions/s",
@@ -106,10 +106,7 @@ pub(crate) async fn postgres(args: &BenchArgs, server: &Server) -> Result<Vec<Ro
             // Where relays run in other processes, each commit is announced to them. Last on
             // this database: its writers' process takes what it read of listeners for a second.
             let listening = listening_elsewhere(&pool).await?;
-            let (engine, baseline) = compare(transactions, |side| {
-                one_message_pg(pool.clone(), side, workers, transactions / workers)
-            })
-            .await?;
+            let (engine, baseline) = measure().await?;
             listening.abort();
             rows.push(Row::compared(
                 &format!(
